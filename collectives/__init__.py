@@ -1,0 +1,1 @@
+"""All-reduce algorithms over mpi4py and their micro-benchmark."""

@@ -1,0 +1,97 @@
+"""The ``mpidp`` command: one SPMD program with subcommands.
+
+Every rank parses the same command line and runs the same subcommand
+(``mpiexec -n 4 mpidp train ...``). Each subcommand lives in the package that
+owns its work and is named here in :data:`COMMANDS` as a module that provides
+
+* ``add_arguments(parser: argparse.ArgumentParser) -> None`` and
+* ``run(args: argparse.Namespace) -> int | None``.
+
+Those modules import only argparse-level things at the top, so ``mpidp
+--help`` stays fast; the heavy imports (torch, h5py) happen inside ``run``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from engine._version import __version__
+
+#: name -> (module, one-line help). ``bench`` groups the benchmarks.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("engine.info",
+             "versions, MPI library, ranks, kernels, threads (paste into bug reports)"),
+}
+
+#: mpidp bench <name>: benchmarks that print ratios measured side by side.
+BENCHMARKS: dict[str, tuple[str, str]] = {
+}
+
+
+class _RankZeroParser(argparse.ArgumentParser):
+    """Prints usage, help and parse errors on rank 0 only.
+
+    Every rank parses the same command line, so every rank reaches the same
+    verdict; one copy of the message is enough.
+    """
+
+    def _print_message(self, message, file=None):
+        from collectives.runtime import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            super()._print_message(message, file)
+
+
+def _add_command(subparsers, name: str, module_name: str, help_text: str):
+    module = importlib.import_module(module_name)
+    parser = subparsers.add_parser(
+        name, help=help_text, description=(module.__doc__ or help_text).strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(parser)
+    parser.set_defaults(_run=module.run)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (every subcommand registered)."""
+    parser = _RankZeroParser(
+        prog="mpidp",
+        description="MPI-based engine for differentially private training (DP-SGD) "
+        "on ACS PUMS census microdata. Run it under mpiexec or srun; every rank "
+        "runs the same command.",
+        epilog="Example: mpiexec -n 2 mpidp info",
+    )
+    parser.add_argument("--version", action="version", version=f"mpidp {__version__}")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        _add_command(subparsers, name, module_name, help_text)
+    if BENCHMARKS:
+        bench = subparsers.add_parser(
+            "bench", help="benchmarks: " + ", ".join(BENCHMARKS),
+            description="Benchmarks. Each prints ratios measured side by side in "
+            "one run (ours against a reference), never absolute claims alone.")
+        bench_sub = bench.add_subparsers(title="benchmarks", metavar="BENCHMARK")
+        for name, (module_name, help_text) in BENCHMARKS.items():
+            _add_command(bench_sub, name, module_name, help_text)
+        bench.set_defaults(_run=lambda args: bench.error("choose a benchmark"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mpidp`` console script (every rank calls it)."""
+    from engine.spmd import run_spmd
+
+    # Parsing is collective by nature (same argv everywhere), so a usage
+    # error exits every rank with code 2 without aborting the job.
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "_run"):
+        parser.print_help()
+        return 2
+    return run_spmd(lambda: args._run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

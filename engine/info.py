@@ -1,0 +1,160 @@
+"""mpidp info: what a bug report needs, from every rank of the job.
+
+Prints the versions of mpidp and its dependencies, the MPI library and how
+the job was launched (communicator size, every rank's host, pid and local
+rank), whether MPI is CUDA-aware, which kernel back-ends are usable and the
+thread settings. Run it the way you run training, e.g.
+``mpiexec -n 2 mpidp info``; it warns loudly when the launcher announced more
+ranks than MPI sees (ranks started as singletons).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import sys
+
+from engine._version import __version__
+
+#: Environment variables that change threading or MPI behaviour.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                    "NUMBA_NUM_THREADS", "MPI4PY_RC_THREAD_LEVEL")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document instead of the report")
+
+
+def _distribution_version(name: str) -> str:
+    """Installed version of a distribution, without importing it."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and every library mpidp uses (absent ones said so)."""
+    import h5py
+
+    from collectives.runtime import MPI
+
+    vendor, vendor_version = MPI.get_vendor()
+    library = MPI.Get_library_version().strip().splitlines()[0]
+    result = {
+        "mpidp": __version__,
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": platform.platform(),
+        "mpi4py": _distribution_version("mpi4py"),
+        "mpi_library": library,
+        "mpi_vendor": f"{vendor} {'.'.join(map(str, vendor_version))}",
+        "mpi_standard": ".".join(map(str, MPI.Get_version())),
+        "numpy": _distribution_version("numpy"),
+        "torch": _distribution_version("torch"),
+        "numba": _distribution_version("numba"),
+        "h5py": f"{h5py.__version__} (HDF5 {h5py.version.hdf5_version})",
+        "dp_accounting": _distribution_version("dp-accounting"),
+        "tqdm": _distribution_version("tqdm"),
+    }
+    for name in ("cupy-cuda12x", "cupy-cuda13x", "cupy", "numba-cuda"):
+        version = _distribution_version(name)
+        if version != "not installed":
+            result[name] = version
+    return result
+
+
+def rank_facts() -> dict:
+    """Facts about this rank (local, no communication)."""
+    import numba
+    import torch
+
+    from collectives.runtime import MPI, launch_info
+
+    launch = launch_info()
+    levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+              MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+    return {
+        "rank": launch.rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "local_ranks": launch.local_ranks,
+        "cores": launch.cores,
+        "torch_threads": torch.get_num_threads(),
+        "numba_threads": numba.config.NUMBA_NUM_THREADS,
+        "mpi_thread_level": levels.get(MPI.Query_thread(), "unknown"),
+        "expected_size": launch.expected_size,
+        "expected_from": launch.expected_from,
+        "size_mismatch": launch.size_mismatch,
+        "mismatch_message": launch.mismatch_message() if launch.size_mismatch else "",
+    }
+
+
+def collect() -> dict | None:
+    """Gather the report on rank 0 (collective over COMM_WORLD); None elsewhere."""
+    from collectives.runtime import MPI, mpi_cuda_support
+    from kernels.backends import probe_all
+
+    comm = MPI.COMM_WORLD
+    ranks = comm.gather(rank_facts(), root=0)
+    if comm.Get_rank() != 0:
+        return None
+    cuda_aware = mpi_cuda_support()
+    return {
+        "versions": versions(),
+        "size": comm.Get_size(),
+        "ranks": ranks,
+        "mpi_cuda_aware": {True: "yes", False: "no", None: "unknown"}[cuda_aware],
+        "kernel_backends": [vars(b) for b in probe_all()],
+        "environment": {k: os.environ[k] for k in sorted(os.environ)
+                        if k in THREAD_VARIABLES or k.startswith("MPIR_CVAR_")
+                        or k.startswith("MPIDP_")},
+    }
+
+
+def format_report(report: dict) -> str:
+    """The human-readable report (rank 0's stdout)."""
+    lines = []
+    mismatched = [r for r in report["ranks"] if r["size_mismatch"]]
+    if mismatched:
+        bar = "!" * 78
+        lines += [bar, "WARNING: WRONG LAUNCH. " + mismatched[0]["mismatch_message"], bar, ""]
+    lines.append("versions")
+    width = max(map(len, report["versions"]))
+    lines += [f"  {k:<{width}}  {v}" for k, v in report["versions"].items()]
+    lines += ["", "MPI job",
+              f"  communicator size  {report['size']}",
+              f"  CUDA-aware MPI     {report['mpi_cuda_aware']}"]
+    lines.append("  rank  host                  pid  local_ranks  cores  torch_thr"
+                 "  numba_thr  mpi_threads")
+    for r in report["ranks"]:
+        local = "-" if r["local_ranks"] is None else r["local_ranks"]
+        lines.append(f"  {r['rank']:>4}  {r['host'][:18]:<18}  {r['pid']:>7}  {local:>11}"
+                     f"  {r['cores']:>5}  {r['torch_threads']:>9}  {r['numba_threads']:>9}"
+                     f"  {r['mpi_thread_level']}")
+    over = [r for r in report["ranks"] if r["local_ranks"] and r["local_ranks"] > r["cores"]]
+    if over:
+        lines.append(f"  oversubscribed: {over[0]['local_ranks']} ranks on {over[0]['cores']}"
+                     " cores; waiting ranks yield the CPU (MPIR_CVAR_ENABLE_HEAVY_YIELD)")
+    lines += ["", "kernel back-ends"]
+    for b in report["kernel_backends"]:
+        mark = "yes" if b["usable"] else "no "
+        lines.append(f"  {b['name']:<15} {mark}  {b['detail']}")
+    lines += ["", "environment"]
+    if report["environment"]:
+        lines += [f"  {k}={v}" for k, v in report["environment"].items()]
+    else:
+        lines.append("  (no thread or MPI variables set)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = collect()
+    if report is None:
+        return 0
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0

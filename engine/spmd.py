@@ -1,0 +1,92 @@
+"""Run one SPMD entry point so that a failing rank ends the whole job.
+
+MPI has no notion of "one rank crashed": the other ranks block forever in the
+next collective. :func:`run_spmd` therefore turns any uncaught exception on
+any rank into ``MPI_Abort`` after printing the traceback once, tagged with the
+rank, so ``mpiexec``/``srun`` exits non-zero within about a second.
+
+Errors that the user can act on (bad input, impossible settings) are classes
+with an integer ``exit_code`` attribute; they print as one line, without a
+traceback. When such an error is known to be raised identically on every
+rank (``collective = True`` on the instance, e.g. after the ranks agreed on a
+check), only rank 0 prints it and the ranks exit normally with its code.
+
+Exit codes: 0 success, 1 internal error (a traceback was printed), 2 user
+error, 130 interrupted, other codes as documented by the command that
+returns them (e.g. a checkpoint-and-exit on a signal).
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Callable
+
+from collectives.runtime import MPI
+
+EXIT_INTERNAL_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def _tag(text: str, rank: int, size: int) -> str:
+    if size <= 1:
+        return text
+    prefix = f"[rank {rank}] "
+    return "".join(prefix + line for line in text.splitlines(keepends=True))
+
+
+def _emit(text: str) -> None:
+    if not text.endswith("\n"):
+        text += "\n"
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def _end_job(code: int, comm: "MPI.Comm") -> "None":
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if comm.Get_size() > 1:
+        comm.Abort(code)
+    raise SystemExit(code)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """True for exceptions meant for the user: an ``exit_code`` and a message."""
+    return isinstance(getattr(type(exc), "exit_code", None), int)
+
+
+def run_spmd(main: Callable[[], int | None], comm: "MPI.Comm | None" = None) -> int:
+    """Call ``main()`` on this rank; on failure, bring every rank down.
+
+    Must be called by every rank of ``comm`` (default ``COMM_WORLD``).
+    Returns ``main``'s exit code (``None`` means 0) when it succeeds; never
+    returns when it fails with more than one rank (the job is aborted), and
+    raises ``SystemExit`` with the code when it fails on a single rank.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    try:
+        code = main()
+        return 0 if code is None else int(code)
+    except SystemExit as exc:  # argparse errors, explicit exits
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        if isinstance(exc.code, str):
+            _emit(_tag(exc.code, rank, size))
+        if code == 0:
+            return 0
+        _end_job(code, comm)
+    except KeyboardInterrupt:
+        _emit(_tag("mpidp: interrupted", rank, size))
+        _end_job(EXIT_INTERRUPTED, comm)
+    except BaseException as exc:  # noqa: B902 - every failure must end the job
+        if is_user_error(exc):
+            code = type(exc).exit_code
+            if getattr(exc, "collective", False):
+                if rank == 0:
+                    _emit(f"mpidp: error: {exc}")
+                sys.stdout.flush()
+                raise SystemExit(code) from None
+            _emit(_tag(f"mpidp: error: {exc}", rank, size))
+            _end_job(code, comm)
+        _emit(_tag("".join(traceback.format_exception(exc)), rank, size))
+        _end_job(EXIT_INTERNAL_ERROR, comm)
+    return EXIT_INTERNAL_ERROR  # unreachable; keeps type checkers content

@@ -1,0 +1,1 @@
+"""Per-example gradient kernels (Numba CPU, Numba CUDA, CuPy) and back-end probes."""

@@ -1,0 +1,1 @@
+"""PUMS person files -> cleaned, encoded, shuffled HDF5 (``mpidp prep``)."""

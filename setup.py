@@ -1,0 +1,50 @@
+"""Distribution ``mpidp``: MPI-based differentially private training.
+
+The four packages sit at the top level of the repository, as the project's
+layout asks (see README "Layout"); ``mpidp`` is the console script.
+"""
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).parent
+VERSION = {}
+exec((HERE / "engine" / "_version.py").read_text(), VERSION)
+
+setup(
+    name="mpidp",
+    version=VERSION["__version__"],
+    description="MPI-based engine for differentially private training (DP-SGD) "
+    "on census microdata",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=["engine", "kernels", "collectives", "preprocessing"],
+    package_data={"kernels": ["cuda/*.cu"]},
+    install_requires=[
+        "mpi4py>=4.0",
+        # An MPI that installs with pip, for machines without a system MPI.
+        # On clusters, build mpi4py against the site MPI instead (README).
+        "mpich>=4.2; platform_system == 'Linux'",
+        "numpy>=1.26",
+        "torch>=2.2",
+        "numba>=0.60",
+        "h5py>=3.10",
+        "dp-accounting>=0.4.4",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8.0",
+            "pytest-mpi>=0.6",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+        ],
+        "cuda12": [
+            "cupy-cuda12x>=13.0",
+            "numba-cuda[cu12]>=0.20",
+        ],
+    },
+    entry_points={"console_scripts": ["mpidp = engine.cli:main"]},
+)

@@ -1,0 +1,118 @@
+"""Run the whole test suite: serial, then the MPI tests at 2, 3 and 4 ranks.
+
+``make test`` calls this. Stages:
+
+1. ``pytest --with-mpi`` in one process: every serial test, and every
+   ``@pytest.mark.mpi`` test on a single rank.
+2. For each N in ``--ranks`` (default 2,3,4): ``mpiexec -n N pytest --with-mpi
+   -m mpi``; rank 0 reports, ranks > 0 run silently (the harness in
+   ``conftest.py`` makes rank 0's verdict the verdict of all ranks).
+
+Every stage has a wall-clock limit (``MPIEXEC_TIMEOUT`` and pytest-timeout),
+so a hang fails with a message instead of blocking CI. Any stage failing
+fails the command. The last line is the summary.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+
+def _pytest(junit: Path | None, extra: list[str], quiet_rank: bool = False) -> list[str]:
+    argv = [sys.executable, "-m", "pytest", str(TESTS), "--with-mpi", "-p",
+            "no:cacheprovider", "--timeout=900", "--timeout-method=thread", *extra]
+    if quiet_rank:
+        argv += ["-p", "no:terminal"]
+    elif junit is not None:
+        argv += [f"--junitxml={junit}", "-o", "junit_family=xunit2"]
+    return argv
+
+
+def _counts(junit: Path) -> dict[str, int]:
+    try:
+        root = ET.parse(junit).getroot()
+    except (OSError, ET.ParseError):
+        return {}
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    keys = ("tests", "failures", "errors", "skipped")
+    return {k: int(suite.get(k, 0)) for k in keys} if suite is not None else {}
+
+
+def _mpiexec() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else "mpiexec"
+
+
+def run_stage(name: str, argv: list[str], timeout: int, env: dict) -> tuple[int, float]:
+    print(f"\n=== {name} ===\n$ {' '.join(argv)}", flush=True)
+    start = time.monotonic()
+    try:
+        code = subprocess.run(argv, env=env, timeout=timeout + 30).returncode
+    except subprocess.TimeoutExpired:
+        print(f"*** {name}: no result after {timeout + 30} s: killed (a hang?)", flush=True)
+        code = 124
+    if code == 255 and env.get("MPIEXEC_TIMEOUT"):
+        print(f"*** {name}: mpiexec exit 255 (MPIEXEC_TIMEOUT={env['MPIEXEC_TIMEOUT']} s "
+              "reached, or a rank was killed)", flush=True)
+    return code, time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="2,3,4",
+                        help="rank counts for the MPI stages (default: 2,3,4)")
+    parser.add_argument("--stage-timeout", type=int, default=600,
+                        help="seconds allowed per stage (default: 600)")
+    parser.add_argument("--no-serial", action="store_true", help="skip stage 1")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = parser.parse_args()
+
+    env = dict(os.environ)
+    env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="mpidp-tests-") as tmp:
+        if not args.no_serial:
+            junit = Path(tmp) / "serial.xml"
+            code, secs = run_stage("serial tests + MPI tests on 1 rank",
+                                   _pytest(junit, args.pytest_args), args.stage_timeout, env)
+            results.append(("1 rank (serial)", code, secs, _counts(junit)))
+        for n in [int(x) for x in args.ranks.split(",") if x.strip()]:
+            junit = Path(tmp) / f"mpi{n}.xml"
+            stage_env = dict(env, MPIEXEC_TIMEOUT=str(args.stage_timeout))
+            mpi_args = ["-m", "mpi", *args.pytest_args]
+            argv = [_mpiexec(), "-n", "1", *_pytest(junit, mpi_args)]
+            if n > 1:
+                argv += [":", "-n", str(n - 1), *_pytest(None, mpi_args, quiet_rank=True)]
+            code, secs = run_stage(f"MPI tests on {n} ranks", argv, args.stage_timeout,
+                                   stage_env)
+            results.append((f"{n} ranks", code, secs, _counts(junit)))
+
+    print("\n=== summary ===")
+    print(f"{'stage':<16} {'result':<7} {'tests':>6} {'failed':>7} {'skipped':>8} {'time':>8}")
+    for name, code, secs, counts in results:
+        failed = counts.get("failures", 0) + counts.get("errors", 0)
+        verdict = "ok" if code == 0 else f"FAIL({code})"
+        print(f"{name:<16} {verdict:<7} {counts.get('tests', '?'):>6} {failed:>7} "
+              f"{counts.get('skipped', '?'):>8} {secs:>7.1f}s")
+    bad = [name for name, code, *_ in results if code != 0]
+    total = sum(r[2] for r in results)
+    ran = sum(r[3].get("tests", 0) - r[3].get("skipped", 0) for r in results)
+    if bad:
+        print(f"mpidp test suite: FAILED in {', '.join(bad)} ({total:.0f} s)")
+        return 1
+    print(f"mpidp test suite: PASSED, {ran} test runs in {len(results)} stages ({total:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The mpidp command line: help, version, usage errors."""
+import subprocess
+import sys
+
+from engine._version import __version__
+from engine.cli import BENCHMARKS, COMMANDS, build_parser
+
+
+def _mpidp(*args):
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_every_command():
+    result = _mpidp("--help")
+    assert result.returncode == 0
+    for name in COMMANDS:
+        assert name in result.stdout
+    if BENCHMARKS:
+        assert "bench" in result.stdout
+
+
+def test_version():
+    result = _mpidp("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"mpidp {__version__}"
+
+
+def test_unknown_command_is_a_usage_error():
+    result = _mpidp("no-such-command")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+def test_no_command_prints_help_and_fails():
+    result = _mpidp()
+    assert result.returncode == 2
+    assert "usage: mpidp" in result.stdout
+
+
+def test_every_command_has_a_description_and_a_runner():
+    import argparse
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name in COMMANDS:
+        sub = commands.choices[name]
+        assert sub.description and len(sub.description) > 20
+        assert callable(sub.get_default("_run"))

@@ -1,0 +1,40 @@
+"""The MPI test harness (conftest.py) turns one rank's failure into a failed,
+finished job: never a hang, never a green run."""
+import subprocess
+import sys
+import time
+
+from launcher import SCRIPTS, clean_env, mpiexec_path
+
+CASES = str(SCRIPTS / "harness_cases.py")
+
+
+def _pytest_under_mpi(n, case, sync_timeout="5"):
+    """As run_suite.py does it: rank 0 reports, ranks > 0 are silent."""
+    pytest = [sys.executable, "-m", "pytest", CASES, "--with-mpi", "-k", case,
+              "-p", "no:cacheprovider"]
+    argv = [mpiexec_path(), "-n", "1", *pytest, "-q", ":", "-n", str(n - 1), *pytest,
+            "-p", "no:terminal"]
+    env = clean_env(MPIDP_TEST_SYNC_TIMEOUT=sync_timeout, MPIEXEC_TIMEOUT="80")
+    start = time.monotonic()
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=90, env=env)
+    return result, time.monotonic() - start
+
+
+def test_failure_before_collective_ends_the_job():
+    result, elapsed = _pytest_under_mpi(3, "before_collective")
+    assert result.returncode != 0
+    assert elapsed < 30
+    assert "[rank 1]" in result.stderr and "rank 1 fails before the barrier" in result.stderr
+
+
+def test_failure_on_one_rank_is_rank_zeros_failure():
+    result, _ = _pytest_under_mpi(2, "fails_alone or passes")
+    assert result.returncode != 0
+    assert "1 failed, 1 passed" in result.stdout  # rank 0's summary tells the truth
+    assert "only rank 1 fails" in result.stderr
+
+
+def test_passing_run_passes():
+    result, _ = _pytest_under_mpi(3, "passes")
+    assert result.returncode == 0, result.stdout + result.stderr

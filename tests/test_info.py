@@ -1,0 +1,54 @@
+"""mpidp info: the bug-report command."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launcher import clean_env, mpidp
+
+
+def test_info_under_two_ranks_reports_size_two():
+    result = mpidp(2, "info", "--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)  # only rank 0 prints
+    assert report["size"] == 2
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
+    assert report["mpi_cuda_aware"] in ("yes", "no", "unknown")
+    names = [b["name"] for b in report["kernel_backends"]]
+    assert names == ["numba-cpu", "numba-cuda", "cuda-simulator", "cupy"]
+    for key in ("mpidp", "python", "mpi4py", "mpi_library", "torch", "numba", "h5py"):
+        assert report["versions"][key]
+
+
+def test_info_text_report_has_the_sections():
+    result = mpidp(2, "info", timeout=120)
+    assert result.returncode == 0, result.stderr
+    for heading in ("versions", "MPI job", "communicator size  2", "kernel back-ends",
+                    "environment"):
+        assert heading in result.stdout
+    assert "WRONG LAUNCH" not in result.stdout
+
+
+def test_info_warns_loudly_about_singletons():
+    # What a plain `srun` without --mpi=pmi2 looks like to each rank.
+    # Started directly (no mpiexec): MPI makes a singleton of size 1.
+    env = clean_env(SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="4")
+    result = subprocess.run([sys.executable, "-m", "engine.cli", "info"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "WARNING: WRONG LAUNCH" in result.stdout
+    assert "SLURM_STEP_NUM_TASKS=4" in result.stdout
+
+
+@pytest.mark.mpi(min_size=1)
+def test_collect_gathers_every_rank(comm):
+    from engine.info import collect
+
+    report = collect()
+    if comm.Get_rank() == 0:
+        assert report["size"] == comm.Get_size()
+        assert [r["rank"] for r in report["ranks"]] == list(range(comm.Get_size()))
+        assert not any(r["size_mismatch"] for r in report["ranks"])
+    else:
+        assert report is None

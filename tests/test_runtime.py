@@ -1,0 +1,55 @@
+"""collectives.runtime: launch checks and oversubscription defaults."""
+import pytest
+
+from collectives import runtime
+
+
+def test_size_mismatch_detected_from_slurm(monkeypatch):
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "8")
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    info = runtime.launch_info(runtime.MPI.COMM_SELF)
+    assert info.size == 1 and info.expected_size == 8 and info.size_mismatch
+    with pytest.raises(runtime.LaunchError, match="--mpi=pmi2"):
+        runtime.check_launch(runtime.MPI.COMM_SELF)
+
+
+def test_batch_script_itself_is_not_a_task(monkeypatch):
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "8")
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert not runtime.launch_info(runtime.MPI.COMM_SELF).size_mismatch
+
+
+def test_pmi_size_agreeing_is_fine(monkeypatch):
+    monkeypatch.setenv("PMI_SIZE", "1")
+    assert runtime.check_launch(runtime.MPI.COMM_SELF).expected_size == 1
+
+
+def test_oversubscription_defaults(monkeypatch):
+    monkeypatch.setenv("MPI_LOCALNRANKS", str(runtime.available_cores() + 2))
+    for name in ("MPI4PY_RC_THREAD_LEVEL", "MPIR_CVAR_ENABLE_HEAVY_YIELD"):
+        monkeypatch.delenv(name, raising=False)
+    runtime._configure_environment()
+    import os
+
+    assert os.environ["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"
+    assert os.environ["MPI4PY_RC_THREAD_LEVEL"] == "multiple"
+
+
+def test_user_settings_are_respected(monkeypatch):
+    monkeypatch.setenv("MPI_LOCALNRANKS", "1")
+    monkeypatch.setenv("MPI4PY_RC_THREAD_LEVEL", "serialized")
+    runtime._configure_environment()
+    import os
+
+    assert os.environ["MPI4PY_RC_THREAD_LEVEL"] == "serialized"
+
+
+def test_cuda_support_override(monkeypatch):
+    monkeypatch.setenv("MPIDP_CUDA_AWARE", "1")
+    assert runtime.mpi_cuda_support() is True
+    monkeypatch.setenv("MPIDP_CUDA_AWARE", "0")
+    assert runtime.mpi_cuda_support() is False

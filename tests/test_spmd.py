@@ -1,0 +1,52 @@
+"""A failing rank must end the whole MPI job promptly (engine.spmd)."""
+import sys
+import time
+
+import pytest
+
+from launcher import SCRIPTS, run_mpi
+
+SCRIPT = str(SCRIPTS / "fail_on_rank.py")
+
+
+def test_crash_on_one_rank_aborts_the_job_quickly():
+    start = time.monotonic()
+    result = run_mpi(3, [sys.executable, SCRIPT, "crash", "1"], timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert elapsed < 30, f"the job took {elapsed:.1f} s to end"
+    # The traceback is printed once, tagged with the failing rank.
+    assert result.stderr.count("ZeroDivisionError: deliberate failure") == 1
+    assert "[rank 1] Traceback (most recent call last):" in result.stderr
+    assert "[rank 0] Traceback" not in result.stderr
+
+
+def test_user_error_on_one_rank_prints_one_line_and_aborts():
+    result = run_mpi(3, [sys.executable, SCRIPT, "user", "2"], timeout=60)
+    assert result.returncode != 0
+    assert "[rank 2] mpidp: error: deliberate bad input on one rank" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_collective_user_error_is_printed_once_with_its_exit_code():
+    result = run_mpi(3, [sys.executable, SCRIPT, "collective", "0"], timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("mpidp: error: the same bad input on every rank") == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_single_rank_failure_exits_with_code_and_traceback():
+    result = run_mpi(1, [sys.executable, SCRIPT, "crash", "0"], timeout=60)
+    assert result.returncode == 1
+    assert "ZeroDivisionError" in result.stderr
+    assert "[rank" not in result.stderr  # no tag when there is one rank
+
+
+def test_run_spmd_returns_main_exit_code():
+    from engine.spmd import run_spmd
+
+    assert run_spmd(lambda: None) == 0
+    assert run_spmd(lambda: 0) == 0
+    with pytest.raises(SystemExit) as raised:
+        run_spmd(lambda: sys.exit(3))
+    assert raised.value.code == 3
