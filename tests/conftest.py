@@ -41,16 +41,16 @@ class _MpiHarness:
         self.item_failed = False
         self.failure_text = ""
 
-    def _allreduce_or_abort(self, value: int, what: str, detail: str = "") -> int:
-        """Sum ``value`` over the ranks. A rank with a non-zero value (it
-        failed) gives up after the timeout and aborts the job; the others wait
-        (a genuine hang is caught by pytest-timeout or MPIEXEC_TIMEOUT)."""
+    def agree(self, value: int, failed: bool, what: str, detail: str = "") -> int:
+        """Sum ``value`` over the ranks. A rank that ``failed`` gives up after
+        the timeout and aborts the job; the others wait (a genuine hang is
+        caught by pytest-timeout or MPIEXEC_TIMEOUT)."""
         send = np.array([value], dtype=np.int64)
         recv = send.copy()
         request = self.comm.Iallreduce(send, recv, op=MPI.SUM)
         deadline = time.monotonic() + _SYNC_TIMEOUT
         while not request.Test():
-            if value and time.monotonic() > deadline:
+            if failed and time.monotonic() > deadline:
                 self.emit(f"{what}: failed here, and the other ranks did not finish "
                           f"within {_SYNC_TIMEOUT:.0f} s (blocked in a collective this "
                           f"rank never reached); aborting the job.\n{detail}")
@@ -64,8 +64,8 @@ class _MpiHarness:
         sys.stderr.flush()
 
     def end_of_test(self, item, report) -> None:
-        failures = self._allreduce_or_abort(int(self.item_failed), item.nodeid,
-                                            self.failure_text)
+        failures = self.agree(int(self.item_failed), self.item_failed, item.nodeid,
+                              self.failure_text)
         if self.item_failed and self.rank != 0:
             self.emit(f"FAILED {item.nodeid}\n{self.failure_text}")
         if failures and not self.item_failed and self.rank == 0:
@@ -88,7 +88,7 @@ def pytest_collection_finish(session):
     if _harness is None:
         return
     count = len(session.items)
-    total = _harness._allreduce_or_abort(count, "collection")
+    total = _harness.agree(count, session.testsfailed > 0, "collection")
     if total != count * _harness.size:
         _harness.emit(f"collected {count} tests but the ranks disagree (total {total} "
                       f"over {_harness.size} ranks); a rank failed to import a test "
@@ -114,7 +114,8 @@ def pytest_runtest_makereport(item, call):
 def pytest_sessionfinish(session, exitstatus):
     if _harness is None:
         return
-    failed = _harness._allreduce_or_abort(int(exitstatus not in (0, 5)), "session end")
+    status = int(exitstatus not in (0, 5))
+    failed = _harness.agree(status, bool(status), "session end")
     if failed and session.exitstatus in (0, 5):
         session.exitstatus = 1
 
