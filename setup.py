@@ -33,6 +33,7 @@ setup(
         "h5py>=3.10",
         "dp-accounting>=0.4.4",
         "tqdm>=4.66",
+        "matplotlib>=3.7",  # PNG plots of the benchmarks
     ],
     extras_require={
         "test": [
