@@ -1,6 +1,6 @@
 """All-reduce algorithms over mpi4py and their micro-benchmark.
 
-``allreduce(buf, comm, algorithm="native", op="sum")`` reduces a contiguous
+``allreduce(buf, comm, algorithm="auto", op="sum")`` reduces a contiguous
 1-D buffer in place on every rank. Algorithms are registered by name in
 :mod:`collectives.registry`, one module each.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives import native  # noqa: F401  (registers "native")
+from collectives import auto, native  # noqa: F401  (register themselves)
 from collectives.registry import get, names
 from collectives.runtime import MPI
 
@@ -17,7 +17,7 @@ __all__ = ["allreduce", "names"]
 _OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
 
-def allreduce(buf: np.ndarray, comm: "MPI.Comm | None" = None, algorithm: str = "native",
+def allreduce(buf: np.ndarray, comm: "MPI.Comm | None" = None, algorithm: str = "auto",
               op: str = "sum") -> np.ndarray:
     """Reduce ``buf`` in place over ``comm`` (default COMM_WORLD); returns ``buf``.
 
