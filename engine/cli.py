@@ -19,6 +19,10 @@ from typing import Sequence
 
 from engine._version import __version__
 
+#: Commands that run even when MPI's size disagrees with the launcher's (they
+#: diagnose it); every other command refuses to run (``LaunchError``).
+DIAGNOSTIC_COMMANDS = {"info"}
+
 #: name -> (module, one-line help). ``bench`` groups the benchmarks.
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("engine.info",
@@ -50,7 +54,7 @@ def _add_command(subparsers, name: str, module_name: str, help_text: str):
         name, help=help_text, description=(module.__doc__ or help_text).strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(parser)
-    parser.set_defaults(_run=module.run)
+    parser.set_defaults(_run=module.run, _command=name)
     return parser
 
 
@@ -75,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench_sub = bench.add_subparsers(title="benchmarks", metavar="BENCHMARK")
         for name, (module_name, help_text) in BENCHMARKS.items():
             _add_command(bench_sub, name, module_name, help_text)
-        bench.set_defaults(_run=lambda args: bench.error("choose a benchmark"))
+        bench.set_defaults(_run=lambda args: bench.error("choose a benchmark"), _command="bench")
     return parser
 
 
@@ -90,7 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2
-    return run_spmd(lambda: args._run(args))
+
+    def command() -> int | None:
+        if args._command not in DIAGNOSTIC_COMMANDS:
+            from collectives.runtime import check_launch
+
+            check_launch()  # N singletons would all "succeed" on 1/N of the work
+        return args._run(args)
+
+    return run_spmd(command)
 
 
 if __name__ == "__main__":
