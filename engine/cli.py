@@ -27,6 +27,10 @@ DIAGNOSTIC_COMMANDS = {"info"}
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("engine.info",
              "versions, MPI library, ranks, kernels, threads (paste into bug reports)"),
+    "train": ("engine.train", "train a model with DP-SGD (or --no-dp) over MPI ranks"),
+    "eval": ("engine.evaluate", "accuracy and loss of a checkpoint on a prepared file"),
+    "privacy": ("engine.privacy", "epsilon from (q, sigma, steps, delta), or sigma from a "
+                "target epsilon (offline)"),
 }
 
 #: mpidp bench <name>: benchmarks that print ratios measured side by side.

@@ -1,0 +1,164 @@
+"""Per-example clipping for any torch model: clipped gradient sums, no per-example loop.
+
+Two engines share one contract, ``clipped_sum(x, y, max_norm) -> (loss_sum,
+n_clipped)``: they write ``sum_i c_i * grad_i`` (cross-entropy loss of example
+i, clip factor ``c_i = min(1, max_norm / |grad_i|)``, or ``c_i = 1`` when
+``max_norm`` is None) into the flat buffer ``grad`` that matches ``params``.
+
+* :class:`LayerClipper` — per layer: one forward with hooks that keep each
+  parameterised layer's input, one ``torch.autograd.grad`` to the layer
+  outputs only (so autograd never computes weight gradients that would be
+  thrown away), then each layer's rule (:mod:`engine.grad_samplers`): the
+  book-keeping GEMMs for Linear, ``torch.func`` for anything else.
+* :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
+  grad): for models whose parameters are not all in leaf layers used once.
+
+MLPs built by ``mpidp train`` use the hand-written :mod:`engine.fast_mlp`
+instead; all three are tested against the naive loop (:mod:`engine.naive`).
+An empty batch is valid: the sum is zero.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from engine.grad_samplers import rule_for
+
+
+def clip_factors(sq_norms: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """``min(1, max_norm / norm)`` per example, written as ``C / max(norm, C)``
+    (exact, and 1 for a zero gradient)."""
+    norms = sq_norms.sqrt()
+    return max_norm / torch.clamp_min(norms, max_norm)
+
+
+class FlatParameters:
+    """Moves every parameter of ``model`` into one flat buffer (views into it)."""
+
+    def __init__(self, model: nn.Module):
+        named = list(model.named_parameters())
+        if not named:
+            raise ValueError("the model has no parameters")
+        self.names = [name for name, _ in named]
+        self.shapes = [tuple(p.shape) for _, p in named]
+        self.params = torch.cat([p.detach().reshape(-1) for _, p in named]).contiguous()
+        for (_, p), view in zip(named, self._split(self.params)):
+            p.data = view
+
+    def _split(self, buf: torch.Tensor) -> list[torch.Tensor]:
+        views, offset = [], 0
+        for shape in self.shapes:
+            n = 1
+            for s in shape:
+                n *= s
+            views.append(buf[offset:offset + n].view(shape))
+            offset += n
+        return views
+
+    def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{parameter name: view of buf}`` in the parameters' layout."""
+        return dict(zip(self.names, self._split(buf)))
+
+
+def _leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    layers = []
+    for name, module in model.named_modules():
+        own = list(module.parameters(recurse=False))
+        if not own:
+            continue
+        if any(True for child in module.children() for _ in child.parameters()):
+            raise ValueError(f"module {name or type(module).__name__!r} has parameters "
+                             "of its own and in its children; use FuncClipper")
+        layers.append((name, module))
+    return layers
+
+
+class LayerClipper:
+    """Per-layer clipped gradient sums (see module docstring)."""
+
+    def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
+        self.model = model
+        self.flat = FlatParameters(model)
+        self.params = self.flat.params
+        self.grad = torch.zeros_like(self.params) if grad is None else grad
+        self._grad_views = self.flat.views(self.grad)
+        self.layers = _leaf_layers(model)
+
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
+                    max_norm: float | None) -> tuple[float, int]:
+        """Write the (clipped) gradient sum of the batch into ``grad``.
+
+        Args:
+            x: ``[k, ...]`` model inputs; y: ``[k]`` int64 labels; k may be 0.
+            max_norm: the clipping bound C, or None for plain summed gradients.
+
+        Returns:
+            (summed loss, number of examples whose gradient was scaled down).
+        """
+        self.grad.zero_()
+        if x.shape[0] == 0:
+            return 0.0, 0
+        records: dict[nn.Module, list] = {m: [] for _, m in self.layers}
+        hooks = [m.register_forward_hook(
+            lambda mod, inp, out: records[mod].append((inp[0], out)))
+            for _, m in self.layers]
+        try:
+            logits = self.model(x)
+        finally:
+            for h in hooks:
+                h.remove()
+        for name, m in self.layers:
+            if len(records[m]) != 1:
+                raise ValueError(f"layer {name!r} ran {len(records[m])} times in one "
+                                 "forward pass; use FuncClipper")
+        total = F.cross_entropy(logits, y, reduction="sum")
+        outs = [records[m][0][1] for _, m in self.layers]
+        out_grads = torch.autograd.grad(total, outs, allow_unused=True)
+        terms = []
+        for (name, m), out, b in zip(self.layers, outs, out_grads):
+            b = torch.zeros_like(out) if b is None else b
+            terms.append(rule_for(m)(m, records[m][0][0].detach(), b))
+        sq = sum(t.sq_norms for t in terms)
+        factors = (torch.ones_like(sq) if max_norm is None
+                   else clip_factors(sq, max_norm))
+        for (name, _), term in zip(self.layers, terms):
+            prefix = f"{name}." if name else ""
+            for pname, value in term.clipped_sum(factors).items():
+                self._grad_views[prefix + pname].copy_(value)
+        clipped = 0 if max_norm is None else int((factors < 1).sum())
+        return float(total.detach()), clipped
+
+
+class FuncClipper:
+    """Whole-model per-example gradients with ``torch.func`` (the general fallback)."""
+
+    def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
+        self.model = model
+        self.flat = FlatParameters(model)
+        self.params = self.flat.params
+        self.grad = torch.zeros_like(self.params) if grad is None else grad
+        self._grad_views = self.flat.views(self.grad)
+
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
+                    max_norm: float | None) -> tuple[float, int]:
+        """Same contract as :meth:`LayerClipper.clipped_sum`."""
+        from torch.func import functional_call, grad_and_value, vmap
+
+        self.grad.zero_()
+        k = x.shape[0]
+        if k == 0:
+            return 0.0, 0
+        params = {name: p.detach() for name, p in self.model.named_parameters()}
+
+        def loss_one(theta, x_i, y_i):
+            out = functional_call(self.model, theta, (x_i.unsqueeze(0),))
+            return F.cross_entropy(out, y_i.unsqueeze(0), reduction="sum")
+
+        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(params, x, y)
+        sq = sum(g.reshape(k, -1).square().sum(1) for g in grads.values())
+        factors = torch.ones_like(sq) if max_norm is None else clip_factors(sq, max_norm)
+        for name, g in grads.items():
+            self._grad_views[name].copy_(torch.tensordot(factors, g, dims=([0], [0])))
+        clipped = 0 if max_norm is None else int((factors < 1).sum())
+        return float(losses.sum()), clipped

@@ -1,0 +1,185 @@
+"""The settings of a training run: one dataclass, filled from the command line.
+
+:class:`TrainConfig` holds every option of ``mpidp train``;
+:func:`add_arguments` defines them (with the help text users see) and
+:func:`from_args` builds and validates the config. The fields in
+:data:`FIXED_ON_RESUME` define the run (its data, model, sampling and privacy
+parameters); a resumed run must repeat them unchanged.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass, field
+
+from engine.errors import ConfigError
+
+#: Options a resume must repeat unchanged (they define the run and its privacy).
+FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
+                   "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
+                   "sampling", "noise_scheme", "hidden", "seed")
+
+
+@dataclass
+class TrainConfig:
+    data: str
+    epochs: int = 10
+    batch_size: int = 256
+    lr: float = 0.5
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    max_grad_norm: float = 1.0
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    delta: float = 1e-5
+    dp: bool = True
+    accountant: str = "rdp"
+    sampling: str = "poisson"
+    noise_scheme: str = "partition"
+    allreduce: str = "auto"
+    hidden: tuple[int, ...] = field(default=(128, 128))
+    seed: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 1
+    resume: bool = False
+    stop_after: int | None = None
+    metrics: str | None = None
+    eval_every: int = 1
+    threads: int | None = None
+    kernels: str | None = None
+    progress: bool | None = None
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["hidden"] = list(self.hidden)
+        return data
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` (collective) for impossible settings."""
+        def fail(message: str):
+            raise ConfigError(message, collective=True)
+
+        if self.epochs < 1:
+            fail(f"--epochs {self.epochs} must be at least 1")
+        if self.batch_size < 1:
+            fail(f"--batch-size {self.batch_size} must be at least 1")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            fail(f"--lr {self.lr} must be a positive number")
+        if not 0 <= self.momentum < 1:
+            fail(f"--momentum {self.momentum} must be in [0, 1)")
+        if self.checkpoint_every < 1 or self.eval_every < 1:
+            fail("--checkpoint-every and --eval-every must be at least 1")
+        if self.stop_after is not None and self.stop_after < 1:
+            fail(f"--stop-after {self.stop_after} must be at least 1")
+        if self.resume and not self.checkpoint_dir:
+            fail("--resume needs --checkpoint-dir (where the checkpoint is)")
+        if self.stop_after is not None and not self.checkpoint_dir:
+            fail("--stop-after needs --checkpoint-dir (to continue later with --resume)")
+        if not self.dp:
+            if self.noise_multiplier is not None or self.target_epsilon is not None:
+                fail("--no-dp trains without privacy: drop --noise-multiplier and "
+                     "--target-epsilon")
+            return
+        if not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
+            fail(f"--max-grad-norm {self.max_grad_norm} must be a positive number")
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            fail("give exactly one of --noise-multiplier SIGMA and --target-epsilon EPS "
+                 "(or --no-dp for a non-private run)")
+        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
+            fail(f"--noise-multiplier {self.noise_multiplier} must be positive "
+                 "(use --no-dp for a non-private run)")
+        if self.target_epsilon is not None and not self.target_epsilon > 0:
+            fail(f"--target-epsilon {self.target_epsilon} must be positive")
+        if not 0 < self.delta < 1:
+            fail(f"--delta {self.delta} must be in (0, 1)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``mpidp train``."""
+    from engine.accountant import KINDS
+    from engine.noise import SCHEMES
+    from engine.optim import NAMES
+
+    d = TrainConfig(data="")
+    data = parser.add_argument_group("data and model")
+    data.add_argument("--data", required=True, help="prepared HDF5 file (mpidp prep)")
+    data.add_argument("--hidden", default="128,128",
+                      help="hidden layer widths, comma-separated; empty ('') for logistic "
+                      "regression (default: 128,128)")
+    train = parser.add_argument_group("optimisation")
+    train.add_argument("--epochs", type=int, default=d.epochs,
+                       help=f"passes over the training set (default: {d.epochs})")
+    train.add_argument("--batch-size", type=int, default=d.batch_size,
+                       help="expected global batch size B; Poisson rate q = B/N "
+                       f"(default: {d.batch_size})")
+    train.add_argument("--lr", type=float, default=d.lr,
+                       help=f"learning rate (default: {d.lr})")
+    train.add_argument("--optimizer", choices=NAMES, default=d.optimizer,
+                       help=f"update rule (default: {d.optimizer})")
+    train.add_argument("--momentum", type=float, default=d.momentum,
+                       help=f"SGD momentum (default: {d.momentum})")
+    train.add_argument("--sampling", choices=("poisson", "shuffle"), default=d.sampling,
+                       help="poisson (what the accountant assumes) or shuffle (fixed-size "
+                       "batches: epsilon is then NOT a guarantee) (default: poisson)")
+    privacy = parser.add_argument_group("privacy")
+    privacy.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm,
+                         help=f"per-example clipping bound C (default: {d.max_grad_norm})")
+    sigma = privacy.add_mutually_exclusive_group()
+    sigma.add_argument("--noise-multiplier", type=float, default=None,
+                       help="noise std / C (sigma)")
+    sigma.add_argument("--target-epsilon", type=float, default=None,
+                       help="calibrate sigma so the planned epochs spend this epsilon")
+    privacy.add_argument("--delta", type=float, default=d.delta,
+                         help=f"delta of the (epsilon, delta) guarantee (default: {d.delta})")
+    privacy.add_argument("--accountant", choices=KINDS, default=d.accountant,
+                         help="rdp (fast upper bound) or pld (tighter, slower) "
+                         "(default: rdp)")
+    privacy.add_argument("--no-dp", dest="dp", action="store_false",
+                         help="the same loop without clipping and noise (non-private baseline)")
+    privacy.add_argument("--noise-scheme", choices=SCHEMES, default=d.noise_scheme,
+                         help="partition: each coordinate's noise drawn by one rank; split: "
+                         "every rank adds 1/p of the variance (default: partition)")
+    system = parser.add_argument_group("system")
+    system.add_argument("--allreduce", default=d.allreduce,
+                        help="all-reduce algorithm from collectives (default: auto)")
+    system.add_argument("--seed", type=int, default=None,
+                        help="seed of the model init, sampling and noise (default: random; "
+                        "a known seed makes the noise reproducible: experiments only)")
+    system.add_argument("--threads", type=int, default=None,
+                        help="torch/numba threads per rank (default: cores // ranks per node)")
+    system.add_argument("--kernels", choices=("torch",), default=None,
+                        help="use the generic torch kernels instead of the Numba ones")
+    out = parser.add_argument_group("checkpoints and metrics")
+    out.add_argument("--checkpoint-dir", default=None,
+                     help="write an atomic checkpoint here every --checkpoint-every epochs "
+                     "and on SIGTERM/SIGUSR1")
+    out.add_argument("--checkpoint-every", type=int, default=1,
+                     help="epochs between checkpoints (default: 1)")
+    out.add_argument("--resume", action="store_true",
+                     help="continue the run in --checkpoint-dir (starts fresh if it is empty)")
+    out.add_argument("--stop-after", type=int, default=None, metavar="STEPS",
+                     help="checkpoint and exit (code 75) after STEPS steps of this invocation")
+    out.add_argument("--metrics", default=None, help="write per-epoch metrics as JSON lines")
+    out.add_argument("--eval-every", type=int, default=1,
+                     help="epochs between test-set evaluations (default: 1)")
+    out.add_argument("--progress", dest="progress", action="store_true", default=None,
+                     help="progress bar on rank 0 (default: when stderr is a terminal)")
+    out.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def from_args(args: argparse.Namespace) -> TrainConfig:
+    """Build and validate the config from parsed arguments."""
+    from engine.model import parse_hidden
+
+    cfg = TrainConfig(
+        data=args.data, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        optimizer=args.optimizer, momentum=args.momentum, max_grad_norm=args.max_grad_norm,
+        noise_multiplier=args.noise_multiplier, target_epsilon=args.target_epsilon,
+        delta=args.delta, dp=args.dp, accountant=args.accountant, sampling=args.sampling,
+        noise_scheme=args.noise_scheme, allreduce=args.allreduce,
+        hidden=parse_hidden(args.hidden), seed=args.seed, checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every, resume=args.resume,
+        stop_after=args.stop_after, metrics=args.metrics, eval_every=args.eval_every,
+        threads=args.threads, kernels=args.kernels, progress=args.progress)
+    cfg.validate()
+    return cfg

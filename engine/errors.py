@@ -1,0 +1,67 @@
+"""User-facing errors of the trainer, and how the ranks agree on them.
+
+Every class has an integer ``exit_code`` (see :mod:`engine.spmd`): the error
+prints as one line ``mpidp: error: ...`` and the job exits with that code.
+An error detected identically on every rank sets ``collective = True`` so
+that only rank 0 prints it and no rank aborts the job; an error detected by
+some ranks only goes through :func:`agree` first, which makes it collective.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collectives.runtime import MPI
+
+#: Exit codes of ``mpidp train`` (also in the README).
+EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3
+EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: interrupted, checkpoint written; rerun with --resume
+
+
+class MpidpError(Exception):
+    """Base class: a message a user can act on, and an exit code."""
+
+    exit_code = EXIT_USER_ERROR
+
+    def __init__(self, message: str, collective: bool = False):
+        super().__init__(message)
+        self.collective = collective
+
+
+class DataError(MpidpError):
+    """The data file is missing, unreadable, of the wrong schema or too small."""
+
+
+class ConfigError(MpidpError):
+    """Options that contradict each other or cannot work."""
+
+
+class PrivacyError(MpidpError):
+    """An impossible privacy target, or a run that would exceed its budget."""
+
+
+class CheckpointError(MpidpError):
+    """A checkpoint that is missing, corrupt, or belongs to another run."""
+
+
+class DivergedError(MpidpError):
+    """The loss or the parameters became NaN or infinite."""
+
+    exit_code = EXIT_DIVERGED
+
+
+def agree(comm: "MPI.Comm", error: MpidpError | None) -> None:
+    """Collective: if any rank has an error, raise one on every rank.
+
+    Every rank of ``comm`` must call it. The first failing rank's error (by
+    rank) is re-raised everywhere with ``collective = True`` and the same
+    class, so every rank exits with the same code and rank 0 prints it once.
+    """
+    errors = comm.allgather(None if error is None else (type(error), str(error)))
+    for rank, item in enumerate(errors):
+        if item is not None:
+            cls, message = item
+            if comm.Get_size() > 1 and rank != 0:
+                message = f"{message} (on rank {rank})"
+            raise cls(message, collective=True)

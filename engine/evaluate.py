@@ -1,0 +1,108 @@
+"""Evaluation in parallel: every rank scores its shard, counts are all-reduced.
+
+Also ``mpidp eval``: accuracy and loss of a checkpoint's model on any
+prepared file (for example other states, prepared with ``prep --like`` so the
+encoding matches)::
+
+    mpiexec -n 2 mpidp eval --checkpoint runs/a/checkpoint.pt --data other.h5 --split test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Callable
+
+CHUNK_ROWS = 65536
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint file (or the --checkpoint-dir of a training run)")
+    parser.add_argument("--data", required=True, help="prepared HDF5 file (mpidp prep)")
+    parser.add_argument("--split", default="test", choices=("train", "test"),
+                        help="which split to score (default: test)")
+    parser.add_argument("--allreduce", default="auto",
+                        help="all-reduce algorithm for the counts (default: auto)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def evaluate_shard(logits_fn: Callable, X, y, comm, algorithm: str = "auto") -> dict:
+    """Collective: accuracy and mean cross-entropy over all ranks' rows.
+
+    Args:
+        logits_fn: rows (torch, with the trailing ones column) -> logits.
+        X, y: this rank's rows (numpy; X with the ones column), possibly empty.
+        comm: every rank of it must call this.
+
+    Returns:
+        ``{"accuracy", "loss", "rows", "correct"}`` (same on every rank);
+        accuracy and loss are NaN when no rank has a row.
+    """
+    import numpy as np
+    import torch
+
+    import collectives
+
+    correct, loss_sum = 0, 0.0
+    with torch.no_grad():
+        for start in range(0, y.shape[0], CHUNK_ROWS):
+            xb = torch.from_numpy(X[start:start + CHUNK_ROWS])
+            yb = torch.from_numpy(y[start:start + CHUNK_ROWS])
+            out = logits_fn(xb)
+            correct += int((out.argmax(1) == yb).sum())
+            loss_sum += float(torch.nn.functional.cross_entropy(
+                out.double(), yb, reduction="sum"))
+    counts = np.array([correct, loss_sum, y.shape[0]], dtype=np.float64)
+    collectives.allreduce(counts, comm, algorithm=algorithm)
+    rows = int(counts[2])
+    nan = float("nan")
+    return {"accuracy": counts[0] / rows if rows else nan,
+            "loss": counts[1] / rows if rows else nan,
+            "rows": rows, "correct": int(counts[0])}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from collectives.runtime import MPI
+    from engine import checkpoint as ckpt
+    from engine.errors import CheckpointError, DataError, agree
+    from engine.model import MLPSpec, logits
+    from engine.shard import read_info, read_shard
+
+    comm = MPI.COMM_WORLD
+    error, payload = None, None
+    try:
+        payload = ckpt.load_file(args.checkpoint)
+    except CheckpointError as exc:
+        error = exc
+    agree(comm, error)
+    info = read_info(args.data, comm)
+    spec = MLPSpec.from_dict(payload["model"])
+    trained = payload.get("data", {})
+    if info.n_features != spec.dims[0] or info.n_classes != spec.dims[-1]:
+        raise DataError(f"{args.data} has {info.n_features} features and {info.n_classes} "
+                        f"classes; the model expects {spec.dims[0]} and {spec.dims[-1]} "
+                        "(prepare the file with `mpidp prep --like` the training file)",
+                        collective=True)
+    if trained.get("fingerprint") and info.fingerprint \
+            and trained["fingerprint"] != info.fingerprint:
+        raise DataError(f"{args.data} was encoded differently from the training file "
+                        f"{trained.get('path')} (encoding fingerprints differ); prepare it "
+                        "with `mpidp prep --like` the training file", collective=True)
+    shard = read_shard(info, args.split, comm, min_rows_per_rank=0)
+    params = payload["params"].to(torch.float32)
+    result = evaluate_shard(lambda xb: logits(spec, params, xb), shard.X, shard.y, comm,
+                            args.allreduce)
+    if comm.Get_rank() == 0:
+        result.update(checkpoint=str(args.checkpoint), data=args.data, split=args.split,
+                      step=payload.get("step"), epsilon=payload.get("epsilon"))
+        if args.json:
+            print(json.dumps(result, default=str))
+        else:
+            eps = result["epsilon"]
+            print(f"{args.data} [{args.split}]: accuracy {result['accuracy']:.4f}, "
+                  f"loss {result['loss']:.4f}, {result['rows']:,} rows "
+                  f"(model from step {result['step']}"
+                  + (f", epsilon {eps:.3f})" if eps is not None else ", non-private)"))
+    return 0

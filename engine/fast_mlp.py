@@ -1,0 +1,121 @@
+"""Hand-written forward and backward of an MLP, for DP-SGD at the cost of SGD.
+
+No autograd: the forward keeps every layer's input activations ``a_l`` (with
+a trailing column of ones, so the bias is one more weight column) and the
+backward computes every layer's output gradient ``g_l``; both are exactly
+what per-example clipping needs (:mod:`engine.grad_samplers` explains the
+book-keeping rule). Per step, for L layers:
+
+* forward: L GEMMs ``z_l = a_l [W_l | b_l]^T`` and L-1 ReLUs written straight
+  into the next activation buffer;
+* loss: one fused softmax-cross-entropy kernel, ``g_L = softmax(z_L) - onehot(y)``;
+* backward: L-1 GEMMs ``g_{l-1} = g_l W_l`` and ReLU masks;
+* clipping: one fused kernel for all layers: squared norms
+  ``sum_l |a_l,i|^2 |g_l,i|^2``, factors ``min(1, C/norm_i)``, rows of every
+  ``g_l`` scaled in place;
+* clipped sums: L GEMMs ``(c g_l)^T a_l`` written straight into the flat
+  gradient buffer (the one the all-reduce sends).
+
+Every buffer is allocated once (and grown if a Poisson batch is larger than
+any before), so a step allocates nothing but a few tensor views. Kernels
+come from :mod:`kernels.dispatch` for the parameters' device.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.model import MLPSpec, layer_views, logits as mlp_logits
+from kernels import dispatch
+
+
+class FastMLP:
+    """Per-example-clipped gradient sums of an MLP (see module docstring).
+
+    Args:
+        spec: the widths.
+        params: flat parameter vector (float32 or float64), updated in place by
+            the optimizer between steps.
+        grad: flat buffer of the same size and dtype that receives the sums.
+        capacity: rows to preallocate (the expected local batch, plus slack).
+        backend: force a kernel back-end (``"torch"``); None picks the best
+            registered one for the device.
+    """
+
+    def __init__(self, spec: MLPSpec, params: torch.Tensor, grad: torch.Tensor,
+                 capacity: int = 256, backend: str | None = None):
+        if params.shape != (spec.n_params,) or grad.shape != params.shape:
+            raise ValueError("params and grad must be flat vectors of spec.n_params")
+        self.spec, self.params, self.grad = spec, params, grad
+        self.dtype, self.device = params.dtype, params.device
+        self.W = layer_views(spec, params)
+        self.W_in = [w[:, :-1] for w in self.W]
+        self.G_out = layer_views(spec, grad)
+        device = params.device
+        self.clip_rows = dispatch.get("clip_rows", device, backend)
+        self.relu_backward = dispatch.get("relu_backward", device, backend)
+        self.softmax_xent = dispatch.get("softmax_xent", device, backend)
+        self.capacity = 0
+        self._allocate(max(1, capacity))
+
+    @property
+    def backends(self) -> dict[str, str]:
+        return {"clip_rows": self.clip_rows.backend,
+                "relu_backward": self.relu_backward.backend,
+                "softmax_xent": self.softmax_xent.backend}
+
+    def _allocate(self, capacity: int) -> None:
+        dims, kw = self.spec.dims, {"dtype": self.dtype, "device": self.device}
+        self.A = []
+        for d in dims[:-1]:
+            a = torch.empty(capacity, d + 1, **kw)
+            a[:, d] = 1.0
+            self.A.append(a)
+        self.Z = [torch.empty(capacity, d, **kw) for d in dims[1:]]
+        self.G = [torch.empty(capacity, d, **kw) for d in dims[1:]]
+        self.y = torch.empty(capacity, dtype=torch.int64, device=self.device)
+        self.factors = torch.empty(capacity, **kw)
+        self.capacity = capacity
+
+    def load(self, X: torch.Tensor, y: torch.Tensor, rows: torch.Tensor) -> int:
+        """Gather the batch ``X[rows]``, ``y[rows]`` into the input buffers.
+
+        ``X`` carries the trailing ones column (:mod:`engine.shard`); ``rows``
+        is an int64 tensor of local row indices. Returns the batch size k.
+        """
+        k = int(rows.shape[0])
+        if k > self.capacity:
+            self._allocate(k + k // 4)
+        torch.index_select(X, 0, rows, out=self.A[0][:k])
+        torch.index_select(y, 0, rows, out=self.y[:k])
+        return k
+
+    def clipped_sum(self, k: int, max_norm: float | None) -> tuple[float, int]:
+        """Write ``sum_i c_i grad_i`` of the loaded batch of ``k`` rows into ``grad``.
+
+        ``max_norm=None`` gives the plain sum (non-private baseline). Returns
+        (summed cross-entropy loss, number of clipped examples).
+        """
+        if k == 0:
+            self.grad.zero_()
+            return 0.0, 0
+        A, Z, G, W = self.A, self.Z, self.G, self.W
+        last = self.spec.n_layers - 1
+        for i in range(last + 1):
+            torch.mm(A[i][:k], W[i].t(), out=Z[i][:k])
+            if i < last:
+                torch.clamp_min(Z[i][:k], 0.0, out=A[i + 1][:k, :-1])
+        loss = self.softmax_xent(Z[last][:k], self.y[:k], G[last][:k])
+        for i in range(last, 0, -1):
+            torch.mm(G[i][:k], self.W_in[i], out=G[i - 1][:k])
+            self.relu_backward(G[i - 1][:k], A[i][:k, :-1])
+        clipped = 0
+        if max_norm is not None:
+            clipped = self.clip_rows(tuple(a[:k] for a in A), tuple(g[:k] for g in G),
+                                     float(max_norm), self.factors)
+        for i in range(last + 1):
+            torch.mm(G[i][:k].t(), A[i][:k], out=self.G_out[i])
+        return loss, clipped
+
+    def logits(self, X: torch.Tensor) -> torch.Tensor:
+        """Logits of rows ``X`` (with the ones column); allocates (evaluation)."""
+        return mlp_logits(self.spec, self.params, X)

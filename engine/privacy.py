@@ -1,0 +1,93 @@
+"""Privacy accounting offline: epsilon from (q, sigma, steps, delta), or sigma
+from a target epsilon — without data or MPI work.
+
+The sampling rate is q, or B/N from --batch-size and --train-rows; the
+length is --steps, or --epochs (steps = epochs * round(N/B), as mpidp train
+counts them). Examples:
+
+  mpidp privacy --sample-rate 0.004267 --noise-multiplier 1.1 --steps 14062
+  mpidp privacy --batch-size 256 --train-rows 60000 --epochs 60 --target-epsilon 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    rate = parser.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--sample-rate", type=float, help="Poisson sampling rate q")
+    rate.add_argument("--batch-size", type=int, help="expected batch size B (needs --train-rows)")
+    parser.add_argument("--train-rows", type=int, help="training rows N (with --batch-size)")
+    length = parser.add_mutually_exclusive_group(required=True)
+    length.add_argument("--steps", type=int, help="number of DP-SGD steps")
+    length.add_argument("--epochs", type=float, help="epochs (needs --batch-size/--train-rows)")
+    noise = parser.add_mutually_exclusive_group(required=True)
+    noise.add_argument("--noise-multiplier", type=float, help="sigma: report epsilon")
+    noise.add_argument("--target-epsilon", type=float, help="report the sigma that reaches it")
+    parser.add_argument("--delta", type=float, default=1e-5, help="delta (default: 1e-5)")
+    parser.add_argument("--accountant", choices=("rdp", "pld", "both"), default="both",
+                        help="which accountant(s) to use (default: both)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args: argparse.Namespace) -> int:
+    from collectives.runtime import MPI
+    from engine.accountant import calibrate_sigma, check_delta, epsilon_for
+    from engine.errors import ConfigError, PrivacyError
+
+    def fail(message):
+        raise ConfigError(message, collective=True)
+
+    try:
+        check_delta(args.delta)
+    except PrivacyError as exc:
+        exc.collective = True
+        raise
+    if args.sample_rate is not None:
+        q = args.sample_rate
+        if args.epochs is not None:
+            fail("--epochs needs --batch-size and --train-rows (or use --steps)")
+    else:
+        if not args.train_rows or args.train_rows < args.batch_size or args.batch_size < 1:
+            fail("--batch-size needs --train-rows N >= B >= 1")
+        q = args.batch_size / args.train_rows
+    if not 0 < q <= 1:
+        fail(f"sampling rate {q} must be in (0, 1]")
+    if args.steps is not None:
+        steps = args.steps
+    else:
+        steps = int(round(args.epochs * max(1, round(args.train_rows / args.batch_size))))
+    if steps < 1:
+        fail("the run needs at least one step")
+    kinds = ("rdp", "pld") if args.accountant == "both" else (args.accountant,)
+    result = {"sample_rate": q, "steps": steps, "delta": args.delta}
+    try:
+        for kind in kinds:
+            if args.noise_multiplier is not None:
+                if not args.noise_multiplier > 0:
+                    fail("--noise-multiplier must be positive")
+                result["noise_multiplier"] = args.noise_multiplier
+                result[f"epsilon_{kind}"] = epsilon_for(q, args.noise_multiplier, steps,
+                                                        args.delta, kind)
+            else:
+                result["target_epsilon"] = args.target_epsilon
+                result[f"noise_multiplier_{kind}"] = calibrate_sigma(
+                    q, steps, args.target_epsilon, args.delta, kind)
+    except PrivacyError as exc:
+        exc.collective = True
+        raise
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print(f"q={q:.6g}, steps={steps}, delta={args.delta:g}")
+            for kind in kinds:
+                if args.noise_multiplier is not None:
+                    print(f"  {kind}: epsilon = {result[f'epsilon_{kind}']:.4f} at noise "
+                          f"multiplier {args.noise_multiplier:g}")
+                else:
+                    print(f"  {kind}: noise multiplier = "
+                          f"{result[f'noise_multiplier_{kind}']:.4f} for epsilon "
+                          f"{args.target_epsilon:g}")
+    return 0

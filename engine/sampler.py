@@ -1,0 +1,92 @@
+"""Which local rows each step uses: distributed Poisson sampling (or shuffling).
+
+**Poisson** (the default, what the accountant assumes): at every step each
+rank keeps each of its ``n_local`` rows independently with probability q.
+It draws the batch size ``k ~ Binomial(n_local, q)`` and then ``k`` distinct
+rows uniformly — the same distribution as a per-row coin flip, without a
+pass over the shard. The union over ranks is a Poisson sample of the whole
+training set with rate q (the shards partition it). Empty batches happen
+and are valid steps. Each rank's stream is its own (seeded from the run's
+seed and the rank) and its state is checkpointed.
+
+**Shuffle** (``--sampling shuffle``): fixed-size batches from a per-epoch
+permutation of the shard. Common and cheap, but *outside the accountant's
+assumption*: the epsilon reported for such a run is not a guarantee.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: Stream identifiers for seeding (rank, purpose) sub-streams of the run's seed.
+STREAM_SAMPLER, STREAM_NOISE, STREAM_SHUFFLE = 0, 1, 2
+
+
+def seed_sequence(seed: int, rank: int, stream: int, *extra: int) -> np.random.SeedSequence:
+    """The independent seed of one rank's stream (``numpy.random.SeedSequence`` spawning)."""
+    return np.random.SeedSequence(entropy=int(seed), spawn_key=(int(rank), int(stream),
+                                                                *map(int, extra)))
+
+
+class PoissonSampler:
+    """Poisson sampling of a local shard of ``n_local`` rows at rate ``q``."""
+
+    assumption_met = True
+    name = "poisson"
+
+    def __init__(self, n_local: int, q: float, seed: int, rank: int):
+        if not 0.0 < q <= 1.0:
+            raise ValueError(f"sampling rate q={q} must be in (0, 1]")
+        self.n_local, self.q = int(n_local), float(q)
+        self.rng = np.random.Generator(np.random.PCG64(seed_sequence(seed, rank,
+                                                                     STREAM_SAMPLER)))
+
+    def expected_local_batch(self) -> float:
+        return self.q * self.n_local
+
+    def sample(self, step: int) -> np.ndarray:
+        """Sorted int64 local row indices of this step (possibly empty)."""
+        k = int(self.rng.binomial(self.n_local, self.q))
+        rows = self.rng.choice(self.n_local, size=k, replace=False)
+        rows.sort()
+        return rows.astype(np.int64, copy=False)
+
+    def get_state(self) -> dict:
+        return self.rng.bit_generator.state
+
+    def set_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
+
+
+class ShuffleSampler:
+    """Fixed-size local batches from a permutation per epoch (not Poisson)."""
+
+    assumption_met = False
+    name = "shuffle"
+
+    def __init__(self, n_local: int, local_batch: int, steps_per_epoch: int, seed: int,
+                 rank: int):
+        self.n_local, self.local_batch = int(n_local), int(local_batch)
+        self.steps_per_epoch = int(steps_per_epoch)
+        self.seed, self.rank = seed, rank
+        self._epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+
+    def expected_local_batch(self) -> float:
+        return float(self.local_batch)
+
+    def sample(self, step: int) -> np.ndarray:
+        """The rows of global step ``step`` (stateless: a function of the step)."""
+        epoch, j = divmod(int(step), self.steps_per_epoch)
+        if epoch != self._epoch:
+            rng = np.random.default_rng(seed_sequence(self.seed, self.rank,
+                                                      STREAM_SHUFFLE, epoch))
+            self._perm, self._epoch = rng.permutation(self.n_local), epoch
+        start = j * self.local_batch
+        rows = np.take(self._perm, np.arange(start, start + self.local_batch), mode="wrap")
+        rows.sort()
+        return rows.astype(np.int64, copy=False)
+
+    def get_state(self) -> dict:
+        return {}
+
+    def set_state(self, state: dict) -> None:
+        pass

@@ -1,0 +1,432 @@
+"""The DP-SGD training loop: it wires the modules together and holds no DP math.
+
+One step on every rank (:meth:`Trainer._step`):
+
+1. sample this rank's rows (:mod:`engine.sampler`, Poisson at rate q);
+2. clipped gradient sum of those rows into the flat buffer (:mod:`engine.fast_mlp`);
+3. this rank's share of the Gaussian noise (:mod:`engine.noise`);
+4. ONE all-reduce of the preallocated buffer (gradient + one control float
+   that carries stop requests) through :func:`collectives.allreduce`;
+5. update with the sum divided by the public expected batch size B = qN
+   (:mod:`engine.optim`); the accountant counts the step (:mod:`engine.accountant`).
+
+Every rank takes the same number of steps (N and B are known everywhere);
+an empty local batch is a valid step. Per epoch: train loss (all-reduced),
+test accuracy (evaluated in parallel), epsilon, time split into compute and
+communication; JSON lines and a table on rank 0. Checkpoints are atomic and
+carry everything a bit-identical resume needs (:mod:`engine.checkpoint`).
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+import collectives
+from collectives.runtime import MPI, available_cores, launch_info
+from engine import checkpoint as ckpt
+from engine import metrics as metrics_mod
+from engine.accountant import Accountant, calibrate_sigma, epsilon_for
+from engine.config import FIXED_ON_RESUME, TrainConfig
+from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError, DataError,
+                           DivergedError, PrivacyError, agree)
+from engine.evaluate import evaluate_shard
+from engine.fast_mlp import FastMLP
+from engine.model import MLPSpec, init_params
+from engine.noise import GaussianNoise
+from engine.optim import build as build_optimizer
+from engine.sampler import PoissonSampler, ShuffleSampler
+from engine.shard import read_info, read_shard
+from engine.signals import StopRequest
+
+#: Steps between progress-bar updates and between finiteness checks.
+PROGRESS_EVERY = 32
+FINITE_CHECK_EVERY = 256
+#: Breakdown of a step's time, in the order of the step.
+PHASES = ("sample_s", "clip_s", "noise_s", "comm_s", "update_s")
+
+
+def configure_threads(requested: int | None) -> tuple[int, int]:
+    """One rank per core: ``threads = cores // ranks on this node`` (at least 1).
+
+    Applies to torch and Numba. Returns (threads, ranks on this node).
+    """
+    import numba
+
+    local = launch_info().local_ranks or 1
+    threads = requested or max(1, available_cores() // local)
+    torch.set_num_threads(threads)
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    return threads, local
+
+
+def _shared_seed(comm, seed: int | None) -> int:
+    if seed is not None:
+        return int(seed)
+    return int(comm.bcast(secrets.randbits(62) if comm.Get_rank() == 0 else None, root=0))
+
+
+class Trainer:
+    """A DP-SGD (or ``--no-dp``) run of :class:`TrainConfig` over ``comm``."""
+
+    def __init__(self, cfg: TrainConfig, comm=None, out=None):
+        self.cfg = cfg
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.out = sys.stdout if out is None else out
+        self.history: list[dict] = []
+
+    # ------------------------------------------------------------------ set-up
+    def _say(self, text: str) -> None:
+        if self.rank == 0:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def setup(self) -> None:
+        cfg, comm = self.cfg, self.comm
+        self.threads, self.local_ranks = configure_threads(cfg.threads)
+        self.info = read_info(cfg.data, comm)
+        self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1)
+        self.test = read_shard(self.info, "test", comm, min_rows_per_rank=0)
+        n = self.info.rows["train"]
+        if cfg.batch_size > n:
+            raise ConfigError(f"--batch-size {cfg.batch_size} exceeds the {n} training rows "
+                              f"of {cfg.data}", collective=True)
+        self.n_train = n
+        self.q = cfg.batch_size / n
+        self.steps_per_epoch = max(1, round(n / cfg.batch_size))
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        self.spec = MLPSpec.build(self.info.n_features, cfg.hidden, self.info.n_classes)
+
+        payload = self._load_checkpoint()
+        self.seed = _shared_seed(comm, payload["seed"] if payload else cfg.seed)
+        self._plan_privacy(payload)
+        self._build_state(payload)
+
+    def _load_checkpoint(self) -> dict | None:
+        cfg = self.cfg
+        if not cfg.checkpoint_dir:
+            return None
+        error, payload = None, None
+        try:
+            payload = ckpt.load(cfg.checkpoint_dir)
+        except CheckpointError as exc:
+            error = exc
+        agree(self.comm, error)
+        if payload is None:
+            return None
+        where = ckpt.path_in(cfg.checkpoint_dir)
+        if not cfg.resume:
+            spent = payload.get("epsilon")
+            raise CheckpointError(
+                f"{where} holds a run at step {payload['step']}"
+                + (f" that has spent epsilon={spent:.3f}" if spent is not None else "")
+                + "; pass --resume to continue it, or choose another --checkpoint-dir",
+                collective=True)
+        if payload["world_size"] != self.size:
+            raise CheckpointError(f"{where} was written by {payload['world_size']} ranks; "
+                                  f"resume it with {payload['world_size']} ranks (this job "
+                                  f"has {self.size})", collective=True)
+        data = payload["data"]
+        if data["rows"] != self.info.rows or data["n_features"] != self.info.n_features \
+                or data["fingerprint"] != self.info.fingerprint:
+            raise CheckpointError(f"{where} was trained on {data['path']} "
+                                  f"({data['rows']}), not on {cfg.data} "
+                                  f"({self.info.rows}); resume with the same data",
+                                  collective=True)
+        saved = payload["config"]
+        diffs = []
+        for name in FIXED_ON_RESUME:
+            mine = getattr(cfg, name)
+            mine = list(mine) if isinstance(mine, tuple) else mine
+            theirs = saved.get(name)
+            if name == "seed" and mine is None:
+                continue
+            if mine != theirs:
+                diffs.append(f"--{name.replace('_', '-')} {mine} (checkpoint: {theirs})")
+        if diffs:
+            raise ConfigError("a resumed run keeps the settings it started with; these "
+                              "differ: " + ", ".join(diffs), collective=True)
+        return payload
+
+    def _plan_privacy(self, payload: dict | None) -> None:
+        cfg = self.cfg
+        self.accountant: Accountant | None = None
+        self.budget: float | None = None
+        if not cfg.dp:
+            return
+        if payload is not None:
+            self.accountant = Accountant.from_state(payload["accountant"])
+            self.budget = float(payload["budget_epsilon"])
+        else:
+            if cfg.target_epsilon is not None:
+                # Every rank calibrates (deterministic, same answer), so an
+                # impossible target is an error on every rank alike.
+                try:
+                    sigma = calibrate_sigma(self.q, self.total_steps, cfg.target_epsilon,
+                                            cfg.delta, cfg.accountant)
+                except PrivacyError as exc:
+                    exc.collective = True
+                    raise
+                self.budget = float(cfg.target_epsilon)
+            else:
+                sigma = float(cfg.noise_multiplier)
+                self.budget = epsilon_for(self.q, sigma, self.total_steps, cfg.delta,
+                                          cfg.accountant)
+            self.accountant = Accountant(q=self.q, sigma=sigma, delta=cfg.delta,
+                                         kind=cfg.accountant)
+        planned = self.accountant.epsilon(self.total_steps)
+        if planned > self.budget * (1 + 1e-6):
+            fits = self.accountant.steps // self.steps_per_epoch
+            while fits < self.cfg.epochs and self.accountant.epsilon(
+                    (fits + 1) * self.steps_per_epoch) <= self.budget * (1 + 1e-6):
+                fits += 1
+            raise PrivacyError(
+                f"{cfg.epochs} epochs would spend epsilon={planned:.3f}, more than this "
+                f"run's budget epsilon={self.budget:.3f} (delta={cfg.delta:g}); at most "
+                f"{fits} epochs fit. A resumed run cannot raise its budget: start a new run "
+                "in a new --checkpoint-dir to train longer", collective=True)
+
+    def _build_state(self, payload: dict | None) -> None:
+        cfg, spec = self.cfg, self.spec
+        params = init_params(spec, self.seed)
+        if payload is not None:
+            params.copy_(payload["params"])
+        self.params = params
+        # The all-reduce buffer: the flat gradient and one control float.
+        self.buffer = np.zeros(spec.n_params + 1, dtype=np.float32)
+        self.grad = torch.from_numpy(self.buffer[:spec.n_params])
+        self.control = self.buffer[spec.n_params:]
+        n_local = self.train.n_local
+        if cfg.sampling == "poisson":
+            self.sampler = PoissonSampler(n_local, self.q, self.seed, self.rank)
+        else:
+            b = cfg.batch_size
+            local_batch = b * (self.rank + 1) // self.size - b * self.rank // self.size
+            self.sampler = ShuffleSampler(n_local, local_batch, self.steps_per_epoch,
+                                          self.seed, self.rank)
+        expected = self.sampler.expected_local_batch()
+        capacity = int(expected + 6 * math.sqrt(expected) + 16)
+        self.engine = FastMLP(spec, params, self.grad, capacity=capacity, backend=cfg.kernels)
+        self.noise = None
+        if cfg.dp:
+            std = self.accountant.sigma * cfg.max_grad_norm
+            self.noise = GaussianNoise(spec.n_params, std, self.size, self.rank, self.seed,
+                                       cfg.noise_scheme, backend=cfg.kernels)
+        self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum)
+        self.step = 0
+        self.local = {"loss_sum": 0.0, "examples": 0, "clipped": 0}
+        if payload is not None:
+            self.optimizer.load_state_dict(payload["optimizer"])
+            self.step = int(payload["step"])
+            mine = payload["ranks"][self.rank]
+            self.sampler.set_state(mine["sampler"])
+            if self.noise is not None:
+                self.noise.set_state(mine["noise"])
+            self.local = dict(mine["local"])
+            self.history = list(payload.get("history", []))
+        self.X = torch.from_numpy(self.train.X)
+        self.y = torch.from_numpy(self.train.y)
+
+    # ------------------------------------------------------------ checkpoints
+    def _epsilon(self) -> float | None:
+        return None if self.accountant is None else self.accountant.epsilon()
+
+    def save_checkpoint(self) -> str | None:
+        """Collective: rank 0 writes the checkpoint with every rank's state."""
+        if not self.cfg.checkpoint_dir:
+            return None
+        if not bool(torch.isfinite(self.params).all()):
+            raise DivergedError("the parameters are NaN or infinite: not checkpointing a "
+                                "diverged model; lower --lr or --max-grad-norm",
+                                collective=True)
+        mine = {"sampler": self.sampler.get_state(),
+                "noise": None if self.noise is None else self.noise.get_state(),
+                "local": dict(self.local)}
+        ranks = self.comm.gather(mine, root=0)
+        error, where = None, None
+        if self.rank == 0:
+            payload = {
+                "config": self.cfg.to_dict(), "seed": self.seed, "world_size": self.size,
+                "data": self.info.summary(), "model": self.spec.to_dict(),
+                "params": self.params.clone(), "optimizer": self.optimizer.state_dict(),
+                "accountant": None if self.accountant is None else self.accountant.state_dict(),
+                "budget_epsilon": self.budget, "epsilon": self._epsilon(),
+                "step": self.step, "steps_per_epoch": self.steps_per_epoch,
+                "ranks": ranks, "history": self.history}
+            try:
+                where = str(ckpt.save(self.cfg.checkpoint_dir, payload))
+            except CheckpointError as exc:
+                error = exc
+        error = self.comm.bcast(error, root=0)
+        if error is not None:
+            raise type(error)(str(error), collective=True)
+        return str(ckpt.path_in(self.cfg.checkpoint_dir))
+
+    # ------------------------------------------------------------------- loop
+    def _epoch_end(self, epoch: int, times: dict, wall: float, resumed: bool) -> dict:
+        sums = np.array([self.local["loss_sum"], self.local["examples"],
+                         self.local["clipped"], *(times[p] for p in PHASES), wall],
+                        dtype=np.float64)
+        collectives.allreduce(sums, self.comm, algorithm=self.cfg.allreduce)
+        loss_sum, examples, clipped = sums[0], int(sums[1]), int(sums[2])
+        mean_times = {p: float(v) / self.size for p, v in zip(PHASES, sums[3:3 + len(PHASES)])}
+        wall = float(sums[-1]) / self.size
+        train_loss = loss_sum / examples if examples else float("nan")
+        if (examples and not math.isfinite(train_loss)) \
+                or not bool(torch.isfinite(self.params).all()):
+            raise DivergedError(f"epoch {epoch + 1}: the training loss or the parameters "
+                                "became NaN or infinite; lower --lr (or --max-grad-norm)",
+                                collective=True)
+        record = {
+            "epoch": epoch + 1, "step": self.step, "train_loss": train_loss,
+            "train_examples": examples,
+            "clipped_fraction": clipped / examples if examples else None,
+            "epsilon": self._epsilon(), "delta": self.cfg.delta if self.cfg.dp else None,
+            "noise_multiplier": None if self.accountant is None else self.accountant.sigma,
+            "epoch_time_s": wall, "examples_per_s": examples / wall if wall > 0 else None,
+            "comm_s": mean_times["comm_s"], "compute_s": wall - mean_times["comm_s"],
+            "comm_compute_ratio": (mean_times["comm_s"] / (wall - mean_times["comm_s"])
+                                   if wall > mean_times["comm_s"] else None),
+            "step_breakdown_s": mean_times, "ranks": self.size, "threads": self.threads,
+            "resumed_mid_epoch": resumed,
+        }
+        if (epoch + 1) % self.cfg.eval_every == 0 or epoch + 1 == self.cfg.epochs:
+            result = evaluate_shard(self.engine.logits, self.test.X, self.test.y, self.comm,
+                                    self.cfg.allreduce)
+            record.update(test_accuracy=result["accuracy"], test_loss=result["loss"])
+        if self.cfg.dp and not self.sampler.assumption_met:
+            record["epsilon_valid"] = False  # shuffled batches: not what was accounted
+        self.local.update(loss_sum=0.0, examples=0, clipped=0)  # in place: the loop holds it
+        return {k: metrics_mod.finite_or_none(v) if isinstance(v, float) else v
+                for k, v in record.items()}
+
+    def run(self) -> int:
+        """Collective: train; returns the exit code (0 done, 75 checkpointed on request)."""
+        with StopRequest() as stop:
+            return self._run(stop)
+
+    def _describe(self) -> None:
+        cfg = self.cfg
+        self._say(f"mpidp train: {self.spec.describe()} on {cfg.data} "
+                  f"({self.n_train:,} training rows, {self.info.n_features} features), "
+                  f"{self.size} rank(s) x {self.threads} thread(s), kernels "
+                  f"{self.engine.backends['clip_rows']}")
+        if cfg.dp:
+            acct = self.accountant
+            self._say(f"DP-SGD: C={cfg.max_grad_norm:g}, sigma={acct.sigma:.4f}, expected "
+                      f"batch {cfg.batch_size} (q={self.q:.3g}, {cfg.sampling}), "
+                      f"{self.steps_per_epoch} steps/epoch; planned epsilon="
+                      f"{acct.epsilon(self.total_steps):.3f} at delta={cfg.delta:g} "
+                      f"({cfg.accountant}), budget {self.budget:.3f}")
+            if not self.sampler.assumption_met:
+                self._say("WARNING: --sampling shuffle is outside the accountant's "
+                          "assumption (Poisson sampling): epsilon is NOT a guarantee")
+        else:
+            self._say(f"non-private (--no-dp): expected batch {cfg.batch_size}, "
+                      f"{self.steps_per_epoch} steps/epoch")
+
+    def _run(self, stop: StopRequest) -> int:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        self.setup()
+        self._describe()
+        if self.step >= self.total_steps:
+            self._say(f"nothing to do: the run in {cfg.checkpoint_dir} has finished "
+                      f"{self.step // self.steps_per_epoch} epochs")
+            return 0
+        writer = metrics_mod.JsonLines(cfg.metrics if self.rank == 0 else None,
+                                       append=self.step > 0)
+        show = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and self.rank == 0
+        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", disable=not show,
+                   dynamic_ncols=True, leave=False)
+        self._say(metrics_mod.header())
+        start_step, C = self.step, (cfg.max_grad_norm if cfg.dp else None)
+        inv_b = 1.0 / cfg.batch_size
+        sampler, engine, noise, opt = self.sampler, self.engine, self.noise, self.optimizer
+        X, y, buffer, grad, control = self.X, self.y, self.buffer, self.grad, self.control
+        comm, algorithm, pc = self.comm, cfg.allreduce, time.perf_counter
+        local = self.local
+        code = 0
+        try:
+            while self.step < self.total_steps:
+                epoch, first = divmod(self.step, self.steps_per_epoch)
+                times = dict.fromkeys(PHASES, 0.0)
+                t_epoch = pc()
+                for _ in range(first, self.steps_per_epoch):
+                    t0 = pc()
+                    rows = torch.from_numpy(sampler.sample(self.step))
+                    k = engine.load(X, y, rows)
+                    t1 = pc()
+                    loss, clipped = engine.clipped_sum(k, C)
+                    t2 = pc()
+                    if noise is not None:
+                        noise.add_(grad)
+                    control[0] = 1.0 if stop.requested else 0.0
+                    t3 = pc()
+                    collectives.allreduce(buffer, comm, algorithm=algorithm)
+                    t4 = pc()
+                    opt.step(grad, inv_b)
+                    t5 = pc()
+                    times["sample_s"] += t1 - t0
+                    times["clip_s"] += t2 - t1
+                    times["noise_s"] += t3 - t2
+                    times["comm_s"] += t4 - t3
+                    times["update_s"] += t5 - t4
+                    self.step += 1
+                    if self.accountant is not None:
+                        self.accountant.step()
+                    local["loss_sum"] += loss
+                    local["examples"] += k
+                    local["clipped"] += clipped
+                    if self.step % PROGRESS_EVERY == 0:
+                        bar.update(PROGRESS_EVERY)
+                    if control[0] > 0 or (cfg.stop_after is not None
+                                          and self.step - start_step >= cfg.stop_after):
+                        return self._interrupt(stop)
+                    if self.step % FINITE_CHECK_EVERY == 0 \
+                            and not bool(torch.isfinite(self.params).all()):
+                        raise DivergedError(f"step {self.step}: the parameters became NaN "
+                                            "or infinite; lower --lr (or --max-grad-norm)",
+                                            collective=True)
+                record = self._epoch_end(epoch, times, pc() - t_epoch, resumed=first > 0)
+                self.history.append(record)
+                writer.write(record)
+                if self.rank == 0:
+                    bar.clear()
+                self._say(metrics_mod.row(record))
+                if (epoch + 1) % cfg.checkpoint_every == 0 or self.step >= self.total_steps:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        self._summary()
+        return code
+
+    def _interrupt(self, stop: StopRequest) -> int:
+        why = (f"signal {stop.signum}" if stop.requested or self.control[0] > 0
+               else f"--stop-after {self.cfg.stop_after}")
+        where = self.save_checkpoint()
+        if where is None:
+            self._say(f"stopped at step {self.step} on {why}; no --checkpoint-dir, nothing "
+                      "saved")
+            return 128 + (stop.signum or 15)
+        self._say(f"stopped at step {self.step} on {why}; checkpoint written to {where}. "
+                  "Continue with the same command and --resume "
+                  f"(exit code {EXIT_CHECKPOINTED})")
+        return EXIT_CHECKPOINTED
+
+    def _summary(self) -> None:
+        last = self.history[-1] if self.history else {}
+        times = [r["epoch_time_s"] for r in self.history if r.get("epoch_time_s")]
+        eps = last.get("epsilon")
+        self._say(f"done: {len(self.history)} epochs, test accuracy "
+                  f"{last.get('test_accuracy', float('nan')):.4f}, "
+                  + (f"epsilon {eps:.3f} (delta {self.cfg.delta:g}), " if eps is not None
+                     else "non-private, ")
+                  + f"{np.median(times) if times else float('nan'):.2f} s/epoch (median)")
