@@ -1,0 +1,63 @@
+"""All-or-nothing output: a temporary name in the output's directory, then a rename.
+
+The file is written as ``.NAME.mpidp-tmp-XXXXXXXX`` next to the final path
+and renamed over it (``os.replace``, atomic within one file system) once
+every rank has finished writing. Any failure on any rank removes the
+temporary file before the error ends the job, so a failed run leaves
+neither a partial file nor a half-replaced old one. (A rank killed by a
+signal cannot clean up; its temporary file keeps the hidden name above.)
+"""
+from __future__ import annotations
+
+import os
+import uuid
+
+from preprocessing.errors import PrepError
+
+
+def check_writable(path: str) -> None:
+    """Raise PrepError unless a file can be created next to ``path``.
+
+    Creates and removes a probe file (permission bits alone say nothing for
+    root, nor for read-only file systems).
+    """
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        raise PrepError(f"{path}: is a directory; give a file name for --out, e.g. "
+                        f"{os.path.join(path, 'pums.h5')}")
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise PrepError(f"{path}: cannot write the output: {directory} {what}")
+    probe = temporary_name(path)
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as exc:
+        raise PrepError(f"{path}: cannot write the output: {exc.strerror} "
+                        f"(in {directory})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def temporary_name(path: str) -> str:
+    """A fresh hidden name in the directory of ``path``."""
+    directory, base = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{base}.mpidp-tmp-{uuid.uuid4().hex[:8]}")
+
+
+def discard(temporary: str | None) -> None:
+    """Remove a temporary file if it exists (any rank may call it)."""
+    if temporary:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+
+
+def commit(temporary: str, path: str) -> None:
+    """Rename the finished temporary file to its final name (one rank)."""
+    try:
+        os.replace(temporary, path)
+    except OSError as exc:
+        discard(temporary)
+        raise PrepError(f"{path}: cannot move the finished file into place: "
+                        f"{exc.strerror}") from None

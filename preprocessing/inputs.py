@@ -1,0 +1,183 @@
+"""Input files: what the user passed, checked before any parsing starts.
+
+A PUMS person file comes as ``psam_pNN.csv`` (``ssYYpXX.csv`` before 2017)
+or inside the Census Bureau's ``csv_pXX.zip``. :func:`inspect_inputs` opens
+each one, finds its CSV (every CSV member of a zip becomes one input), reads
+its header line and checks the things that make a file unusable as a whole:
+missing, unreadable, empty, not a zip, a zip without a CSV, a header that is
+not comma-separated. Each problem is a :class:`~preprocessing.errors.PrepError`
+naming the file. Whether the header has the columns a task needs is checked
+by the caller (:func:`require_columns`), which knows the task.
+"""
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from preprocessing.errors import PrepError, where
+
+#: The longest header line accepted (the 2018 person header is 1.9 kB).
+MAX_HEADER_BYTES = 1 << 20
+_OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One CSV to read: a plain file, or one CSV member of a zip.
+
+    Attributes:
+        index: position among all inputs (part of every row's identity).
+        path: the path as the user gave it.
+        member: the CSV's name inside the zip, or None for a plain file.
+        size: bytes of CSV text (uncompressed size for a zip member).
+        header: the column names of the first line.
+        data_start: byte offset of the first record in the CSV text.
+    """
+
+    index: int
+    path: str
+    member: str | None
+    size: int
+    header: tuple[str, ...]
+    data_start: int
+
+    @property
+    def name(self) -> str:
+        """How messages name it: ``path`` or ``path:member``."""
+        return f"{self.path}:{self.member}" if self.member else self.path
+
+    @property
+    def splittable(self) -> bool:
+        """Plain files can be read in byte ranges; a zip member only as a whole."""
+        return self.member is None
+
+    def open(self) -> BinaryIO:
+        """A binary stream of the CSV text, positioned at its start."""
+        if self.member is None:
+            return open(self.path, "rb", buffering=0)
+        archive = zipfile.ZipFile(self.path)
+        stream = archive.open(self.member)
+        stream._mpidp_archive = archive  # keep the archive open with the stream
+        return stream
+
+
+def _header_from(stream: BinaryIO, name: str) -> tuple[tuple[str, ...], int]:
+    head = stream.read(MAX_HEADER_BYTES)
+    if not head:
+        raise PrepError(f"{name}: the file is empty; expected a PUMS person file "
+                        "(a header line, then one line per person)")
+    end = head.find(b"\n")
+    if end < 0:
+        if len(head) == MAX_HEADER_BYTES:
+            raise PrepError(f"{where(name, 1)}: no line end in the first "
+                            f"{MAX_HEADER_BYTES >> 20} MiB; this is not a CSV file")
+        end = len(head)
+    try:
+        text = head[:end].decode("ascii").rstrip("\r")
+    except UnicodeDecodeError:
+        raise PrepError(f"{where(name, 1)}: the header is not plain text; this is not "
+                        "a PUMS CSV file (a binary or compressed file?)") from None
+    text = text.lstrip("\ufeff")
+    columns = tuple(c.strip() for c in text.split(","))
+    if len(columns) == 1:
+        for delimiter, what in _OTHER_DELIMITERS.items():
+            if text.count(delimiter) >= 2:
+                raise PrepError(f"{where(name, 1)}: the columns are separated by {what}, "
+                                "not commas; PUMS files are comma-separated (save the "
+                                "file as CSV with ',' as the delimiter)")
+    if len(set(columns)) != len(columns):
+        dups = sorted({c for c in columns if columns.count(c) > 1})
+        raise PrepError(f"{where(name, 1)}: duplicate column names in the header: "
+                        f"{', '.join(dups[:5])}")
+    return columns, min(end + 1, len(head))
+
+
+def _inspect_zip(path: str, first_index: int) -> list[InputFile]:
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise PrepError(f"{path}: not a valid zip archive (damaged or incomplete "
+                        "download?)") from None
+    with archive:
+        members = [m for m in archive.infolist()
+                   if not m.is_dir() and m.filename.lower().endswith(".csv")]
+        if not members:
+            names = ", ".join(m.filename for m in archive.infolist()[:5]) or "nothing"
+            raise PrepError(f"{path}: the zip archive holds no .csv file (it holds "
+                            f"{names}); pass the person-file zip csv_pXX.zip")
+        found = []
+        for offset, member in enumerate(sorted(members, key=lambda m: m.filename)):
+            label = f"{path}:{member.filename}"
+            try:
+                with archive.open(member) as stream:
+                    header, data_start = _header_from(stream, label)
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                raise PrepError(f"{label}: cannot decompress ({exc})") from None
+            found.append(InputFile(first_index + offset, path, member.filename,
+                                   member.file_size, header, data_start))
+        return found
+
+
+def inspect_inputs(paths: list[str]) -> list[InputFile]:
+    """Open every input and read its header (no records are parsed).
+
+    Args:
+        paths: CSV files and zip archives, in the order given by the user.
+
+    Returns:
+        One :class:`InputFile` per CSV, indices 0, 1, ... in that order.
+
+    Raises:
+        PrepError: a path is missing, unreadable, empty, a damaged zip or a
+            zip without a CSV, or its header is not comma-separated.
+    """
+    if not paths:
+        raise PrepError("no input files; pass PUMS person files (psam_pNN.csv) or "
+                        "their zips (csv_pXX.zip)")
+    inputs: list[InputFile] = []
+    for path in paths:
+        if not os.path.exists(path):
+            raise PrepError(f"{path}: no such file")
+        if os.path.isdir(path):
+            raise PrepError(f"{path}: is a directory; pass the CSV or zip files in it")
+        if not os.access(path, os.R_OK):
+            raise PrepError(f"{path}: permission denied (cannot read the file)")
+        if zipfile.is_zipfile(path):
+            inputs.extend(_inspect_zip(path, len(inputs)))
+            continue
+        size = os.path.getsize(path)
+        with open(path, "rb") as stream:
+            header, data_start = _header_from(stream, path)
+        inputs.append(InputFile(len(inputs), path, None, size, header, data_start))
+    return inputs
+
+
+def require_columns(inp: InputFile, needed: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """Pick, for each needed variable, the first of its columns in the header.
+
+    Args:
+        needed: variable -> acceptable column names in order of preference
+            (e.g. ``{"RELP": ("RELP", "RELSHIPP")}``).
+
+    Returns:
+        variable -> the column name found.
+
+    Raises:
+        PrepError: some variable has none of its columns in the header.
+    """
+    present = set(inp.header)
+    chosen, missing = {}, []
+    for variable, options in needed.items():
+        column = next((c for c in options if c in present), None)
+        if column is None:
+            missing.append(" or ".join(options))
+        else:
+            chosen[variable] = column
+    if missing:
+        shown = ", ".join(inp.header[:6]) + (", ..." if len(inp.header) > 6 else "")
+        raise PrepError(f"{where(inp.name, 1)}: the header lacks {', '.join(missing)} "
+                        f"(it has {len(inp.header)} columns: {shown}); pass ACS PUMS "
+                        "person files (psam_pNN.csv), not housing files or extracts")
+    return chosen

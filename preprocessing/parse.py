@@ -1,0 +1,178 @@
+"""Parse blocks of PUMS CSV lines into typed numpy columns with polars.
+
+Only the columns a task needs are converted (polars skips the others while
+scanning the line), directly as 32-bit integers. A block that holds
+non-numeric text in one of those columns makes polars fail; that block is
+parsed again as text, and every unparseable value is flagged (and its text
+kept for the error message) instead of failing the run: such records are
+dropped and counted by the cleaning step.
+
+``SERIALNO`` is read as text and turned into an integer household id.
+
+A line with too few fields gets nulls for the missing trailing fields (that
+is what polars does); it is caught by the cleaning step when a needed column
+that may not be blank is empty. Reading the header's last column to detect
+such lines would make polars split every one of the 286 fields instead of
+skipping the rest of the line after the last needed column (measured: +50%
+parse time), so the pipeline does not.
+
+Quoting is off: PUMS files never quote, and a stray quote must not swallow
+the following lines (every line is exactly one record, which is what makes
+line numbers in messages right).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: How many bad texts per column are kept for messages.
+_KEEP_EXAMPLES = 3
+#: Household ids of the old all-digit SERIALNO format (before 2017) are
+#: offset so they can never equal a new-format id.
+_OLD_SERIAL_OFFSET = 1 << 62
+
+
+@dataclass
+class Columns:
+    """Typed columns of consecutive records.
+
+    Attributes:
+        n: number of records (lines).
+        values: column -> int32 codes (blank and bad entries hold 0).
+        blank: column -> bool, the field was empty.
+        bad: column -> bool, the field held text that is not an integer (or,
+            for ``SERIALNO``, not a serial number).
+        examples: column -> [(record index, text)] of the first bad fields.
+        household: int64 household id from SERIALNO (-1 where bad or blank).
+    """
+
+    n: int
+    values: dict[str, np.ndarray]
+    blank: dict[str, np.ndarray]
+    bad: dict[str, np.ndarray]
+    examples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    household: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+def _household_expr(pl, name: str):
+    """SERIALNO text -> int64 household id; null when it is not a serial.
+
+    ``2018HU0001234`` -> 2018*10^8 + 1234, ``2018GQ0001234`` -> 2018*10^8 +
+    10^7 + 1234; the all-digit form of older files -> its value + 2^62.
+    """
+    s = pl.col(name)
+    year = s.str.slice(0, 4).cast(pl.Int64, strict=False)
+    kind = s.str.slice(4, 2)
+    number = s.str.slice(6).cast(pl.Int64, strict=False)
+    ok_len = s.str.len_bytes() == 13
+    new = (pl.when(ok_len & (kind == "HU")).then(year * 10**8 + number)
+           .when(ok_len & (kind == "GQ")).then(year * 10**8 + 10**7 + number))
+    old = s.cast(pl.Int64, strict=False) + _OLD_SERIAL_OFFSET
+    return pl.coalesce(new, pl.when(old >= _OLD_SERIAL_OFFSET).then(old)).alias(name)
+
+
+class BlockParser:
+    """Parses blocks of one file's records (one header, one column choice).
+
+    Args:
+        header: the file's column names, in order.
+        int_columns: columns to convert to integers.
+        serial: the household serial column (``SERIALNO``).
+    """
+
+    def __init__(self, header: tuple[str, ...], int_columns: list[str], serial: str) -> None:
+        import polars as pl
+
+        self.pl = pl
+        self.header = header
+        self.int_columns = list(dict.fromkeys(int_columns))
+        self.serial = serial
+        self.fast_schema = {c: pl.String for c in header}
+        self.fast_schema.update({c: pl.Int32 for c in self.int_columns})
+        self.text_schema = {c: pl.String for c in header}
+
+    def _scan(self, data: bytes, schema: dict):
+        return self.pl.scan_csv(data, has_header=False, schema=schema, quote_char=None,
+                                raise_if_empty=False)
+
+    def parse(self, data: bytes) -> Columns:
+        """Parse whole lines of CSV text (no header) into :class:`Columns`."""
+        pl = self.pl
+        try:
+            frame = self._scan(data, self.fast_schema).select(
+                *[pl.col(c) for c in self.int_columns if c != self.serial],
+                _household_expr(pl, self.serial),
+                pl.col(self.serial).is_null().alias("__serial_blank"),
+            ).collect()
+            slow = False
+        except pl.exceptions.ComputeError:
+            frame = self._scan(data, self.text_schema).select(
+                *[pl.col(c) for c in self.int_columns if c != self.serial],
+                pl.col(self.serial).alias("__serial_text"),
+                _household_expr(pl, self.serial),
+                pl.col(self.serial).is_null().alias("__serial_blank"),
+            ).collect()
+            slow = True
+        return self._columns(frame, slow)
+
+    def _columns(self, frame, slow: bool) -> Columns:
+        pl = self.pl
+        n = frame.height
+        values, blank, bad, examples = {}, {}, {}, {}
+        for name in self.int_columns:
+            if name == self.serial:
+                continue
+            col = frame.get_column(name)
+            if slow:
+                as_int = col.cast(pl.Int32, strict=False)
+                is_bad = (as_int.is_null() & col.is_not_null()).to_numpy()
+                if is_bad.any():
+                    rows = np.flatnonzero(is_bad)[:_KEEP_EXAMPLES]
+                    examples[name] = [(int(i), col[int(i)]) for i in rows]
+                col = as_int
+                bad[name] = is_bad
+            else:
+                bad[name] = np.zeros(n, dtype=bool)
+            blank[name] = col.is_null().to_numpy() & ~bad[name]
+            values[name] = col.fill_null(0).to_numpy().astype(np.int32, copy=False)
+        household = frame.get_column(self.serial)
+        serial_blank = frame.get_column("__serial_blank").to_numpy()
+        serial_bad = household.is_null().to_numpy() & ~serial_blank
+        if serial_bad.any() and slow:
+            text = frame.get_column("__serial_text")
+            rows = np.flatnonzero(serial_bad)[:_KEEP_EXAMPLES]
+            examples[self.serial] = [(int(i), text[int(i)]) for i in rows]
+        elif serial_bad.any():
+            rows = np.flatnonzero(serial_bad)[:_KEEP_EXAMPLES]
+            examples[self.serial] = [(int(i), "?") for i in rows]
+        blank[self.serial] = serial_blank
+        bad[self.serial] = serial_bad
+        return Columns(n=n, values=values, blank=blank, bad=bad, examples=examples,
+                       household=household.fill_null(-1).to_numpy())
+
+
+def concat(parts: list[Columns], names: list[str]) -> Columns:
+    """Join the columns of consecutive blocks (record indices shift)."""
+    if not parts:
+        return Columns(n=0, values={c: np.zeros(0, np.int32) for c in names},
+                       blank={c: np.zeros(0, bool) for c in names},
+                       bad={c: np.zeros(0, bool) for c in names})
+    if len(parts) == 1:
+        return parts[0]
+    examples: dict[str, list[tuple[int, str]]] = {}
+    shift = 0
+    for part in parts:
+        for name, found in part.examples.items():
+            kept = examples.setdefault(name, [])
+            kept.extend((i + shift, t) for i, t in found[:_KEEP_EXAMPLES - len(kept)])
+        shift += part.n
+    first = parts[0]
+    return Columns(
+        n=shift,
+        values={c: np.concatenate([p.values[c] for p in parts]) for c in first.values},
+        blank={c: np.concatenate([p.blank[c] for p in parts]) for c in first.blank},
+        bad={c: np.concatenate([p.bad[c] for p in parts]) for c in first.bad},
+        examples=examples,
+        household=np.concatenate([p.household for p in parts]),
+    )

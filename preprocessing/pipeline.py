@@ -1,0 +1,581 @@
+"""The SPMD steps of ``mpidp prep``: every rank calls :func:`prepare`.
+
+::
+
+    settings (rank 0 checks inputs, output, --like; broadcast)
+    parse    each rank parses its pieces (byte ranges / whole zip members)
+    number   allgather of piece sizes -> each record's file and line
+    clean    drop + count per reason; --max-invalid-share check per file
+    split    household hash -> train/test; exact global statistics (allreduce)
+    shuffle  random key per record, distributed bucket sort (Alltoallv)
+    write    rank 0 creates the file; every rank encodes and writes its rows;
+             rank 0 adds the attributes and renames the file into place
+
+Errors a user can fix are raised as :class:`PrepError` on the rank that
+finds them and agreed on at the end of each step (:func:`agree`), so every
+rank stops with the same one-line message instead of a rank aborting alone.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from preprocessing import atomic, encoding as enc, h5write, shuffle
+from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
+from preprocessing.dictionary import Codebook
+from preprocessing.errors import PrepError, where
+from preprocessing.inputs import InputFile
+from preprocessing.parse import BlockParser, Columns, concat
+from preprocessing.ranges import Piece, Tail, iter_blocks, plan_hashing, plan_pieces
+from preprocessing.tasks import Task
+
+#: Rows encoded at once into the reused float32 buffer.
+ENCODE_ROWS = 16384
+
+
+@dataclass
+class Settings:
+    """Everything every rank needs to know before parsing (rank 0 builds it)."""
+
+    inputs: list[InputFile]
+    sources: dict[int, dict[str, str]]  # file index -> task variable -> CSV column
+    task: Task
+    codebook: Codebook
+    out: str
+    seed: int = 0
+    test_fraction: float = 0.2
+    max_invalid_share: float = 0.05
+    compression: h5write.Compression = field(default_factory=h5write.Compression)
+    like: str | None = None
+    like_encoding: str | None = None
+    quiet: bool = False
+
+
+@dataclass
+class Report:
+    """What :func:`prepare` did (identical on every rank)."""
+
+    records: int
+    kept: int
+    train: int
+    test: int
+    n_features: int
+    drop_counts: dict[str, int]
+    seconds: float
+    out_bytes: int
+    steps: dict[str, float] = field(default_factory=dict)
+    per_rank: list = field(default_factory=list)  # [hash s, parse s, bytes] per rank
+
+
+def agree(comm, step):
+    """Run ``step()`` on every rank; if it raised :class:`PrepError` anywhere,
+    raise the lowest rank's error on every rank (collective, so only rank 0
+    prints it and no rank aborts)."""
+    error, result = None, None
+    try:
+        result = step()
+    except PrepError as exc:
+        error = str(exc)
+    errors = comm.allgather(error)
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise PrepError(first, collective=True)
+    return result
+
+
+# -- parse -----------------------------------------------------------------
+
+@dataclass
+class Parsed:
+    piece: Piece
+    columns: Columns
+    tail: Tail
+
+
+def _parse_blocks(parser: BlockParser, blocks, threads: int, progress) -> list[Columns]:
+    """Parse blocks in order, ``threads`` at a time (polars releases the GIL)."""
+    def tick(part: Columns, size: int) -> Columns:
+        if progress is not None:
+            progress.update(size)
+        return part
+
+    if threads <= 1:
+        return [tick(parser.parse(b), len(b)) for b in blocks]
+    parts: list[Columns] = []
+    with ThreadPoolExecutor(threads) as pool:
+        pending: deque = deque()
+        for block in blocks:
+            pending.append((pool.submit(parser.parse, block), len(block)))
+            if len(pending) > threads:
+                future, size = pending.popleft()
+                parts.append(tick(future.result(), size))
+        while pending:
+            future, size = pending.popleft()
+            parts.append(tick(future.result(), size))
+    return parts
+
+
+def parse_pieces(settings: Settings, pieces: list[Piece], threads: int,
+                 progress=None) -> list[Parsed]:
+    """Parse this rank's pieces into typed columns."""
+    parsed, parsers = [], {}
+    for piece in pieces:
+        inp = settings.inputs[piece.file]
+        columns = settings.sources[piece.file]
+        key = (inp.header, tuple(sorted(columns.items())))
+        if key not in parsers:
+            parsers[key] = BlockParser(inp.header, sorted(set(columns.values())), "SERIALNO")
+        tail = Tail()
+        try:
+            parts = _parse_blocks(parsers[key], iter_blocks(inp, piece, tail), threads,
+                                  progress)
+        except OSError as exc:
+            raise PrepError(f"{inp.name}: cannot read: {exc}") from None
+        except Exception as exc:  # polars: a structure it cannot read at all
+            if type(exc).__module__.startswith("polars"):
+                raise PrepError(f"{inp.name}: cannot parse as CSV: "
+                                f"{str(exc).splitlines()[0]}") from None
+            raise
+        parsed.append(Parsed(piece, concat(parts, sorted(set(columns.values()))), tail))
+    return parsed
+
+
+def row_offsets(comm, parsed: list[Parsed]) -> dict[tuple[int, int], int]:
+    """(file, seq) -> number of records of that file before the piece."""
+    mine = [(p.piece.file, p.piece.seq, p.columns.n) for p in parsed]
+    every = sorted(x for part in comm.allgather(mine) for x in part)
+    offsets, running = {}, {}
+    for file, seq, n in every:
+        offsets[(file, seq)] = running.get(file, 0)
+        running[file] = running.get(file, 0) + n
+    return offsets
+
+
+def check_truncation(settings: Settings, parsed: list[Parsed],
+                     offsets: dict[tuple[int, int], int]) -> None:
+    """A file that ends in the middle of a record is incomplete: fatal."""
+    for p in parsed:
+        if p.tail.ends_with_newline or not p.tail.last_line:
+            continue
+        inp = settings.inputs[p.piece.file]
+        fields = p.tail.last_line.count(b",") + 1
+        if fields < len(inp.header):
+            line = offsets[(p.piece.file, p.piece.seq)] + p.columns.n + 1
+            raise PrepError(f"{where(inp.name, line)}: the last line is cut short "
+                            f"({fields} of {len(inp.header)} fields): the file is "
+                            "incomplete; download it again")
+
+
+# -- clean -----------------------------------------------------------------
+
+def describe(reason: str, column: str, text: str) -> str:
+    """A record's problem in words."""
+    kind = reason.split(":", 1)[0]
+    if reason == "invalid:SERIALNO":
+        return f"SERIALNO {text!r} is not a PUMS serial number"
+    if kind == "non_numeric":
+        return f"{column} is {text!r}, not a number"
+    if kind == "blank":
+        return f"{column} is blank, which the data dictionary does not allow"
+    return f"{column} = {text} is not a code of the 2018 data dictionary"
+
+
+def clean_pieces(settings: Settings, parsed: list[Parsed]) -> list[Cleaned]:
+    cleaners: dict[tuple, Cleaner] = {}
+    out = []
+    for p in parsed:
+        sources = settings.sources[p.piece.file]
+        key = tuple(sorted(sources.items()))
+        if key not in cleaners:
+            cleaners[key] = Cleaner(settings.task, settings.codebook, sources)
+        out.append(cleaners[key].clean(p.columns))
+    return out
+
+
+def count_reasons(comm, settings: Settings, parsed: list[Parsed], cleaned: list[Cleaned],
+                  offsets) -> tuple[np.ndarray, list]:
+    """Global per-file reason counts ``[files, reasons]`` and, per file, the
+    first invalid record as ``(line, reason, column, text)``."""
+    reasons = reason_names(settings.task)
+    counts = np.zeros((len(settings.inputs), len(reasons)), dtype=np.int64)
+    firsts: list = [None] * len(settings.inputs)
+    for p, c in zip(parsed, cleaned):
+        counts[p.piece.file] += np.bincount(c.reason, minlength=len(reasons))
+        if c.first_bad is not None:
+            row, column, text = c.first_bad
+            line = offsets[(p.piece.file, p.piece.seq)] + row + 2
+            found = (line, reasons[int(c.reason[row])], column, text)
+            if firsts[p.piece.file] is None or found < firsts[p.piece.file]:
+                firsts[p.piece.file] = found
+    total = np.zeros_like(counts)
+    from collectives.runtime import MPI
+    comm.Allreduce(counts, total, op=MPI.SUM)
+    merged: list = [None] * len(settings.inputs)
+    for theirs in comm.allgather(firsts):
+        for i, found in enumerate(theirs):
+            if found is not None and (merged[i] is None or found < merged[i]):
+                merged[i] = found
+    return total, merged
+
+
+def check_invalid_share(settings: Settings, counts: np.ndarray, firsts: list) -> None:
+    reasons = reason_names(settings.task)
+    universe = reasons.index("universe")
+    for inp in settings.inputs:
+        row = counts[inp.index]
+        records = int(row.sum())
+        invalid = records - int(row[0]) - int(row[universe])
+        if records and invalid / records > settings.max_invalid_share:
+            line, reason, column, text = firsts[inp.index]
+            raise PrepError(
+                f"{where(inp.name, line)}: {describe(reason, column, text)}; "
+                f"{invalid:,} of {records:,} records ({invalid / records:.1%}) are invalid, "
+                f"more than --max-invalid-share {settings.max_invalid_share:g}")
+
+
+# -- split, statistics, shuffle ---------------------------------------------
+
+def record_dtype(task: Task, codebook: Codebook) -> np.dtype:
+    """One kept record as it travels between ranks: the compact code of every
+    feature, the label, the split and the shuffle key (~30 bytes)."""
+    fields = [(f.name, code_dtype(f, codebook)) for f in task.features]
+    return np.dtype(fields + [("__y", np.int8), ("__test", np.bool_), ("__key", np.uint64)])
+
+
+def build_records(settings: Settings, parsed: list[Parsed], cleaned: list[Cleaned],
+                  offsets, dtype: np.dtype) -> np.ndarray:
+    """This rank's kept records: codes, label, split and shuffle key."""
+    n = sum(len(c.label) for c in cleaned)
+    records = np.empty(n, dtype=dtype)
+    at = 0
+    for p, c in zip(parsed, cleaned):
+        k = len(c.label)
+        part = records[at:at + k]
+        for feature in settings.task.features:
+            part[feature.name] = c.codes[feature.name]
+        part["__y"] = c.label
+        part["__test"] = shuffle.test_households(c.household, settings.seed,
+                                                 settings.test_fraction)
+        rows = offsets[(p.piece.file, p.piece.seq)] + np.flatnonzero(c.reason == 0)
+        part["__key"] = shuffle.shuffle_keys(settings.seed, p.piece.file, rows)
+        at += k
+    return records
+
+
+def global_sums(comm, settings: Settings, records: np.ndarray) -> dict[str, tuple]:
+    """Exact (count, sum, sum of squares) of each numeric feature over the
+    training split, added over the ranks."""
+    train = records[~records["__test"]]
+    mine = {f.name: enc.local_sums(train[f.name]) for f in settings.task.features
+            if f.kind == "numeric"}
+    totals = {}
+    for name in mine:
+        parts = comm.allgather(mine[name])
+        totals[name] = tuple(sum(p[i] for p in parts) for i in range(3))
+    return totals
+
+
+# -- write -----------------------------------------------------------------
+
+def _hash_file(path: str, out: dict, key: str) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as handle:
+        buffer = bytearray(8 << 20)
+        view = memoryview(buffer)
+        while True:
+            n = handle.readinto(view)
+            if not n:
+                break
+            digest.update(view[:n])
+    out[key] = digest.hexdigest()
+
+
+class Hasher:
+    """sha256 of the input files (``owner``: path -> the rank that hashes it).
+
+    With one thread per rank the hashing runs inline before parsing (the
+    plan gave that rank fewer bytes to parse); with more, in a background
+    thread (hashlib releases the GIL).
+    """
+
+    def __init__(self, inputs: list[InputFile], owner: dict[str, int], rank: int) -> None:
+        self.digests: dict[str, str] = {}
+        self.mine = [path for path in dict.fromkeys(inp.path for inp in inputs)
+                     if owner[path] == rank]
+        self.thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        for path in self.mine:
+            _hash_file(path, self.digests, path)
+
+    def start(self, background: bool) -> None:
+        if background:
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
+        else:
+            self._run()
+
+    def gather(self, comm) -> dict[str, str]:
+        """path -> sha256 hex digest, on every rank; collective."""
+        if self.thread is not None:
+            self.thread.join()
+        merged: dict[str, str] = {}
+        for part in comm.allgather(self.digests):
+            merged.update(part)
+        return merged
+
+
+def _encode_and_write(fd: int, layout, encoder, split: str, records: np.ndarray,
+                      offset: int, buffer: np.ndarray) -> None:
+    for start in range(0, len(records), ENCODE_ROWS):
+        part = records[start:start + ENCODE_ROWS]
+        rows = buffer[:len(part)]
+        encoder.encode({name: part[name] for name in part.dtype.names}, rows)
+        h5write.write_rows(fd, layout, f"{split}/X", offset + start, rows)
+        h5write.write_rows(fd, layout, f"{split}/y", offset + start, part["__y"])
+
+
+def _write_compressed(comm, settings, layout, encoder, split: str, records, offset: int,
+                      total: int, temporary: str) -> None:
+    rows_per_chunk = layout.chunk_rows
+    size, rank = comm.Get_size(), comm.Get_rank()
+    n_chunks = -(-total // rows_per_chunk)
+    starts = [min(total, (n_chunks * r // size) * rows_per_chunk) for r in range(size)]
+    starts.append(total)
+    mine = shuffle.rebalance(records, offset, starts, comm)
+    first = starts[rank]
+    x_chunks, y_chunks = [], []
+    buffer = np.empty((rows_per_chunk, encoder.n_features), dtype=np.float32)
+    for at in range(0, len(mine), rows_per_chunk):
+        part = mine[at:at + rows_per_chunk]
+        rows = buffer[:len(part)]
+        encoder.encode({name: part[name] for name in part.dtype.names}, rows)
+        index = (first + at) // rows_per_chunk
+        level = settings.compression.level
+        x_chunks.append((index, h5write.compress_chunk(rows, rows_per_chunk, level)))
+        y_chunks.append((index, h5write.compress_chunk(part["__y"], rows_per_chunk, level)))
+    every_x = comm.gather(x_chunks, root=0)
+    every_y = comm.gather(y_chunks, root=0)
+    if rank == 0:
+        h5write.write_chunks(temporary, f"{split}/X", [c for p in every_x for c in p],
+                             rows_per_chunk)
+        h5write.write_chunks(temporary, f"{split}/y", [c for p in every_y for c in p],
+                             rows_per_chunk)
+
+
+def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
+                 attrs_later, step=lambda name: None) -> int:
+    """Create, fill and commit the output file; collective. Returns its size.
+
+    Args:
+        splits: ``"train"``/``"test"`` -> (this rank's records in final order,
+            their first global row, the split's global row count).
+        attrs_later: called on every rank after the rows are written; returns
+            the root attributes (rank 0 stores them).
+    """
+    import json as _json
+
+    rank = comm.Get_rank()
+    encoding = enc.Encoding.from_json(encoding_text)
+    encoder = enc.Encoder(encoding, settings.task, settings.codebook)
+    counts = {name: n for name, (_, _, n) in splits.items()}
+
+    def create():
+        if rank != 0:
+            return None
+        temporary = atomic.temporary_name(settings.out)
+        try:
+            layout = h5write.create(temporary, counts, encoding.n_features, {},
+                                    settings.compression)
+        except OSError as exc:
+            atomic.discard(temporary)
+            raise PrepError(f"{settings.out}: cannot create the output: {exc}") from None
+        return temporary, layout
+
+    temporary, layout = comm.bcast(agree(comm, create), root=0)
+    try:
+        def fill():
+            try:
+                if settings.compression.enabled:
+                    for split, (part, first, n) in splits.items():
+                        _write_compressed(comm, settings, layout, encoder, split, part,
+                                          first, n, temporary)
+                    return
+                fd = os.open(temporary, os.O_WRONLY)
+                try:
+                    buffer = np.empty((ENCODE_ROWS, encoder.n_features), dtype=np.float32)
+                    for split, (part, first, _) in splits.items():
+                        _encode_and_write(fd, layout, encoder, split, part, first, buffer)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise PrepError(f"{settings.out}: cannot write the output: "
+                                f"{exc.strerror or exc}") from None
+
+        step("create")
+        agree(comm, fill)
+        step("encode+write")
+        attrs = attrs_later()
+        step("hash")
+
+        def finish():
+            if rank != 0:
+                return 0
+            import h5py
+
+            try:
+                with h5py.File(temporary, "r+") as handle:
+                    for key, value in attrs.items():
+                        handle.attrs[key] = (_json.dumps(value, separators=(",", ":"))
+                                             if isinstance(value, (dict, list)) else value)
+                atomic.commit(temporary, settings.out)
+            except OSError as exc:
+                raise PrepError(f"{settings.out}: cannot write the output: {exc}") from None
+            return os.path.getsize(settings.out)
+
+        size = comm.bcast(agree(comm, finish), root=0)
+        step("attrs+rename")
+        return size
+    except BaseException:
+        atomic.discard(temporary)
+        raise
+
+
+# -- the whole run -----------------------------------------------------------
+
+def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Report:
+    """Run every step on every rank of ``comm``; collective.
+
+    Raises:
+        PrepError: bad input, too many invalid records, no record left, or
+            an output that cannot be written (raised on every rank).
+    """
+    started = time.perf_counter()
+    steps: dict[str, float] = {}
+    last = [started]
+
+    def step(name: str) -> None:
+        now = time.perf_counter()
+        steps[name] = now - last[0]
+        last[0] = now
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    task = settings.task
+    owner, loads = plan_hashing(settings.inputs, size)
+    plan = plan_pieces(settings.inputs, size, loads)
+    mine = [p for p in plan if p.rank == rank]
+    hasher = Hasher(settings.inputs, owner, rank)
+    reading: list[float] = []  # this rank: seconds hashing inline, parsing; bytes
+
+    progress = None
+    if rank == 0 and not settings.quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        progress = tqdm(total=sum(p.end - p.start for p in mine), unit="B", unit_scale=True,
+                        desc="parsing (rank 0)", leave=False)
+    def read() -> list[Parsed]:
+        try:
+            hasher.start(background=threads > 1)
+        except OSError as exc:
+            raise PrepError(f"cannot read an input to compute its sha256: {exc}") from None
+        hashed = time.perf_counter()
+        out = parse_pieces(settings, mine, threads, progress)
+        reading.extend([hashed - started, time.perf_counter() - hashed,
+                        sum(p.end - p.start for p in mine)])
+        return out
+
+    try:
+        parsed = agree(comm, read)
+    finally:
+        if progress is not None:
+            progress.close()
+    step("parse")
+    per_rank = comm.allgather(reading)
+    offsets = row_offsets(comm, parsed)
+    agree(comm, lambda: check_truncation(settings, parsed, offsets))
+    step("number")
+
+    cleaned = clean_pieces(settings, parsed)
+    counts, firsts = count_reasons(comm, settings, parsed, cleaned, offsets)
+    agree(comm, lambda: check_invalid_share(settings, counts, firsts))
+    step("clean")
+    reasons = reason_names(task)
+    per_reason = counts.sum(axis=0)
+    records_total = int(per_reason.sum())
+    kept_total = int(per_reason[0])
+    if kept_total == 0:
+        raise PrepError(f"no record left to write: {records_total:,} records read, all "
+                        f"dropped ({_drops_text(reasons, per_reason, task)})",
+                        collective=True)
+
+    records = build_records(settings, parsed, cleaned, offsets,
+                            record_dtype(task, settings.codebook))
+    parsed = cleaned = None  # free the columns before the shuffle
+
+    if settings.like_encoding is not None:
+        encoding_text = settings.like_encoding
+    else:
+        sums = global_sums(comm, settings, records)
+        encoding_text = enc.build(task, settings.codebook, sums).to_json()
+
+    step("split+stats")
+    received, order = shuffle.sort_across_ranks(records, "__key", comm)
+    del records
+    in_test = received["__test"][order]
+    splits = {}
+    from collectives.runtime import MPI
+    for name, selection in (("train", order[~in_test]), ("test", order[in_test])):
+        part = received[selection]
+        n = np.array([len(part)], dtype=np.int64)
+        first = np.zeros(1, dtype=np.int64)
+        comm.Exscan(n, first, op=MPI.SUM)
+        all_n = np.zeros(1, dtype=np.int64)
+        comm.Allreduce(n, all_n, op=MPI.SUM)
+        splits[name] = (part, int(first[0]) if rank else 0, int(all_n[0]))
+    del received
+    step("shuffle")
+    drop_counts = {name: int(per_reason[i]) for i, name in enumerate(reasons)
+                   if i > 0 and (per_reason[i] or name == "universe")}
+    encoding = enc.Encoding.from_json(encoding_text)
+    rows_per_file = counts.sum(axis=1)
+
+    def attrs_later() -> dict:
+        digests = hasher.gather(comm)
+        return {
+            "format": "mpidp", "format_version": 1, "task": task.name,
+            "n_classes": task.n_classes, "feature_names": encoding.feature_names,
+            "encoding": encoding_text,
+            "encoding_fingerprint": hashlib.sha256(encoding_text.encode()).hexdigest(),
+            "drop_counts": drop_counts,
+            "sources": [{"file": os.path.basename(inp.path), "member": inp.member,
+                         "sha256": digests[inp.path], "rows": int(rows_per_file[inp.index])}
+                        for inp in settings.inputs],
+            "seed": settings.seed, "test_fraction": settings.test_fraction,
+            "created_by": f"mpidp {version}".strip(),
+            "label": str(task.label), "universe": ",".join(map(str, task.universe)),
+            "like": os.path.basename(settings.like) if settings.like else "",
+        }
+
+    out_bytes = write_output(comm, settings, encoding_text, splits, attrs_later, step)
+    return Report(records=records_total, kept=kept_total, train=splits["train"][2],
+                  test=splits["test"][2], n_features=encoding.n_features,
+                  drop_counts=drop_counts, seconds=time.perf_counter() - started,
+                  out_bytes=out_bytes, steps=steps, per_rank=per_rank)
+
+
+def _drops_text(reasons: list[str], per_reason: np.ndarray, task: Task) -> str:
+    parts = []
+    for i, name in enumerate(reasons):
+        if i and per_reason[i]:
+            label = f"universe {','.join(map(str, task.universe))}" if name == "universe" \
+                else name
+            parts.append(f"{label}: {int(per_reason[i]):,}")
+    return "; ".join(parts) or "no records"

@@ -1,0 +1,193 @@
+"""Prepare ACS PUMS person files for training: clean, encode, split, shuffle.
+
+Reads official person files (psam_pNN.csv, ssYYpXX.csv, or the Census
+Bureau's csv_pXX.zip; one or many states) and writes the HDF5 file that
+`mpidp train` reads (layout: README, "The prepared HDF5 file"). Every rank
+parses its own byte range of the inputs; statistics are global; households
+are split into train/test by SERIALNO; the rows are shuffled across ranks.
+The output is the same, row for row and byte for byte, whatever the number
+of ranks.
+
+examples:
+  mpiexec -n 2 mpidp prep csv_pde.zip csv_pnh.zip --out pums.h5
+  mpiexec -n 2 mpidp prep psam_p10.csv --out pums.h5 --task income --seed 7
+  mpiexec -n 2 mpidp prep csv_pri.zip --out ri.h5 --like pums.h5
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from preprocessing.tasks import TASKS
+
+    parser.add_argument("inputs", nargs="+", metavar="FILE_OR_ZIP",
+                        help="PUMS person files (.csv) or the Census zips holding them")
+    parser.add_argument("--out", required=True, metavar="FILE.h5",
+                        help="the HDF5 file to write (replaced atomically if it exists)")
+    parser.add_argument("--task", choices=sorted(TASKS), default=None,
+                        help="what to predict (default: employment, or the task of "
+                        "--like); " + "; ".join(f"{t.name}: {t.description}"
+                                                for t in TASKS.values()))
+    parser.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
+                        help="share of households in the test split (default: 0.2)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the household split and the shuffle (default: 0)")
+    parser.add_argument("--like", metavar="OTHER.h5",
+                        help="encode exactly like this prepared file (its categories, "
+                        "statistics and column order), e.g. for other states or years")
+    parser.add_argument("--universe", metavar="COND[,COND]",
+                        help="records to keep, replacing the task's universe, e.g. "
+                        "'AGEP>=18' or 'AGEP>=16,AGEP<65'")
+    parser.add_argument("--compression", default="none", metavar="none|gzip[:LEVEL]",
+                        help="compression of the datasets (default: none, the fastest "
+                        "to write and to read)")
+    parser.add_argument("--max-invalid-share", type=float, default=0.05, metavar="F",
+                        help="fail when more than this share of a file's records is "
+                        "invalid (default: 0.05); fewer are dropped and counted")
+    parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+    parser.add_argument("--timings", action="store_true",
+                        help="also print the seconds spent in each step (rank 0's clock)")
+
+
+def _read_like(path: str) -> tuple[str, str]:
+    """(task name, encoding JSON) of a prepared file."""
+    import h5py
+
+    from preprocessing.errors import PrepError
+
+    if not os.path.exists(path):
+        raise PrepError(f"{path}: no such file (given to --like)")
+    try:
+        with h5py.File(path, "r") as handle:
+            attrs = handle.attrs
+            if attrs.get("format") != "mpidp":
+                raise PrepError(f"{path}: not a file written by mpidp prep (no "
+                                "format='mpidp' attribute); --like needs one")
+            return str(attrs["task"]), str(attrs["encoding"])
+    except OSError as exc:
+        raise PrepError(f"{path}: cannot read it as HDF5 ({exc})") from None
+
+
+def make_settings(args: argparse.Namespace):
+    """Check the command line and the inputs (rank 0); returns Settings.
+
+    Raises:
+        PrepError: anything the user must fix before a record is parsed.
+    """
+    from preprocessing import atomic, dictionary, encoding, h5write, inputs, tasks
+    from preprocessing.errors import PrepError
+    from preprocessing.pipeline import Settings
+
+    if not 0.0 <= args.test_fraction < 1.0:
+        raise PrepError(f"--test-fraction {args.test_fraction}: must be in [0, 1)")
+    if not 0.0 <= args.max_invalid_share <= 1.0:
+        raise PrepError(f"--max-invalid-share {args.max_invalid_share}: must be in [0, 1]")
+    if args.seed < 0:
+        raise PrepError(f"--seed {args.seed}: must be >= 0")
+    try:
+        compression = h5write.Compression.parse(args.compression)
+    except ValueError as exc:
+        raise PrepError(f"--compression: {exc}") from None
+    like_task, like_encoding = (None, None)
+    if args.like:
+        like_task, like_encoding = _read_like(args.like)
+        if like_task not in tasks.TASKS:
+            raise PrepError(f"{args.like}: unknown task {like_task!r}")
+        if args.task and args.task != like_task:
+            raise PrepError(f"--task {args.task} differs from the task of {args.like} "
+                            f"({like_task}); leave --task out to use {like_task}")
+    task = tasks.TASKS[args.task or like_task or "employment"]
+    if args.universe:
+        try:
+            task = task.with_universe(tasks.parse_conditions(args.universe))
+        except ValueError as exc:
+            raise PrepError(f"--universe: {exc}") from None
+    codebook = dictionary.load()
+    for column in task.columns():
+        if column not in codebook:
+            raise PrepError(f"--universe: {column} is not a column of the person file")
+    if like_encoding is not None:
+        encoding.check_compatible(encoding.Encoding.from_json(like_encoding), task,
+                                  codebook, args.like)
+    atomic.check_writable(args.out)
+    found = inputs.inspect_inputs(args.inputs)
+    needed = {"SERIALNO": ("SERIALNO",)}
+    for name in task.columns():
+        feature = task.feature(name)
+        needed[name] = tuple(s.column for s in feature.sources) if feature else (name,)
+    sources = {}
+    for inp in found:
+        chosen = inputs.require_columns(inp, needed)
+        chosen.pop("SERIALNO")
+        sources[inp.index] = chosen
+    return Settings(inputs=found, sources=sources, task=task, codebook=codebook,
+                    out=args.out, seed=args.seed, test_fraction=args.test_fraction,
+                    max_invalid_share=args.max_invalid_share, compression=compression,
+                    like=args.like, like_encoding=like_encoding, quiet=args.quiet)
+
+
+def _threads_per_rank(comm) -> int:
+    from collectives.runtime import MPI, available_cores
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks_here = local.Get_size()
+    local.Free()
+    return max(1, available_cores() // ranks_here)
+
+
+def _reuse_freed_memory() -> None:
+    """Keep freed blocks in the heap instead of returning them to the kernel:
+    on these VMs touching fresh pages costs ~2.5 s/GiB (notes/prep.md), and
+    the parser allocates a new block of text for every 32 MiB it reads."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def run(args: argparse.Namespace) -> int:
+    from collectives.runtime import MPI
+
+    comm = MPI.COMM_WORLD
+    threads = _threads_per_rank(comm)
+    os.environ.setdefault("POLARS_MAX_THREADS", str(threads))
+    _reuse_freed_memory()
+
+    from engine._version import __version__
+    from preprocessing.pipeline import agree, prepare
+
+    settings = agree(comm, lambda: make_settings(args) if comm.Get_rank() == 0 else None)
+    settings = comm.bcast(settings, root=0)
+    report = prepare(comm, settings, threads=threads, version=__version__)
+    if comm.Get_rank() == 0 and not args.quiet:
+        print(summary(report, settings, comm.Get_size()), flush=True)
+    if comm.Get_rank() == 0 and args.timings:
+        print("  steps   " + ", ".join(f"{k} {v:.2f}" for k, v in report.steps.items()),
+              flush=True)
+        for r, (hashing, parsing, size) in enumerate(report.per_rank):
+            print(f"  rank {r:<3} sha256 {hashing:.2f} s, parsed {size / 1e6:.0f} MB in "
+                  f"{parsing:.2f} s", flush=True)
+    return 0
+
+
+def summary(report, settings, ranks: int) -> str:
+    """The lines printed after a successful run."""
+    files = len(settings.inputs)
+    rate = report.records / report.seconds if report.seconds > 0 else 0.0
+    drops = ", ".join(f"{name} {count:,}" for name, count in report.drop_counts.items())
+    universe = ",".join(map(str, settings.task.universe)) or "everyone"
+    return "\n".join([
+        f"mpidp prep: wrote {settings.out} ({report.out_bytes / 1e6:.1f} MB) in "
+        f"{report.seconds:.2f} s on {ranks} rank{'s' if ranks > 1 else ''}",
+        f"  read    {report.records:>12,} records from {files} file{'s' if files > 1 else ''}"
+        f" ({rate:,.0f} records/s)",
+        f"  kept    {report.kept:>12,} (train {report.train:,}, test {report.test:,}; "
+        f"{report.n_features} features, task {settings.task.name})",
+        f"  dropped {report.records - report.kept:>12,} ({drops}; universe: {universe})",
+    ])

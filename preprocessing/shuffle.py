@@ -1,0 +1,138 @@
+"""Household split and global shuffle, independent of the number of ranks.
+
+Both rest on SplitMix64 (Steele, Lea, Flood, "Fast splittable pseudorandom
+number generators", OOPSLA 2014): the i-th output of the generator seeded
+with ``s`` is ``mix(s + (i + 1) * GAMMA)``, where ``mix`` is a bijection of
+64-bit integers. Every record gets its random numbers from its *identity*
+(its household, or its input file and line), never from the rank that reads
+it, so the output cannot depend on how the input was split over the ranks.
+
+* **Split.** A household goes to the test split when the uniform number
+  drawn from ``(seed, household id)`` is below ``test_fraction``: all its
+  members land on the same side, with no communication.
+* **Shuffle.** Record ``(file f, row i)`` gets the key ``mix(s + (id + 1) *
+  GAMMA)`` with ``id = f * 2^40 + i``. The keys are distinct (a bijection of
+  distinct ids), so sorting by key is a uniformly random-looking permutation
+  with no ties. The sort is distributed (a bucket sort): rank ``r`` receives
+  the keys in ``[r, r+1) * 2^64 / p`` with one ``Alltoallv``, then sorts them
+  locally, so that rank ``r`` holds one contiguous stretch of the final order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+#: Rows per input file must stay below this (ids are file * 2^40 + row).
+ROWS_PER_FILE = 1 << 40
+
+
+def mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, elementwise on uint64 (a bijection)."""
+    z = np.asarray(z, dtype=np.uint64).copy()
+    z ^= z >> np.uint64(30)
+    z *= _M1
+    z ^= z >> np.uint64(27)
+    z *= _M2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def stream_seed(seed: int, purpose: str) -> np.uint64:
+    """A 64-bit seed for one use (``"split"``, ``"shuffle"``) of the user's seed."""
+    salt = int.from_bytes(purpose.encode()[:8].ljust(8, b"\0"), "little")
+    value = mix(np.array([(seed * 0x9E3779B97F4A7C15 + salt) % (1 << 64)], np.uint64))
+    return value[0]
+
+
+def draw(seed: np.uint64, ids: np.ndarray) -> np.ndarray:
+    """The ``ids``-th outputs of SplitMix64 seeded with ``seed`` (uint64)."""
+    with np.errstate(over="ignore"):
+        state = seed + (ids.astype(np.uint64) + np.uint64(1)) * GAMMA
+    return mix(state)
+
+
+def to_unit(bits: np.ndarray) -> np.ndarray:
+    """uint64 -> float64 uniform in [0, 1) (top 53 bits)."""
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def test_households(household: np.ndarray, seed: int, test_fraction: float) -> np.ndarray:
+    """Boolean per record: its household is in the test split."""
+    if test_fraction <= 0:
+        return np.zeros(household.shape, dtype=bool)
+    u = to_unit(draw(stream_seed(seed, "split"), household.astype(np.int64).view(np.uint64)))
+    return u < test_fraction
+
+
+def shuffle_keys(seed: int, file_index: int, rows: np.ndarray) -> np.ndarray:
+    """The sort key of each record ``rows`` (row numbers within its file)."""
+    ids = np.uint64(file_index) * np.uint64(ROWS_PER_FILE) + rows.astype(np.uint64)
+    return draw(stream_seed(seed, "shuffle"), ids)
+
+
+def bucket_of(keys: np.ndarray, size: int) -> np.ndarray:
+    """Destination rank of each key: ``floor(key * size / 2^64)``.
+
+    Monotone in the key, so every key on rank r is below every key on r+1.
+    """
+    return np.minimum((to_unit(keys) * size).astype(np.int64), size - 1)
+
+
+def exchange(records: np.ndarray, dest: np.ndarray, comm) -> np.ndarray:
+    """Send each record to rank ``dest[i]`` (one ``Alltoallv``); collective.
+
+    Args:
+        records: 1-D structured (or plain) array; every rank passes the same dtype.
+        dest: int per record, the destination rank.
+
+    Returns:
+        The records this rank received, grouped by source rank in rank order
+        (within a source, in the sender's order); ``records`` itself on one rank.
+    """
+    from collectives.runtime import MPI
+
+    size = comm.Get_size()
+    if size == 1:
+        return records
+    order = np.argsort(dest, kind="stable")
+    sendbuf = records[order]
+    send_counts = np.bincount(dest, minlength=size).astype(np.int64)
+    recv_counts = np.empty(size, dtype=np.int64)
+    comm.Alltoall(send_counts, recv_counts)
+    recvbuf = np.empty(int(recv_counts.sum()), dtype=records.dtype)
+    rowtype = MPI.BYTE.Create_contiguous(records.dtype.itemsize).Commit()
+    try:
+        send_displ = np.concatenate([[0], np.cumsum(send_counts)[:-1]])
+        recv_displ = np.concatenate([[0], np.cumsum(recv_counts)[:-1]])
+        comm.Alltoallv([sendbuf.view(np.uint8), (send_counts, send_displ), rowtype],
+                       [recvbuf.view(np.uint8), (recv_counts, recv_displ), rowtype])
+    finally:
+        rowtype.Free()
+    return recvbuf
+
+
+def sort_across_ranks(records: np.ndarray, key_field: str, comm) -> tuple[np.ndarray, np.ndarray]:
+    """Sort records by a unique uint64 key across all ranks; collective.
+
+    Returns:
+        ``(received, order)``: ``received[order]`` is this rank's stretch of
+        the global key order (rank r's keys all precede rank r+1's). The
+        caller applies ``order`` (once, to the columns it needs).
+    """
+    received = exchange(records, bucket_of(records[key_field], comm.Get_size()), comm)
+    return received, np.argsort(received[key_field], kind="stable")
+
+
+def rebalance(records: np.ndarray, offset: int, starts: list[int], comm) -> np.ndarray:
+    """Move globally ordered rows so that rank r holds rows
+    ``[starts[r], starts[r+1])``; collective.
+
+    Args:
+        records: rows ``[offset, offset + len(records))`` of the global order.
+        starts: ``size + 1`` non-decreasing row numbers, ``starts[-1]`` = total.
+    """
+    rows = offset + np.arange(len(records), dtype=np.int64)
+    dest = np.searchsorted(np.asarray(starts[1:-1], dtype=np.int64), rows, side="right")
+    return exchange(records, dest.astype(np.int64), comm)
