@@ -21,7 +21,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=["engine", "kernels", "collectives", "preprocessing"],
-    package_data={"kernels": ["cuda/*.cu"]},
+    package_data={"kernels": ["cuda/*.cu"], "preprocessing": ["*.json"]},
     install_requires=[
         "mpi4py>=4.0",
         # An MPI that installs with pip, for machines without a system MPI.
@@ -31,6 +31,7 @@ setup(
         "torch>=2.2",
         "numba>=0.60",
         "h5py>=3.10",
+        "polars>=2.0",  # CSV parsing in mpidp prep / synth
         "dp-accounting>=0.4.4",
         "tqdm>=4.66",
         "matplotlib>=3.7",  # PNG plots of the benchmarks

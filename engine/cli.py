@@ -31,10 +31,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("engine.evaluate", "accuracy and loss of a checkpoint on a prepared file"),
     "privacy": ("engine.privacy", "epsilon from (q, sigma, steps, delta), or sigma from a "
                 "target epsilon (offline)"),
+    "prep": ("preprocessing.prep",
+             "PUMS person files -> cleaned, encoded, shuffled HDF5 (parallel over ranks)"),
+    "synth": ("preprocessing.synth",
+              "write a synthetic PUMS person file (official 2018 header) for demos/benchmarks"),
 }
 
 #: mpidp bench <name>: benchmarks that print ratios measured side by side.
 BENCHMARKS: dict[str, tuple[str, str]] = {
+    "prep": ("preprocessing.bench",
+             "mpidp prep end to end at 1 and 2 ranks vs a one-process polars pipeline"),
 }
 
 

@@ -1,0 +1,132 @@
+"""Time `mpidp prep` end to end against a single-process polars pipeline.
+
+Each run is a fresh process, timed from launch to exit as a user sees it
+(`mpiexec -n P mpidp prep FILE --out OUT.h5`, interpreter start and MPI
+start-up included), on a synthetic 286-column PUMS file (generated once with
+`mpidp synth` and cached). The reference (preprocessing/reference.py) does
+the same job with polars in one process; the runs are interleaved (reference,
+1 rank, 2 ranks, ... per round) and the medians are compared. The output
+file is deleted before every run (replacing an existing file costs time).
+
+Run it alone on the machine, e.g.:
+  flock /tmp/mpidp-bench.lock mpidp bench prep --repeat 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=1_200_000,
+                        help="records in the synthetic file (default: 1200000)")
+    parser.add_argument("--input", metavar="FILE.csv",
+                        help="time this file instead of the cached synthetic one")
+    parser.add_argument("--ranks", default="1,2", help="rank counts to time (default: 1,2)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (default: 3)")
+    parser.add_argument("--cache", default=os.environ.get(
+        "MPIDP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "mpidp")),
+        help="where the synthetic file is kept (default: ~/.cache/mpidp or $MPIDP_CACHE)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip the polars reference")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without the variables of an MPI job we may be inside."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_"))}
+
+
+def _tool(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found next to {sys.executable} or on PATH")
+    return found
+
+
+def synthetic_file(cache: str, rows: int) -> str:
+    """The cached synthetic input, written with `mpidp synth` if missing."""
+    path = Path(cache) / f"synth-pums-2018-{rows}-seed1.csv"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing {path} ({rows:,} rows, once) ...", file=sys.stderr, flush=True)
+        subprocess.run([_tool("mpidp"), "synth", "--rows", str(rows), "--out", str(path),
+                        "--seed", "1", "--quiet"], check=True, env=_clean_env())
+    return str(path)
+
+
+def _timed(argv: list[str], out: str) -> float:
+    if os.path.exists(out):
+        os.unlink(out)
+    started = time.perf_counter()
+    result = subprocess.run(argv, capture_output=True, text=True, env=_clean_env())
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}):\n"
+                           f"{result.stderr[-2000:]}")
+    return seconds
+
+
+def _records(path: str) -> int:
+    with open(path, "rb") as handle:
+        return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 24), b"")) - 1
+
+
+def run(args: argparse.Namespace) -> int:
+    from collectives.runtime import MPI
+    from preprocessing.errors import PrepError
+
+    if MPI.COMM_WORLD.Get_size() > 1:
+        raise PrepError("run the benchmark as one process (`mpidp bench prep`); it "
+                        "starts mpiexec itself", collective=True)
+    ranks = [int(r) for r in args.ranks.split(",") if r.strip()]
+    source = args.input or synthetic_file(args.cache, args.rows)
+    records = _records(source)
+    size_mb = os.path.getsize(source) / 1e6
+    workdir = tempfile.mkdtemp(prefix="mpidp-bench-", dir=os.path.dirname(source))
+    out = os.path.join(workdir, "out.h5")
+    cases = {} if args.no_reference else {
+        "polars (1 process)": [sys.executable, "-m", "preprocessing.reference", source,
+                               "--out", out]}
+    for n in ranks:
+        cases[f"mpidp prep, {n} rank{'s' if n > 1 else ''}"] = [
+            _tool("mpiexec"), "-n", str(n), _tool("mpidp"), "prep", source, "--out", out,
+            "--quiet"]
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    try:
+        for round_ in range(args.repeat):
+            for name, argv in cases.items():
+                times[name].append(_timed(argv, out))
+            print(f"round {round_ + 1}/{args.repeat}: " + ", ".join(
+                f"{name} {t[-1]:.2f} s" for name, t in times.items()), file=sys.stderr,
+                flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    reference = medians.get("polars (1 process)")
+    one = medians.get("mpidp prep, 1 rank")
+    print(f"\nmpidp bench prep: {source}\n{records:,} records, {size_mb:.0f} MB, "
+          f"median of {args.repeat} runs, process start to file written\n")
+    print(f"{'pipeline':<22} {'seconds':>8} {'records/s':>12} {'vs polars':>10} "
+          f"{'speed-up':>9}")
+    for name, seconds in medians.items():
+        ratio = f"{reference / seconds:.2f}x" if reference else "-"
+        speedup = f"{one / seconds:.2f}x" if one and name.startswith("mpidp") else "-"
+        print(f"{name:<22} {seconds:>8.2f} {records / seconds:>12,.0f} {ratio:>10} "
+              f"{speedup:>9}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "input": source, "records": records, "megabytes": size_mb,
+            "repeat": args.repeat, "seconds": times, "median_seconds": medians,
+        }, indent=2))
+    return 0
