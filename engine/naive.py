@@ -40,5 +40,5 @@ def naive_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
             factor = max_norm / norm
             clipped += 1
         total += factor * g
-        loss_sum += float(loss)
+        loss_sum += float(loss.detach())
     return total, loss_sum, clipped

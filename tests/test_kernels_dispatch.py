@@ -1,0 +1,87 @@
+"""The kernel registry, and every CPU kernel against the generic torch one."""
+import numpy as np
+import pytest
+import torch
+
+from kernels import dispatch
+
+
+def test_every_op_has_a_generic_and_a_cpu_kernel():
+    for op in dispatch.OPS:
+        impls = dispatch.implementations(op)
+        assert "any" in impls and impls["any"].backend == "torch"
+        assert dispatch.get(op, "cpu").backend == "numba"
+        assert dispatch.get(op, torch.device("cpu"), backend="torch") is impls["any"]
+
+
+def test_unknown_device_falls_back_to_torch_and_unknown_backend_fails():
+    assert dispatch.get("clip_rows", "cuda").backend == "torch"  # until issue 6 registers one
+    with pytest.raises(dispatch.UnknownKernel):
+        dispatch.get("clip_rows", "cpu", backend="cupy")
+    with pytest.raises(ValueError):
+        dispatch.register("no_such_op", "cpu", backend="x")
+
+
+def _layers(k, dims, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    acts = [torch.cat([torch.randn(k, d, generator=g, dtype=dtype),
+                       torch.ones(k, 1, dtype=dtype)], 1) for d in dims[:-1]]
+    grads = [torch.randn(k, d, generator=g, dtype=dtype) * 0.3 for d in dims[1:]]
+    return acts, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [0, 1, 50])
+@pytest.mark.parametrize("C", [1e-3, 2.0, 1e6])
+def test_clip_rows_numba_equals_torch(dtype, k, C):
+    outs = {}
+    for backend in ("numba", "torch"):
+        acts, grads = _layers(k, (5, 7, 3), dtype, seed=k)
+        factors = torch.full((k + 2,), -1.0, dtype=dtype)
+        n = dispatch.get("clip_rows", "cpu", backend)(acts, grads, C, factors)
+        outs[backend] = (n, factors[:k], grads)
+    (n1, f1, g1), (n2, f2, g2) = outs["numba"], outs["torch"]
+    assert n1 == n2
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-12, atol=0)
+    assert torch.allclose(f1, f2, **tol)
+    assert all(torch.allclose(a, b, **tol) for a, b in zip(g1, g2))
+    assert bool((f1 <= 1).all()) and bool((f1 > 0).all())
+
+
+def test_clip_rows_reference_values():
+    """One example, one layer, by hand: |g| = |a| |b| = sqrt(2) * 5."""
+    acts = [torch.tensor([[1.0, 1.0]], dtype=torch.float64)]  # ones column included
+    grads = [torch.tensor([[3.0, 4.0]], dtype=torch.float64)]
+    factors = torch.empty(1, dtype=torch.float64)
+    for backend in ("numba", "torch"):
+        g = [grads[0].clone()]
+        assert dispatch.get("clip_rows", "cpu", backend)(acts, g, 1.0, factors) == 1
+        assert factors[0].item() == pytest.approx(1 / (5 * 2 ** 0.5), rel=1e-14)
+
+
+@pytest.mark.parametrize("k", [0, 3, 40])
+def test_relu_backward_numba_equals_torch(k):
+    g = torch.Generator().manual_seed(k)
+    out_full = torch.randn(k, 9, generator=g).clamp_min(0)
+    grad = torch.randn(k, 8, generator=g)
+    a, b = grad.clone(), grad.clone()
+    dispatch.get("relu_backward", "cpu", "numba")(a, out_full[:, :8])
+    dispatch.get("relu_backward", "cpu", "torch")(b, out_full[:, :8])
+    assert torch.equal(a, b)
+    assert torch.equal(a, grad * (out_full[:, :8] > 0))
+
+
+@pytest.mark.parametrize("classes", [2, 5])
+@pytest.mark.parametrize("k", [0, 1, 30])
+def test_softmax_xent_numba_equals_torch_and_autograd(classes, k):
+    g = torch.Generator().manual_seed(classes * 100 + k)
+    logits = torch.randn(k, classes, generator=g, dtype=torch.float64) * 5
+    labels = torch.randint(0, classes, (k,), generator=g)
+    z = logits.clone().requires_grad_()
+    want_loss = torch.nn.functional.cross_entropy(z, labels, reduction="sum")
+    want_grad = torch.autograd.grad(want_loss, z)[0] if k else torch.zeros(0, classes)
+    for backend in ("numba", "torch"):
+        grad = torch.empty(k, classes, dtype=torch.float64)
+        loss = dispatch.get("softmax_xent", "cpu", backend)(logits, labels, grad)
+        assert loss == pytest.approx(float(want_loss), rel=1e-12, abs=1e-12)
+        assert torch.allclose(grad, want_grad.to(grad.dtype), rtol=1e-12, atol=1e-14)
