@@ -43,6 +43,8 @@ setup(
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
         ],
+        # Reference implementation compared in `mpidp bench dpsgd` (optional).
+        "opacus": ["opacus>=1.5"],
         "cuda12": [
             "cupy-cuda12x>=13.0",
             "numba-cuda[cu12]>=0.20",

@@ -1,0 +1,250 @@
+"""DP-SGD throughput, side by side in one process on the same data, model and batches.
+
+Methods (each runs the same Poisson batches, same MLP, same optimizer):
+
+* ``mpidp-dp``      our DP-SGD step: book-keeping clipping, noise, all-reduce, update;
+* ``mpidp-nondp``   the same loop without clipping and noise (``--no-dp``);
+* ``torch-sgd``     plain PyTorch: nn.Module, autograd, torch.optim.SGD (non-private);
+* ``naive``         the per-example loop (run on ``--naive-steps`` steps, extrapolated);
+* ``opacus-hooks``  Opacus' default mode (per-sample gradients from hooks), when installed;
+* ``opacus-ghost``  Opacus' ghost clipping (its fastest mode), when installed.
+
+Prints examples/s, the time an epoch would take, and ratios; ``--json FILE``
+writes examples/s per method, ``dp_over_nondp`` (DP time per example over
+non-DP time per example) and the speed-ups. Methods are interleaved over
+``--repeats`` rounds and the median is reported, so a load change on the
+machine hits all of them alike. Run it on one rank (``mpidp bench dpsgd``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+METHODS = ("mpidp-dp", "mpidp-nondp", "torch-sgd", "naive", "opacus-hooks", "opacus-ghost")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default=None,
+                        help="prepared HDF5 file; default: synthetic rows in memory")
+    parser.add_argument("--rows", type=int, default=790_000,
+                        help="synthetic training rows (default: 790000, what prep makes of "
+                        "the 1.2M-row file)")
+    parser.add_argument("--features", type=int, default=100,
+                        help="synthetic features (default: 100)")
+    parser.add_argument("--hidden", default="128,128", help="hidden widths (default: 128,128)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="expected batch size (default: 256)")
+    parser.add_argument("--steps", type=int, default=300, help="steps per method and round")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("--naive-steps", type=int, default=3,
+                        help="steps of the naive loop per round (it is ~100x slower)")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help=f"comma-separated subset of {', '.join(METHODS)}")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch/numba threads (default: as mpidp train: cores // ranks)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")
+
+
+def _load(args, torch):
+    import numpy as np
+
+    if args.data:
+        from collectives.runtime import MPI
+        from engine.shard import read_info, read_shard
+
+        info = read_info(args.data)
+        shard = read_shard(info, "train", MPI.COMM_SELF, min_rows_per_rank=1)
+        return shard.X, shard.y, info.n_classes, args.data
+    from engine.synthetic_h5 import _groups, _rows
+
+    rng = np.random.default_rng(args.seed)
+    numeric = 2
+    weights = rng.standard_normal((2, args.features)).astype(np.float32)
+    X = np.empty((args.rows, args.features + 1), dtype=np.float32)
+    y = np.empty(args.rows, dtype=np.int64)
+    X[:, -1] = 1.0
+    for start in range(0, args.rows, 65536):
+        xb, yb = _rows(rng, min(65536, args.rows - start), numeric,
+                       _groups(args.features, numeric), weights, 2)
+        X[start:start + len(yb), :-1] = xb
+        y[start:start + len(yb)] = yb
+    return X, y, 2, f"synthetic {args.rows}x{args.features}"
+
+
+def _steppers(args, spec, X, y, torch):
+    """name -> (one-step function taking a row tensor and returning its batch size)."""
+    import collectives
+    from collectives.runtime import MPI
+    from engine.fast_mlp import FastMLP
+    from engine.model import init_params, to_module
+    from engine.naive import naive_clipped_sum
+    from engine.noise import GaussianNoise
+    from engine.optim import SGD
+
+    C, sigma, lr, momentum, B = 1.0, 1.0, 0.05, 0.9, args.batch_size
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+    Xf = torch.from_numpy(X[:, :-1].copy())
+    wanted = set(args.methods.split(","))
+    steps = {}
+
+    def ours(dp: bool):
+        import numpy as np
+
+        buffer = np.zeros(spec.n_params + 1, dtype=np.float32)
+        grad = torch.from_numpy(buffer[:spec.n_params])
+        params = init_params(spec, args.seed)
+        engine = FastMLP(spec, params, grad, capacity=2 * B)
+        noise = GaussianNoise(spec.n_params, sigma * C, 1, 0, args.seed) if dp else None
+        opt = SGD(params, lr, momentum)
+
+        def step(rows):
+            k = engine.load(Xt, yt, rows)
+            engine.clipped_sum(k, C if dp else None)
+            if noise is not None:
+                noise.add_(grad)
+            collectives.allreduce(buffer, MPI.COMM_SELF)
+            opt.step(grad, 1.0 / B)
+            return k
+        return step
+
+    if "mpidp-dp" in wanted:
+        steps["mpidp-dp"] = ours(True)
+    if "mpidp-nondp" in wanted:
+        steps["mpidp-nondp"] = ours(False)
+    if "torch-sgd" in wanted:
+        model = to_module(spec, init_params(spec, args.seed))
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+
+        def torch_step(rows):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(Xf[rows]), yt[rows]).backward()
+            opt.step()
+            return rows.shape[0]
+        steps["torch-sgd"] = torch_step
+    if "naive" in wanted:
+        model = to_module(spec, init_params(spec, args.seed))
+        flat = [p for p in model.parameters()]
+        gen = torch.Generator().manual_seed(args.seed)
+
+        def naive_step(rows):
+            total, _, _ = naive_clipped_sum(model, Xf[rows], yt[rows], C)
+            total += torch.randn(total.shape, generator=gen) * sigma * C
+            offset = 0
+            with torch.no_grad():
+                for p in flat:
+                    p -= lr / B * total[offset:offset + p.numel()].view_as(p)
+                    offset += p.numel()
+            return rows.shape[0]
+        steps["naive"] = naive_step
+    try:
+        import opacus  # noqa: F401
+        have_opacus = True
+    except ImportError:
+        have_opacus = False
+    if have_opacus and "opacus-hooks" in wanted:
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        gsm = GradSampleModule(to_module(spec, init_params(spec, args.seed)))
+        dpo = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=lr, momentum=momentum),
+                          noise_multiplier=sigma, max_grad_norm=C, expected_batch_size=B)
+
+        def hooks_step(rows):
+            dpo.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(gsm(Xf[rows]), yt[rows]).backward()
+            dpo.step()
+            return rows.shape[0]
+        steps["opacus-hooks"] = hooks_step
+    if have_opacus and "opacus-ghost" in wanted:
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+        from opacus.optimizers import DPOptimizerFastGradientClipping
+        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+        gm = GradSampleModuleFastGradientClipping(
+            to_module(spec, init_params(spec, args.seed)), max_grad_norm=C,
+            use_ghost_clipping=True)
+        go = DPOptimizerFastGradientClipping(
+            torch.optim.SGD(gm.parameters(), lr=lr, momentum=momentum),
+            noise_multiplier=sigma, max_grad_norm=C, expected_batch_size=B)
+        crit = DPLossFastGradientClipping(gm, go, torch.nn.CrossEntropyLoss())
+
+        def ghost_step(rows):
+            go.zero_grad(set_to_none=True)
+            crit(gm(Xf[rows]), yt[rows]).backward()
+            go.step()
+            return rows.shape[0]
+        steps["opacus-ghost"] = ghost_step
+    return steps, have_opacus
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from collectives.runtime import MPI
+    from engine.errors import ConfigError
+    from engine.model import MLPSpec, parse_hidden
+    from engine.trainer import configure_threads
+
+    if MPI.COMM_WORLD.Get_size() > 1:
+        raise ConfigError("mpidp bench dpsgd compares methods in one process: run it "
+                          "without mpiexec (or with -n 1)", collective=True)
+    unknown = set(args.methods.split(",")) - set(METHODS)
+    if unknown:
+        raise ConfigError(f"unknown --methods {', '.join(sorted(unknown))}; choose from "
+                          f"{', '.join(METHODS)}", collective=True)
+    threads, _ = configure_threads(args.threads)
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
+    warnings.filterwarnings("ignore", module="opacus")
+    X, y, n_classes, source = _load(args, torch)
+    n = y.shape[0]
+    spec = MLPSpec.build(X.shape[1] - 1, parse_hidden(args.hidden), n_classes)
+    steps, have_opacus = _steppers(args, spec, X, y, torch)
+    q = args.batch_size / n
+    rng = np.random.default_rng(args.seed)
+
+    def batches(count):
+        out = []
+        for _ in range(count):
+            rows = rng.choice(n, size=int(rng.binomial(n, q)), replace=False)
+            rows.sort()
+            out.append(torch.from_numpy(rows))
+        return out
+
+    print(f"mpidp bench dpsgd: {spec.describe()}, {source}, expected batch "
+          f"{args.batch_size}, {threads} thread(s), {args.steps} steps x {args.repeats} "
+          f"rounds (naive: {args.naive_steps} steps)" + ("" if have_opacus else
+                                                           "; Opacus not installed"))
+    for fn in steps.values():  # warm-up: compile kernels, fault pages in
+        for rows in batches(3):
+            fn(rows)
+    rates: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(args.repeats):
+        for name, fn in steps.items():
+            todo = batches(args.naive_steps if name == "naive" else args.steps)
+            examples, start = 0, time.perf_counter()
+            for rows in todo:
+                examples += fn(rows)
+            rates[name].append(examples / (time.perf_counter() - start))
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    ref = median.get("mpidp-dp")
+    print(f"{'method':<14} {'examples/s':>12} {'s/epoch':>9} {'mpidp-dp is':>12}")
+    for name, rate in median.items():
+        ratio = f"{ref / rate:.2f}x" if ref else "-"
+        print(f"{name:<14} {rate:>12,.0f} {n / rate:>9.2f} {ratio:>12}")
+    result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
+              "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
+              "data": source, "steps": args.steps, "repeats": args.repeats}
+    if ref and "mpidp-nondp" in median:
+        result["dp_over_nondp"] = median["mpidp-nondp"] / ref
+        print(f"DP / non-DP time per example: {result['dp_over_nondp']:.3f}")
+    result["speedup"] = {name: ref / rate for name, rate in median.items()} if ref else {}
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=2)
+    return 0
