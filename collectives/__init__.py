@@ -1,35 +1,27 @@
 """All-reduce algorithms over mpi4py and their micro-benchmark.
 
 ``allreduce(buf, comm, algorithm="auto", op="sum")`` reduces a contiguous
-1-D buffer in place on every rank. Algorithms are registered by name in
-:mod:`collectives.registry`, one module each.
+1-D buffer in place on every rank (numpy, torch CPU, or a device array).
+Algorithms are registered by name in :mod:`collectives.registry`, one module
+each: ``naive``, ``recursive_doubling``, ``ring``, ``rabenseifner``,
+``native`` and ``auto``.
+
+Example (every rank runs it)::
+
+    import numpy as np
+    import collectives
+    grad = np.ones(100_000, dtype=np.float32)
+    collectives.allreduce(grad, algorithm="ring")   # grad now holds the sum
 """
 from __future__ import annotations
 
-import numpy as np
-
-from collectives import auto, native  # noqa: F401  (register themselves)
+# Registration order is the order of `names()` and of the benchmark's table.
+from collectives import naive, recursive_doubling, ring, rabenseifner, native  # noqa: F401
+from collectives import auto  # noqa: F401
+from collectives.dispatch import algorithm_for, allreduce, forget
+from collectives.errors import (AllreduceError, AllreduceMismatch, UnknownAlgorithm,
+                                UnknownOp, UnsupportedBuffer)
 from collectives.registry import get, names
-from collectives.runtime import MPI
 
-__all__ = ["allreduce", "names"]
-
-_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-
-
-def allreduce(buf: np.ndarray, comm: "MPI.Comm | None" = None, algorithm: str = "auto",
-              op: str = "sum") -> np.ndarray:
-    """Reduce ``buf`` in place over ``comm`` (default COMM_WORLD); returns ``buf``.
-
-    Every rank of ``comm`` must call it with a contiguous 1-D numpy array of
-    the same length and dtype. Raises ``UnknownAlgorithm`` (an unregistered
-    name) and ``ValueError`` (a buffer that is not contiguous and 1-D, an
-    unknown op).
-    """
-    comm = MPI.COMM_WORLD if comm is None else comm
-    if not isinstance(buf, np.ndarray) or buf.ndim != 1 or not buf.flags.c_contiguous:
-        raise ValueError("allreduce needs a contiguous 1-D numpy array")
-    if op not in _OPS:
-        raise ValueError(f"unknown op {op!r}; choose from {', '.join(_OPS)}")
-    get(algorithm)(buf, comm, _OPS[op])
-    return buf
+__all__ = ["allreduce", "algorithm_for", "names", "get", "forget", "AllreduceError",
+           "AllreduceMismatch", "UnknownAlgorithm", "UnknownOp", "UnsupportedBuffer"]

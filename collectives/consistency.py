@@ -1,0 +1,175 @@
+"""Making sure every rank makes the same all-reduce call, without paying for it.
+
+A *signature* is what must agree between the ranks: length, dtype, op, the
+algorithm asked for and the one that runs, and the message segment size.
+Checking it with a collective on every call would double the cost of small
+all-reduces, so:
+
+1. **First call of a signature** on a communicator: the ranks exchange a
+   fixed-size record of it (point-to-point, on the private communicator).
+   Any difference raises :class:`AllreduceMismatch` on every rank with a table
+   of what each rank passed (``collective = True``).
+2. **Later calls** cost nothing extra. Every message of the point-to-point
+   algorithms carries the signature's tag (a CRC of the signature) and every
+   receive accepts any tag and checks it, so a rank that receives a message
+   of another call (or of a first-call check) raises instead of mixing data;
+   a message longer than expected raises too (MPI truncation). One raising
+   rank ends the job (``engine.spmd``).
+3. A rank that starts a **new** signature while its peers sit in a cached
+   ``native`` call (``MPI_Allreduce`` cannot see point-to-point messages)
+   would wait forever; instead, while it waits for the peers' records it
+   reads, with one-sided MPI, how many native all-reduces each peer has
+   entered and the tag of the last one (two stores per native call). A peer
+   that is further ahead than the call being checked, in the same state on
+   two probes 0.5 s apart, is blocked in a call this rank never made:
+   :class:`AllreduceMismatch`.
+
+What remains MPI's business: two ``native`` calls whose signatures were both
+checked before and that the ranks make in a different order. MPICH aborts
+the job when their byte counts differ ("Message truncated"); equal byte
+counts with a different dtype or op cannot be told apart by MPI.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import zlib
+from typing import Callable
+
+import numpy as np
+
+from collectives.context import OPS, SUPPORTED_DTYPES
+from collectives.errors import AllreduceMismatch
+from collectives.runtime import MPI
+
+#: Tag of the first-call records; data tags are >= FIRST_DATA_TAG.
+CHECK_TAG = 1
+FIRST_DATA_TAG = 2
+_MAGIC = 0x6D706964  # "mpid"
+RECORD_FIELDS = ("magic", "length", "dtype", "op", "algorithm", "runs", "segment", "tag")
+#: Seconds a rank waits for its peers' records before it says so on stderr.
+WARN_AFTER = float(os.environ.get("MPIDP_ALLREDUCE_WAIT_WARNING", "60"))
+
+
+def _crc(text: str) -> int:
+    # zlib.crc32, not hash(): Python's str hash differs between processes.
+    return zlib.crc32(text.encode())
+
+
+def signature_tag(n: int, dtype: np.dtype, op: str, runs: str, segment: int,
+                  tag_ub: int) -> int:
+    """The message tag of a signature: the same on every rank, >= FIRST_DATA_TAG."""
+    text = f"{n}:{dtype.str}:{op}:{runs}:{segment}"
+    return FIRST_DATA_TAG + _crc(text) % (tag_ub - FIRST_DATA_TAG)
+
+
+def make_record(n: int, dtype: np.dtype, op: str, algorithm: str, runs: str,
+                segment: int, tag: int) -> np.ndarray:
+    """The fixed-size record of a signature that the ranks compare."""
+    return np.array([_MAGIC, n, SUPPORTED_DTYPES.index(dtype), list(OPS).index(op),
+                     _crc(algorithm), _crc(runs), segment, tag], dtype=np.int64)
+
+
+def describe_record(record: np.ndarray, names: list[str]) -> str:
+    """A record in words, e.g. ``float32[1000] sum, algorithm 'auto' (runs ring)``."""
+    by_crc = {_crc(name): name for name in names}
+
+    def name(value: int) -> str:
+        return by_crc.get(int(value), "an algorithm this rank does not know")
+
+    dtype = SUPPORTED_DTYPES[int(record[2])] if 0 <= record[2] < len(SUPPORTED_DTYPES) else "?"
+    op = list(OPS)[int(record[3])] if 0 <= record[3] < len(OPS) else "?"
+    return (f"{dtype}[{int(record[1])}] {op}, algorithm '{name(record[4])}' "
+            f"(runs {name(record[5])}, segment {int(record[6])} B)")
+
+
+def exchange_records(comm: "MPI.Intracomm", record: np.ndarray, describe_tag: Callable[[int], str],
+                     peer_blocked: Callable[[int], str | None] | None = None) -> np.ndarray:
+    """Send this rank's record to every peer and receive theirs (all ranks call it).
+
+    Returns the ``size x len(record)`` table of records, row ``i`` from rank
+    ``i``. Raises :class:`AllreduceMismatch` (on this rank only) when a peer
+    sends a message of another call instead, or when ``peer_blocked(peer)``
+    reports that a peer is stuck in a call this rank never made.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    table = np.zeros((size, record.size), dtype=np.int64)
+    table[rank] = record
+    peers = [q for q in range(size) if q != rank]
+    # As bytes, like the algorithms' messages (see PlanContext.spec).
+    sends = [comm.Isend([record, MPI.BYTE], dest=q, tag=CHECK_TAG) for q in peers]
+    recvs = [comm.Irecv([table[q], MPI.BYTE], source=q, tag=MPI.ANY_TAG) for q in peers]
+    statuses = [MPI.Status() for _ in peers]
+    done = [False] * len(peers)
+    start = time.monotonic()
+    next_probe, warned, spins = start + 0.05, False, 0
+    while not all(done):
+        for i, request in enumerate(recvs):
+            if done[i]:
+                continue
+            try:
+                done[i] = request.Test(statuses[i])
+            except MPI.Exception as error:
+                raise AllreduceMismatch(
+                    f"rank {rank}: at the first call of an allreduce signature it received "
+                    f"from rank {peers[i]} a message longer than a signature record (MPI: "
+                    f"{str(error).splitlines()[0]}): rank {peers[i]} is inside another "
+                    "allreduce call. Every rank must make the same sequence of calls.") from None
+            if done[i] and statuses[i].tag != CHECK_TAG:
+                raise AllreduceMismatch(
+                    f"rank {rank}: at the first call of an allreduce signature it received "
+                    f"from rank {peers[i]} a message of {describe_tag(statuses[i].tag)}: "
+                    f"rank {peers[i]} is inside another allreduce call. Every rank must make "
+                    "the same sequence of calls.")
+        if all(done):
+            break
+        spins += 1
+        if spins > 1000:
+            time.sleep(0.0002)  # oversubscribed ranks: give the core to the peer
+        now = time.monotonic()
+        if peer_blocked is not None and now >= next_probe:
+            next_probe = now + 0.5
+            for i, q in enumerate(peers):
+                reason = None if done[i] else peer_blocked(q)
+                if reason:
+                    raise AllreduceMismatch(
+                        f"rank {rank}: starts a new allreduce signature while rank {q} is "
+                        f"{reason}: a call this rank never made. Every rank must make the "
+                        "same sequence of calls.")
+        if not warned and now - start > WARN_AFTER:
+            warned = True
+            missing = [q for i, q in enumerate(peers) if not done[i]]
+            sys.stderr.write(
+                f"[rank {rank}] mpidp: allreduce has waited {WARN_AFTER:.0f} s for ranks "
+                f"{missing} to make the same call (first call of a signature); they are "
+                "late, or not calling allreduce.\n")
+            sys.stderr.flush()
+    MPI.Request.Waitall(sends)
+    return table
+
+
+def mismatch_message(table: np.ndarray, names: list[str]) -> str | None:
+    """``None`` when all rows agree, else a message listing each rank's call."""
+    if (table == table[0]).all():
+        return None
+    groups: dict[bytes, list[int]] = {}
+    for q, row in enumerate(table):
+        groups.setdefault(row.tobytes(), []).append(q)
+    lines = [f"  ranks {_ranges(qs)}: {describe_record(table[qs[0]], names)}"
+             for qs in groups.values()]
+    fields = [RECORD_FIELDS[j] for j in range(table.shape[1])
+              if not (table[:, j] == table[0, j]).all() and RECORD_FIELDS[j] != "tag"]
+    return ("allreduce called with different arguments on different ranks (they differ in "
+            f"{', '.join(fields) or 'tag'}):\n" + "\n".join(lines) +
+            "\nEvery rank must pass a buffer of the same length and dtype, the same op and "
+            "algorithm (and the same MPIDP_ALLREDUCE_* settings).")
+
+
+def _ranges(ranks: list[int]) -> str:
+    parts, start = [], ranks[0]
+    for a, b in zip(ranks, ranks[1:] + [None]):
+        if b != a + 1:
+            parts.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(parts)

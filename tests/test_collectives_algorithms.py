@@ -1,0 +1,138 @@
+"""Every all-reduce algorithm against an independent reference, on 1-4 ranks.
+
+Each rank's contribution is a deterministic function of (rank, index), so
+every rank can compute all p contributions and reduce them with numpy (the
+reference) without communicating. Integer-valued data make every sum exact
+in every dtype, so float results must match exactly too; a separate test
+uses random floats and compares with a tolerance. The result must also be
+bit-identical on all ranks (gathered and compared as bytes).
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import collectives
+from collectives.context import SUPPORTED_DTYPES
+
+ALGORITHMS = collectives.names()
+OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+
+
+def contribution(rank: int, n: int, dtype, salt: int = 0) -> np.ndarray:
+    index = np.arange(n, dtype=np.int64)
+    return ((index * 131 + rank * 31 + salt * 7) % 17 - 8).astype(dtype)
+
+
+def reference(size: int, n: int, dtype, op: str, salt: int = 0) -> np.ndarray:
+    parts = [contribution(q, n, np.int64, salt) for q in range(size)]
+    return OPS[op].reduce(np.stack(parts), axis=0).astype(dtype) if n else np.empty(0, dtype)
+
+
+def lengths(size: int) -> list[int]:
+    """0, shorter than p, p + 1 (not divisible), and a few hundred."""
+    return sorted({0, 1, max(1, size - 1), size + 1, 301})
+
+
+def assert_identical_on_all_ranks(comm, data: bytes) -> None:
+    everyone = comm.allgather(data)
+    assert all(d == everyone[0] for d in everyone), "results differ between ranks"
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_exact_result_every_dtype_op_and_length(comm, algorithm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    results = []
+    for dtype in SUPPORTED_DTYPES:
+        for op in OPS:
+            for n in lengths(size):
+                buf = contribution(rank, n, dtype, salt=n)
+                out = collectives.allreduce(buf, comm, algorithm, op)
+                assert out is buf
+                np.testing.assert_array_equal(buf, reference(size, n, dtype, op, salt=n),
+                                              err_msg=f"{algorithm} {dtype} {op} n={n}")
+                results.append(buf.tobytes())
+    assert_identical_on_all_ranks(comm, b"".join(results))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_random_floats_close_to_float64_reference_and_identical(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n = 1000
+    parts = [np.random.default_rng(q).standard_normal(n) for q in range(size)]
+    results = []
+    for algorithm in ALGORITHMS:
+        for dtype, rtol in ((np.float32, 1e-5), (np.float64, 1e-12), (np.float16, 2e-2)):
+            buf = parts[rank].astype(dtype)
+            collectives.allreduce(buf, comm, algorithm)
+            want = np.sum([p.astype(dtype).astype(np.float64) for p in parts], axis=0)
+            np.testing.assert_allclose(buf.astype(np.float64), want, rtol=rtol,
+                                       atol=rtol * size * 4, err_msg=f"{algorithm} {dtype}")
+            results.append(buf.tobytes())
+    assert_identical_on_all_ranks(comm, b"".join(results))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_pieces_when_messages_exceed_the_segment(comm, monkeypatch):
+    """A tiny segment makes every algorithm cut its messages into pieces."""
+    monkeypatch.setenv("MPIDP_ALLREDUCE_SEGMENT", "256")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    private = comm.Dup()  # a fresh communicator: plans made with this segment
+    try:
+        for algorithm in ALGORITHMS:
+            for n in (97, 331):
+                buf = contribution(rank, n, np.float32)
+                collectives.allreduce(buf, private, algorithm)
+                np.testing.assert_array_equal(buf, reference(size, n, np.float32, "sum"))
+    finally:
+        collectives.forget()
+        private.Free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_repeated_calls_with_the_same_buffer_stay_correct(comm):
+    """The fast path (same buffer, same arguments) reduces the current values."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    for algorithm in ALGORITHMS:
+        buf = np.zeros(257, dtype=np.int64)
+        for step in range(3):
+            buf[...] = contribution(rank, buf.size, np.int64, salt=step)
+            collectives.allreduce(buf, comm, algorithm)
+            np.testing.assert_array_equal(buf, reference(size, buf.size, np.int64, "sum",
+                                                         salt=step))
+
+
+@pytest.mark.mpi(min_size=1)
+@settings(max_examples=10, derandomize=True, deadline=None, database=None,
+          phases=[Phase.explicit, Phase.generate],  # no shrinking: ranks stay in step
+          suppress_health_check=list(HealthCheck))
+@given(n=st.integers(0, 200), dtype=st.sampled_from(SUPPORTED_DTYPES),
+       op=st.sampled_from(sorted(OPS)), algorithm=st.sampled_from(ALGORITHMS),
+       salt=st.integers(0, 16))
+def test_property_any_length_dtype_op_algorithm(comm, n, dtype, op, algorithm, salt):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    buf = contribution(rank, n, dtype, salt)
+    collectives.allreduce(buf, comm, algorithm, op)
+    np.testing.assert_array_equal(buf, reference(size, n, dtype, op, salt))
+
+
+def test_every_required_algorithm_is_registered():
+    for name in ("naive", "recursive_doubling", "ring", "native", "auto"):
+        assert name in collectives.names()
+    for name in collectives.names():
+        algorithm = collectives.get(name)
+        assert algorithm.summary and algorithm.messages
+        assert (algorithm.plan is None) != (algorithm.choose is None)
+
+
+def test_segment_setting_is_validated(monkeypatch):
+    from collectives.plans import DEFAULT_SEGMENT, segment_bytes
+
+    monkeypatch.setenv("MPIDP_ALLREDUCE_SEGMENT", "12")
+    with pytest.raises(ValueError, match="MPIDP_ALLREDUCE_SEGMENT"):
+        segment_bytes()
+    monkeypatch.setenv("MPIDP_ALLREDUCE_SEGMENT", "4096")
+    assert segment_bytes() == 4096
+    monkeypatch.delenv("MPIDP_ALLREDUCE_SEGMENT")
+    assert segment_bytes() == DEFAULT_SEGMENT

@@ -1,0 +1,181 @@
+"""Ranks that call allreduce differently get an error, never a hang or garbage;
+the repeated call costs no collective and no allocation.
+
+Every mismatch test runs on its own duplicate (or two-rank split) of
+COMM_WORLD, so what it leaves behind cannot disturb later tests.
+"""
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import dispatch
+from collectives.errors import (AllreduceMismatch, UnknownAlgorithm, UnknownOp,
+                                UnsupportedBuffer)
+from collectives.runtime import MPI
+
+P2P_ALGORITHMS = ["naive", "recursive_doubling", "ring", "rabenseifner"]
+
+
+@pytest.fixture
+def fresh(comm):
+    """A duplicate of COMM_WORLD with no allreduce history."""
+    private = comm.Dup()
+    yield private
+    collectives.forget()
+    private.Free()
+
+
+@pytest.fixture
+def pair(comm):
+    """Ranks 0 and 1 in a communicator of their own (None on the other ranks)."""
+    color = 0 if comm.Get_rank() < 2 else MPI.UNDEFINED
+    two = comm.Split(color, comm.Get_rank())
+    yield None if two == MPI.COMM_NULL else two
+    collectives.forget()
+    if two != MPI.COMM_NULL:
+        two.Free()
+
+
+def arguments(rank: int, differ: str) -> tuple[np.ndarray, str, str]:
+    odd = rank == 0  # rank 0 disagrees with the others
+    n = 11 if odd and differ == "length" else 10
+    dtype = np.int32 if odd and differ == "dtype" else np.float32
+    op = "max" if odd and differ == "op" else "sum"
+    algorithm = "ring" if odd and differ == "algorithm" else "recursive_doubling"
+    return np.ones(n, dtype), algorithm, op
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("differ", ["length", "dtype", "op", "algorithm"])
+def test_first_call_mismatch_is_an_error_on_every_rank(fresh, differ):
+    buf, algorithm, op = arguments(fresh.Get_rank(), differ)
+    with pytest.raises(AllreduceMismatch, match=f"differ in {differ}") as caught:
+        collectives.allreduce(buf, fresh, algorithm, op)
+    assert caught.value.collective and caught.value.exit_code == 2
+    assert "ranks 0:" in str(caught.value) and "ranks 1" in str(caught.value)
+    # The check completed on every rank: the communicator is still usable.
+    good = np.full(4, fresh.Get_rank(), dtype=np.int64)
+    collectives.allreduce(good, fresh, "ring")
+    assert (good == sum(range(fresh.Get_size()))).all()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("other_length", [11, 1000], ids=["shorter", "truncated"])
+def test_cached_signatures_called_out_of_order_raise(pair, other_length):
+    """Both signatures were checked before; the tags tell the calls apart."""
+    if pair is None:
+        return
+    for algorithm in P2P_ALGORITHMS:
+        a, b = np.ones(10, np.float32), np.ones(other_length, np.float32)
+        collectives.allreduce(a, pair, algorithm)
+        collectives.allreduce(b, pair, algorithm)
+        mine = a if pair.Get_rank() == 0 else b
+        with pytest.raises(AllreduceMismatch, match="every rank must make the same sequence") \
+                as caught:
+            collectives.allreduce(mine, pair, algorithm)
+        assert not caught.value.collective, algorithm  # found by this rank alone
+
+
+@pytest.mark.mpi(min_size=2)
+def test_new_signature_while_the_peer_waits_in_native(pair):
+    """MPI_Allreduce cannot see our check; the one-sided counter can."""
+    if pair is None:
+        return
+    cached = np.ones(10, np.float32)
+    collectives.allreduce(cached, pair, "native")
+    if pair.Get_rank() == 0:
+        with pytest.raises(AllreduceMismatch, match="blocked in native all-reduce"):
+            collectives.allreduce(np.ones(12, np.float32), pair, "native")
+        collectives.allreduce(cached, pair, "native")  # releases rank 1
+    else:
+        collectives.allreduce(cached, pair, "native")
+        assert (cached == 4).all()  # 1 + 1, then 2 + 2 with rank 0's rescuing call
+
+
+@pytest.mark.mpi(min_size=2)
+def test_new_signature_while_the_peer_runs_a_cached_ring(pair):
+    if pair is None:
+        return
+    cached = np.ones(10, np.float32)
+    collectives.allreduce(cached, pair, "ring")
+    mine = np.ones(12, np.float32) if pair.Get_rank() == 0 else cached
+    with pytest.raises(AllreduceMismatch):
+        collectives.allreduce(mine, pair, "ring")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_repeated_call_takes_the_fast_path(comm, monkeypatch):
+    buf = np.ones(1000, np.float32)
+    collectives.allreduce(buf, comm, "ring")
+    slow_calls = []
+    real_slow = dispatch.allreduce_slow
+    monkeypatch.setattr(dispatch, "allreduce_slow",
+                        lambda *a: slow_calls.append(a) or real_slow(*a))
+    for _ in range(5):
+        collectives.allreduce(buf, comm, "ring")
+    assert slow_calls == []
+    collectives.allreduce(buf, comm, "native")  # other arguments: slow path once
+    collectives.allreduce(buf, comm, "native")
+    assert len(slow_calls) == 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_repeated_call_allocates_nothing(comm):
+    for algorithm in collectives.names():
+        buf = np.ones(20_000, np.float32)  # 80 kB: one copy per call would show
+        for _ in range(3):
+            collectives.allreduce(buf, comm, algorithm)
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(20):
+                collectives.allreduce(buf, comm, algorithm)
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+        assert peak < 16_000, f"{algorithm}: {peak} bytes allocated during 20 calls"
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_new_buffer_of_a_known_signature_needs_no_new_check(comm, monkeypatch):
+    from collectives import consistency
+
+    first = np.ones(64, np.float64)
+    collectives.allreduce(first, comm, "recursive_doubling")
+    checks = []
+    monkeypatch.setattr(consistency, "exchange_records",
+                        lambda *a, **k: checks.append(a) or pytest.fail("checked again"))
+    second = np.ones(64, np.float64)
+    collectives.allreduce(second, comm, "recursive_doubling")
+    assert (second == comm.Get_size()).all() and checks == []
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda: np.ones((2, 3), np.float32), UnsupportedBuffer),
+    (lambda: np.ones(10, np.float32)[::2], UnsupportedBuffer),
+    (lambda: np.ones(3, np.complex64), UnsupportedBuffer),
+    (lambda: np.ones(3, np.dtype(">f4")), UnsupportedBuffer),
+    (lambda: np.ones(3, np.int16), UnsupportedBuffer),
+    (lambda: [1.0, 2.0], UnsupportedBuffer),
+], ids=["2-D", "strided", "complex", "big-endian", "int16", "list"])
+def test_unusable_buffers_are_refused(make, error):
+    with pytest.raises(error) as caught:
+        collectives.allreduce(make(), MPI.COMM_SELF, "ring")
+    assert caught.value.exit_code == 2
+
+
+def test_read_only_buffer_is_refused():
+    buf = np.ones(3, np.float32)
+    buf.flags.writeable = False
+    with pytest.raises(UnsupportedBuffer, match="read-only"):
+        collectives.allreduce(buf, MPI.COMM_SELF)
+
+
+def test_unknown_op_and_algorithm():
+    with pytest.raises(UnknownOp, match="sum, max, min"):
+        collectives.allreduce(np.ones(3), MPI.COMM_SELF, op="prod")
+    with pytest.raises(UnknownAlgorithm, match="choose from"):
+        collectives.allreduce(np.ones(3), MPI.COMM_SELF, algorithm="butterfly")
