@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 #: mpidp bench <name>: benchmarks that print ratios measured side by side.
 BENCHMARKS: dict[str, tuple[str, str]] = {
+    "allreduce": ("collectives.bench",
+                  "all-reduce algorithms vs MPI_Allreduce, OSU / nccl-tests style"),
     "dpsgd": ("engine.bench_dpsgd", "DP-SGD vs non-DP, naive per-example loop and Opacus, "
               "side by side"),
     "prep": ("preprocessing.bench",

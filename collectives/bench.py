@@ -1,0 +1,344 @@
+"""All-reduce micro-benchmark: every registered algorithm against MPI's own.
+
+Run it like OSU's osu_allreduce or nccl-tests' all_reduce_perf, on every
+rank: ``mpiexec -n 2 mpidp bench allreduce``. For each size (``-b`` to ``-e``,
+times ``-f``) it times every algorithm (``-a``, default all, ``native``
+included) on the same buffer, interleaving the algorithms in rounds so that
+host effects hit them all alike, and prints on rank 0:
+
+* time: average over iterations and ranks, with the fastest and slowest
+  rank's average (OSU's avg/min/max latency);
+* algbw = bytes / time and busbw = algbw * 2(p-1)/p (nccl-tests'
+  PERFORMANCE.md), the bandwidth each rank's link sustains, comparable across
+  rank counts; the single-process memory-copy bandwidth is printed above the
+  table as the ceiling on one node;
+* "x native": native's time divided by the algorithm's (> 1 is faster);
+* #wrong with ``-c``: elements differing from the exact expected result, or
+  not bit-identical to rank 0's (the data are small integers, so every sum is
+  exact in every dtype). Any wrong element makes the command exit with 3.
+
+``--json FILE`` writes one record per algorithm and size; ``--plot FILE.png``
+draws latency and busbw against size. The harness never knows which
+algorithm it times: it looks them up by name in the registry.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+import zlib
+from typing import Any
+
+EXIT_WRONG = 3
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+DTYPES = ("float16", "float32", "float64", "int32", "int64")
+
+
+def parse_size(text: str) -> int:
+    """``"8"``, ``"64K"``, ``"64M"``, ``"1GiB"`` -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8, 64K, 64M, 1G)")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"),
+                        metavar="SIZE", help="smallest message (default 8 B)")
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"),
+                        metavar="SIZE", help="largest message (default 64M)")
+    parser.add_argument("-f", "--stepfactor", type=int, default=2, metavar="F",
+                        help="multiply the size by F between rows (default 2)")
+    parser.add_argument("-i", "--iters", type=int, default=0, metavar="N",
+                        help="timed iterations per algorithm and size (default 0: as many "
+                        "as fit in --time seconds, between 5 and 10000)")
+    parser.add_argument("-w", "--warmup_iters", type=int, default=5, metavar="N",
+                        help="untimed iterations first (default 5)")
+    parser.add_argument("-c", "--check", type=int, nargs="?", const=1, default=0,
+                        metavar="0|1", help="check every result (exact, bit-identical on all "
+                        "ranks); a wrong one makes the command exit with 3")
+    parser.add_argument("-a", "--algorithms", default="all", metavar="A,B",
+                        help="comma-separated algorithms (default: all registered, "
+                        "native included)")
+    parser.add_argument("-d", "--datatype", default="float32", choices=DTYPES,
+                        help="element type (default float32)")
+    parser.add_argument("-o", "--op", default="sum", choices=("sum", "max", "min"),
+                        help="reduction (default sum)")
+    parser.add_argument("--rounds", type=int, default=5, metavar="R",
+                        help="interleave the algorithms in R rounds per size (default 5)")
+    parser.add_argument("--time", type=float, default=0.1, metavar="S",
+                        help="with -i 0: seconds of timing per algorithm and size (default 0.1)")
+    parser.add_argument("--json", metavar="FILE", help="write the records as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="plot latency and busbw vs size")
+
+
+def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    """The message sizes in bytes, nccl-tests style."""
+    if minbytes < 1 or maxbytes < minbytes or factor < 2:
+        raise BenchUsageError("need 1 <= -b <= -e and -f >= 2")
+    out, size = [], minbytes
+    while size <= maxbytes:
+        out.append(size)
+        size *= factor
+    return out
+
+
+class BenchUsageError(ValueError):
+    """A benchmark option that cannot work."""
+
+    exit_code = 2
+    collective = True
+
+
+def pattern(count: int, rank: int, dtype: Any) -> Any:
+    """Small integers in [-8, 8] that depend on rank and index (exact sums)."""
+    import numpy as np
+
+    index = np.arange(count, dtype=np.int64)
+    return ((index * 131 + rank * 31) % 17 - 8).astype(dtype)
+
+
+def expected(count: int, size: int, dtype: Any, op: str) -> Any:
+    import numpy as np
+
+    reduce = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+    total = pattern(count, 0, np.int64)
+    for q in range(1, size):
+        reduce(total, pattern(count, q, np.int64), out=total)
+    return total.astype(dtype)
+
+
+def copy_bandwidth(nbytes: int = 64 << 20, repeats: int = 7) -> float:
+    """Single-process memory-copy bandwidth in GB/s (np.copyto, median of repeats)."""
+    import numpy as np
+
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return nbytes / float(np.median(times)) / 1e9
+
+
+def _check(buf: Any, comm: Any, algorithm: str, op: str, allreduce: Any) -> int:
+    """Run one checked call; returns the number of wrong elements over all ranks."""
+    import numpy as np
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    buf[...] = pattern(buf.size, rank, buf.dtype)
+    allreduce(buf, comm, algorithm, op)
+    want = expected(buf.size, size, buf.dtype, op)
+    got = buf.view(np.uint8).reshape(buf.size, buf.dtype.itemsize)
+    wrong = int(np.count_nonzero((got != want.view(np.uint8).reshape(got.shape)).any(axis=1)))
+    digests = comm.allgather(zlib.crc32(buf.view(np.uint8)))
+    if digests[rank] != digests[0]:
+        wrong = max(wrong, 1)
+    buf[...] = 0
+    return int(comm.allreduce(wrong))
+
+
+def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name: str,
+            op: str, iters: int = 0, warmup: int = 5, check: bool = False, rounds: int = 5,
+            seconds: float = 0.1, on_row: Any = None) -> list[dict]:
+    """Time every algorithm at every size (collective); returns the records (all ranks).
+
+    ``on_row(records_of_one_size)`` is called on every rank after each size.
+    """
+    import numpy as np
+
+    import collectives
+    from collectives.runtime import MPI, launch_info
+
+    allreduce = collectives.allreduce
+    dtype = np.dtype(dtype_name)
+    size = comm.Get_size()
+    oversubscribed = launch_info(comm).oversubscribed
+    rounds = max(1, rounds)
+    records = []
+    for nbytes in sizes_bytes:
+        count = nbytes // dtype.itemsize
+        if count == 0:
+            continue
+        buf = np.zeros(count, dtype=dtype)
+        elapsed = dict.fromkeys(algorithms, 0.0)
+        done = dict.fromkeys(algorithms, 0)
+        # Warm-up, and (with -i 0) the iteration count, the same on every rank.
+        per_call = {}
+        for name in algorithms:
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(max(1, warmup)):
+                allreduce(buf, comm, name, op)
+            per_call[name] = (time.perf_counter() - start) / max(1, warmup)
+        every_rank = comm.allgather(per_call)
+        per_call = {name: max(d[name] for d in every_rank) for name in algorithms}
+        planned = {name: iters if iters > 0 else
+                   int(min(10000, max(5, seconds / max(per_call[name], 1e-9))))
+                   for name in algorithms}
+        for r in range(rounds):
+            for name in algorithms:
+                batch = planned[name] // rounds + (1 if r < planned[name] % rounds else 0)
+                if batch == 0:
+                    continue
+                allreduce(buf, comm, name, op)  # rebind: the timed calls take the fast path
+                comm.Barrier()
+                start = time.perf_counter()
+                for _ in range(batch):
+                    allreduce(buf, comm, name, op)
+                elapsed[name] += time.perf_counter() - start
+                done[name] += batch
+        rows = []
+        native_avg = None
+        for name in algorithms:
+            mine = elapsed[name] / done[name]
+            every = comm.allgather(mine)
+            avg = sum(every) / size
+            wrong = _check(buf, comm, name, op, allreduce) if check else None
+            algbw = nbytes / avg / 1e9
+            rows.append({
+                "algorithm": name,
+                "runs": collectives.algorithm_for(nbytes, size, name, oversubscribed),
+                "bytes": count * dtype.itemsize, "count": count, "dtype": dtype.name,
+                "op": op, "ranks": size, "oversubscribed": oversubscribed,
+                "iterations": done[name],
+                "avg_us": avg * 1e6, "min_us": min(every) * 1e6, "max_us": max(every) * 1e6,
+                "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (size - 1) / size,
+                "wrong": wrong,
+            })
+            if name == "native":
+                native_avg = avg
+        for row in rows:
+            row["x_native"] = (native_avg / (row["avg_us"] / 1e6)) if native_avg else None
+        records += rows
+        if on_row is not None:
+            on_row(rows)
+    return records
+
+
+HEADER = (f"{'size':>10} {'count':>10} {'type':>8} {'algorithm':<30} {'time(us)':>10} "
+          f"{'min(us)':>10} {'max(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
+          f"{'x native':>8} {'#wrong':>6}")
+
+
+def format_row(row: dict) -> str:
+    name = row["algorithm"]
+    if row["runs"] != name:
+        name = f"{name} ({row['runs']})"
+    ratio = f"{row['x_native']:.2f}" if row["x_native"] else "-"
+    wrong = "-" if row["wrong"] is None else str(row["wrong"])
+    return (f"{format_size(row['bytes']):>10} {row['count']:>10} {row['dtype']:>8} "
+            f"{name:<30} {row['avg_us']:>10.2f} {row['min_us']:>10.2f} {row['max_us']:>10.2f} "
+            f"{row['algbw_gbps']:>11.3f} {row['busbw_gbps']:>11.3f} {ratio:>8} {wrong:>6}")
+
+
+def plot(records: list[dict], path: str, title: str, ceiling: float | None) -> None:
+    """Latency and busbw against size, one line per algorithm, log axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (lat, bw) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for name in dict.fromkeys(r["algorithm"] for r in records):
+        rows = [r for r in records if r["algorithm"] == name]
+        x = [r["bytes"] for r in rows]
+        style = {"linestyle": "--"} if name == "native" else {}
+        lat.plot(x, [r["avg_us"] for r in rows], marker=".", label=name, **style)
+        bw.plot(x, [r["busbw_gbps"] for r in rows], marker=".", label=name, **style)
+    if ceiling:
+        bw.axhline(ceiling, color="grey", linestyle=":", label=f"memcpy {ceiling:.1f} GB/s")
+    for ax, ylabel in ((lat, "time per call (us)"), (bw, "busbw (GB/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def describe_run(comm: Any) -> str:
+    from collectives.runtime import MPI, launch_info
+
+    info = launch_info(comm)
+    level = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+             MPI.THREAD_SERIALIZED: "serialized",
+             MPI.THREAD_MULTIPLE: "multiple"}.get(MPI.Query_thread(), "?")
+    placement = (f"oversubscribed: {info.local_ranks} ranks on {info.cores} cores"
+                 if info.oversubscribed else f"{info.cores} cores")
+    library = MPI.Get_library_version().strip().splitlines()[0]
+    return (f"{comm.Get_size()} ranks ({placement}), {platform.node()}, {library.strip()}, "
+            f"MPI thread level {level}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import collectives
+    from collectives.runtime import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if args.algorithms == "all":
+        algorithms = collectives.names()
+    else:
+        algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+        for name in algorithms:
+            collectives.get(name)  # UnknownAlgorithm, the same on every rank
+    sizes_bytes = sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    ceiling = None
+    comm.Barrier()
+    if rank == 0:  # copy as much as the largest message (4 MiB to 256 MiB)
+        ceiling = copy_bandwidth(max(4 << 20, min(args.maxbytes, 256 << 20)))
+    ceiling = comm.bcast(ceiling, root=0)
+    out = sys.stdout
+    if rank == 0:
+        print(f"# mpidp bench allreduce: {describe_run(comm)}", file=out)
+        print(f"# dtype {args.datatype}, op {args.op}, iterations "
+              f"{args.iters or f'auto ({args.time:g} s per algorithm and size)'}, warm-up "
+              f"{args.warmup_iters}, {args.rounds} interleaved rounds, check "
+              f"{'on' if args.check else 'off'}", file=out)
+        print(f"# memory-copy ceiling (one process, np.copyto of "
+              f"{format_size(max(4 << 20, min(args.maxbytes, 256 << 20)))}): {ceiling:.2f} GB/s; "
+              "busbw = algbw * 2(p-1)/p; 'x native' = native time / time", file=out)
+        malloc = os.environ.get("MALLOC_MMAP_MAX_")
+        print(f"# MALLOC_MMAP_MAX_={malloc if malloc is not None else '(unset)'}", file=out)
+        print(HEADER, file=out, flush=True)
+
+    def on_row(rows: list[dict]) -> None:
+        if rank == 0:
+            for row in rows:
+                print(format_row(row), file=out)
+            out.flush()
+
+    records = measure(comm, algorithms, sizes_bytes, args.datatype, args.op, args.iters,
+                      args.warmup_iters, bool(args.check), args.rounds, args.time, on_row)
+    for record in records:
+        record["copy_ceiling_gbps"] = ceiling
+    wrong = sum(r["wrong"] or 0 for r in records)
+    if rank == 0:
+        if args.json:
+            with open(args.json + ".tmp", "w") as handle:
+                json.dump(records, handle, indent=1)
+            os.replace(args.json + ".tmp", args.json)
+        if args.plot:
+            plot(records, args.plot, f"all-reduce, {describe_run(comm)}", ceiling)
+        if args.check:
+            verdict = "all results correct" if not wrong else f"{wrong} WRONG elements"
+            print(f"# check: {verdict}", file=out, flush=True)
+    return EXIT_WRONG if wrong else 0

@@ -1,0 +1,130 @@
+"""``mpidp bench allreduce``: the correctness check, the records, the outputs."""
+import json
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import bench, registry
+from collectives.registry import register
+
+RECORD_KEYS = {"algorithm", "bytes", "count", "dtype", "ranks", "avg_us", "min_us", "max_us",
+               "algbw_gbps", "busbw_gbps", "wrong"}
+
+
+@pytest.mark.mpi(min_size=1)
+def test_measure_checks_every_algorithm_and_fills_the_records(comm):
+    names = collectives.names()
+    records = bench.measure(comm, names, [8, 24, 1024], "int64", "sum", iters=3, warmup=1,
+                            check=True, rounds=2)
+    size = comm.Get_size()
+    assert [(r["algorithm"], r["bytes"]) for r in records] == \
+        [(name, b) for b in (8, 24, 1024) for name in names]
+    for r in records:
+        assert RECORD_KEYS <= set(r)
+        assert r["wrong"] == 0 and r["ranks"] == size and r["dtype"] == "int64"
+        assert r["count"] * 8 == r["bytes"] and r["iterations"] == 3
+        assert 0 < r["min_us"] <= r["avg_us"] <= r["max_us"]
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (size - 1) / size)
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["avg_us"] / 1e3)
+    auto = [r for r in records if r["algorithm"] == "auto"]
+    assert all(r["runs"] in names and r["runs"] != "auto" for r in auto)
+
+
+@pytest.fixture
+def broken_algorithm():
+    """An algorithm that forgets the last element's contribution from rank 0."""
+    @register("broken_for_test", summary="drops rank 0's last element", messages="as native")
+    def plan(ctx):
+        native_bind = registry.get("native").plan(ctx)
+
+        def bind(view):
+            run_native = native_bind(view)
+
+            def run():
+                if ctx.rank == 0 and ctx.n:
+                    view[-1] = 0
+                run_native()
+
+            return run
+
+        return bind
+
+    yield "broken_for_test"
+    del registry._ALGORITHMS["broken_for_test"]
+    collectives.forget()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_wrong_result_is_counted_and_fails_the_command(comm, shared_tmp, broken_algorithm,
+                                                         capsys):
+    parser = _parser()
+    path = shared_tmp / "bench.json"
+    args = parser.parse_args(["-b", "64", "-e", "128", "-i", "2", "-w", "1", "-c",
+                              "-a", f"native,{broken_algorithm}", "--json", str(path)])
+    code = bench.run(args)
+    assert code == bench.EXIT_WRONG
+    comm.Barrier()
+    records = json.loads(path.read_text())
+    wrong = {(r["algorithm"], r["bytes"]): r["wrong"] for r in records}
+    assert wrong[("native", 64)] == 0 and wrong[(broken_algorithm, 64)] == comm.Get_size()
+    if comm.Get_rank() == 0:
+        assert "WRONG" in capsys.readouterr().out
+
+
+def _parser():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser
+
+
+def test_sizes_and_units():
+    assert bench.parse_size("64M") == 64 << 20 and bench.parse_size("8") == 8
+    assert bench.parse_size("1KiB") == 1024 and bench.parse_size("2g") == 2 << 30
+    assert bench.sizes(8, 64, 2) == [8, 16, 32, 64]
+    assert bench.sizes(8, 100, 4) == [8, 32]
+    with pytest.raises(bench.BenchUsageError):
+        bench.sizes(64, 8, 2)
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench.parse_size("12 parsecs")
+
+
+def test_pattern_sums_are_exact_in_float16():
+    size = 6
+    want = bench.expected(1000, size, np.float16, "sum")
+    exact = sum(bench.pattern(1000, q, np.int64) for q in range(size))
+    assert (want.astype(np.int64) == exact).all()
+
+
+def test_table_and_plot(tmp_path):
+    rows = []
+    for name in ("ring", "native"):
+        for nbytes in (8, 16):
+            rows.append({"algorithm": name, "runs": name, "bytes": nbytes, "count": nbytes // 4,
+                         "dtype": "float32", "avg_us": 2.0, "min_us": 1.0, "max_us": 3.0,
+                         "algbw_gbps": 0.004, "busbw_gbps": 0.004, "x_native": 1.0,
+                         "wrong": 0})
+    line = bench.format_row(rows[0])
+    assert len(line) == len(bench.HEADER) and "ring" in line
+    bench.plot(rows, str(tmp_path / "p.png"), "test", ceiling=10.0)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mpidp_bench_allreduce_under_mpiexec(tmp_path):
+    """The command as users run it: 2 ranks, table, JSON, plot, exit status."""
+    from launcher import mpidp
+
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    result = mpidp(2, "bench", "allreduce", "-b", "8", "-e", "4K", "-f", "8", "-i", "20",
+                   "-c", "--json", str(out_json), "--plot", str(out_png), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "memory-copy ceiling" in result.stdout and "busbw" in result.stdout
+    assert "# check: all results correct" in result.stdout
+    records = json.loads(out_json.read_text())
+    assert {r["algorithm"] for r in records} == set(collectives.names())
+    assert all(RECORD_KEYS <= set(r) and r["ranks"] == 2 and r["wrong"] == 0 for r in records)
+    assert out_png.stat().st_size > 1000
