@@ -147,6 +147,9 @@ def inspect_inputs(paths: list[str]) -> list[InputFile]:
         if zipfile.is_zipfile(path):
             inputs.extend(_inspect_zip(path, len(inputs)))
             continue
+        if path.lower().endswith(".zip"):
+            raise PrepError(f"{path}: not a valid zip archive (damaged or incomplete "
+                            "download?)")
         size = os.path.getsize(path)
         with open(path, "rb") as stream:
             header, data_start = _header_from(stream, path)

@@ -85,6 +85,9 @@ class Generator:
         self.codebook = dictionary.load()
         self.t = synth_tables.load()
         self.rng = np.random.default_rng(seed)
+        # Damage is drawn from its own stream: the same seed gives the same
+        # records with or without --corrupt-fraction (except the damaged ones).
+        self.damage_rng = np.random.default_rng([seed, 1])
         self.bands = self.t["bands"]
         self.band_of_age = np.array([next(i for i, (lo, hi) in enumerate(self.bands)
                                           if lo <= a <= hi) for a in range(100)])
@@ -308,7 +311,8 @@ class Generator:
 
         if fraction <= 0:
             return lines, 0
-        rows = np.flatnonzero(self.rng.random(len(lines)) < fraction)
+        rng = self.damage_rng
+        rows = np.flatnonzero(rng.random(len(lines)) < fraction)
         if len(rows) == 0:
             return lines, 0
         header = self.codebook.header
@@ -316,9 +320,9 @@ class Generator:
         names = sorted(_CORRUPTIBLE)
         damaged = []
         for text, kind, pick, cut in zip(lines.gather(rows).to_list(),
-                                         self.rng.integers(0, 4, len(rows)),
-                                         self.rng.integers(0, len(names), len(rows)),
-                                         self.rng.integers(12, 100, len(rows))):
+                                         rng.integers(0, 4, len(rows)),
+                                         rng.integers(0, len(names), len(rows)),
+                                         rng.integers(12, 100, len(rows))):
             fields = text.split(",")
             name = names[pick]
             if kind == 0:

@@ -1,0 +1,296 @@
+"""mpidp prep on real PUMS files, in process, over the ranks of the test job.
+
+Every test compares the output with an independent computation from the
+raw CSV text (polars reading every column as text, categories matched by
+the feature *names*), so the integer look-up tables of the pipeline are not
+checked against themselves.
+"""
+import argparse
+import hashlib
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import polars as pl
+import pytest
+
+from collectives.runtime import MPI
+from preprocessing import h5write, shuffle
+from preprocessing.errors import PrepError
+from preprocessing.pipeline import prepare
+from preprocessing.prep import add_arguments, make_settings
+
+SEED = 11
+
+
+def pums_zips() -> Path:
+    env = os.environ.get("MPIDP_PUMS_DIR")
+    root = Path(env) if env else Path(__file__).resolve().parents[2] / "shared/data/pums"
+    path = root / "acs2018_1yr_person_zips"
+    if not path.is_dir():
+        pytest.fail(f"real PUMS files not found in {path}; set MPIDP_PUMS_DIR to the folder "
+                    "holding acs2018_1yr_person_zips/")
+    return path
+
+
+def _member_text(zip_path: Path) -> bytes:
+    with zipfile.ZipFile(zip_path) as archive:
+        return archive.read(next(n for n in archive.namelist() if n.endswith(".csv")))
+
+
+def _dirty_copy(zip_path: Path, out: Path) -> dict[str, int]:
+    """The zip's CSV as a plain file with damaged records every 97 lines;
+    returns how many records each kind of damage should drop."""
+    lines = _member_text(zip_path).decode().splitlines(keepends=True)
+    header = lines[0].rstrip("\n").split(",")
+    age, schl, sex = (header.index(c) for c in ("AGEP", "SCHL", "SEX"))
+    expected = {"non_numeric:AGEP": 0, "invalid:SCHL": 0, "blank:SEX": 0}
+    for i in range(1, len(lines), 97):
+        fields = lines[i].rstrip("\n").split(",")
+        adult = int(fields[age]) >= 16
+        kind = (i // 97) % 3
+        if kind == 0:
+            fields[age] = "4O"
+            expected["non_numeric:AGEP"] += 1
+        elif kind == 1 and adult:
+            fields[schl] = "27"
+            expected["invalid:SCHL"] += 1
+        elif kind == 2 and adult:
+            fields[sex] = ""
+            expected["blank:SEX"] += 1
+        lines[i] = ",".join(fields) + "\n"
+    out.write_text("".join(lines))
+    return expected
+
+
+def _settings(argv: list[str]):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return make_settings(parser.parse_args(argv))
+
+
+def _run(comm, argv: list[str]):
+    """prepare() on ``comm`` with a command line (rank 0 checks, broadcasts)."""
+    settings = _settings(argv) if comm.Get_rank() == 0 else None
+    return prepare(comm, comm.bcast(settings, root=0), threads=1, version="test")
+
+
+@pytest.fixture
+def inputs(comm, shared_tmp):
+    """Two zips and a plain CSV (split into byte ranges) with damaged records."""
+    zips = pums_zips()
+    plain = shared_tmp / "psam_p44_dirty.csv"
+    expected = _dirty_copy(zips / "csv_pri.zip", plain) if comm.Get_rank() == 0 else None
+    expected = comm.bcast(expected, root=0)
+    return [str(zips / "csv_pde.zip"), str(plain), str(zips / "csv_pnd.zip")], expected
+
+
+def _raw_frame(paths: list[str]) -> pl.DataFrame:
+    """Every record of the inputs, as text, with its file index and row number."""
+    frames = []
+    for index, path in enumerate(paths):
+        data = _member_text(Path(path)) if path.endswith(".zip") else Path(path).read_bytes()
+        frame = pl.read_csv(io.BytesIO(data), infer_schema=False)
+        frames.append(frame.with_columns(pl.lit(index).alias("__file"),
+                                         pl.int_range(pl.len()).alias("__row")))
+    return pl.concat(frames)
+
+
+def _expected(paths, encoding: dict, seed: int, test_fraction: float):
+    """(train X, train y, test X, test y) computed independently from the text."""
+    raw = _raw_frame(paths)
+    age = raw["AGEP"].cast(pl.Int64, strict=False)
+    sex_ok = raw["SEX"].is_not_null()
+    schl = raw["SCHL"]
+    schl_ok = schl.is_null() | schl.cast(pl.Int64, strict=False).is_between(1, 24)
+    keep = (age >= 16).fill_null(False) & sex_ok & schl_ok
+    rows = raw.filter(keep)
+    serial = rows["SERIALNO"]
+    household = (serial.str.slice(0, 4).cast(pl.Int64) * 10**8
+                 + (serial.str.slice(4, 2) == "GQ").cast(pl.Int64) * 10**7
+                 + serial.str.slice(6).cast(pl.Int64)).to_numpy()
+    in_test = shuffle.test_households(household, seed, test_fraction)
+    files, row_numbers = rows["__file"].to_numpy(), rows["__row"].to_numpy()
+    keys = np.zeros(len(files), dtype=np.uint64)
+    for f in np.unique(files):
+        keys[files == f] = shuffle.shuffle_keys(seed, int(f), row_numbers[files == f])
+    columns = []
+    for spec in encoding["features"]:
+        name = spec["name"]
+        if spec["kind"] == "numeric":
+            values = rows[name].cast(pl.Float64).to_numpy()
+            columns.append((values - spec["mean"]) / spec["std"])
+        else:
+            for category in spec["categories"]:
+                text = rows[name]
+                hit = text.is_null() if category == "blank" else (text == category)
+                columns.append(hit.fill_null(False).to_numpy().astype(np.float64))
+    X = np.stack(columns, axis=1).astype(np.float32)
+    y = (rows["ESR"] == "1").fill_null(False).to_numpy().astype(np.int8)
+    out = []
+    for mask in (~in_test, in_test):
+        order = np.flatnonzero(mask)[np.argsort(keys[mask])]
+        out += [X[order], y[order]]
+    return out, rows, in_test
+
+
+@pytest.mark.mpi(min_size=1)
+def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs):
+    paths, damaged = inputs
+    out = str(shared_tmp / "pums.h5")
+    report = _run(comm, [*paths, "--out", out, "--seed", str(SEED)])
+    if comm.Get_rank() != 0:
+        return
+    with h5py.File(out, "r") as handle:
+        attrs = dict(handle.attrs)
+        got = [handle[k][:] for k in ("train/X", "train/y", "test/X", "test/y")]
+    encoding = json.loads(attrs["encoding"])
+    (train_x, train_y, test_x, test_y), rows, in_test = _expected(
+        paths, encoding, SEED, 0.2)
+    # Statistics: the training split's mean and population std of AGEP.
+    train_age = rows["AGEP"].cast(pl.Float64).to_numpy()[~in_test]
+    agep = encoding["features"][0]
+    assert agep["mean"] == pytest.approx(train_age.mean(), rel=1e-12)
+    assert agep["std"] == pytest.approx(train_age.std(), rel=1e-12)
+    # Same rows, in the order of the shuffle keys.
+    np.testing.assert_allclose(got[0], train_x, atol=1e-6)
+    np.testing.assert_allclose(got[2], test_x, atol=1e-6)
+    assert np.array_equal(got[1], train_y) and np.array_equal(got[3], test_y)
+    assert got[0].dtype == np.float32 and got[1].dtype == np.int8
+    assert 0.17 < len(test_y) / (len(test_y) + len(train_y)) < 0.23
+    # Attributes of the README contract.
+    assert attrs["format"] == "mpidp" and attrs["format_version"] == 1
+    assert attrs["task"] == "employment" and attrs["n_classes"] == 2
+    names = json.loads(attrs["feature_names"])
+    assert len(names) == got[0].shape[1] == 99 and names[0] == "AGEP"
+    assert attrs["encoding_fingerprint"] == hashlib.sha256(attrs["encoding"].encode()).hexdigest()
+    assert attrs["seed"] == SEED and attrs["test_fraction"] == 0.2
+    assert attrs["created_by"] == "mpidp test"
+    drops = json.loads(attrs["drop_counts"])
+    assert {k: v for k, v in drops.items() if k != "universe"} == damaged
+    raw_rows = 9123 + 10489 + 7876
+    assert drops["universe"] + sum(damaged.values()) + report.kept == raw_rows
+    sources = json.loads(attrs["sources"])
+    assert [s["rows"] for s in sources] == [9123, 10489, 7876]
+    for source, path in zip(sources, paths):
+        assert source["file"] == os.path.basename(path)
+        assert source["sha256"] == hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    assert sources[0]["member"] == "psam_p10.csv" and sources[1]["member"] is None
+
+
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_same_bytes_for_any_number_of_ranks(comm, shared_tmp, inputs):
+    """The whole job, rank 0 alone and the other ranks together all write
+    byte-identical files (sizes p, 1 and p - 1: 1 to 4 over the suite)."""
+    paths, _ = inputs
+    rank, size = comm.Get_rank(), comm.Get_size()
+    argv = [*paths, "--seed", "3", "--test-fraction", "0.25"]
+    _run(comm, [*argv, "--out", str(shared_tmp / "all.h5")])
+    part = comm.Split(0 if rank == 0 else 1, rank)
+    name = "alone.h5" if rank == 0 else "others.h5"
+    _run(part, [*argv, "--out", str(shared_tmp / name)])
+    part.Free()
+    comm.Barrier()
+    if rank == 0:
+        reference = _sha256(str(shared_tmp / "all.h5"))
+        assert _sha256(str(shared_tmp / "alone.h5")) == reference
+        if size > 1:
+            assert _sha256(str(shared_tmp / "others.h5")) == reference
+
+
+@pytest.mark.mpi(min_size=1)
+def test_like_reuses_the_encoding(comm, shared_tmp):
+    zips = pums_zips()
+    first, second = str(shared_tmp / "de.h5"), str(shared_tmp / "nd.h5")
+    _run(comm, [str(zips / "csv_pde.zip"), "--out", first])
+    _run(comm, [str(zips / "csv_pnd.zip"), "--out", second, "--like", first])
+    if comm.Get_rank() != 0:
+        return
+    with h5py.File(first, "r") as a, h5py.File(second, "r") as b:
+        assert b.attrs["encoding"] == a.attrs["encoding"]
+        assert b.attrs["encoding_fingerprint"] == a.attrs["encoding_fingerprint"]
+        assert b.attrs["feature_names"] == a.attrs["feature_names"]
+        encoding = json.loads(b.attrs["encoding"])
+        got = b["train/X"][:]
+    (train_x, *_), _, _ = _expected([str(zips / "csv_pnd.zip")], encoding, 0, 0.2)
+    np.testing.assert_allclose(got, train_x, atol=1e-6)  # DE's mean and std, ND's rows
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compression", ["gzip:1"])
+def test_compressed_output_has_the_same_rows(comm, shared_tmp, compression):
+    zips = pums_zips()
+    plain, packed = str(shared_tmp / "plain.h5"), str(shared_tmp / "packed.h5")
+    argv = [str(zips / "csv_pnd.zip"), str(zips / "csv_pde.zip")]
+    _run(comm, [*argv, "--out", plain])
+    _run(comm, [*argv, "--out", packed, "--compression", compression])
+    if comm.Get_rank() == 0:
+        with h5py.File(plain, "r") as a, h5py.File(packed, "r") as b:
+            assert b["train/X"].compression == "gzip"
+            for key in ("train/X", "train/y", "test/X", "test/y"):
+                assert np.array_equal(a[key][:], b[key][:]), key
+        assert os.path.getsize(packed) < os.path.getsize(plain) / 5
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_failed_write_leaves_nothing_behind(comm, shared_tmp, monkeypatch):
+    zips = pums_zips()
+    out = shared_tmp / "out.h5"
+    if comm.Get_rank() == 0:
+        out.write_text("the previous result")
+    comm.Barrier()
+    last = comm.Get_size() - 1
+
+    def failing(fd, layout, name, first_row, data):
+        raise OSError(28, "No space left on device")
+
+    if comm.Get_rank() == last:
+        monkeypatch.setattr(h5write, "write_rows", failing)
+    with pytest.raises(PrepError, match="out.h5: cannot write the output: No space left"):
+        _run(comm, [str(zips / "csv_pnd.zip"), "--out", str(out)])
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        assert sorted(os.listdir(shared_tmp)) == ["out.h5"]
+        assert out.read_text() == "the previous result"
+
+
+@pytest.mark.mpi(min_size=1)
+def test_too_many_invalid_records_is_an_error_naming_the_line(comm, shared_tmp, inputs):
+    paths, _ = inputs
+    with pytest.raises(PrepError) as error:
+        _run(comm, [*paths, "--out", str(shared_tmp / "x.h5"), "--max-invalid-share", "0.005"])
+    assert error.value.collective
+    assert str(error.value).startswith(
+        f"{paths[1]}, line 2: AGEP is '4O', not a number; ")
+    assert "more than --max-invalid-share 0.005" in str(error.value)
+    comm.Barrier()
+    assert not (shared_tmp / "x.h5").exists()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_income_task_on_real_files(comm, shared_tmp):
+    zips = pums_zips()
+    out = str(shared_tmp / "income.h5")
+    report = _run(comm, [str(zips / "csv_pnh.zip"), "--out", out, "--task", "income"])
+    if comm.Get_rank() != 0:
+        return
+    raw = _raw_frame([str(zips / "csv_pnh.zip")])
+    num = {c: raw[c].cast(pl.Int64) for c in ("AGEP", "PINCP", "WKHP", "PWGTP")}
+    inside = ((num["AGEP"] > 16) & (num["PINCP"] > 100) & (num["WKHP"] > 0)
+              & (num["PWGTP"] >= 1)).fill_null(False)
+    assert report.kept == int(inside.sum())
+    positive = int(((num["PINCP"] > 50000) & inside).fill_null(False).sum())
+    with h5py.File(out, "r") as handle:
+        assert handle.attrs["task"] == "income"
+        y = np.concatenate([handle["train/y"][:], handle["test/y"][:]])
+        names = json.loads(handle.attrs["feature_names"])
+    assert int(y.sum()) == positive
+    assert "OCCP=0010" in names and "WKHP=blank" in names and "POBP=006" in names

@@ -1,0 +1,116 @@
+"""Reading: byte-range plans, line-aligned blocks, polars block parsing."""
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from preprocessing.inputs import inspect_inputs, require_columns
+from preprocessing.errors import PrepError
+from preprocessing.parse import BlockParser, concat
+from preprocessing.ranges import Tail, _water_fill, iter_blocks, plan_pieces
+
+
+def _write_csv(path, lines: list[str], header="A,B,SERIALNO,C") -> None:
+    path.write_text(header + "\n" + "".join(line + "\n" for line in lines))
+
+
+@settings(max_examples=40, deadline=None)
+@given(loads=st.lists(st.integers(0, 1000), min_size=1, max_size=6),
+       extra=st.integers(0, 5000))
+def test_water_fill_evens_out_the_loads(loads, extra):
+    shares = _water_fill(loads, extra)
+    assert sum(shares) == extra and min(shares) >= 0
+    totals = [a + b for a, b in zip(loads, shares)]
+    # The ranks that got bytes end level (up to rounding), and every rank
+    # that got none was already at or above that level.
+    filled = [t for t, s in zip(totals, shares) if s > 0]
+    if filled:
+        assert max(filled) - min(filled) <= 2
+        assert all(t >= max(filled) - 2 for t, s in zip(totals, shares) if s == 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), min_size=0, max_size=60),
+       size=st.integers(1, 5), block=st.integers(1, 64))
+def test_pieces_cover_every_line_exactly_once(tmp_path_factory, lengths, size, block):
+    path = tmp_path_factory.mktemp("ranges") / "f.csv"
+    lines = [f"{i}," + "x" * n for i, n in enumerate(lengths)]
+    _write_csv(path, lines, header="ID,TEXT")
+    [inp] = inspect_inputs([str(path)])
+    pieces = plan_pieces([inp], size)
+    assert sorted({p.rank for p in pieces}) <= list(range(size))
+    text = b""
+    for piece in pieces:  # already in file order
+        for data in iter_blocks(inp, piece, Tail(), block_bytes=block):
+            assert data.endswith(b"\n")
+            text += data
+    assert text.decode() == "".join(line + "\n" for line in lines)
+
+
+def test_zip_members_are_whole_pieces_on_the_least_loaded_rank(tmp_path):
+    for name, rows in (("a", 50), ("b", 10)):
+        csv = tmp_path / f"{name}.csv"
+        _write_csv(csv, [f"{i},1,2018HU{i:07d},3" for i in range(rows)])
+        with zipfile.ZipFile(tmp_path / f"{name}.zip", "w") as archive:
+            archive.write(csv, f"psam_{name}.csv")
+    plain = tmp_path / "c.csv"
+    _write_csv(plain, [f"{i},1,2018HU{i:07d},3" for i in range(30)])
+    inputs = inspect_inputs([str(tmp_path / "a.zip"), str(tmp_path / "b.zip"), str(plain)])
+    assert [i.member for i in inputs] == ["psam_a.csv", "psam_b.csv", None]
+    pieces = plan_pieces(inputs, 2)
+    by_file = {i: [p for p in pieces if p.file == i] for i in range(3)}
+    assert len(by_file[0]) == 1 and len(by_file[1]) == 1
+    assert by_file[0][0].rank != by_file[1][0].rank
+    tail = Tail()
+    text = b"".join(iter_blocks(inputs[0], by_file[0][0], tail, block_bytes=100))
+    assert text.count(b"\n") == 50 and tail.ends_with_newline
+
+
+def test_tail_of_a_file_without_final_newline(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("A,B,C\n1,2,3\n4,5")
+    [inp] = inspect_inputs([str(path)])
+    tail = Tail()
+    blocks = list(iter_blocks(inp, plan_pieces([inp], 1)[0], tail))
+    assert b"".join(blocks) == b"1,2,3\n4,5"
+    assert not tail.ends_with_newline and tail.last_line == b"4,5"
+
+
+def test_require_columns_picks_the_first_alternative(tmp_path):
+    path = tmp_path / "p.csv"
+    _write_csv(path, [], header="SERIALNO,RELSHIPP,AGEP")
+    [inp] = inspect_inputs([str(path)])
+    assert require_columns(inp, {"RELP": ("RELP", "RELSHIPP"), "AGEP": ("AGEP",)}) == {
+        "RELP": "RELSHIPP", "AGEP": "AGEP"}
+    with pytest.raises(PrepError, match=r"p.csv, line 1: the header lacks ESR"):
+        require_columns(inp, {"ESR": ("ESR",)})
+
+
+def test_parser_fast_path_blanks_and_households():
+    parser = BlockParser(("A", "SERIALNO", "B", "C"), ["A", "B"], "SERIALNO")
+    cols = parser.parse(b"1,2018HU0000012,5,x\n,2018GQ0000003,,y\n7,2014000000009,8,\n")
+    assert cols.n == 3
+    assert cols.values["A"].tolist() == [1, 0, 7] and cols.blank["A"].tolist() == [
+        False, True, False]
+    assert not cols.bad["A"].any()
+    assert cols.household.tolist() == [2018 * 10**8 + 12, 2018 * 10**8 + 10**7 + 3,
+                                       2014000000009 + (1 << 62)]
+
+
+def test_parser_flags_text_in_numeric_columns_and_bad_serials():
+    parser = BlockParser(("A", "SERIALNO", "B"), ["A", "B"], "SERIALNO")
+    cols = parser.parse(b"1,2018HU0000001,2\nabc,2018HU0000002,3\n4,2018XX0000003,1.5\n")
+    assert cols.bad["A"].tolist() == [False, True, False]
+    assert cols.bad["B"].tolist() == [False, False, True]
+    assert cols.examples["A"] == [(1, "abc")] and cols.examples["B"] == [(2, "1.5")]
+    assert cols.bad["SERIALNO"].tolist() == [False, False, True]
+    assert cols.values["B"][:2].tolist() == [2, 3]
+
+
+def test_concat_shifts_example_rows():
+    parser = BlockParser(("A", "SERIALNO"), ["A"], "SERIALNO")
+    parts = [parser.parse(b"1,2018HU0000001\n"), parser.parse(b"z,2018HU0000002\n")]
+    joined = concat(parts, ["A"])
+    assert joined.n == 2 and joined.examples["A"] == [(1, "z")]
+    assert np.array_equal(joined.bad["A"], [False, True])

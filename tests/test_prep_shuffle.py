@@ -1,0 +1,88 @@
+"""Household split, SplitMix64 keys, the distributed sort and rebalancing."""
+import numpy as np
+import pytest
+
+from preprocessing import shuffle
+
+
+def test_splitmix64_matches_the_reference_outputs():
+    # SplitMix64 seeded with 0: the first outputs of the published generator
+    # (Steele, Lea & Flood 2014; Vigna's splitmix64.c).
+    out = shuffle.draw(np.uint64(0), np.arange(3, dtype=np.uint64))
+    assert [hex(int(x)) for x in out] == ["0xe220a8397b1dcdaf", "0x6e789e6aa1b965f4",
+                                          "0x6c45d188009454f"]
+
+
+def test_mix_is_a_bijection_on_a_sample():
+    z = np.arange(1 << 16, dtype=np.uint64) * np.uint64(0x10001)
+    assert len(np.unique(shuffle.mix(z))) == len(z)
+
+
+def test_households_stay_together_and_the_share_is_right():
+    rng = np.random.default_rng(0)
+    households = rng.integers(0, 50_000, size=200_000)
+    in_test = shuffle.test_households(households, seed=5, test_fraction=0.2)
+    # Same household, same side, whatever the order the records come in.
+    order = rng.permutation(len(households))
+    again = shuffle.test_households(households[order], seed=5, test_fraction=0.2)
+    assert np.array_equal(again, in_test[order])
+    per_household = {}
+    for h, t in zip(households.tolist(), in_test.tolist()):
+        assert per_household.setdefault(h, t) == t
+    share = np.mean(list(per_household.values()))
+    assert abs(share - 0.2) < 0.01
+    other = shuffle.test_households(households, seed=6, test_fraction=0.2)
+    assert not np.array_equal(other, in_test)
+    assert not shuffle.test_households(households, 5, 0.0).any()
+
+
+def test_shuffle_keys_are_distinct_and_uniform():
+    keys = np.concatenate([shuffle.shuffle_keys(1, f, np.arange(100_000)) for f in range(3)])
+    assert len(np.unique(keys)) == len(keys)
+    buckets = np.bincount(shuffle.bucket_of(keys, 4), minlength=4)
+    assert np.all(np.abs(buckets / len(keys) - 0.25) < 0.01)
+    assert not np.array_equal(shuffle.shuffle_keys(2, 0, np.arange(10)),
+                              shuffle.shuffle_keys(1, 0, np.arange(10)))
+
+
+def _records(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    records = np.empty(n, dtype=[("v", np.int32), ("key", np.uint64)])
+    records["v"] = rng.integers(0, 1 << 30, n)
+    records["key"] = shuffle.draw(np.uint64(seed), rng.integers(0, 1 << 40, n).astype(
+        np.uint64))
+    return records
+
+
+@pytest.mark.mpi(min_size=1)
+def test_sort_across_ranks_is_a_global_sort(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = _records(1000 + 37 * rank, seed=rank)  # uneven sizes
+    received, order = shuffle.sort_across_ranks(mine, "key", comm)
+    local = received[order]
+    everything = np.concatenate(comm.allgather(mine))
+    expected = np.sort(everything, order="key")
+    pieces = comm.allgather(local)
+    assert np.array_equal(np.concatenate(pieces), expected)
+    # Balanced in expectation: no rank far from n/p.
+    assert abs(len(local) - len(everything) / size) < 0.25 * len(everything) / size + 50
+
+
+@pytest.mark.mpi(min_size=1)
+def test_rebalance_moves_rows_to_target_ranges(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    counts = [5 + 11 * r for r in range(size)]
+    offset = sum(counts[:rank])
+    total = sum(counts)
+    mine = np.arange(offset, offset + counts[rank], dtype=np.int64)
+    starts = [min(total, 8 * r) for r in range(size)] + [total]
+    got = shuffle.rebalance(mine, offset, starts, comm)
+    assert got.tolist() == list(range(starts[rank], starts[rank + 1]))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_exchange_with_empty_ranks(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = np.arange(10, dtype=np.int64) + 100 * rank if rank == 0 else np.zeros(0, np.int64)
+    got = shuffle.exchange(mine, np.full(len(mine), size - 1, dtype=np.int64), comm)
+    assert got.tolist() == (list(range(10)) if rank == size - 1 else [])
