@@ -161,12 +161,12 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
     import numpy as np
 
     import collectives
-    from collectives.runtime import MPI, launch_info
+    from collectives.plans import comm_state
 
     allreduce = collectives.allreduce
     dtype = np.dtype(dtype_name)
     size = comm.Get_size()
-    oversubscribed = launch_info(comm).oversubscribed
+    oversubscribed = comm_state(comm).oversubscribed
     rounds = max(1, rounds)
     records = []
     for nbytes in sizes_bytes:
@@ -211,7 +211,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
             algbw = nbytes / avg / 1e9
             rows.append({
                 "algorithm": name,
-                "runs": collectives.algorithm_for(nbytes, size, name, oversubscribed),
+                "runs": collectives.algorithm_for(count * dtype.itemsize, comm, name),
                 "bytes": count * dtype.itemsize, "count": count, "dtype": dtype.name,
                 "op": op, "ranks": size, "oversubscribed": oversubscribed,
                 "iterations": done[name],

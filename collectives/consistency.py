@@ -80,8 +80,9 @@ def describe_record(record: np.ndarray, names: list[str]) -> str:
 
     dtype = SUPPORTED_DTYPES[int(record[2])] if 0 <= record[2] < len(SUPPORTED_DTYPES) else "?"
     op = list(OPS)[int(record[3])] if 0 <= record[3] < len(OPS) else "?"
+    segment = "unlimited" if record[6] >= 1 << 62 else f"{int(record[6])} B"
     return (f"{dtype}[{int(record[1])}] {op}, algorithm '{name(record[4])}' "
-            f"(runs {name(record[5])}, segment {int(record[6])} B)")
+            f"(runs {name(record[5])}, segment {segment})")
 
 
 def exchange_records(comm: "MPI.Intracomm", record: np.ndarray, describe_tag: Callable[[int], str],

@@ -180,14 +180,14 @@ def allreduce_slow(buf: Any, comm: "MPI.Intracomm | None", algorithm: str, op: s
     return buf
 
 
-def algorithm_for(nbytes: int, size: int, algorithm: str = "auto",
-                  oversubscribed: bool | None = None) -> str:
-    """The algorithm that ``algorithm`` runs for a buffer of ``nbytes`` on ``size`` ranks."""
+def algorithm_for(nbytes: int, comm: "MPI.Intracomm | None" = None,
+                  algorithm: str = "auto") -> str:
+    """The algorithm that ``algorithm`` runs for ``nbytes`` on ``comm``.
+
+    Collective the first time ``comm`` is used by this module (as allreduce).
+    """
     chosen = get(algorithm)
     if chosen.choose is None:
         return chosen.name
-    if oversubscribed is None:
-        from collectives.runtime import launch_info
-
-        oversubscribed = launch_info().oversubscribed
-    return chosen.choose(nbytes, size, oversubscribed)
+    state = plans.comm_state(MPI.COMM_WORLD if comm is None else comm)
+    return chosen.choose(nbytes, state.size, state.oversubscribed)

@@ -25,26 +25,31 @@ from collectives.runtime import MPI, launch_info
 #: Signatures kept per communicator, and buffers bound per signature.
 MAX_PLANS = 64
 MAX_BINDINGS = 4
-#: Default longest message of the point-to-point algorithms (bytes); see README.
+#: Longest message of the point-to-point algorithms (bytes) when the ranks
+#: have a core each: a received piece is combined while still in cache. When
+#: the node is oversubscribed every message costs a trip through the
+#: scheduler, so messages are not cut (see README, "Collectives").
 DEFAULT_SEGMENT = 256 * 1024
-
-Runner = Callable[[], None]
-#: Called when a communicator's state is freed (the dispatcher forgets its last call).
-ON_FREE: list[Callable[[], None]] = []
+UNLIMITED_SEGMENT = 1 << 62
 
 
-def segment_bytes() -> int:
-    """``MPIDP_ALLREDUCE_SEGMENT`` (bytes, >= 64) or the measured default."""
+def segment_bytes(oversubscribed: bool = False) -> int:
+    """``MPIDP_ALLREDUCE_SEGMENT`` (bytes, >= 64), else the default for the placement."""
     text = os.environ.get("MPIDP_ALLREDUCE_SEGMENT", "").strip()
     if not text:
-        return DEFAULT_SEGMENT
+        return UNLIMITED_SEGMENT if oversubscribed else DEFAULT_SEGMENT
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 64:
         raise ValueError(f"MPIDP_ALLREDUCE_SEGMENT={text!r}: give a number of bytes >= 64")
-    return value
+    return min(value, UNLIMITED_SEGMENT)
+
+
+Runner = Callable[[], None]
+#: Called when a communicator's state is freed (the dispatcher forgets its last call).
+ON_FREE: list[Callable[[], None]] = []
 
 
 class Plan:
@@ -96,7 +101,6 @@ class CommState:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.tag_ub = min(int(self.comm.Get_attr(MPI.TAG_UB) or 32767), 2**30)
-        self.oversubscribed = launch_info(self.comm).oversubscribed
         self.plans: OrderedDict[tuple, Plan] = OrderedDict()
         self.tags: dict[int, str] = {consistency.CHECK_TAG: "a first-call signature check"}
         self.staging: dict[tuple, Any] = {}
@@ -111,7 +115,10 @@ class CommState:
             self.window = None
         self.native_calls[0] = self.native_calls[1] = 0
         self._suspects: dict[int, tuple[int, int]] = {}
-        self.comm.Barrier()
+        # One verdict for the whole communicator (also the barrier after the
+        # window's initialisation): thresholds and segments must agree.
+        self.oversubscribed = bool(self.comm.allreduce(
+            int(launch_info(self.comm).oversubscribed), op=MPI.MAX))
 
     def free(self) -> None:
         """Release the private communicator and window (collective)."""
@@ -178,7 +185,7 @@ class CommState:
         runs = chosen
         if chosen.choose is not None:
             runs = get(chosen.choose(n * dtype.itemsize, self.size, self.oversubscribed))
-        segment = segment_bytes()
+        segment = segment_bytes(self.oversubscribed)
         tag = consistency.signature_tag(n, dtype, op, runs.name, segment, self.tag_ub)
         record = consistency.make_record(n, dtype, op, algorithm, runs.name, segment, tag)
         if self.size > 1:

@@ -51,7 +51,7 @@ def plan_rabenseifner(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
         size = 1 << j
         mine = (virtual // size * size, virtual // size * size + size)
         theirs = (virtual ^ size) // size * size
-        doubling.append((partner, ctx.pieces(elements(mine), elements((theirs, theirs + size)))))
+        doubling.append((partner, elements(mine), elements((theirs, theirs + size))))
 
     longest = max((b - a for _, step in halving for _, (a, b) in step), default=0)
     tmp = ctx.empty(n if role == "host" else longest) if role != "out" else None
@@ -76,10 +76,9 @@ def plan_rabenseifner(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
                     operands = (t, part, part) if partner < r else (part, t, part)
                     ops += [(exchange, (ctx.spec(view[sa:sb]), partner, ctx.spec(t), partner)),
                             (combine, operands)]
-            for partner, step in doubling:
-                for (sa, sb), (ra, rb) in step:
-                    ops.append((exchange, (ctx.spec(view[sa:sb]), partner,
-                                           ctx.spec(view[ra:rb]), partner)))
+            for partner, (sa, sb), (ra, rb) in doubling:  # copies only: never cut
+                ops.append((exchange, (ctx.spec(view[sa:sb]), partner,
+                                       ctx.spec(view[ra:rb]), partner)))
             if role == "host":
                 ops += [(send, (spec, r - 1)) for spec, _, _ in whole]
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from collectives.context import PlanContext
 from collectives.registry import register
+from collectives.runtime import MPI
 
 
 def schedule(rank: int, size: int) -> tuple[str, list[int]]:
@@ -83,9 +84,16 @@ def plan_recursive_doubling(ctx: PlanContext) -> Callable[[Any], Callable[[], No
             (_, xargs), (_, cargs) = ops
             a, b, out = cargs
             send_spec, dest, recv_spec, source = xargs
+            # exchange() inlined: one Python call less on the latency-critical path.
+            sendrecv, tag, any_tag, status = ctx.comm.Sendrecv, ctx.tag, MPI.ANY_TAG, MPI.Status()
 
             def run_pair() -> None:
-                exchange(send_spec, dest, recv_spec, source)
+                try:
+                    sendrecv(send_spec, dest, tag, recv_spec, source, any_tag, status)
+                except MPI.Exception as error:
+                    ctx.fail(source, None, error)
+                if status.tag != tag:
+                    ctx.fail(source, status.tag)
                 combine(a, b, out)
 
             return run_pair

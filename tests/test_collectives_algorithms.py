@@ -127,7 +127,7 @@ def test_every_required_algorithm_is_registered():
 
 
 def test_segment_setting_is_validated(monkeypatch):
-    from collectives.plans import DEFAULT_SEGMENT, segment_bytes
+    from collectives.plans import DEFAULT_SEGMENT, UNLIMITED_SEGMENT, segment_bytes
 
     monkeypatch.setenv("MPIDP_ALLREDUCE_SEGMENT", "12")
     with pytest.raises(ValueError, match="MPIDP_ALLREDUCE_SEGMENT"):
@@ -136,3 +136,4 @@ def test_segment_setting_is_validated(monkeypatch):
     assert segment_bytes() == 4096
     monkeypatch.delenv("MPIDP_ALLREDUCE_SEGMENT")
     assert segment_bytes() == DEFAULT_SEGMENT
+    assert segment_bytes(oversubscribed=True) == UNLIMITED_SEGMENT  # no cutting
