@@ -1,0 +1,140 @@
+"""`mpiexec -n 2 mpidp prep` as a user runs it: bad inputs, a good run, the benchmark.
+
+Each bad input must give one line `mpidp: error: <file>[, line N]: ...`, exit
+code 2, and leave no file (final or temporary) behind.
+"""
+import os
+import zipfile
+from pathlib import Path
+
+import h5py
+import pytest
+
+from launcher import mpidp
+
+
+def _header() -> str:
+    from preprocessing import dictionary
+
+    return ",".join(dictionary.load().header)
+
+
+def _good_lines(n: int) -> list[str]:
+    from preprocessing import synth
+
+    generator = synth.Generator(seed=4)
+    return generator.lines(generator.batch(n)).to_list()
+
+
+@pytest.fixture(scope="module")
+def good_csv(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("good") / "psam_p99.csv"
+    path.write_text(_header() + "\n" + "\n".join(_good_lines(400)) + "\n")
+    return path
+
+
+def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (input path, the start of the expected message after 'error: ')."""
+    text = good.read_text()
+    lines = text.splitlines(keepends=True)
+    cases = {}
+    cases["missing"] = (folder / "missing.csv", "{p}: no such file")
+    empty = folder / "empty.csv"
+    empty.write_text("")
+    cases["empty"] = (empty, "{p}: the file is empty")
+    extract = folder / "extract.csv"
+    extract.write_text("SERIALNO,AGEP,SEX\n2018HU0000001,40,1\n")
+    cases["columns"] = (extract, "{p}, line 1: the header lacks SCHL")
+    truncated = folder / "truncated.csv"
+    truncated.write_text("".join(lines[:-1]) + lines[-1][:200])
+    cases["truncated"] = (truncated, f"{{p}}, line {len(lines)}: the last line is cut short")
+    semicolons = folder / "semicolons.csv"
+    semicolons.write_text(text.replace(",", ";"))
+    cases["delimiter"] = (semicolons, "{p}, line 1: the columns are separated by semicolons")
+    garbage = folder / "garbage.csv"
+    age = _header().split(",").index("AGEP")
+    bad = [",".join(f if i != age else "forty" for i, f in enumerate(line.split(",")))
+           for line in lines[1:]]
+    garbage.write_text(lines[0] + "".join(bad))
+    cases["non_numeric"] = (garbage, "{p}, line 2: AGEP is 'forty', not a number; 400 of 400")
+    no_csv = folder / "docs.zip"
+    with zipfile.ZipFile(no_csv, "w") as archive:
+        archive.writestr("ACS2018_PUMS_README.pdf", b"%PDF-1.4")
+    cases["zip_without_csv"] = (no_csv, "{p}: the zip archive holds no .csv file")
+    return cases
+
+
+def _check_failure(result, expected: str, folder: Path) -> None:
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("mpidp: error: " + expected), errors[0]
+    assert not list(folder.glob("*.h5")) and not list(folder.glob(".*mpidp-tmp*"))
+
+
+def _error_in_process(argv: list[str]) -> str:
+    """The PrepError message of `mpidp prep argv` run in this process (1 rank)."""
+    import argparse
+
+    from collectives.runtime import MPI
+    from preprocessing.errors import PrepError
+    from preprocessing.pipeline import prepare
+    from preprocessing.prep import add_arguments, make_settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(PrepError) as error:
+        prepare(MPI.COMM_SELF, make_settings(parser.parse_args(argv)), threads=1)
+    return str(error.value)
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "columns", "truncated", "delimiter",
+                                  "non_numeric", "zip_without_csv"])
+def test_bad_input_is_one_clear_error_and_no_output(tmp_path, good_csv, case):
+    path, expected = _bad_inputs(tmp_path, good_csv)[case]
+    message = _error_in_process([str(good_csv), str(path), "--out", str(tmp_path / "o.h5")])
+    assert message.startswith(expected.format(p=path)), message
+    assert "\n" not in message
+    assert not list(tmp_path.glob("*.h5")) and not list(tmp_path.glob(".*mpidp-tmp*"))
+
+
+def test_bad_input_under_mpiexec_exits_2_with_one_line(tmp_path, good_csv):
+    """The truncated last line is found by the last rank only; every rank
+    stops with the same error, printed once."""
+    path, expected = _bad_inputs(tmp_path, good_csv)["truncated"]
+    result = mpidp(2, "prep", str(good_csv), str(path), "--out", str(tmp_path / "o.h5"),
+                   timeout=120)
+    _check_failure(result, expected.format(p=path), tmp_path)
+
+
+@pytest.mark.parametrize("out", ["missing_dir/x.h5", "a_file/x.h5", "."])
+def test_unwritable_output_is_one_clear_error(tmp_path, good_csv, out):
+    (tmp_path / "a_file").write_text("")
+    target = tmp_path / out
+    message = _error_in_process([str(good_csv), "--out", str(target)])
+    assert message.startswith(f"{target}"), message
+    assert not list(tmp_path.rglob("*.h5"))
+
+
+def test_good_run_prints_a_summary_and_writes_the_file(tmp_path, good_csv):
+    out = tmp_path / "out.h5"
+    result = mpidp(2, "prep", str(good_csv), "--out", str(out), "--seed", "2", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"mpidp prep: wrote {out} (")
+    assert "400 records from 1 file" in result.stdout
+    with h5py.File(out, "r") as handle:
+        n = handle["train/X"].shape[0] + handle["test/X"].shape[0]
+        assert handle.attrs["seed"] == 2
+    assert f" {n:,} (train" in result.stdout
+    assert sorted(os.listdir(tmp_path)) == ["out.h5"]
+
+
+def test_bench_prep_runs_and_prints_ratios(tmp_path):
+    result = mpidp(1, "bench", "prep", "--rows", "3000", "--repeat", "1", "--ranks", "2",
+                   "--cache", str(tmp_path), "--json", str(tmp_path / "bench.json"),
+                   timeout=300)
+    assert result.returncode == 0, result.stderr
+    for name in ("polars (1 process)", "mpidp prep, 2 ranks"):
+        assert name in result.stdout
+    assert "vs polars" in result.stdout and (tmp_path / "bench.json").exists()
+    assert list(tmp_path.glob("synth-pums-2018-3000-seed1.csv"))
