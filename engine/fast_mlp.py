@@ -75,6 +75,17 @@ class FastMLP:
         self.y = torch.empty(capacity, dtype=torch.int64, device=self.device)
         self.factors = torch.empty(capacity, **kw)
         self.capacity = capacity
+        self._views: dict[int, tuple] = {}
+
+    def _slices(self, k: int) -> tuple:
+        """Views of every buffer's first k rows (cached per k: a step reuses them)."""
+        views = self._views.get(k)
+        if views is None:
+            A = tuple(a[:k] for a in self.A)
+            views = (A, tuple(a[:k, :-1] for a in self.A), tuple(z[:k] for z in self.Z),
+                     tuple(g[:k] for g in self.G), self.y[:k])
+            self._views[k] = views
+        return views
 
     def load(self, X: torch.Tensor, y: torch.Tensor, rows: torch.Tensor) -> int:
         """Gather the batch ``X[rows]``, ``y[rows]`` into the input buffers.
@@ -85,8 +96,9 @@ class FastMLP:
         k = int(rows.shape[0])
         if k > self.capacity:
             self._allocate(k + k // 4)
-        torch.index_select(X, 0, rows, out=self.A[0][:k])
-        torch.index_select(y, 0, rows, out=self.y[:k])
+        A, _, _, _, yk = self._slices(k)
+        torch.index_select(X, 0, rows, out=A[0])
+        torch.index_select(y, 0, rows, out=yk)
         return k
 
     def clipped_sum(self, k: int, max_norm: float | None) -> tuple[float, int]:
@@ -98,22 +110,22 @@ class FastMLP:
         if k == 0:
             self.grad.zero_()
             return 0.0, 0
-        A, Z, G, W = self.A, self.Z, self.G, self.W
+        A, H, Z, G, yk = self._slices(k)
+        W = self.W
         last = self.spec.n_layers - 1
         for i in range(last + 1):
-            torch.mm(A[i][:k], W[i].t(), out=Z[i][:k])
+            torch.mm(A[i], W[i].t(), out=Z[i])
             if i < last:
-                torch.clamp_min(Z[i][:k], 0.0, out=A[i + 1][:k, :-1])
-        loss = self.softmax_xent(Z[last][:k], self.y[:k], G[last][:k])
+                torch.clamp_min(Z[i], 0.0, out=H[i + 1])
+        loss = self.softmax_xent(Z[last], yk, G[last])
         for i in range(last, 0, -1):
-            torch.mm(G[i][:k], self.W_in[i], out=G[i - 1][:k])
-            self.relu_backward(G[i - 1][:k], A[i][:k, :-1])
+            torch.mm(G[i], self.W_in[i], out=G[i - 1])
+            self.relu_backward(G[i - 1], H[i])
         clipped = 0
         if max_norm is not None:
-            clipped = self.clip_rows(tuple(a[:k] for a in A), tuple(g[:k] for g in G),
-                                     float(max_norm), self.factors)
+            clipped = self.clip_rows(A, G, float(max_norm), self.factors)
         for i in range(last + 1):
-            torch.mm(G[i][:k].t(), A[i][:k], out=self.G_out[i])
+            torch.mm(G[i].t(), A[i], out=self.G_out[i])
         return loss, clipped
 
     def logits(self, X: torch.Tensor) -> torch.Tensor:

@@ -54,13 +54,19 @@ PHASES = ("sample_s", "clip_s", "noise_s", "comm_s", "update_s")
 def configure_threads(requested: int | None) -> tuple[int, int]:
     """One rank per core: ``threads = cores // ranks on this node`` (at least 1).
 
-    Applies to torch and Numba. Returns (threads, ranks on this node).
+    Applies to torch and Numba, and turns on flush-to-zero for denormals.
+    Returns (threads, ranks on this node).
     """
     import numba
 
     local = launch_info().local_ranks or 1
     threads = requested or max(1, available_cores() // local)
     torch.set_num_threads(threads)
+    # Flush denormals to zero: once a model fits well, softmax gradients of
+    # confident examples underflow into the denormal range, where x86 float
+    # arithmetic is many times slower (measured: a converged non-DP epoch
+    # took 1.8x as long as a DP one). Values below 1.2e-38 change nothing.
+    torch.set_flush_denormal(True)
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     return threads, local
 

@@ -50,3 +50,16 @@ def test_shuffle_sampler_is_fixed_size_and_covers_an_epoch():
 def test_rate_must_be_a_probability():
     with pytest.raises(ValueError):
         PoissonSampler(10, 0.0, 0, 0)
+
+
+def test_dense_and_sparse_paths_give_distinct_uniform_rows():
+    """Both the duplicate-redraw path (k << n) and choice() (k > n/4) are uniform."""
+    for n, q in ((40, 0.5), (60, 0.05)):
+        s = PoissonSampler(n, q, seed=4, rank=0)
+        counts = np.zeros(n)
+        for step in range(6000):
+            rows = s.sample(step)
+            assert np.all(np.diff(rows) > 0)
+            counts[rows] += 1
+        assert stats.chisquare(counts).pvalue > 1e-4
+        assert abs(counts.sum() / 6000 - n * q) < 6 * np.sqrt(n * q / 6000)
