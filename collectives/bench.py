@@ -80,6 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interleave the algorithms in R rounds per size (default 5)")
     parser.add_argument("--time", type=float, default=0.1, metavar="S",
                         help="with -i 0: seconds of timing per algorithm and size (default 0.1)")
+    parser.add_argument("--mmap-max", type=int, default=None, metavar="N",
+                        help="call glibc mallopt(M_MMAP_MAX, N) on every rank first; 0 "
+                        "keeps MPICH's per-call temporary of large native all-reduces off "
+                        "mmap (same as MALLOC_MMAP_MAX_=0; default: leave malloc alone)")
     parser.add_argument("--json", metavar="FILE", help="write the records as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot latency and busbw vs size")
 
@@ -224,6 +228,8 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
         for row in rows:
             row["x_native"] = (native_avg / (row["avg_us"] / 1e6)) if native_avg else None
         records += rows
+        del buf
+        collectives.forget(comm)  # release this size's plans and temporaries (collective)
         if on_row is not None:
             on_row(rows)
     return records
@@ -274,6 +280,25 @@ def plot(records: list[dict], path: str, title: str, ceiling: float | None) -> N
     plt.close(fig)
 
 
+def set_mmap_max(value: int) -> bool:
+    """glibc ``mallopt(M_MMAP_MAX, value)``; False where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-4, int(value)))  # M_MMAP_MAX = -4
+    except (OSError, AttributeError):
+        return False
+
+
+def malloc_setting(mmap_max: int | None) -> str:
+    if mmap_max is not None:
+        return f"mallopt(M_MMAP_MAX, {mmap_max}) set by --mmap-max"
+    env = os.environ.get("MALLOC_MMAP_MAX_")
+    return f"MALLOC_MMAP_MAX_={env}" if env is not None else "malloc left alone (glibc defaults)"
+
+
 def describe_run(comm: Any) -> str:
     from collectives.runtime import MPI, launch_info
 
@@ -301,6 +326,8 @@ def run(args: argparse.Namespace) -> int:
         for name in algorithms:
             collectives.get(name)  # UnknownAlgorithm, the same on every rank
     sizes_bytes = sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    if args.mmap_max is not None and not set_mmap_max(args.mmap_max):
+        raise BenchUsageError("--mmap-max needs glibc (mallopt failed)")
     ceiling = None
     comm.Barrier()
     if rank == 0:  # copy as much as the largest message (4 MiB to 256 MiB)
@@ -316,8 +343,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"# memory-copy ceiling (one process, np.copyto of "
               f"{format_size(max(4 << 20, min(args.maxbytes, 256 << 20)))}): {ceiling:.2f} GB/s; "
               "busbw = algbw * 2(p-1)/p; 'x native' = native time / time", file=out)
-        malloc = os.environ.get("MALLOC_MMAP_MAX_")
-        print(f"# MALLOC_MMAP_MAX_={malloc if malloc is not None else '(unset)'}", file=out)
+        print(f"# malloc: {malloc_setting(args.mmap_max)}", file=out)
         print(HEADER, file=out, flush=True)
 
     def on_row(rows: list[dict]) -> None:

@@ -59,10 +59,18 @@ def allreduce(buf: Any, comm: "MPI.Intracomm | None" = None, algorithm: str = "a
     return allreduce_slow(buf, comm, algorithm, op)
 
 
-def forget() -> None:
-    """Drop the remembered last call (the next call takes the slow path)."""
+def forget(comm: "MPI.Intracomm | None" = None) -> None:
+    """Drop the remembered last call; with ``comm``, also its plans and buffers.
+
+    Plans hold temporaries and references to the buffers they were bound
+    to; forgetting them releases that memory. With ``comm`` every rank of it
+    must call this (the next call of a forgotten signature is checked
+    again, collectively); without, it is local.
+    """
     global _hot
     _hot = (_NOTHING, _NOTHING, None, None, None, None)
+    if comm is not None:
+        plans.forget_plans(comm)
 
 
 plans.ON_FREE.append(forget)

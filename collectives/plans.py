@@ -29,7 +29,7 @@ MAX_BINDINGS = 4
 #: have a core each: a received piece is combined while still in cache. When
 #: the node is oversubscribed every message costs a trip through the
 #: scheduler, so messages are not cut (see README, "Collectives").
-DEFAULT_SEGMENT = 256 * 1024
+DEFAULT_SEGMENT = 1024 * 1024
 UNLIMITED_SEGMENT = 1 << 62
 
 
@@ -231,6 +231,16 @@ def comm_state(comm: "MPI.Intracomm") -> CommState:
         comm.Set_attr(_KEYVAL, state)
         _STATES.append(state)
     return state
+
+
+def forget_plans(comm: "MPI.Intracomm") -> None:
+    """Drop the plans, bindings and staging buffers kept for ``comm`` (local)."""
+    if _KEYVAL is None:
+        return
+    state = comm.Get_attr(_KEYVAL)
+    if state is not None:
+        state.plans.clear()
+        state.staging.clear()
 
 
 @atexit.register

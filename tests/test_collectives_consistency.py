@@ -179,3 +179,22 @@ def test_unknown_op_and_algorithm():
         collectives.allreduce(np.ones(3), MPI.COMM_SELF, op="prod")
     with pytest.raises(UnknownAlgorithm, match="choose from"):
         collectives.allreduce(np.ones(3), MPI.COMM_SELF, algorithm="butterfly")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_forget_releases_plans_and_the_next_call_is_checked_again(fresh, monkeypatch):
+    from collectives import consistency
+    from collectives.plans import comm_state
+
+    buf = np.ones(100, np.float32)
+    collectives.allreduce(buf, fresh, "ring")
+    assert comm_state(fresh).plans
+    collectives.forget(fresh)  # every rank
+    assert not comm_state(fresh).plans
+    checks = []
+    real = consistency.exchange_records
+    monkeypatch.setattr(consistency, "exchange_records",
+                        lambda *a, **k: checks.append(1) or real(*a, **k))
+    collectives.allreduce(buf, fresh, "ring")
+    assert (buf == fresh.Get_size() ** 2).all()
+    assert checks == ([1] if fresh.Get_size() > 1 else [])
