@@ -20,11 +20,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
 from preprocessing.inputs import InputFile
-from preprocessing.parse import BlockParser, Columns, concat
+from preprocessing.parse import BlockParser
 from preprocessing.ranges import Piece, Tail, iter_blocks, plan_hashing, plan_pieces
 from preprocessing.tasks import Task
 
@@ -72,7 +72,7 @@ class Report:
     seconds: float
     out_bytes: int
     steps: dict[str, float] = field(default_factory=dict)
-    per_rank: list = field(default_factory=list)  # [hash s, parse s, bytes] per rank
+    per_rank: list = field(default_factory=list)  # [hash s, read s, bytes] per rank
 
 
 def agree(comm, step):
@@ -91,52 +91,81 @@ def agree(comm, step):
     return result
 
 
-# -- parse -----------------------------------------------------------------
+# -- read: parse and clean, block by block ---------------------------------------
+
+@dataclass
+class Part:
+    """One block of records: how many, and what cleaning made of them."""
+
+    n: int
+    cleaned: Cleaned
+
 
 @dataclass
 class Parsed:
+    """A piece read by this rank: its blocks in order, and the end of file seen."""
+
     piece: Piece
-    columns: Columns
+    parts: list[Part]
     tail: Tail
 
+    @property
+    def n(self) -> int:
+        return sum(part.n for part in self.parts)
 
-def _parse_blocks(parser: BlockParser, blocks, threads: int, progress) -> list[Columns]:
-    """Parse blocks in order, ``threads`` at a time (polars releases the GIL)."""
-    def tick(part: Columns, size: int) -> Columns:
+
+def _in_order(work, blocks, threads: int, progress) -> list:
+    """``work(block)`` for each block, ``threads`` at a time, results in order
+    (polars and numpy release the GIL); at most ``threads + 1`` blocks in memory."""
+    def tick(result, size: int):
         if progress is not None:
             progress.update(size)
-        return part
+        return result
 
     if threads <= 1:
-        return [tick(parser.parse(b), len(b)) for b in blocks]
-    parts: list[Columns] = []
+        return [tick(work(b), len(b)) for b in blocks]
+    results = []
     with ThreadPoolExecutor(threads) as pool:
         pending: deque = deque()
         for block in blocks:
-            pending.append((pool.submit(parser.parse, block), len(block)))
+            pending.append((pool.submit(work, block), len(block)))
             if len(pending) > threads:
                 future, size = pending.popleft()
-                parts.append(tick(future.result(), size))
+                results.append(tick(future.result(), size))
         while pending:
             future, size = pending.popleft()
-            parts.append(tick(future.result(), size))
-    return parts
+            results.append(tick(future.result(), size))
+    return results
 
 
-def parse_pieces(settings: Settings, pieces: list[Piece], threads: int,
-                 progress=None) -> list[Parsed]:
-    """Parse this rank's pieces into typed columns."""
-    parsed, parsers = [], {}
+def read_pieces(settings: Settings, pieces: list[Piece], threads: int, progress=None,
+                observe=None) -> list[Parsed]:
+    """Parse and clean this rank's pieces, one block of lines at a time (the
+    typed columns of a block are dropped as soon as it is cleaned).
+
+    Args:
+        observe: ``observe(input, offset, block)`` sees every block of a
+            plain file as it is read (the hasher uses it).
+    """
+    parsed, workers = [], {}
     for piece in pieces:
         inp = settings.inputs[piece.file]
-        columns = settings.sources[piece.file]
-        key = (inp.header, tuple(sorted(columns.items())))
-        if key not in parsers:
-            parsers[key] = BlockParser(inp.header, sorted(set(columns.values())), "SERIALNO")
+        sources = settings.sources[piece.file]
+        key = (inp.header, tuple(sorted(sources.items())))
+        if key not in workers:
+            parser = BlockParser(inp.header, sorted(set(sources.values())), "SERIALNO")
+            cleaner = Cleaner(settings.task, settings.codebook, sources)
+
+            def work(block: bytes, parser=parser, cleaner=cleaner) -> Part:
+                columns = parser.parse(block)
+                return Part(columns.n, cleaner.clean(columns))
+
+            workers[key] = work
         tail = Tail()
+        see = (lambda offset, block, inp=inp: observe(inp, offset, block)) if observe else None
         try:
-            parts = _parse_blocks(parsers[key], iter_blocks(inp, piece, tail), threads,
-                                  progress)
+            parts = _in_order(workers[key], iter_blocks(inp, piece, tail, observe=see),
+                              threads, progress)
         except OSError as exc:
             raise PrepError(f"{inp.name}: cannot read: {exc}") from None
         except Exception as exc:  # polars: a structure it cannot read at all
@@ -144,13 +173,13 @@ def parse_pieces(settings: Settings, pieces: list[Piece], threads: int,
                 raise PrepError(f"{inp.name}: cannot parse as CSV: "
                                 f"{str(exc).splitlines()[0]}") from None
             raise
-        parsed.append(Parsed(piece, concat(parts, sorted(set(columns.values()))), tail))
+        parsed.append(Parsed(piece, parts, tail))
     return parsed
 
 
 def row_offsets(comm, parsed: list[Parsed]) -> dict[tuple[int, int], int]:
     """(file, seq) -> number of records of that file before the piece."""
-    mine = [(p.piece.file, p.piece.seq, p.columns.n) for p in parsed]
+    mine = [(p.piece.file, p.piece.seq, p.n) for p in parsed]
     every = sorted(x for part in comm.allgather(mine) for x in part)
     offsets, running = {}, {}
     for file, seq, n in every:
@@ -168,7 +197,7 @@ def check_truncation(settings: Settings, parsed: list[Parsed],
         inp = settings.inputs[p.piece.file]
         fields = p.tail.last_line.count(b",") + 1
         if fields < len(inp.header):
-            line = offsets[(p.piece.file, p.piece.seq)] + p.columns.n + 1
+            line = offsets[(p.piece.file, p.piece.seq)] + p.n + 1
             raise PrepError(f"{where(inp.name, line)}: the last line is cut short "
                             f"({fields} of {len(inp.header)} fields): the file is "
                             "incomplete; download it again")
@@ -188,31 +217,27 @@ def describe(reason: str, column: str, text: str) -> str:
     return f"{column} = {text} is not a code of the 2018 data dictionary"
 
 
-def clean_pieces(settings: Settings, parsed: list[Parsed]) -> list[Cleaned]:
-    cleaners: dict[tuple, Cleaner] = {}
-    out = []
+def _blocks(parsed: list[Parsed], offsets) -> Iterator[tuple[Parsed, int, Cleaned]]:
+    """(piece, number in its file of the block's first record, cleaned block)."""
     for p in parsed:
-        sources = settings.sources[p.piece.file]
-        key = tuple(sorted(sources.items()))
-        if key not in cleaners:
-            cleaners[key] = Cleaner(settings.task, settings.codebook, sources)
-        out.append(cleaners[key].clean(p.columns))
-    return out
+        first = offsets[(p.piece.file, p.piece.seq)]
+        for part in p.parts:
+            yield p, first, part.cleaned
+            first += part.n
 
 
-def count_reasons(comm, settings: Settings, parsed: list[Parsed], cleaned: list[Cleaned],
+def count_reasons(comm, settings: Settings, parsed: list[Parsed],
                   offsets) -> tuple[np.ndarray, list]:
     """Global per-file reason counts ``[files, reasons]`` and, per file, the
-    first invalid record as ``(line, reason, column, text)``."""
+    first invalid record as ``(line, reason, column, text)``; collective."""
     reasons = reason_names(settings.task)
     counts = np.zeros((len(settings.inputs), len(reasons)), dtype=np.int64)
     firsts: list = [None] * len(settings.inputs)
-    for p, c in zip(parsed, cleaned):
+    for p, first, c in _blocks(parsed, offsets):
         counts[p.piece.file] += np.bincount(c.reason, minlength=len(reasons))
         if c.first_bad is not None:
             row, column, text = c.first_bad
-            line = offsets[(p.piece.file, p.piece.seq)] + row + 2
-            found = (line, reasons[int(c.reason[row])], column, text)
+            found = (first + row + 2, reasons[int(c.reason[row])], column, text)
             if firsts[p.piece.file] is None or found < firsts[p.piece.file]:
                 firsts[p.piece.file] = found
     total = np.zeros_like(counts)
@@ -250,13 +275,13 @@ def record_dtype(task: Task, codebook: Codebook) -> np.dtype:
     return np.dtype(fields + [("__y", np.int8), ("__test", np.bool_), ("__key", np.uint64)])
 
 
-def build_records(settings: Settings, parsed: list[Parsed], cleaned: list[Cleaned],
-                  offsets, dtype: np.dtype) -> np.ndarray:
+def build_records(settings: Settings, parsed: list[Parsed], offsets,
+                  dtype: np.dtype) -> np.ndarray:
     """This rank's kept records: codes, label, split and shuffle key."""
-    n = sum(len(c.label) for c in cleaned)
+    n = sum(len(part.cleaned.label) for p in parsed for part in p.parts)
     records = np.empty(n, dtype=dtype)
     at = 0
-    for p, c in zip(parsed, cleaned):
+    for p, first, c in _blocks(parsed, offsets):
         k = len(c.label)
         part = records[at:at + k]
         for feature in settings.task.features:
@@ -264,7 +289,7 @@ def build_records(settings: Settings, parsed: list[Parsed], cleaned: list[Cleane
         part["__y"] = c.label
         part["__test"] = shuffle.test_households(c.household, settings.seed,
                                                  settings.test_fraction)
-        rows = offsets[(p.piece.file, p.piece.seq)] + np.flatnonzero(c.reason == 0)
+        rows = first + np.flatnonzero(c.reason == 0)
         part["__key"] = shuffle.shuffle_keys(settings.seed, p.piece.file, rows)
         at += k
     return records
@@ -285,48 +310,48 @@ def global_sums(comm, settings: Settings, records: np.ndarray) -> dict[str, tupl
 
 # -- write -----------------------------------------------------------------
 
-def _hash_file(path: str, out: dict, key: str) -> None:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
-        buffer = bytearray(8 << 20)
-        view = memoryview(buffer)
-        while True:
-            n = handle.readinto(view)
-            if not n:
-                break
-            digest.update(view[:n])
-    out[key] = digest.hexdigest()
-
-
 class Hasher:
-    """sha256 of the input files (``owner``: path -> the rank that hashes it).
+    """sha256 of the input files; file ``path`` is hashed by rank ``owner[path]``.
 
-    With one thread per rank the hashing runs inline before parsing (the
-    plan gave that rank fewer bytes to parse); with more, in a background
-    thread (hashlib releases the GIL).
+    A plain file's bytes that this rank parses anyway are hashed as they are
+    read (:meth:`observe`, while they are contiguous from the file's start);
+    :meth:`finish` reads and hashes whatever is left.
     """
 
     def __init__(self, inputs: list[InputFile], owner: dict[str, int], rank: int) -> None:
         self.digests: dict[str, str] = {}
-        self.mine = [path for path in dict.fromkeys(inp.path for inp in inputs)
-                     if owner[path] == rank]
-        self.thread: threading.Thread | None = None
+        paths = dict.fromkeys(inp.path for inp in inputs)
+        self.state = {path: hashlib.sha256() for path in paths if owner[path] == rank}
+        self.done = {path: 0 for path in self.state}
 
-    def _run(self) -> None:
-        for path in self.mine:
-            _hash_file(path, self.digests, path)
+    def observe(self, inp: InputFile, offset: int, block: bytes) -> None:
+        path = inp.path
+        if path not in self.state or inp.member is not None:
+            return
+        if self.done[path] == 0 and offset == inp.data_start:
+            with open(path, "rb") as handle:
+                self.state[path].update(handle.read(inp.data_start))
+            self.done[path] = inp.data_start
+        if offset == self.done[path]:
+            self.state[path].update(block)
+            self.done[path] += len(block)
 
-    def start(self, background: bool) -> None:
-        if background:
-            self.thread = threading.Thread(target=self._run, daemon=True)
-            self.thread.start()
-        else:
-            self._run()
+    def finish(self) -> None:
+        """Hash the rest of every file this rank owns."""
+        buffer = bytearray(8 << 20)
+        view = memoryview(buffer)
+        for path, digest in self.state.items():
+            with open(path, "rb", buffering=0) as handle:
+                handle.seek(self.done[path])
+                while True:
+                    n = handle.readinto(view)
+                    if not n:
+                        break
+                    digest.update(view[:n])
+            self.digests[path] = digest.hexdigest()
 
     def gather(self, comm) -> dict[str, str]:
         """path -> sha256 hex digest, on every rank; collective."""
-        if self.thread is not None:
-            self.thread.join()
         merged: dict[str, str] = {}
         for part in comm.allgather(self.digests):
             merged.update(part)
@@ -482,13 +507,13 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
         progress = tqdm(total=sum(p.end - p.start for p in mine), unit="B", unit_scale=True,
                         desc="parsing (rank 0)", leave=False)
     def read() -> list[Parsed]:
+        out = read_pieces(settings, mine, threads, progress, observe=hasher.observe)
+        parsed_at = time.perf_counter()
         try:
-            hasher.start(background=threads > 1)
+            hasher.finish()
         except OSError as exc:
             raise PrepError(f"cannot read an input to compute its sha256: {exc}") from None
-        hashed = time.perf_counter()
-        out = parse_pieces(settings, mine, threads, progress)
-        reading.extend([hashed - started, time.perf_counter() - hashed,
+        reading.extend([time.perf_counter() - parsed_at, parsed_at - started,
                         sum(p.end - p.start for p in mine)])
         return out
 
@@ -503,8 +528,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     agree(comm, lambda: check_truncation(settings, parsed, offsets))
     step("number")
 
-    cleaned = clean_pieces(settings, parsed)
-    counts, firsts = count_reasons(comm, settings, parsed, cleaned, offsets)
+    counts, firsts = count_reasons(comm, settings, parsed, offsets)
     agree(comm, lambda: check_invalid_share(settings, counts, firsts))
     step("clean")
     reasons = reason_names(task)
@@ -516,9 +540,8 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
                         f"dropped ({_drops_text(reasons, per_reason, task)})",
                         collective=True)
 
-    records = build_records(settings, parsed, cleaned, offsets,
-                            record_dtype(task, settings.codebook))
-    parsed = cleaned = None  # free the columns before the shuffle
+    records = build_records(settings, parsed, offsets, record_dtype(task, settings.codebook))
+    parsed = None  # free the cleaned blocks before the shuffle
 
     if settings.like_encoding is not None:
         encoding_text = settings.like_encoding
@@ -533,7 +556,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     splits = {}
     from collectives.runtime import MPI
     for name, selection in (("train", order[~in_test]), ("test", order[in_test])):
-        part = received[selection]
+        part = shuffle.take(received, selection)
         n = np.array([len(part)], dtype=np.int64)
         first = np.zeros(1, dtype=np.int64)
         comm.Exscan(n, first, op=MPI.SUM)

@@ -171,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
         print("  steps   " + ", ".join(f"{k} {v:.2f}" for k, v in report.steps.items()),
               flush=True)
         for r, (hashing, parsing, size) in enumerate(report.per_rank):
-            print(f"  rank {r:<3} sha256 {hashing:.2f} s, parsed {size / 1e6:.0f} MB in "
-                  f"{parsing:.2f} s", flush=True)
+            print(f"  rank {r:<3} parsed and cleaned {size / 1e6:.0f} MB in {parsing:.2f} s, "
+                  f"then {hashing:.2f} s to finish its sha256", flush=True)
     return 0
 
 

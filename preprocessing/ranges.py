@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from preprocessing.inputs import InputFile
 
@@ -162,19 +162,22 @@ class Tail:
     ends_with_newline: bool = True
 
 
-def iter_blocks(inp: InputFile, piece: Piece, tail: Tail,
-                block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+def iter_blocks(inp: InputFile, piece: Piece, tail: Tail, block_bytes: int = BLOCK_BYTES,
+                observe: Callable[[int, bytes], None] | None = None) -> Iterator[bytes]:
     """Yield the piece's records as blocks of whole lines.
 
     ``tail`` is filled in when the piece reaches the end of the file.
+    ``observe(offset, block)`` is called with each block of a plain file and
+    its byte offset (e.g. to hash the bytes without reading them twice).
     """
     if inp.splittable:
-        yield from _iter_plain(inp, piece, tail, block_bytes)
+        yield from _iter_plain(inp, piece, tail, block_bytes, observe)
     else:
         yield from _iter_stream(inp, tail, block_bytes)
 
 
-def _iter_plain(inp: InputFile, piece: Piece, tail: Tail, block_bytes: int) -> Iterator[bytes]:
+def _iter_plain(inp: InputFile, piece: Piece, tail: Tail, block_bytes: int,
+                observe) -> Iterator[bytes]:
     with open(inp.path, "rb", buffering=0) as handle:
         fd = handle.fileno()
         size = os.fstat(fd).st_size
@@ -196,6 +199,8 @@ def _iter_plain(inp: InputFile, piece: Piece, tail: Tail, block_bytes: int) -> I
             block = os.pread(fd, want, pos)
             if len(block) != want:
                 raise OSError(f"{inp.name}: the file changed while it was read")
+            if observe is not None:
+                observe(pos, block)
             pos += want
             if pos >= size:
                 _record_tail(block, tail)

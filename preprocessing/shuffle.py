@@ -80,6 +80,15 @@ def bucket_of(keys: np.ndarray, size: int) -> np.ndarray:
     return np.minimum((to_unit(keys) * size).astype(np.int64), size - 1)
 
 
+def take(records: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``records[index]``, moving whole rows (numpy gathers a structured array
+    field by field, ~5x slower for the ~30-byte records here)."""
+    if records.dtype.names is None:
+        return records[index]
+    rows = records.view(np.dtype((np.void, records.dtype.itemsize)))
+    return rows[index].view(records.dtype)
+
+
 def exchange(records: np.ndarray, dest: np.ndarray, comm) -> np.ndarray:
     """Send each record to rank ``dest[i]`` (one ``Alltoallv``); collective.
 
@@ -97,7 +106,7 @@ def exchange(records: np.ndarray, dest: np.ndarray, comm) -> np.ndarray:
     if size == 1:
         return records
     order = np.argsort(dest, kind="stable")
-    sendbuf = records[order]
+    sendbuf = take(records, order)
     send_counts = np.bincount(dest, minlength=size).astype(np.int64)
     recv_counts = np.empty(size, dtype=np.int64)
     comm.Alltoall(send_counts, recv_counts)
