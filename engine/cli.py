@@ -72,8 +72,9 @@ def _add_command(subparsers, name: str, module_name: str, help_text: str):
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (every subcommand registered)."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full argument parser (every subcommand registered); with ``only``,
+    the modules of the other commands are not imported (start-up time)."""
     parser = _RankZeroParser(
         prog="mpidp",
         description="MPI-based engine for differentially private training (DP-SGD) "
@@ -84,8 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mpidp {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        _add_command(subparsers, name, module_name, help_text)
-    if BENCHMARKS:
+        if only is None or name == only:
+            _add_command(subparsers, name, module_name, help_text)
+        else:  # listed by name only: its module (maybe torch) is not imported
+            subparsers.add_parser(name, help=help_text)
+    if BENCHMARKS and only in (None, "bench"):
         bench = subparsers.add_parser(
             "bench", help="benchmarks: " + ", ".join(BENCHMARKS),
             description="Benchmarks. Each prints ratios measured side by side in "
@@ -103,8 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Parsing is collective by nature (same argv everywhere), so a usage
     # error exits every rank with code 2 without aborting the job.
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(only=chosen if chosen in COMMANDS or chosen == "bench" else None)
+    args = parser.parse_args(words)
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2
