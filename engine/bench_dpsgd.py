@@ -139,11 +139,13 @@ def _steppers(args, spec, X, y, torch):
                     offset += p.numel()
             return rows.shape[0]
         steps["naive"] = naive_step
-    try:
-        import opacus  # noqa: F401
-        have_opacus = True
-    except ImportError:
-        have_opacus = False
+    have_opacus = not wanted & {"opacus-hooks", "opacus-ghost"}  # "missing" only if asked
+    if not have_opacus:
+        try:
+            import opacus  # noqa: F401  (slow to import: only when asked for)
+            have_opacus = True
+        except ImportError:
+            pass
     if have_opacus and "opacus-hooks" in wanted:
         from opacus import GradSampleModule
         from opacus.optimizers import DPOptimizer
