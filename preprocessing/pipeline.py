@@ -449,7 +449,7 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
         agree(comm, fill)
         step("encode+write")
         attrs = attrs_later()
-        step("hash")
+        step("sha256 gather")
 
         def finish():
             if rank != 0:
@@ -476,36 +476,87 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
 
 # -- the whole run -----------------------------------------------------------
 
+class _Clock:
+    """Seconds per step, on this rank's clock."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+        self.steps: dict[str, float] = {}
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.steps[name] = now - self.last
+        self.last = now
+
+
+def split_and_shuffle(comm, records: np.ndarray) -> dict[str, tuple]:
+    """Distributed sort by shuffle key; collective.
+
+    Returns:
+        ``"train"``/``"test"`` -> (this rank's records of the split in final
+        order, the global row of the first of them, the split's global size).
+    """
+    from collectives.runtime import MPI
+
+    received, order = shuffle.sort_across_ranks(records, "__key", comm)
+    in_test = received["__test"][order]
+    splits = {}
+    for name, selection in (("train", order[~in_test]), ("test", order[in_test])):
+        part = shuffle.take(received, selection)
+        n = np.array([len(part)], dtype=np.int64)
+        first, total = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+        comm.Exscan(n, first, op=MPI.SUM)
+        comm.Allreduce(n, total, op=MPI.SUM)
+        splits[name] = (part, int(first[0]) if comm.Get_rank() else 0, int(total[0]))
+    return splits
+
+
+def attributes(settings: Settings, encoding_text: str, drop_counts: dict,
+               rows_per_file: np.ndarray, digests: dict[str, str], version: str) -> dict:
+    """The root attributes of the output (README: "The prepared HDF5 file")."""
+    task = settings.task
+    encoding = enc.Encoding.from_json(encoding_text)
+    return {
+        "format": "mpidp", "format_version": 1, "task": task.name,
+        "n_classes": task.n_classes, "feature_names": encoding.feature_names,
+        "encoding": encoding_text,
+        "encoding_fingerprint": hashlib.sha256(encoding_text.encode()).hexdigest(),
+        "drop_counts": drop_counts,
+        "sources": [{"file": os.path.basename(inp.path), "member": inp.member,
+                     "sha256": digests[inp.path], "rows": int(rows_per_file[inp.index])}
+                    for inp in settings.inputs],
+        "seed": settings.seed, "test_fraction": settings.test_fraction,
+        "created_by": f"mpidp {version}".strip(),
+        "label": str(task.label), "universe": ",".join(map(str, task.universe)),
+        "like": os.path.basename(settings.like) if settings.like else "",
+    }
+
+
 def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Report:
     """Run every step on every rank of ``comm``; collective.
+
+    Args:
+        threads: parser threads per rank (cores per rank).
+        version: written into ``created_by``.
 
     Raises:
         PrepError: bad input, too many invalid records, no record left, or
             an output that cannot be written (raised on every rank).
     """
-    started = time.perf_counter()
-    steps: dict[str, float] = {}
-    last = [started]
-
-    def step(name: str) -> None:
-        now = time.perf_counter()
-        steps[name] = now - last[0]
-        last[0] = now
-
+    clock = _Clock()
     rank, size = comm.Get_rank(), comm.Get_size()
     task = settings.task
     owner, loads = plan_hashing(settings.inputs, size)
-    plan = plan_pieces(settings.inputs, size, loads)
-    mine = [p for p in plan if p.rank == rank]
+    mine = [p for p in plan_pieces(settings.inputs, size, loads) if p.rank == rank]
     hasher = Hasher(settings.inputs, owner, rank)
-    reading: list[float] = []  # this rank: seconds hashing inline, parsing; bytes
-
+    reading: list[float] = []  # this rank: seconds finishing the sha256, reading; bytes
     progress = None
     if rank == 0 and not settings.quiet and sys.stderr.isatty():
         from tqdm import tqdm
 
         progress = tqdm(total=sum(p.end - p.start for p in mine), unit="B", unit_scale=True,
                         desc="parsing (rank 0)", leave=False)
+
     def read() -> list[Parsed]:
         out = read_pieces(settings, mine, threads, progress, observe=hasher.observe)
         parsed_at = time.perf_counter()
@@ -513,7 +564,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
             hasher.finish()
         except OSError as exc:
             raise PrepError(f"cannot read an input to compute its sha256: {exc}") from None
-        reading.extend([time.perf_counter() - parsed_at, parsed_at - started,
+        reading.extend([time.perf_counter() - parsed_at, parsed_at - clock.started,
                         sum(p.end - p.start for p in mine)])
         return out
 
@@ -522,76 +573,43 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     finally:
         if progress is not None:
             progress.close()
-    step("parse")
+    clock("parse")
     per_rank = comm.allgather(reading)
     offsets = row_offsets(comm, parsed)
     agree(comm, lambda: check_truncation(settings, parsed, offsets))
-    step("number")
-
     counts, firsts = count_reasons(comm, settings, parsed, offsets)
     agree(comm, lambda: check_invalid_share(settings, counts, firsts))
-    step("clean")
+    clock("count")
     reasons = reason_names(task)
     per_reason = counts.sum(axis=0)
-    records_total = int(per_reason.sum())
-    kept_total = int(per_reason[0])
-    if kept_total == 0:
-        raise PrepError(f"no record left to write: {records_total:,} records read, all "
-                        f"dropped ({_drops_text(reasons, per_reason, task)})",
+    if per_reason[0] == 0:
+        raise PrepError(f"no record left to write: {int(per_reason.sum()):,} records read, "
+                        f"all dropped ({_drops_text(reasons, per_reason, task)})",
                         collective=True)
 
     records = build_records(settings, parsed, offsets, record_dtype(task, settings.codebook))
     parsed = None  # free the cleaned blocks before the shuffle
-
     if settings.like_encoding is not None:
         encoding_text = settings.like_encoding
     else:
         sums = global_sums(comm, settings, records)
         encoding_text = enc.build(task, settings.codebook, sums).to_json()
-
-    step("split+stats")
-    received, order = shuffle.sort_across_ranks(records, "__key", comm)
+    clock("split+stats")
+    splits = split_and_shuffle(comm, records)
     del records
-    in_test = received["__test"][order]
-    splits = {}
-    from collectives.runtime import MPI
-    for name, selection in (("train", order[~in_test]), ("test", order[in_test])):
-        part = shuffle.take(received, selection)
-        n = np.array([len(part)], dtype=np.int64)
-        first = np.zeros(1, dtype=np.int64)
-        comm.Exscan(n, first, op=MPI.SUM)
-        all_n = np.zeros(1, dtype=np.int64)
-        comm.Allreduce(n, all_n, op=MPI.SUM)
-        splits[name] = (part, int(first[0]) if rank else 0, int(all_n[0]))
-    del received
-    step("shuffle")
+    clock("shuffle")
+
     drop_counts = {name: int(per_reason[i]) for i, name in enumerate(reasons)
                    if i > 0 and (per_reason[i] or name == "universe")}
-    encoding = enc.Encoding.from_json(encoding_text)
-    rows_per_file = counts.sum(axis=1)
-
-    def attrs_later() -> dict:
-        digests = hasher.gather(comm)
-        return {
-            "format": "mpidp", "format_version": 1, "task": task.name,
-            "n_classes": task.n_classes, "feature_names": encoding.feature_names,
-            "encoding": encoding_text,
-            "encoding_fingerprint": hashlib.sha256(encoding_text.encode()).hexdigest(),
-            "drop_counts": drop_counts,
-            "sources": [{"file": os.path.basename(inp.path), "member": inp.member,
-                         "sha256": digests[inp.path], "rows": int(rows_per_file[inp.index])}
-                        for inp in settings.inputs],
-            "seed": settings.seed, "test_fraction": settings.test_fraction,
-            "created_by": f"mpidp {version}".strip(),
-            "label": str(task.label), "universe": ",".join(map(str, task.universe)),
-            "like": os.path.basename(settings.like) if settings.like else "",
-        }
-
-    out_bytes = write_output(comm, settings, encoding_text, splits, attrs_later, step)
-    return Report(records=records_total, kept=kept_total, train=splits["train"][2],
-                  test=splits["test"][2], n_features=encoding.n_features,
-                  drop_counts=drop_counts, seconds=time.perf_counter() - started,
-                  out_bytes=out_bytes, steps=steps, per_rank=per_rank)
+    out_bytes = write_output(
+        comm, settings, encoding_text, splits,
+        lambda: attributes(settings, encoding_text, drop_counts, counts.sum(axis=1),
+                           hasher.gather(comm), version), clock)
+    return Report(records=int(per_reason.sum()), kept=int(per_reason[0]),
+                  train=splits["train"][2], test=splits["test"][2],
+                  n_features=enc.Encoding.from_json(encoding_text).n_features,
+                  drop_counts=drop_counts, seconds=time.perf_counter() - clock.started,
+                  out_bytes=out_bytes, steps=clock.steps, per_rank=per_rank)
 
 
 def _drops_text(reasons: list[str], per_reason: np.ndarray, task: Task) -> str:
