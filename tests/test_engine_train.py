@@ -187,3 +187,29 @@ def test_signal_checkpoints_and_resume_finishes(tmp_path):
                    timeout=120)
     assert result.returncode == 0, result.stderr
     assert ckpt.load(d)["step"] == (step // 250 + 1) * 250
+
+
+def test_eval_command_scores_a_checkpoint(tiny, tmp_path, capsys):
+    """mpidp eval reproduces the trainer's test accuracy and refuses other encodings."""
+    from collectives.runtime import MPI
+    from engine.cli import build_parser
+
+    d = str(tmp_path / "ck")
+    trainer, code = _train(_cfg(tiny, checkpoint_dir=d), MPI.COMM_SELF)
+    assert code == 0
+
+    def run(*argv):
+        args = build_parser().parse_args(["eval", *argv])
+        return args._run(args)
+
+    assert run("--checkpoint", d, "--data", tiny, "--json") == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["accuracy"] == pytest.approx(trainer.history[-1]["test_accuracy"], abs=1e-12)
+    assert result["rows"] == 100
+    other = synthetic_h5.write(tmp_path / "other.h5", rows=50, features=6, seed=9,
+                               attrs={"encoding_fingerprint": "something-else"})
+    with pytest.raises(DataError, match="encoded differently"):
+        run("--checkpoint", d, "--data", other)
+    wider = synthetic_h5.write(tmp_path / "wider.h5", rows=50, features=7)
+    with pytest.raises(DataError, match="expects 6"):
+        run("--checkpoint", d, "--data", wider)
