@@ -231,9 +231,14 @@ class Trainer:
             self.optimizer.load_state_dict(payload["optimizer"])
             self.step = int(payload["step"])
             mine = payload["ranks"][self.rank]
-            self.sampler.set_state(mine["sampler"])
-            if self.noise is not None:
-                self.noise.set_state(mine["noise"])
+            try:
+                self.sampler.set_state(mine["sampler"])
+                if self.noise is not None:
+                    self.noise.set_state(mine["noise"])
+            except (ValueError, TypeError, KeyError) as exc:
+                raise CheckpointError(f"{ckpt.path_in(cfg.checkpoint_dir)}: its random "
+                                      f"generator states do not fit this mpidp ({exc})",
+                                      collective=True) from None
             self.local = dict(mine["local"])
             self.history = list(payload.get("history", []))
         self.X = torch.from_numpy(self.train.X)

@@ -62,3 +62,20 @@ def test_add_scales_adds_and_restores_state(backend):
     z = torch.zeros(1001)
     other.add_(z, 1.0)
     assert not torch.equal(z, y)
+
+
+def test_numba_noise_does_not_depend_on_the_thread_count():
+    import numba
+
+    make = dispatch.get("gaussian_stream", "cpu", "numba")
+    before = numba.get_num_threads()
+    out = []
+    for threads in (1, numba.config.NUMBA_NUM_THREADS):
+        numba.set_num_threads(threads)
+        x = torch.zeros(10_001)
+        make(np.random.SeedSequence(12)).add_(x, 1.0)
+        out.append(x)
+    numba.set_num_threads(before)
+    assert torch.equal(out[0], out[1])
+    with pytest.raises(ValueError):
+        make(np.random.SeedSequence(1)).set_state([1, 2, 3, 4])
