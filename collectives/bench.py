@@ -180,6 +180,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
         buf = np.zeros(count, dtype=dtype)
         elapsed = dict.fromkeys(algorithms, 0.0)
         done = dict.fromkeys(algorithms, 0)
+        per_round: dict[str, list[float]] = {name: [] for name in algorithms}
         # Warm-up, and (with -i 0) the iteration count, the same on every rank.
         per_call = {}
         for name in algorithms:
@@ -203,14 +204,18 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 start = time.perf_counter()
                 for _ in range(batch):
                     allreduce(buf, comm, name, op)
-                elapsed[name] += time.perf_counter() - start
+                spent = time.perf_counter() - start
+                elapsed[name] += spent
                 done[name] += batch
+                per_round[name].append(spent / batch * 1e6)
         rows = []
         native_avg = None
         for name in algorithms:
             mine = elapsed[name] / done[name]
             every = comm.allgather(mine)
             avg = sum(every) / size
+            # Per-round averages over the ranks: for paired, per-round ratios.
+            rounds_us = [float(x) for x in np.mean(comm.allgather(per_round[name]), axis=0)]
             wrong = _check(buf, comm, name, op, allreduce) if check else None
             algbw = nbytes / avg / 1e9
             rows.append({
@@ -221,7 +226,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 "iterations": done[name],
                 "avg_us": avg * 1e6, "min_us": min(every) * 1e6, "max_us": max(every) * 1e6,
                 "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (size - 1) / size,
-                "wrong": wrong,
+                "wrong": wrong, "rounds_us": rounds_us,
             })
             if name == "native":
                 native_avg = avg

@@ -38,7 +38,7 @@ class DeviceOps(Protocol):
     name: str
 
     def synchronize(self, buf: Any) -> None:
-        """Wait for the work queued on ``buf``'s stream (``__cuda_array_interface__['stream']``)."""
+        """Wait for the work queued on ``buf``'s stream (its CUDA array interface's)."""
 
     def to_host(self, buf: Any, host: np.ndarray) -> None:
         """Copy ``buf`` into ``host``; complete when it returns."""

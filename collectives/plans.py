@@ -18,7 +18,7 @@ import numpy as np
 
 from collectives import consistency
 from collectives.context import OPS, PlanContext
-from collectives.errors import AllreduceMismatch
+from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
 from collectives.runtime import MPI, launch_info
 
@@ -43,7 +43,7 @@ def segment_bytes(oversubscribed: bool = False) -> int:
     except ValueError:
         value = 0
     if value < 64:
-        raise ValueError(f"MPIDP_ALLREDUCE_SEGMENT={text!r}: give a number of bytes >= 64")
+        raise AllreduceError(f"MPIDP_ALLREDUCE_SEGMENT={text!r}: give a number of bytes >= 64")
     return min(value, UNLIMITED_SEGMENT)
 
 
