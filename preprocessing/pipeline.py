@@ -75,6 +75,15 @@ class Report:
     per_rank: list = field(default_factory=list)  # [hash s, read s, bytes] per rank
 
 
+def _wait_for_all(comm, nap: float = 2e-4) -> None:
+    """Barrier that sleeps while it waits: a rank that finished its share
+    early (the steps are uneven: one rank also hashes) gives its core back
+    instead of spinning in MPI, which matters whenever the cores are shared."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(nap)
+
+
 def agree(comm, step):
     """Run ``step()`` on every rank; if it raised :class:`PrepError` anywhere,
     raise the lowest rank's error on every rank (collective, so only rank 0
@@ -84,6 +93,7 @@ def agree(comm, step):
         result = step()
     except PrepError as exc:
         error = str(exc)
+    _wait_for_all(comm)
     errors = comm.allgather(error)
     first = next((e for e in errors if e is not None), None)
     if first is not None:
