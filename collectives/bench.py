@@ -80,10 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interleave the algorithms in R rounds per size (default 5)")
     parser.add_argument("--time", type=float, default=0.1, metavar="S",
                         help="with -i 0: seconds of timing per algorithm and size (default 0.1)")
-    parser.add_argument("--mmap-max", type=int, default=None, metavar="N",
-                        help="call glibc mallopt(M_MMAP_MAX, N) on every rank first; 0 "
-                        "keeps MPICH's per-call temporary of large native all-reduces off "
-                        "mmap (same as MALLOC_MMAP_MAX_=0; default: leave malloc alone)")
+    parser.add_argument("--keep-heap", action="store_true",
+                        help="on every rank, keep freed memory in the heap (glibc mallopt: "
+                        "M_MMAP_MAX 0, M_TRIM_THRESHOLD 1 GiB, i.e. MALLOC_MMAP_MAX_=0 "
+                        "MALLOC_TRIM_THRESHOLD_=1073741824), so MPICH's temporary for large "
+                        "native all-reduces is not page-faulted in on every call "
+                        "(default: leave malloc alone)")
     parser.add_argument("--json", metavar="FILE", help="write the records as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot latency and busbw vs size")
 
@@ -285,23 +287,26 @@ def plot(records: list[dict], path: str, title: str, ceiling: float | None) -> N
     plt.close(fig)
 
 
-def set_mmap_max(value: int) -> bool:
-    """glibc ``mallopt(M_MMAP_MAX, value)``; False where there is no glibc."""
+def keep_heap() -> bool:
+    """glibc: serve large allocations from the heap and never trim it; False without glibc."""
     import ctypes
     import ctypes.util
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-4, int(value)))  # M_MMAP_MAX = -4
+        m_trim_threshold, m_mmap_max = -1, -4
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold,
+                                                                        1 << 30))
     except (OSError, AttributeError):
         return False
 
 
-def malloc_setting(mmap_max: int | None) -> str:
-    if mmap_max is not None:
-        return f"mallopt(M_MMAP_MAX, {mmap_max}) set by --mmap-max"
-    env = os.environ.get("MALLOC_MMAP_MAX_")
-    return f"MALLOC_MMAP_MAX_={env}" if env is not None else "malloc left alone (glibc defaults)"
+def malloc_setting(kept: bool) -> str:
+    if kept:
+        return "heap kept (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=1 GiB, --keep-heap)"
+    env = {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
+           if k in os.environ}
+    return " ".join(f"{k}={v}" for k, v in env.items()) or "glibc defaults (no --keep-heap)"
 
 
 def describe_run(comm: Any) -> str:
@@ -331,8 +336,8 @@ def run(args: argparse.Namespace) -> int:
         for name in algorithms:
             collectives.get(name)  # UnknownAlgorithm, the same on every rank
     sizes_bytes = sizes(args.minbytes, args.maxbytes, args.stepfactor)
-    if args.mmap_max is not None and not set_mmap_max(args.mmap_max):
-        raise BenchUsageError("--mmap-max needs glibc (mallopt failed)")
+    if args.keep_heap and not keep_heap():
+        raise BenchUsageError("--keep-heap needs glibc (mallopt failed)")
     ceiling = None
     comm.Barrier()
     if rank == 0:  # copy as much as the largest message (4 MiB to 256 MiB)
@@ -348,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"# memory-copy ceiling (one process, np.copyto of "
               f"{format_size(max(4 << 20, min(args.maxbytes, 256 << 20)))}): {ceiling:.2f} GB/s; "
               "busbw = algbw * 2(p-1)/p; 'x native' = native time / time", file=out)
-        print(f"# malloc: {malloc_setting(args.mmap_max)}", file=out)
+        print(f"# malloc: {malloc_setting(args.keep_heap)}", file=out)
         print(HEADER, file=out, flush=True)
 
     def on_row(rows: list[dict]) -> None:
