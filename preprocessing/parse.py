@@ -150,29 +150,3 @@ class BlockParser:
         bad[self.serial] = serial_bad
         return Columns(n=n, values=values, blank=blank, bad=bad, examples=examples,
                        household=household.fill_null(-1).to_numpy())
-
-
-def concat(parts: list[Columns], names: list[str]) -> Columns:
-    """Join the columns of consecutive blocks (record indices shift)."""
-    if not parts:
-        return Columns(n=0, values={c: np.zeros(0, np.int32) for c in names},
-                       blank={c: np.zeros(0, bool) for c in names},
-                       bad={c: np.zeros(0, bool) for c in names})
-    if len(parts) == 1:
-        return parts[0]
-    examples: dict[str, list[tuple[int, str]]] = {}
-    shift = 0
-    for part in parts:
-        for name, found in part.examples.items():
-            kept = examples.setdefault(name, [])
-            kept.extend((i + shift, t) for i, t in found[:_KEEP_EXAMPLES - len(kept)])
-        shift += part.n
-    first = parts[0]
-    return Columns(
-        n=shift,
-        values={c: np.concatenate([p.values[c] for p in parts]) for c in first.values},
-        blank={c: np.concatenate([p.blank[c] for p in parts]) for c in first.blank},
-        bad={c: np.concatenate([p.bad[c] for p in parts]) for c in first.bad},
-        examples=examples,
-        household=np.concatenate([p.household for p in parts]),
-    )

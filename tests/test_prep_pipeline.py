@@ -18,7 +18,6 @@ import numpy as np
 import polars as pl
 import pytest
 
-from collectives.runtime import MPI
 from preprocessing import h5write, shuffle
 from preprocessing.errors import PrepError
 from preprocessing.pipeline import prepare

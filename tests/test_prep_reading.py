@@ -1,13 +1,12 @@
 """Reading: byte-range plans, line-aligned blocks, polars block parsing."""
 import zipfile
 
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from preprocessing.inputs import inspect_inputs, require_columns
 from preprocessing.errors import PrepError
-from preprocessing.parse import BlockParser, concat
+from preprocessing.parse import BlockParser
 from preprocessing.ranges import Tail, _water_fill, iter_blocks, plan_pieces
 
 
@@ -106,11 +105,3 @@ def test_parser_flags_text_in_numeric_columns_and_bad_serials():
     assert cols.examples["A"] == [(1, "abc")] and cols.examples["B"] == [(2, "1.5")]
     assert cols.bad["SERIALNO"].tolist() == [False, False, True]
     assert cols.values["B"][:2].tolist() == [2, 3]
-
-
-def test_concat_shifts_example_rows():
-    parser = BlockParser(("A", "SERIALNO"), ["A"], "SERIALNO")
-    parts = [parser.parse(b"1,2018HU0000001\n"), parser.parse(b"z,2018HU0000002\n")]
-    joined = concat(parts, ["A"])
-    assert joined.n == 2 and joined.examples["A"] == [(1, "z")]
-    assert np.array_equal(joined.bad["A"], [False, True])
