@@ -87,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "native all-reduces is not page-faulted in on every call "
                         "(default: leave malloc alone)")
     parser.add_argument("--json", metavar="FILE", help="write the records as JSON")
+    parser.add_argument("--summarize", nargs="+", metavar="FILE",
+                        help="do not measure: print a markdown table of the medians of "
+                        "earlier --json runs (speedups over native paired per round)")
     parser.add_argument("--plot", metavar="FILE.png", help="plot latency and busbw vs size")
 
 
@@ -211,7 +214,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 done[name] += batch
                 per_round[name].append(spent / batch * 1e6)
         rows = []
-        native_avg = None
+        native_rounds = None
         for name in algorithms:
             mine = elapsed[name] / done[name]
             every = comm.allgather(mine)
@@ -231,15 +234,67 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 "wrong": wrong, "rounds_us": rounds_us,
             })
             if name == "native":
-                native_avg = avg
-        for row in rows:
-            row["x_native"] = (native_avg / (row["avg_us"] / 1e6)) if native_avg else None
+                native_rounds = rounds_us
+        for row in rows:  # paired per round: host effects hit both sides alike
+            row["x_native"] = (paired_speedup(native_rounds, row["rounds_us"])
+                               if native_rounds else None)
         records += rows
         del buf
         collectives.forget(comm)  # release this size's plans and temporaries (collective)
         if on_row is not None:
             on_row(rows)
     return records
+
+
+def paired_speedup(reference: list[float], times: list[float]) -> float:
+    """Median over rounds of reference time / time (> 1: faster than the reference)."""
+    import statistics
+
+    return statistics.median(a / b for a, b in zip(reference, times))
+
+
+def summarize(runs: list[list[dict]]) -> str:
+    """A markdown table of several runs' records (medians of per-round ratios)."""
+    import statistics
+
+    median = statistics.median
+    cells: dict[tuple[int, str], list[dict]] = {}
+    for records in runs:
+        native = {r["bytes"]: r["rounds_us"] for r in records if r["algorithm"] == "native"}
+        for r in records:
+            if r["bytes"] in native:
+                r = dict(r, speedup=paired_speedup(native[r["bytes"]], r["rounds_us"]))
+                cells.setdefault((r["bytes"], r["algorithm"]), []).append(r)
+    algorithms = list(dict.fromkeys(name for _, name in cells))
+    shown = [a for a in algorithms if a != "native"]
+    lines = ["| size | native time | " + " | ".join(shown) + " | ring busbw (native) |",
+             "|---:|---:|" + "---:|" * len(shown) + "---:|"]
+    first = runs[0][0]
+    for nbytes in sorted({b for b, _ in cells}):
+        speed = {a: median(r["speedup"] for r in cells[(nbytes, a)]) for a in algorithms
+                 if (nbytes, a) in cells}
+        t = median(r["avg_us"] for r in cells[(nbytes, "native")])
+        best = max(v for a, v in speed.items() if a != "auto")
+        row = []
+        for a in shown:
+            text = f"{speed[a]:.2f}" if a in speed else "-"
+            if a == "auto" and a in speed:
+                text += f" ({cells[(nbytes, a)][0]['runs']}, {best / speed[a]:.2f} of best)"
+            row.append(text)
+        bus = (f"{median(r['busbw_gbps'] for r in cells[(nbytes, 'ring')]):.2f} "
+               f"({median(r['busbw_gbps'] for r in cells[(nbytes, 'native')]):.2f})"
+               if (nbytes, "ring") in cells else "-")
+        time_text = f"{t:.1f} us" if t < 1000 else f"{t / 1000:.2f} ms"
+        lines.append(f"| {format_size(nbytes)} | {time_text} | " + " | ".join(row) +
+                     f" | {bus} |")
+    ceiling = median(r[0].get("copy_ceiling_gbps") or 0 for r in runs)
+    lines.append(f"\n{len(runs)} run(s) of {first['ranks']} ranks"
+                 f"{' (oversubscribed)' if first.get('oversubscribed') else ''}, "
+                 f"{first['dtype']} {first['op']}; algorithm columns: native's time / its "
+                 "time (> 1 is faster), median over rounds and runs; auto: what it ran and "
+                 "its time over the best algorithm's (1.00 = the best); busbw in GB/s; "
+                 f"memory-copy ceiling {ceiling:.1f} GB/s.")
+    return "\n".join(lines)
 
 
 HEADER = (f"{'size':>10} {'count':>10} {'type':>8} {'algorithm':<30} {'time(us)':>10} "
@@ -329,6 +384,17 @@ def run(args: argparse.Namespace) -> int:
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    if args.summarize:
+        if rank == 0:
+            runs = []
+            for path in args.summarize:
+                try:
+                    with open(path) as handle:
+                        runs.append(json.load(handle))
+                except (OSError, ValueError) as error:
+                    raise BenchUsageError(f"{path}: cannot read benchmark JSON ({error})")
+            print(summarize(runs))
+        return 0
     if args.algorithms == "all":
         algorithms = collectives.names()
     else:

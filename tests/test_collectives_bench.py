@@ -128,3 +128,25 @@ def test_mpidp_bench_allreduce_under_mpiexec(tmp_path):
     assert {r["algorithm"] for r in records} == set(collectives.names())
     assert all(RECORD_KEYS <= set(r) and r["ranks"] == 2 and r["wrong"] == 0 for r in records)
     assert out_png.stat().st_size > 1000
+
+
+def test_summarize_pairs_rounds_and_takes_medians(tmp_path, capsys):
+    def record(name, rounds, runs=None):
+        return {"algorithm": name, "runs": runs or name, "bytes": 1024, "count": 256,
+                "dtype": "float32", "op": "sum", "ranks": 2, "oversubscribed": False,
+                "avg_us": sum(rounds) / len(rounds), "busbw_gbps": 1.0, "rounds_us": rounds,
+                "copy_ceiling_gbps": 10.0}
+
+    # Round 2 is slow for everyone (host noise): paired ratios ignore it.
+    run = [record("native", [2.0, 20.0, 2.0]), record("ring", [1.0, 10.0, 1.0]),
+           record("auto", [2.0, 20.0, 2.0], runs="native")]
+    table = bench.summarize([run, run])
+    row = next(line for line in table.splitlines() if line.startswith("| 1 KiB"))
+    assert "| 2.00 |" in row  # ring: twice as fast as native in every round
+    assert "1.00 (native, 2.00 of best)" in row  # auto ran native: twice the best time
+    paths = []
+    for i in range(2):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert bench.run(_parser().parse_args(["--summarize", *map(str, paths)])) == 0
+    assert "| 1 KiB |" in capsys.readouterr().out
