@@ -19,11 +19,19 @@ $(STAMP): setup.py
 	$(BIN)/pip install --quiet --disable-pip-version-check '$(TORCH)' -e '.[test]'
 	@touch $@
 
+# The main job on built-in data: a synthetic PUMS person file (official
+# format) -> prep on 2 ranks -> DP-SGD on 2 ranks at epsilon = 1.
+DEMO   ?= demo
 demo: install
-	$(BIN)/mpiexec -n 2 $(BIN)/mpidp info
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BIN)/mpidp synth --rows 200000 --seed 0 --out $(DEMO)/persons.csv
+	$(BIN)/mpiexec -n 2 $(BIN)/mpidp prep $(DEMO)/persons.csv --out $(DEMO)/pums.h5
+	$(BIN)/mpiexec -n 2 $(BIN)/mpidp train --data $(DEMO)/pums.h5 --epochs 5 \
+	    --target-epsilon 1 --delta 1e-5 --seed 0 --no-progress \
+	    --checkpoint-dir $(DEMO)/run --metrics $(DEMO)/run/metrics.jsonl
 
 test: install
 	$(BIN)/python tests/run_suite.py
 
 clean:
-	rm -rf $(VENV) .numba_cache *.egg-info
+	rm -rf $(VENV) .numba_cache *.egg-info $(DEMO)

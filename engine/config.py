@@ -25,7 +25,7 @@ class TrainConfig:
     data: str
     epochs: int = 10
     batch_size: int = 256
-    lr: float = 0.5
+    lr: float = 0.05
     optimizer: str = "sgd"
     momentum: float = 0.9
     max_grad_norm: float = 1.0
