@@ -94,8 +94,6 @@ class CommState:
     """What mpidp keeps per user communicator (see module docstring)."""
 
     def __init__(self, comm: "MPI.Intracomm") -> None:
-        if comm.Is_inter():
-            raise ValueError("allreduce needs an intracommunicator")
         self.comm = comm.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self.comm.Get_rank()
@@ -223,6 +221,8 @@ _STATES: list[CommState] = []
 def comm_state(comm: "MPI.Intracomm") -> CommState:
     """The state attached to ``comm``, created collectively on first use."""
     global _KEYVAL
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise AllreduceError(f"allreduce needs an mpi4py intracommunicator, got {comm!r}")
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_state)
     state = comm.Get_attr(_KEYVAL)

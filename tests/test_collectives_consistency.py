@@ -198,3 +198,10 @@ def test_forget_releases_plans_and_the_next_call_is_checked_again(fresh, monkeyp
     collectives.allreduce(buf, fresh, "ring")
     assert (buf == fresh.Get_size() ** 2).all()
     assert checks == ([1] if fresh.Get_size() > 1 else [])
+
+
+def test_a_communicator_that_cannot_be_used():
+    with pytest.raises(collectives.AllreduceError, match="intracommunicator"):
+        collectives.allreduce(np.ones(3), MPI.COMM_NULL)
+    with pytest.raises(collectives.AllreduceError, match="intracommunicator"):
+        collectives.allreduce(np.ones(3), "world")
