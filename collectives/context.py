@@ -103,9 +103,17 @@ class PlanContext:
     space: Any = HOST
     explain: Callable[[int], str] = field(default=lambda tag: f"tag {tag}")
     description: str = ""
-    #: int64 memoryview [native all-reduces entered, tag of the last one],
-    #: readable by the peers (see :mod:`collectives.consistency`).
-    native_calls: Any = None
+    #: int64 memoryview [blind calls entered, tag of the last one], readable
+    #: by the peers (see :mod:`collectives.consistency`). A *blind* call
+    #: waits where point-to-point messages cannot reach it: MPI_Allreduce,
+    #: or the shared-memory exchange of :mod:`collectives.shm`.
+    blind_calls: Any = None
+    #: the shared-memory channel of a 2-rank communicator on one node, or None.
+    pair: Any = None
+    #: ``blocked(peer, tag, first) -> reason | None``: is ``peer`` unable to
+    #: join this rank's current blind call of ``tag``? (``first``: the first
+    #: probe of a wait; see CommState.peer_blocked)
+    blocked: Any = None
 
     def empty(self, n: int) -> Any:
         """A temporary of ``n`` elements of this dtype in the array space."""
@@ -161,6 +169,13 @@ class PlanContext:
             f"{sender} {what}. The ranks called allreduce with different buffers "
             "(length, dtype), ops or algorithms, or in a different order; every rank must "
             "make the same sequence of calls.")
+
+    def fail_blocked(self, peer: int, reason: str) -> None:
+        """Raise :class:`AllreduceMismatch`: ``peer`` cannot join this call."""
+        raise AllreduceMismatch(
+            f"rank {self.rank}: during allreduce of {self.description}, rank {peer} is "
+            f"{reason}: a call this rank is not making. Every rank must make the same "
+            "sequence of calls.")
 
     def make_exchange(self) -> Callable[[Any, int, Any, int], None]:
         """``exchange(send_spec, dest, recv_spec, source)``: one checked ``Sendrecv``."""

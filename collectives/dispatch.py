@@ -132,7 +132,7 @@ def _device_runner(buf: Any, comm_state: plans.CommState, plan: plans.Plan,
     ops = device.ops_for(target)
     n, dtype = plan.ctx.n, plan.ctx.dtype
     pointer = _device_pointer(buf)
-    if mpi_cuda_support():
+    if mpi_cuda_support() and not plan.host_only:
         inner = plan.runner(buf, ops.as_array(target), space=ops.space(), extra=pointer)
         run = device.direct_runner(ops, target, inner)
     else:

@@ -17,7 +17,7 @@ from collectives.runtime import MPI
 def plan_native(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     """In-place ``MPI_Allreduce`` over the private communicator."""
     allreduce, in_place, mpi_op = ctx.comm.Allreduce, MPI.IN_PLACE, ctx.mpi_op
-    calls, tag = ctx.native_calls, ctx.tag
+    calls, tag = ctx.blind_calls, ctx.tag
 
     def bind(view: Any) -> Callable[[], None]:
         spec = ctx.typed_spec(view)

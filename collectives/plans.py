@@ -21,6 +21,7 @@ from collectives.context import OPS, PlanContext
 from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
 from collectives.runtime import MPI, launch_info
+from collectives.shm import SharedPair
 
 #: Signatures kept per communicator, and buffers bound per signature.
 MAX_PLANS = 64
@@ -55,7 +56,7 @@ ON_FREE: list[Callable[[], None]] = []
 class Plan:
     """One checked signature: its context, planner output and bound runners."""
 
-    __slots__ = ("ctx", "algorithm", "runs", "binders", "bindings")
+    __slots__ = ("ctx", "algorithm", "runs", "binders", "bindings", "host_only")
 
     def __init__(self, ctx: PlanContext, algorithm: str, runs: Algorithm) -> None:
         self.ctx = ctx
@@ -63,6 +64,7 @@ class Plan:
         self.runs = runs
         self.binders: dict[str, Callable[[Any], Runner]] = {}
         self.bindings: OrderedDict[int, tuple[Any, Runner]] = OrderedDict()
+        self.host_only = False
 
     def runner(self, key_obj: Any, view: Any, space: Any = None, extra: Any = None) -> Runner:
         """The runner reducing ``view``, kept per ``key_obj`` (the user's buffer)
@@ -102,19 +104,20 @@ class CommState:
         self.plans: OrderedDict[tuple, Plan] = OrderedDict()
         self.tags: dict[int, str] = {consistency.CHECK_TAG: "a first-call signature check"}
         self.staging: dict[tuple, Any] = {}
-        # [native calls entered, tag of the last one], readable by the peers
+        # [blind calls entered, tag of the last one], readable by the peers
         # with one-sided MPI (collectives.consistency, point 3).
         self.window = None
-        self.native_calls = memoryview(bytearray(16)).cast("q")
+        self.blind_calls = memoryview(bytearray(16)).cast("q")
         try:
             self.window = MPI.Win.Allocate(16, 8, comm=self.comm)
-            self.native_calls = memoryview(self.window.tomemory()).cast("B").cast("q")
+            self.blind_calls = memoryview(self.window.tomemory()).cast("B").cast("q")
         except MPI.Exception:
             self.window = None
-        self.native_calls[0] = self.native_calls[1] = 0
+        self.blind_calls[0] = self.blind_calls[1] = 0
         self._suspects: dict[int, tuple[int, int]] = {}
+        self.pair = SharedPair.create(self.comm)
         # One verdict for the whole communicator (also the barrier after the
-        # window's initialisation): thresholds and segments must agree.
+        # windows' initialisation): thresholds and segments must agree.
         self.oversubscribed = bool(self.comm.allreduce(
             int(launch_info(self.comm).oversubscribed), op=MPI.MAX))
 
@@ -124,10 +127,14 @@ class CommState:
             _STATES.remove(self)
         for hook in ON_FREE:
             hook()
+        self.plans.clear()  # their runners hold views of the windows
         if self.window is not None:
-            self.native_calls = memoryview(bytearray(16)).cast("q")
+            self.blind_calls = memoryview(bytearray(16)).cast("q")
             self.window.Free()
             self.window = None
+        if self.pair is not None:
+            self.pair.free()
+            self.pair = None
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
         self.plans.clear()
@@ -136,14 +143,15 @@ class CommState:
     def explain(self, tag: int) -> str:
         return self.tags.get(tag, f"a call this rank has not made yet (tag {tag})")
 
-    def peer_blocked(self, peer: int, native_tag: int | None) -> str | None:
-        """Why ``peer`` cannot be joining the call this rank is checking, or None.
+    def peer_blocked(self, peer: int, tag: int, entered: bool = False) -> str | None:
+        """Why ``peer`` cannot be joining this rank's call of ``tag``, or None.
 
-        The call being checked is native with tag ``native_tag`` (None: not
-        native). A peer that entered more native calls than this rank has
-        made is blocked in a call this rank never made, unless it is one call
-        ahead in the very call being checked (it finished its check first).
-        Reported only when two probes in a row see the same state.
+        Compares the blind calls (see :class:`PlanContext`) each rank has
+        entered: this rank's call is number ``mine`` (+1 unless ``entered``).
+        A peer further ahead, or at the same number in a call of another
+        tag, waits where our messages cannot reach it, in a call this rank
+        is not making. Reported only when two probes in a row see the same
+        state (a peer that progresses changes it).
         """
         if self.window is None:
             return None
@@ -154,16 +162,17 @@ class CommState:
             self.window.Unlock(peer)
         except MPI.Exception:
             return None
-        count, tag = int(theirs[0]), int(theirs[1])
-        ahead = count - self.native_calls[0]
-        if ahead < 1 or (ahead == 1 and tag == native_tag):
+        count, their_tag = int(theirs[0]), int(theirs[1])
+        expected = self.blind_calls[0] + (0 if entered else 1)
+        if count < expected or (count == expected and their_tag == tag):
             self._suspects.pop(peer, None)
             return None
-        if self._suspects.get(peer) != (count, tag):
-            self._suspects[peer] = (count, tag)  # confirm on the next probe
+        if self._suspects.get(peer) != (count, their_tag):
+            self._suspects[peer] = (count, their_tag)  # confirm on the next probe
             return None
-        return (f"blocked in native all-reduce number {count} on this communicator "
-                f"({self.explain(tag)}) while this rank has made {self.native_calls[0]}")
+        return (f"blocked in blind call number {count} on this communicator "
+                f"({self.explain(their_tag)}: MPI_Allreduce or a shared-memory exchange) "
+                f"while this rank is at {expected}")
 
     def plan(self, n: int, dtype: np.dtype, op: str, algorithm: str) -> Plan:
         """The checked plan of a signature (collective on first use)."""
@@ -187,11 +196,9 @@ class CommState:
         tag = consistency.signature_tag(n, dtype, op, runs.name, segment, self.tag_ub)
         record = consistency.make_record(n, dtype, op, algorithm, runs.name, segment, tag)
         if self.size > 1:
-            native_tag = tag if runs.name == "native" else None
             self._suspects.clear()
             table = consistency.exchange_records(
-                self.comm, record, self.explain,
-                lambda peer: self.peer_blocked(peer, native_tag))
+                self.comm, record, self.explain, lambda peer: self.peer_blocked(peer, tag))
             message = consistency.mismatch_message(table, names())
             if message is not None:
                 raise AllreduceMismatch(message, collective=True)
@@ -202,8 +209,16 @@ class CommState:
             comm=self.comm, rank=self.rank, size=self.size, n=n, dtype=dtype, op=op,
             mpi_type=MPI.Datatype.fromcode(dtype.char), mpi_op=mpi_op, tag=tag,
             segment=max(1, segment // dtype.itemsize), explain=self.explain,
-            description=description, native_calls=self.native_calls)
-        return Plan(ctx, algorithm, runs)
+            description=description, blind_calls=self.blind_calls, pair=self.pair,
+            blocked=self._blocked_in_call)
+        plan = Plan(ctx, algorithm, runs)
+        plan.host_only = bool(runs.host_only and runs.host_only(ctx))
+        return plan
+
+    def _blocked_in_call(self, peer: int, tag: int, first: bool) -> str | None:
+        if first:  # a new wait: no suspicion carried over from an earlier one
+            self._suspects.clear()
+        return self.peer_blocked(peer, tag, entered=True)
 
 
 def _delete_state(comm, keyval, state: CommState) -> None:

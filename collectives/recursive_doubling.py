@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from collectives.context import PlanContext
 from collectives.registry import register
 from collectives.runtime import MPI
+from collectives.shm import SLOT_BYTES
 
 
 def schedule(rank: int, size: int) -> tuple[str, list[int]]:
@@ -50,13 +53,22 @@ def schedule(rank: int, size: int) -> tuple[str, list[int]]:
     return role, partners
 
 
+def uses_shared_memory(ctx: PlanContext) -> bool:
+    """Two ranks on one node and a buffer that fits: exchange through shared memory."""
+    return (ctx.pair is not None and ctx.size == 2
+            and ctx.n * ctx.dtype.itemsize <= SLOT_BYTES)
+
+
 @register("recursive_doubling",
           summary="log2(p) pairwise exchanges of the whole buffer; extra ranks folded in",
-          messages="log2(p') exchanges of n elements (+2 for the folded ranks)")
+          messages="log2(p') exchanges of n elements (+2 for the folded ranks)",
+          host_only=uses_shared_memory)
 def plan_recursive_doubling(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     p, r, n = ctx.size, ctx.rank, ctx.n
     if p == 1:
         return lambda view: (lambda: None)
+    if uses_shared_memory(ctx):
+        return _plan_shared(ctx)
     role, partners = schedule(r, p)
     tmp = ctx.empty(n) if role != "out" else None
     combine = ctx.combine
@@ -103,5 +115,37 @@ def plan_recursive_doubling(ctx: PlanContext) -> Callable[[Any], Callable[[], No
                 fn(*args)
 
         return run
+
+    return bind
+
+
+def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
+    """p = 2 on one node: the exchange through :class:`collectives.shm.SharedPair`."""
+    pair, tag = ctx.pair, ctx.tag
+    mine, theirs = pair.slot_views(ctx.n * ctx.dtype.itemsize, ctx.dtype)
+    head, their_head = pair.my_head, pair.their_head
+    combine, calls, copyto, wait, fail = ctx.combine, ctx.blind_calls, np.copyto, pair.wait, ctx.fail
+    peer_first = pair.peer < ctx.rank  # the lower rank's operand first, on both ranks
+
+    def bind(view: Any) -> Callable[[], None]:
+        operands = [(theirs[k], view, view) if peer_first else (view, theirs[k], view)
+                    for k in (0, 1)]
+
+        def run_shared() -> None:
+            seq = pair.seq + 1
+            pair.seq = seq
+            parity = seq & 1
+            copyto(mine[parity], view)
+            head[1 + parity] = tag  # data and tag before the sequence number
+            head[0] = seq
+            calls[1] = tag  # a blind call: peers may look (collectives.consistency)
+            calls[0] += 1
+            if their_head[0] < seq:
+                wait(seq, tag, ctx)
+            if their_head[1 + parity] != tag:
+                fail(pair.peer, their_head[1 + parity])
+            combine(*operands[parity])
+
+        return run_shared
 
     return bind

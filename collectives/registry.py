@@ -47,6 +47,9 @@ class Algorithm:
     messages: str
     plan: Planner | None = None
     choose: Selector | None = None
+    #: ``host_only(ctx)``: True when the plan needs host memory (device
+    #: buffers are then staged even with a CUDA-aware MPI).
+    host_only: Callable[["PlanContext"], bool] | None = None
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}
@@ -58,17 +61,20 @@ def _add(algorithm: Algorithm) -> None:
     _ALGORITHMS[algorithm.name] = algorithm
 
 
-def register(name: str, *, summary: str, messages: str) -> Callable[[Planner], Planner]:
+def register(name: str, *, summary: str, messages: str,
+             host_only: Callable[["PlanContext"], bool] | None = None
+             ) -> Callable[[Planner], Planner]:
     """Decorator: make the planner available as ``algorithm=name``.
 
     Args:
         name: the algorithm's name in the API and the benchmark.
         summary: one line saying what it does.
         messages: what each rank sends, e.g. ``"2(p-1) messages of n/p"``.
+        host_only: see :attr:`Algorithm.host_only`.
     """
 
     def decorate(plan: Planner) -> Planner:
-        _add(Algorithm(name, summary, messages, plan=plan))
+        _add(Algorithm(name, summary, messages, plan=plan, host_only=host_only))
         return plan
 
     return decorate

@@ -86,7 +86,7 @@ def test_new_signature_while_the_peer_waits_in_native(pair):
     cached = np.ones(10, np.float32)
     collectives.allreduce(cached, pair, "native")
     if pair.Get_rank() == 0:
-        with pytest.raises(AllreduceMismatch, match="blocked in native all-reduce"):
+        with pytest.raises(AllreduceMismatch, match="blocked in blind call"):
             collectives.allreduce(np.ones(12, np.float32), pair, "native")
         collectives.allreduce(cached, pair, "native")  # releases rank 1
     else:
@@ -205,3 +205,46 @@ def test_a_communicator_that_cannot_be_used():
         collectives.allreduce(np.ones(3), MPI.COMM_NULL)
     with pytest.raises(collectives.AllreduceError, match="intracommunicator"):
         collectives.allreduce(np.ones(3), "world")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_two_ranks_on_one_node_exchange_small_buffers_through_shared_memory(pair):
+    from collectives.plans import comm_state
+
+    if pair is None:
+        return
+    buf = np.arange(100, dtype=np.float64) * (pair.Get_rank() + 1)
+    collectives.allreduce(buf, pair, "recursive_doubling", "max")
+    state = comm_state(pair)
+    assert state.pair is not None  # mpiexec on one machine
+    plan = state.plan(100, np.dtype(np.float64), "max", "recursive_doubling")
+    assert plan.host_only and state.pair.seq == 1
+    np.testing.assert_array_equal(buf, np.arange(100) * 2.0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_new_signature_while_the_peer_waits_in_shared_memory(pair):
+    if pair is None:
+        return
+    cached = np.ones(10, np.float32)
+    collectives.allreduce(cached, pair, "recursive_doubling")
+    mine = np.ones(12, np.float32) if pair.Get_rank() == 0 else cached
+    with pytest.raises(AllreduceMismatch) as caught:  # both ranks find out
+        collectives.allreduce(mine, pair, "recursive_doubling")
+    if pair.Get_rank() == 0:
+        assert "blocked in blind call" in str(caught.value)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_shared_memory_exchange_while_the_peer_waits_in_native(pair):
+    if pair is None:
+        return
+    small, other = np.ones(10, np.float32), np.ones(20, np.float32)
+    collectives.allreduce(small, pair, "recursive_doubling")
+    collectives.allreduce(other, pair, "native")
+    if pair.Get_rank() == 0:
+        with pytest.raises(AllreduceMismatch, match="blocked in blind call"):
+            collectives.allreduce(small, pair, "recursive_doubling")
+        collectives.allreduce(other, pair, "native")  # releases rank 1
+    else:
+        collectives.allreduce(other, pair, "native")
