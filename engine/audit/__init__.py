@@ -1,0 +1,29 @@
+"""Privacy audit: attack a trained model to see what it reveals (``mpidp audit``).
+
+DP-SGD's epsilon is a guarantee on paper; an audit checks it by attacking
+the model. Each piece stands alone (host-side NumPy, no piece imports
+another's internals):
+
+==================  ==========================================================
+``inputs``          checkpoint + prepared file, their checks, which rows are
+                    members, non-members and the attacker's population sample
+``scoring``         the model's log-probability of each row's label, per rank
+``stats``           ROC, AUC, advantage, TPR at low FPR, bootstrap and exact
+                    binomial intervals
+``loss_threshold``  membership attack: the loss threshold (Yeom et al. 2018)
+``calibrated``      membership attack: loss calibrated by a reference model
+                    (Watson et al. 2022)
+``reference``       trains that reference model on the population sample
+``membership``      runs membership attacks and their bootstrap, over ranks
+``inversion``       attribute inference by model inversion (Fredrikson et al.)
+``report``          the text report
+``command``         ``mpidp audit``: wires the above together
+``compare``         the README's comparison: trains models, audits them
+==================  ==========================================================
+
+Example (statistics alone)::
+
+    >>> from engine.audit import stats
+    >>> stats.auc([3.0, 2.0], [1.0, 2.0])    # pairs: 1, 1, 1, 1/2
+    0.875
+"""

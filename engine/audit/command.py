@@ -1,0 +1,275 @@
+"""Audit a trained model by attacking it: membership inference and model inversion.
+
+Reads a checkpoint of `mpidp train` and the prepared file it was trained on,
+and measures what an attacker learns about the training rows:
+
+  membership   is a given person in the training set? Members are rows of
+               /train, non-members as many rows of /test (even rows). Two
+               attacks: the loss threshold (Yeom et al. 2018) and the loss
+               calibrated by a reference model trained on other people of
+               the same population (/test, odd rows; Watson et al. 2022).
+               Reported: ROC AUC, advantage (max TPR - FPR; balanced accuracy
+               = (1 + advantage) / 2), TPR at FPR 1% and 0.1%, each with a 95%
+               stratified percentile bootstrap interval.
+  inversion    recover a person's sensitive attribute (--attribute, one-hot
+               encoded in the file) from the model, the other attributes and
+               the label (Fredrikson et al. 2015), on members and on
+               non-members, against guessing from the attribute's marginal;
+               exact (Clopper-Pearson) intervals.
+
+An AUC near 0.5 and inversion accuracy near the baseline mean the attacks
+learned nothing; they are lower bounds on what an attacker can do, not a
+privacy guarantee (that is the epsilon of DP-SGD). Every rank scores its own
+rows; scores are gathered where a statistic needs them all.
+
+Examples:
+  mpiexec -n 2 mpidp audit --checkpoint runs/a --data pums.h5
+  mpiexec -n 2 mpidp audit --checkpoint runs/a/checkpoint.pt --data pums.h5 \\
+      --attack inversion --attribute MAR --json audit.json
+
+Exit codes: 0 done, 2 bad input (missing or unreadable files, a checkpoint
+and data file of different tasks, encodings or sizes, splits too small, an
+attribute the file does not have).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+ATTACK_GROUPS = ("membership", "inversion")
+
+
+@dataclass
+class AuditConfig:
+    """The settings of one audit (the options of ``mpidp audit``)."""
+
+    checkpoint: str
+    data: str
+    attacks: tuple[str, ...] = ATTACK_GROUPS
+    attribute: str = "SEX"
+    calibration: bool = True
+    reference_epochs: int | None = None
+    max_rows: int | None = None
+    resamples: int = 1000
+    confidence: float = 0.95
+    seed: int = 0
+    json: str | None = None
+    threads: int | None = None
+    progress: bool | None = None
+
+    def validate(self) -> None:
+        from engine.errors import ConfigError
+
+        def fail(message: str):
+            raise ConfigError(message, collective=True)
+
+        unknown = [a for a in self.attacks if a not in ATTACK_GROUPS]
+        if unknown or not self.attacks:
+            fail(f"--attack {','.join(self.attacks)}: choose from {','.join(ATTACK_GROUPS)}")
+        if self.resamples < 0:
+            fail(f"--bootstrap {self.resamples} must be 0 or more")
+        if not 0 < self.confidence < 1:
+            fail(f"--confidence {self.confidence} must be in (0, 1)")
+        if self.reference_epochs is not None and self.reference_epochs < 1:
+            fail(f"--reference-epochs {self.reference_epochs} must be at least 1")
+        if self.json and self.json != "-":
+            parent = os.path.dirname(os.path.abspath(self.json))
+            if not os.path.isdir(parent):
+                fail(f"--json {self.json}: directory {parent} does not exist")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = AuditConfig(checkpoint="", data="")
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint file (or the --checkpoint-dir of a training run)")
+    parser.add_argument("--data", required=True,
+                        help="the prepared HDF5 file the model was trained on (its /train "
+                        "rows are the members)")
+    parser.add_argument("--attack", default=",".join(d.attacks),
+                        help="comma-separated: membership, inversion (default: both)")
+    parser.add_argument("--attribute", default=d.attribute,
+                        help="sensitive attribute for the inversion attack, one-hot encoded "
+                        "in the file, e.g. SEX, MAR, DIS (default: SEX)")
+    parser.add_argument("--no-calibration", dest="calibration", action="store_false",
+                        help="skip the calibrated membership attack (and its reference model)")
+    parser.add_argument("--reference-epochs", type=int, default=None,
+                        help="epochs of the reference model (default: the target's)")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="at most this many members and as many non-members "
+                        "(default: as many as the smaller split allows)")
+    parser.add_argument("--bootstrap", dest="resamples", type=int, default=d.resamples,
+                        help=f"bootstrap resamples for the intervals (default: {d.resamples})")
+    parser.add_argument("--confidence", type=float, default=d.confidence,
+                        help=f"confidence level of the intervals (default: {d.confidence})")
+    parser.add_argument("--seed", type=int, default=d.seed,
+                        help="seed of the reference model and the bootstrap (default: 0)")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="also write the full results as JSON to FILE ('-': stdout)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per rank (default: cores // ranks per node)")
+    parser.add_argument("--progress", dest="progress", action="store_true", default=None,
+                        help="progress bars on rank 0 (default: when stderr is a terminal)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def config_from_args(args: argparse.Namespace) -> AuditConfig:
+    cfg = AuditConfig(
+        checkpoint=args.checkpoint, data=args.data,
+        attacks=tuple(a.strip() for a in args.attack.split(",") if a.strip()),
+        attribute=args.attribute, calibration=args.calibration,
+        reference_epochs=args.reference_epochs, max_rows=args.max_rows,
+        resamples=args.resamples, confidence=args.confidence, seed=args.seed,
+        json=args.json, threads=args.threads, progress=args.progress)
+    cfg.validate()
+    return cfg
+
+
+def _finite(value):
+    """JSON-safe plain types: NaN and infinities become None, numpy becomes
+    Python, recursively."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json(path: str, report: dict) -> None:
+    """Write ``report`` to ``path`` atomically (temporary file, rename)."""
+    text = json.dumps(_finite(report), indent=1, sort_keys=True, allow_nan=False)
+    if path == "-":
+        print(text)
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as handle:
+        handle.write(text + "\n")
+    os.replace(tmp, path)
+
+
+def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
+    """Collective: run the audit ``cfg`` over ``comm``; returns the report (every rank).
+
+    Rank 0 prints the report to ``out`` (default stdout; None-like objects
+    with ``write`` are fine) and writes ``cfg.json``.
+
+    Raises (on every rank): CheckpointError, DataError (AuditMismatch,
+    SplitTooSmall, AttributeNotFound), ConfigError, DivergedError.
+    """
+    import numpy as np
+
+    from engine._version import __version__
+    from engine.audit import inversion, membership, report as report_mod
+    from engine.audit.inputs import (MIN_ROWS, SplitTooSmall, load_target, local_rows,
+                                     plan_rows, spread)
+    from engine.audit.reference import train_reference, training_plan
+    from engine.audit.scoring import allgather_rows, score_rows
+    from engine.errors import DataError, agree
+    from engine.shard import read_shard
+    from engine.trainer import configure_threads
+
+    out = sys.stdout if out is None else out
+    rank, size = comm.Get_rank(), comm.Get_size()
+    progress = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and rank == 0
+    threads, _ = configure_threads(cfg.threads)
+    target = load_target(cfg.checkpoint, cfg.data, comm)
+    info, spec, params = target.info, target.spec, target.params
+    plan = plan_rows(info.rows["train"], info.rows["test"], cfg.max_rows, info.path)
+    if "inversion" in cfg.attacks:
+        cols, values = inversion.attribute_columns(info.feature_names, cfg.attribute,
+                                                   info.path)
+    train = read_shard(info, "train", comm, min_rows_per_rank=0)
+    test = read_shard(info, "test", comm, min_rows_per_rank=0)
+    mine_m = local_rows(plan.members, train.offset, train.n_local)
+    mine_n = local_rows(plan.nonmembers, test.offset, test.n_local)
+    Xm, ym = train.X[mine_m], train.y[mine_m]
+    Xn, yn = test.X[mine_n], test.y[mine_n]
+
+    result: dict = {"mpidp": __version__, "target": target.summary(), "data": info.summary(),
+                    "rows": plan.summary(), "notes": list(target.notes), "ranks": size,
+                    "threads": threads, "seed": cfg.seed}
+    logp_m, right_m = score_rows(spec, params, Xm, ym)
+    logp_n, right_n = score_rows(spec, params, Xn, yn)
+    sums = np.array([-logp_m.sum(), right_m.sum(), -logp_n.sum(), right_n.sum()])
+    sums = np.sum(comm.allgather(sums), axis=0)
+    result["fit"] = {"member_loss": sums[0] / plan.m, "member_accuracy": sums[1] / plan.m,
+                     "nonmember_loss": sums[2] / plan.m, "nonmember_accuracy": sums[3] / plan.m}
+
+    if "membership" in cfg.attacks:
+        observed = membership.Observations(allgather_rows(comm, logp_m),
+                                           allgather_rows(comm, logp_n))
+        names = ["loss"]
+        if cfg.calibration:
+            n_ref = min(plan.population.size, info.rows["train"])
+            if n_ref < MIN_ROWS:
+                raise SplitTooSmall(f"{info.path}: only {plan.population.size} population "
+                                    f"rows (odd test rows) for the reference model; need "
+                                    f"{MIN_ROWS} (or pass --no-calibration)", collective=True)
+            chosen = plan.population[spread(plan.population.size, n_ref)]
+            mine_r = local_rows(chosen, test.offset, test.n_local)
+            offset = comm.exscan(int(mine_r.size)) if size > 1 else 0
+            epochs = cfg.reference_epochs or int(target.config.get("epochs", 10))
+            ref = train_reference(spec, target.config, test.X[mine_r], test.y[mine_r],
+                                  int(offset or 0), n_ref, comm, cfg.seed, epochs, progress)
+            observed.member_ref_logp = allgather_rows(comm, score_rows(spec, ref, Xm, ym)[0])
+            observed.nonmember_ref_logp = allgather_rows(comm,
+                                                         score_rows(spec, ref, Xn, yn)[0])
+            batch, _, steps = training_plan(n_ref, target.config.get("batch_size", 256),
+                                            epochs)
+            result["reference"] = {
+                "rows": n_ref, "from": "/test (odd rows)", "epochs": epochs,
+                "batch_size": batch, "steps": steps, "private": False,
+                "optimizer": target.config.get("optimizer"), "lr": target.config.get("lr"),
+                "member_loss": float(-observed.member_ref_logp.mean()),
+                "nonmember_loss": float(-observed.nonmember_ref_logp.mean())}
+            names.append("calibrated")
+        result["membership"] = {
+            "ci_method": "stratified percentile bootstrap (thresholds re-chosen per resample)",
+            "attacks": [membership.evaluate(membership.ATTACKS[name], observed, comm,
+                                            cfg.resamples, cfg.confidence, cfg.seed, progress)
+                        for name in names]}
+
+    if "inversion" in cfg.attacks:
+        mine_p = local_rows(plan.population, test.offset, test.n_local)
+        error, truth = None, {}
+        for name, X in (("members", Xm), ("nonmembers", Xn), ("population", test.X[mine_p])):
+            try:
+                truth[name] = inversion.attribute_values(X, cols)
+            except ValueError as exc:
+                error = DataError(f"{info.path}: attribute {cfg.attribute} is not one-hot "
+                                  f"encoded in the {name} rows ({exc})")
+                break
+        agree(comm, error)
+        found = inversion.attack(spec, params, cols, values,
+                                 {"members": (Xm, ym, truth["members"]),
+                                  "nonmembers": (Xn, yn, truth["nonmembers"])},
+                                 truth["population"], comm, cfg.confidence)
+        result["inversion"] = {"attribute": cfg.attribute, "title": inversion.TITLE,
+                               "ci_method": "exact Clopper-Pearson", **found}
+
+    result = _finite(result)
+    if rank == 0:
+        if cfg.json != "-":
+            out.write(report_mod.text(result) + "\n")
+            out.flush()
+        if cfg.json:
+            write_json(cfg.json, result)
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    from collectives.runtime import MPI
+
+    run_audit(config_from_args(args), MPI.COMM_WORLD)
+    return 0

@@ -1,0 +1,210 @@
+"""What an audit reads, the checks it makes, and which rows it attacks.
+
+The target is a checkpoint written by ``mpidp train`` (:mod:`engine.checkpoint`)
+and the prepared file it was trained on (:mod:`engine.shard`); nothing else
+is needed. The file's splits are used like this (:func:`plan_rows`):
+
+* **members**: ``m`` rows of ``/train`` -- the model was trained on them;
+* **non-members**: ``m`` of the *even-numbered* rows of ``/test`` -- people
+  the model never saw, from the same population (prep splits by household
+  and shuffles globally, so they are i.i.d. with the members);
+* **population sample**: the *odd-numbered* rows of ``/test``, disjoint from
+  both -- what an attacker is assumed to know about the population: the
+  reference model of the calibrated attack is trained on them and the
+  attribute prior of the inversion attack is counted on them.
+
+``m = min(training rows, even test rows, --max-rows)``; the members and
+non-members are spread evenly over their splits (rows ``floor(j n / m)``),
+which the global shuffle makes uniform random samples.
+
+Errors (exit code 2, raised on every rank): a missing or unreadable
+checkpoint (:class:`~engine.errors.CheckpointError`), a missing or malformed
+data file (:class:`~engine.errors.DataError`), a checkpoint and data file of
+different tasks, encodings or sizes (:class:`AuditMismatch`), splits too
+small to audit (:class:`SplitTooSmall`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.errors import CheckpointError, DataError, agree
+
+#: Fewest members (and non-members) an audit accepts.
+MIN_ROWS = 20
+
+
+class AuditMismatch(DataError):
+    """The checkpoint was not trained on this data file (task, encoding, rows)."""
+
+
+class SplitTooSmall(DataError):
+    """Too few rows to compare members with non-members."""
+
+
+def spread(n: int, m: int) -> np.ndarray:
+    """``m`` distinct indices spread evenly over ``range(n)``: ``floor(j n / m)``.
+
+    Sorted int64; ``m <= n`` required.
+    """
+    if not 0 <= m <= n:
+        raise ValueError(f"cannot pick {m} of {n} rows")
+    return (np.arange(m, dtype=np.int64) * n) // max(m, 1)
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Global row indices (sorted int64) of each role; see the module docstring."""
+
+    members: np.ndarray        # in /train
+    nonmembers: np.ndarray     # in /test (even rows)
+    population: np.ndarray     # in /test (odd rows)
+
+    @property
+    def m(self) -> int:
+        return int(self.members.size)
+
+    def summary(self) -> dict:
+        return {"members": self.m, "nonmembers": int(self.nonmembers.size),
+                "population": int(self.population.size),
+                "members_from": "/train", "nonmembers_from": "/test (even rows)",
+                "population_from": "/test (odd rows)"}
+
+
+def plan_rows(n_train: int, n_test: int, max_rows: int | None = None,
+              path: str = "the data file") -> RowPlan:
+    """Which rows are members, non-members and the population sample.
+
+    Raises:
+        SplitTooSmall: fewer than :data:`MIN_ROWS` members or non-members, or
+            a ``max_rows`` below it (collective: depends on public sizes only).
+    """
+    if max_rows is not None and max_rows < MIN_ROWS:
+        raise SplitTooSmall(f"--max-rows {max_rows} is below the minimum of {MIN_ROWS} "
+                            "members", collective=True)
+    even = np.arange(0, n_test, 2, dtype=np.int64)
+    odd = np.arange(1, n_test, 2, dtype=np.int64)
+    m = min(n_train, even.size, max_rows if max_rows is not None else n_train)
+    if m < MIN_ROWS:
+        raise SplitTooSmall(
+            f"{path}: {n_train} training and {n_test} test rows give {m} members and "
+            f"{m} non-members (half the test rows); an audit needs at least {MIN_ROWS} of "
+            f"each, i.e. at least {MIN_ROWS} training and {2 * MIN_ROWS} test rows",
+            collective=True)
+    return RowPlan(members=spread(n_train, m), nonmembers=even[spread(even.size, m)],
+                   population=odd)
+
+
+def local_rows(indices: np.ndarray, offset: int, n_local: int) -> np.ndarray:
+    """Positions within a shard (rows ``[offset, offset + n_local)``) of the
+    sorted global ``indices`` that fall in it (int64, sorted)."""
+    lo = np.searchsorted(indices, offset, side="left")
+    hi = np.searchsorted(indices, offset + n_local, side="left")
+    return indices[lo:hi] - offset
+
+
+@dataclass
+class Target:
+    """The audited model and what its checkpoint says about its training."""
+
+    checkpoint: str
+    payload: dict
+    spec: object               # engine.model.MLPSpec
+    params: object             # torch float64 flat vector
+    info: object               # engine.shard.DataInfo of the audited file
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def config(self) -> dict:
+        return dict(self.payload.get("config") or {})
+
+    @property
+    def private(self) -> bool:
+        return bool(self.config.get("dp", self.payload.get("epsilon") is not None))
+
+    def summary(self) -> dict:
+        cfg = self.config
+        accountant = self.payload.get("accountant") or {}
+        return {"checkpoint": self.checkpoint, "model": self.spec.describe(),
+                "private": self.private, "epsilon": self.payload.get("epsilon"),
+                "delta": cfg.get("delta") if self.private else None,
+                "noise_multiplier": accountant.get("sigma"),
+                "step": self.payload.get("step"),
+                "trained_on": (self.payload.get("data") or {}).get("path")}
+
+
+def check_compatible(payload: dict, info, checkpoint: str) -> list[str]:
+    """Check that the model in ``payload`` was trained on the file ``info``.
+
+    Membership is only meaningful on the very file the model was trained on:
+    its ``/train`` rows are the members. Returns notes for the report (e.g.
+    the file was moved).
+
+    Raises:
+        AuditMismatch: different task, encoding, shape or split sizes.
+    """
+    from engine.model import MLPSpec
+
+    spec = MLPSpec.from_dict(payload["model"])
+    trained = payload.get("data") or {}
+    where = trained.get("path") or "its training file"
+    fix = (f"audit the model with the file it was trained on ({where}), or train a model "
+           f"on {info.path}")
+    if trained.get("task") and info.task and trained["task"] != info.task:
+        raise AuditMismatch(f"{info.path} holds task {info.task!r} but the model in "
+                            f"{checkpoint} was trained for task {trained['task']!r}; {fix}",
+                            collective=True)
+    if trained.get("fingerprint") and info.fingerprint \
+            and trained["fingerprint"] != info.fingerprint:
+        raise AuditMismatch(f"{info.path} was encoded differently from the file the model "
+                            f"in {checkpoint} was trained on (encoding fingerprints differ); "
+                            f"{fix}", collective=True)
+    if info.n_features != spec.dims[0] or info.n_classes != spec.dims[-1]:
+        raise AuditMismatch(f"{info.path} has {info.n_features} features and "
+                            f"{info.n_classes} classes; the model in {checkpoint} expects "
+                            f"{spec.dims[0]} and {spec.dims[-1]}; {fix}", collective=True)
+    rows = trained.get("rows")
+    if rows and dict(rows) != dict(info.rows):
+        raise AuditMismatch(
+            f"the model in {checkpoint} was trained on a file with {rows.get('train')} "
+            f"training and {rows.get('test')} test rows, but {info.path} has "
+            f"{info.rows['train']} and {info.rows['test']}: its /train rows are not the "
+            f"model's training set; {fix}", collective=True)
+    notes = []
+    if trained.get("path") and trained["path"] != info.path:
+        notes.append(f"the model was trained on {trained['path']}; auditing {info.path}, "
+                     "which has the same task, encoding and split sizes (assumed to be the "
+                     "same file)")
+    return notes
+
+
+def load_target(checkpoint: str, data: str, comm) -> Target:
+    """Collective: load the checkpoint and the data file's description, check them.
+
+    Raises (on every rank of ``comm``): CheckpointError, DataError, AuditMismatch.
+    """
+    import torch
+
+    from engine import checkpoint as ckpt
+    from engine.model import MLPSpec
+    from engine.shard import read_info
+
+    error, payload = None, None
+    try:
+        payload = ckpt.load_file(checkpoint)
+        if "model" not in payload or "params" not in payload:
+            raise CheckpointError(f"{checkpoint} holds no model (keys 'model' and 'params' "
+                                  "missing); pass a checkpoint written by `mpidp train`")
+    except CheckpointError as exc:
+        error = exc
+    agree(comm, error)
+    info = read_info(data, comm)
+    notes = check_compatible(payload, info, checkpoint)
+    spec = MLPSpec.from_dict(payload["model"])
+    params = payload["params"].to(torch.float64)
+    if params.shape != (spec.n_params,):
+        raise CheckpointError(f"{checkpoint}: {params.numel()} parameters for a "
+                              f"{spec.describe()}; the checkpoint is damaged", collective=True)
+    return Target(checkpoint=str(checkpoint), payload=payload, spec=spec, params=params,
+                  info=info, notes=notes)
