@@ -20,7 +20,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["engine", "kernels", "collectives", "preprocessing"],
+    packages=["engine", "engine.audit", "kernels", "collectives", "preprocessing"],
     package_data={"kernels": ["cuda/*.cu"], "preprocessing": ["*.json"]},
     install_requires=[
         "mpi4py>=4.0",
@@ -35,6 +35,7 @@ setup(
         "dp-accounting>=0.4.4",
         "tqdm>=4.66",
         "matplotlib>=3.7",  # PNG plots of the benchmarks
+        "scipy>=1.11",  # exact binomial intervals in mpidp audit
     ],
     extras_require={
         "test": [

@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "versions, MPI library, ranks, kernels, threads (paste into bug reports)"),
     "train": ("engine.train", "train a model with DP-SGD (or --no-dp) over MPI ranks"),
     "eval": ("engine.evaluate", "accuracy and loss of a checkpoint on a prepared file"),
+    "audit": ("engine.audit.command",
+              "attack a checkpoint: membership inference and model inversion"),
     "privacy": ("engine.privacy", "epsilon from (q, sigma, steps, delta), or sigma from a "
                 "target epsilon (offline)"),
     "prep": ("preprocessing.prep",
