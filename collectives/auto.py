@@ -1,9 +1,17 @@
-"""``auto``: picks an algorithm by message size and number of ranks.
+"""``auto``: picks an algorithm by message size and placement.
 
-Every rank must make the same choice, so it depends only on values that are
-equal on all ranks (bytes, communicator size, whether the node is
-oversubscribed); the choice is also part of the first-call check, so ranks
-configured differently get an error, not a hang.
+The *placement* of a communicator is decided once, identically on every
+rank (:attr:`collectives.plans.CommState.placement`):
+
+* ``single``: one rank (every algorithm is a no-op);
+* ``pair``: two ranks sharing a node, a core each (``recursive_doubling``
+  exchanges through shared memory, :mod:`collectives.shm`);
+* ``cores``: more ranks, or ranks on several nodes, a core each;
+* ``oversubscribed``: more ranks than cores on some node.
+
+Every rank must make the same choice, so it depends only on values equal on
+all ranks (bytes, placement); the choice is also part of the first-call
+check, so ranks configured differently get an error, not a hang.
 
 The thresholds come from ``mpidp bench allreduce`` on the development
 machine (README, "Collectives"). Override them with
@@ -18,21 +26,29 @@ import os
 from collectives.errors import AllreduceError
 from collectives.registry import register_selector
 
-#: (largest size in bytes, algorithm) per regime; the last entry has no limit.
-#: Measured with ``mpidp bench allreduce --rounds 10`` (README, "Collectives"):
+PLACEMENTS = ("single", "pair", "cores", "oversubscribed")
+
+#: (largest size in bytes, algorithm) per placement; the last entry has no
+#: limit. Measured with ``mpidp bench allreduce --rounds 10`` (README):
 #:
-#: * ``cores`` (a core per rank; 2 ranks): MPICH's shared-memory
-#:   ``MPI_Allreduce`` beats every point-to-point algorithm up to 64 KiB
-#:   (by 1.2-4x); at 128-256 KiB they are within noise of each other (which
-#:   wins changed with the machine's load), from 512 KiB the ring is
-#:   1.4-1.9x faster.
+#: * ``pair`` (2 ranks, 2 cores): MPICH's shared-memory ``MPI_Allreduce``
+#:   and the shared-memory recursive doubling tie up to 256 B (within 3-7%);
+#:   from 512 B to 64 KiB recursive doubling was 1.2-4x faster with every
+#:   algorithm interleaved (0.8-0.9x up to 2 KiB when only the two were:
+#:   the crossover moves with what else runs between calls); above its
+#:   64 KiB slot the ring wins, 1.2-3.5x native from 128 KiB.
+#: * ``cores``: without the shared-memory pair (point-to-point algorithms
+#:   only, measured at 2 ranks), native beats them up to 64 KiB, they are
+#:   within noise at 128-256 KiB, and the ring is 1.4-1.9x faster from
+#:   512 KiB. Not measured at more ranks (the machine has 2 cores).
 #: * ``oversubscribed`` (4 ranks on 2 cores): every wait costs a trip through
 #:   the scheduler, so the fewest sequential steps win. Recursive doubling
 #:   (2 steps) is ~2x faster than native up to 512 KiB and still ahead at
 #:   1 MiB; above, Rabenseifner (4 steps, n(p-1)/p data) is within 10% of the
 #:   best everywhere (2x native from 32 MiB).
 THRESHOLDS: dict[str, list[tuple[int | None, str]]] = {
-    "single": [(None, "recursive_doubling")],  # p = 1: every algorithm is a no-op
+    "single": [(None, "recursive_doubling")],
+    "pair": [(256, "native"), (64 * 1024, "recursive_doubling"), (None, "ring")],
     "cores": [(128 * 1024, "native"), (None, "ring")],
     "oversubscribed": [(1024 * 1024, "recursive_doubling"), (None, "rabenseifner")],
 }
@@ -49,8 +65,8 @@ def parse_thresholds(text: str) -> list[tuple[int | None, str]]:
         if name not in names() or name == "auto":
             raise AllreduceError(f"MPIDP_ALLREDUCE_AUTO: unknown algorithm {name!r} in {text!r}")
         if (limit == "") != (i == len(items) - 1):
-            raise AllreduceError(f"MPIDP_ALLREDUCE_AUTO={text!r}: every entry but the last needs "
-                             "':max_bytes' and the last must have none")
+            raise AllreduceError(f"MPIDP_ALLREDUCE_AUTO={text!r}: every entry but the last "
+                                 "needs ':max_bytes' and the last must have none")
         if limit and not limit.isdigit():
             raise AllreduceError(f"MPIDP_ALLREDUCE_AUTO={text!r}: {limit!r} is not a byte count")
         table.append((int(limit) if limit else None, name))
@@ -59,20 +75,18 @@ def parse_thresholds(text: str) -> list[tuple[int | None, str]]:
     return table
 
 
-def table_for(size: int, oversubscribed: bool) -> list[tuple[int | None, str]]:
-    """The threshold table in force for ``size`` ranks."""
+def table_for(placement: str) -> list[tuple[int | None, str]]:
+    """The threshold table in force for a placement (or the override)."""
     override = os.environ.get("MPIDP_ALLREDUCE_AUTO", "").strip()
     if override:
         return parse_thresholds(override)
-    if size == 1:
-        return THRESHOLDS["single"]
-    return THRESHOLDS["oversubscribed" if oversubscribed else "cores"]
+    return THRESHOLDS[placement]
 
 
-@register_selector("auto", summary="picks by message size and ranks from measured thresholds")
-def choose(nbytes: int, size: int, oversubscribed: bool) -> str:
-    """The algorithm for ``nbytes`` on ``size`` ranks."""
-    for limit, name in table_for(size, oversubscribed):
+@register_selector("auto", summary="picks by message size and placement from measured thresholds")
+def choose(nbytes: int, placement: str) -> str:
+    """The algorithm for ``nbytes`` on a communicator of this placement."""
+    for limit, name in table_for(placement):
         if limit is None or nbytes <= limit:
             return name
     raise AssertionError("threshold table without a final entry")

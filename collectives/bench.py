@@ -175,7 +175,8 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
     allreduce = collectives.allreduce
     dtype = np.dtype(dtype_name)
     size = comm.Get_size()
-    oversubscribed = comm_state(comm).oversubscribed
+    state = comm_state(comm)
+    oversubscribed, placement = state.oversubscribed, state.placement
     rounds = max(1, rounds)
     records = []
     for nbytes in sizes_bytes:
@@ -228,6 +229,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 "runs": collectives.algorithm_for(count * dtype.itemsize, comm, name),
                 "bytes": count * dtype.itemsize, "count": count, "dtype": dtype.name,
                 "op": op, "ranks": size, "oversubscribed": oversubscribed,
+                "placement": placement,
                 "iterations": done[name],
                 "avg_us": avg * 1e6, "min_us": min(every) * 1e6, "max_us": max(every) * 1e6,
                 "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (size - 1) / size,
@@ -364,7 +366,8 @@ def malloc_setting(kept: bool) -> str:
     return " ".join(f"{k}={v}" for k, v in env.items()) or "glibc defaults (no --keep-heap)"
 
 
-def describe_run(comm: Any) -> str:
+def describe_run(comm: Any, auto_placement: str = "") -> str:
+    """One line about the job (local; ``auto_placement`` from the comm's state)."""
     from collectives.runtime import MPI, launch_info
 
     info = launch_info(comm)
@@ -374,8 +377,9 @@ def describe_run(comm: Any) -> str:
     placement = (f"oversubscribed: {info.local_ranks} ranks on {info.cores} cores"
                  if info.oversubscribed else f"{info.cores} cores")
     library = MPI.Get_library_version().strip().splitlines()[0]
-    return (f"{comm.Get_size()} ranks ({placement}), {platform.node()}, {library.strip()}, "
-            f"MPI thread level {level}")
+    auto = f", auto's placement '{auto_placement}'" if auto_placement else ""
+    return (f"{comm.Get_size()} ranks ({placement}{auto}), {platform.node()}, "
+            f"{library.strip()}, MPI thread level {level}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -409,9 +413,12 @@ def run(args: argparse.Namespace) -> int:
     if rank == 0:  # copy as much as the largest message (4 MiB to 256 MiB)
         ceiling = copy_bandwidth(max(4 << 20, min(args.maxbytes, 256 << 20)))
     ceiling = comm.bcast(ceiling, root=0)
+    from collectives.plans import comm_state
+
+    job = describe_run(comm, comm_state(comm).placement)  # collective on first use
     out = sys.stdout
     if rank == 0:
-        print(f"# mpidp bench allreduce: {describe_run(comm)}", file=out)
+        print(f"# mpidp bench allreduce: {job}", file=out)
         print(f"# dtype {args.datatype}, op {args.op}, iterations "
               f"{args.iters or f'auto ({args.time:g} s per algorithm and size)'}, warm-up "
               f"{args.warmup_iters}, {args.rounds} interleaved rounds, check "
@@ -439,7 +446,7 @@ def run(args: argparse.Namespace) -> int:
                 json.dump(records, handle, indent=1)
             os.replace(args.json + ".tmp", args.json)
         if args.plot:
-            plot(records, args.plot, f"all-reduce, {describe_run(comm)}", ceiling)
+            plot(records, args.plot, f"all-reduce, {job}", ceiling)
         if args.check:
             verdict = "all results correct" if not wrong else f"{wrong} WRONG elements"
             print(f"# check: {verdict}", file=out, flush=True)

@@ -198,4 +198,4 @@ def algorithm_for(nbytes: int, comm: "MPI.Intracomm | None" = None,
     if chosen.choose is None:
         return chosen.name
     state = plans.comm_state(MPI.COMM_WORLD if comm is None else comm)
-    return chosen.choose(nbytes, state.size, state.oversubscribed)
+    return chosen.choose(nbytes, state.placement)

@@ -105,21 +105,31 @@ class CommState:
         self.tags: dict[int, str] = {consistency.CHECK_TAG: "a first-call signature check"}
         self.staging: dict[tuple, Any] = {}
         # [blind calls entered, tag of the last one], readable by the peers
-        # with one-sided MPI (collectives.consistency, point 3).
+        # (collectives.consistency, point 3): for two ranks on one node in
+        # their shared window (plain loads: a one-sided Get would wait for
+        # the peer to enter MPI, which the shared-memory exchange never
+        # does), otherwise in a window read with one-sided MPI.
         self.window = None
-        self.blind_calls = memoryview(bytearray(16)).cast("q")
-        try:
-            self.window = MPI.Win.Allocate(16, 8, comm=self.comm)
-            self.blind_calls = memoryview(self.window.tomemory()).cast("B").cast("q")
-        except MPI.Exception:
-            self.window = None
+        self.pair = SharedPair.create(self.comm)
+        if self.pair is not None:
+            self.blind_calls = self.pair.my_head[3:5]
+        else:
+            self.blind_calls = memoryview(bytearray(16)).cast("q")
+            try:
+                self.window = MPI.Win.Allocate(16, 8, comm=self.comm)
+                self.blind_calls = memoryview(self.window.tomemory()).cast("B").cast("q")
+            except MPI.Exception:
+                self.window = None
         self.blind_calls[0] = self.blind_calls[1] = 0
         self._suspects: dict[int, tuple[int, int]] = {}
-        self.pair = SharedPair.create(self.comm)
         # One verdict for the whole communicator (also the barrier after the
         # windows' initialisation): thresholds and segments must agree.
         self.oversubscribed = bool(self.comm.allreduce(
             int(launch_info(self.comm).oversubscribed), op=MPI.MAX))
+        if self.pair is not None:
+            self.pair.yield_core = self.oversubscribed
+        self.placement = ("single" if self.size == 1 else "oversubscribed"
+                          if self.oversubscribed else "pair" if self.pair else "cores")
 
     def free(self) -> None:
         """Release the private communicator and window (collective)."""
@@ -128,8 +138,8 @@ class CommState:
         for hook in ON_FREE:
             hook()
         self.plans.clear()  # their runners hold views of the windows
+        self.blind_calls = memoryview(bytearray(16)).cast("q")
         if self.window is not None:
-            self.blind_calls = memoryview(bytearray(16)).cast("q")
             self.window.Free()
             self.window = None
         if self.pair is not None:
@@ -153,16 +163,19 @@ class CommState:
         is not making. Reported only when two probes in a row see the same
         state (a peer that progresses changes it).
         """
-        if self.window is None:
+        if self.pair is not None:
+            count, their_tag = self.pair.their_head[3], self.pair.their_head[4]
+        elif self.window is not None:
+            theirs = np.zeros(2, dtype=np.int64)
+            try:
+                self.window.Lock(peer, MPI.LOCK_SHARED)
+                self.window.Get([theirs, MPI.INT64_T], peer)
+                self.window.Unlock(peer)
+            except MPI.Exception:
+                return None
+            count, their_tag = int(theirs[0]), int(theirs[1])
+        else:
             return None
-        theirs = np.zeros(2, dtype=np.int64)
-        try:
-            self.window.Lock(peer, MPI.LOCK_SHARED)
-            self.window.Get([theirs, MPI.INT64_T], peer)
-            self.window.Unlock(peer)
-        except MPI.Exception:
-            return None
-        count, their_tag = int(theirs[0]), int(theirs[1])
         expected = self.blind_calls[0] + (0 if entered else 1)
         if count < expected or (count == expected and their_tag == tag):
             self._suspects.pop(peer, None)
@@ -191,7 +204,7 @@ class CommState:
         chosen = get(algorithm)
         runs = chosen
         if chosen.choose is not None:
-            runs = get(chosen.choose(n * dtype.itemsize, self.size, self.oversubscribed))
+            runs = get(chosen.choose(n * dtype.itemsize, self.placement))
         segment = segment_bytes(self.oversubscribed)
         tag = consistency.signature_tag(n, dtype, op, runs.name, segment, self.tag_ub)
         record = consistency.make_record(n, dtype, op, algorithm, runs.name, segment, tag)

@@ -124,7 +124,8 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     pair, tag = ctx.pair, ctx.tag
     mine, theirs = pair.slot_views(ctx.n * ctx.dtype.itemsize, ctx.dtype)
     head, their_head = pair.my_head, pair.their_head
-    combine, calls, copyto, wait, fail = ctx.combine, ctx.blind_calls, np.copyto, pair.wait, ctx.fail
+    combine, calls, copyto = ctx.combine, ctx.blind_calls, np.copyto
+    wait, fail = pair.wait, ctx.fail
     peer_first = pair.peer < ctx.rank  # the lower rank's operand first, on both ranks
 
     def bind(view: Any) -> Callable[[], None]:

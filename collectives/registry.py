@@ -34,8 +34,8 @@ __all__ = ["Algorithm", "UnknownAlgorithm", "register", "register_selector", "ge
 Runner = Callable[[], None]
 Binder = Callable[[Any], Runner]
 Planner = Callable[["PlanContext"], Binder]
-#: ``choose(nbytes, size, oversubscribed) -> algorithm name``
-Selector = Callable[[int, int, bool], str]
+#: ``choose(nbytes, placement) -> algorithm name`` (see :mod:`collectives.auto`)
+Selector = Callable[[int, str], str]
 
 
 @dataclass(frozen=True)

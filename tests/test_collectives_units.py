@@ -42,17 +42,17 @@ def test_recursive_doubling_schedule_pairs_up(size):
 
 def test_auto_thresholds_and_override(monkeypatch):
     monkeypatch.delenv("MPIDP_ALLREDUCE_AUTO", raising=False)
-    cores = auto.THRESHOLDS["cores"]
-    limit = cores[0][0]
-    assert auto.choose(limit, 2, False) == cores[0][1]
-    assert auto.choose(limit + 1, 2, False) == cores[1][1]
-    assert auto.choose(1, 1, False) == auto.THRESHOLDS["single"][0][1]
-    over = auto.THRESHOLDS["oversubscribed"]
-    assert auto.choose(over[0][0] + 1, 4, True) == over[-1][1]
+    for placement in auto.PLACEMENTS:
+        table = auto.THRESHOLDS[placement]
+        assert table[-1][0] is None
+        for (limit, name), (_, after) in zip(table, table[1:]):
+            assert auto.choose(limit, placement) == name
+            assert auto.choose(limit + 1, placement) == after
+    assert auto.choose(10**12, "pair") == "ring"
     monkeypatch.setenv("MPIDP_ALLREDUCE_AUTO", "naive:100, ring")
-    assert auto.choose(100, 2, False) == "naive" and auto.choose(101, 4, True) == "ring"
+    assert auto.choose(100, "cores") == "naive" and auto.choose(101, "pair") == "ring"
     monkeypatch.setenv("MPIDP_ALLREDUCE_AUTO", "ring")
-    assert auto.choose(1, 1, False) == "ring"
+    assert auto.choose(1, "single") == "ring"
 
 
 @pytest.mark.parametrize("text", ["", "warp", "ring:10", "ring,native", "native:x,ring",
