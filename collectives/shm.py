@@ -9,9 +9,10 @@ its buffer into its own slot, publishes a sequence number, waits for the
 peer's, and combines straight from the peer's slot.
 
 Layout per rank: a 64-byte header of int64 ``[sequence, tag of even calls,
-tag of odd calls, blind calls entered, tag of the last]`` and two slots, used by alternate calls, so a rank may
-publish call s+1 while its peer still reads call s; it cannot reach call s+2
-before the peer has published s+1, i.e. finished reading s. On x86 (total
+tag of odd calls, blind calls entered, tag of the last]`` and two slots,
+used by alternate calls, so a rank may publish call s+1 while its peer
+still reads call s; it cannot reach call s+2 before the peer has published
+s+1, i.e. finished reading s. On x86 (total
 store order) the data stores are visible before the sequence store; the
 header's tag lets the reader check that the peer's call is the same
 signature, so a mismatch is an error here too.
