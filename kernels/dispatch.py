@@ -3,8 +3,9 @@
 The engine never imports a kernel module directly. It asks, once at set-up,
 ``kernels.dispatch.get(op, device)`` for each op it uses, where ``device`` is
 the ``torch.device`` (or its type string) of the tensors it will pass; the
-CPU Numba kernels, the generic torch kernels and (issue 6) the CUDA kernels
-all register under the same op names with the same contract:
+CPU Numba kernels, the generic torch kernels and the CUDA kernels (Numba
+``@cuda.jit`` and CuPy ``RawModule`` over ``kernels/cuda/*.cu``) all register
+under the same op names with the same contract:
 
 ``clip_rows(acts, grads, max_norm, factors) -> int``
     Per-example clipping for a stack of Linear layers in book-keeping form.
@@ -21,10 +22,12 @@ all register under the same op names with the same contract:
 ``softmax_xent(logits, labels, grad) -> float``
     Cross-entropy of every row: writes ``softmax(logits) - onehot(labels)``
     into ``grad`` and returns the summed loss (a Python float).
-``gaussian_stream(seed_words) -> stream``
+``gaussian_stream(seed_sequence[, device]) -> stream``
     A reproducible stream of N(0, 1) samples with ``stream.add_(buf, std)``
     (adds ``std * N(0, 1)`` to every element of a 1-D buffer in place),
-    ``stream.get_state() -> list[int]`` and ``stream.set_state(list)``.
+    ``stream.get_state() -> list[int]`` and ``stream.set_state(list)``
+    (ValueError for the state of another kind of stream). Kernels for a
+    device other than the CPU take the ``torch.device`` as second argument.
 
 Registration is by decorator, one kernel per module::
 
@@ -32,7 +35,10 @@ Registration is by decorator, one kernel per module::
     def clip_rows(acts, grads, max_norm, factors): ...
 
 ``device="any"`` marks a generic implementation (torch ops) used when no
-device-specific one is registered.
+device-specific one is registered. A device may have several back-ends
+(``"cupy"`` and ``"numba"`` on ``"cuda"``); :func:`get` returns the first
+registered unless one is named. CUDA tensors are passed as torch tensors;
+the CUDA kernels run on torch's current stream of the tensors' device.
 """
 from __future__ import annotations
 
@@ -51,10 +57,31 @@ KERNEL_MODULES = (
     "kernels.gaussian_numba",
 )
 
+#: Modules of device-specific kernels, imported only when that device is asked
+#: for (so the CPU path never imports CuPy or Numba's CUDA target). On a
+#: device with several back-ends the first registered wins: CuPy (CUDA C,
+#: the cheapest launches), then Numba CUDA, then the generic torch kernels.
+DEVICE_KERNEL_MODULES = {
+    "cuda": (
+        "kernels.clip_rows_cupy",
+        "kernels.clip_rows_cuda",
+        "kernels.relu_backward_cupy",
+        "kernels.relu_backward_cuda",
+        "kernels.softmax_xent_cupy",
+        "kernels.softmax_xent_cuda",
+        "kernels.gaussian_cupy",
+        "kernels.gaussian_cuda",
+    ),
+}
+
 OPS = ("clip_rows", "relu_backward", "softmax_xent", "gaussian_stream")
 
-_REGISTRY: dict[str, dict[str, Callable]] = {op: {} for op in OPS}
-_loaded = False
+#: op -> device -> implementations in order of preference.
+_REGISTRY: dict[str, dict[str, list[Callable]]] = {op: {} for op in OPS}
+#: Groups of modules already imported ("" for KERNEL_MODULES, else a device type).
+_loaded: set[str] = set()
+#: Kernel modules that could not be imported, and why (an optional back-end).
+UNAVAILABLE: dict[str, str] = {}
 
 
 class UnknownKernel(LookupError):
@@ -73,25 +100,28 @@ def register(op: str, device: str, *, backend: str) -> Callable[[Callable], Call
         raise ValueError(f"unknown kernel op {op!r}; ops are {', '.join(OPS)}")
 
     def decorate(fn: Callable) -> Callable:
-        if device in _REGISTRY[op]:
-            raise ValueError(f"kernel {op!r} registered twice for device {device!r}")
+        table = _REGISTRY[op].setdefault(device, [])
+        if any(other.backend == backend for other in table):
+            raise ValueError(f"kernel {op!r} registered twice for device {device!r} "
+                             f"and back-end {backend!r}")
         fn.backend = backend  # type: ignore[attr-defined]
-        _REGISTRY[op][device] = fn
+        table.append(fn)
         return fn
 
     return decorate
 
 
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for name in KERNEL_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # an optional back-end that is not installed
+def _load(device_type: str = "") -> None:
+    """Import the generic and CPU kernels, and ``device_type``'s when given."""
+    for group in ("", device_type):
+        if group in _loaded:
             continue
+        _loaded.add(group)
+        for name in (KERNEL_MODULES if group == "" else DEVICE_KERNEL_MODULES.get(group, ())):
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:  # an optional back-end that is not installed
+                UNAVAILABLE[name] = f"{type(exc).__name__}: {exc}"
 
 
 def _device_type(device) -> str:
@@ -110,19 +140,35 @@ def get(op: str, device="cpu", backend: str | None = None) -> Callable:
     Raises:
         UnknownKernel: nothing registered for that op, device and back-end.
     """
-    _load()
-    table = _REGISTRY[op]
     dtype = _device_type(device)
-    candidates = [table[d] for d in (dtype, "any") if d in table]
+    _load(dtype)
+    table = _REGISTRY[op]
+    candidates = [fn for d in (dtype, "any") for fn in table.get(d, ())]
     if backend is not None:
         candidates = [fn for fn in candidates if fn.backend == backend]
     if not candidates:
+        missing = [f"{name} ({why})" for name, why in UNAVAILABLE.items()
+                   if name.startswith(f"kernels.{op.split('_stream')[0]}_")]
         raise UnknownKernel(f"no {op!r} kernel for device {dtype!r}"
-                            + (f" and back-end {backend!r}" if backend else ""))
+                            + (f" and back-end {backend!r}" if backend else "")
+                            + (f"; not importable: {', '.join(missing)}" if missing else ""))
     return candidates[0]
 
 
-def implementations(op: str) -> dict[str, Callable]:
-    """Every registered implementation of ``op``: device -> function."""
-    _load()
-    return dict(_REGISTRY[op])
+def implementations(op: str, device=None) -> dict[str, Callable]:
+    """The preferred implementation of ``op`` per device: device -> function.
+
+    With ``device``, that device's kernels are imported first (else only the
+    generic and CPU ones are, as for any lookup).
+    """
+    _load("" if device is None else _device_type(device))
+    return {d: fns[0] for d, fns in _REGISTRY[op].items() if fns}
+
+
+def backends(op: str, device) -> list[str]:
+    """Back-end names registered for ``op`` on ``device``, preferred first
+    (the generic ``"torch"`` last)."""
+    dtype = _device_type(device)
+    _load(dtype)
+    table = _REGISTRY[op]
+    return [fn.backend for d in (dtype, "any") for fn in table.get(d, ())]

@@ -15,7 +15,8 @@ def test_every_op_has_a_generic_and_a_cpu_kernel():
 
 
 def test_unknown_device_falls_back_to_torch_and_unknown_backend_fails():
-    assert dispatch.get("clip_rows", "cuda").backend == "torch"  # until issue 6 registers one
+    assert dispatch.get("clip_rows", "xpu").backend == "torch"  # nothing device-specific
+    assert dispatch.backends("clip_rows", "cuda")[-1] == "torch"  # after the CUDA kernels
     with pytest.raises(dispatch.UnknownKernel):
         dispatch.get("clip_rows", "cpu", backend="cupy")
     with pytest.raises(ValueError):

@@ -1,0 +1,38 @@
+"""``softmax_xent`` on CUDA with CuPy: ``kernels/cuda/softmax_xent.cu``.
+
+One thread per row; per-row losses go to a reused device buffer and torch
+sums them in float64 (fixed order: reproducible). Returning the loss as a
+Python float synchronizes torch's current stream.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kernels.cuda_shapes import grid_1d, leading
+from kernels.cupy_launch import function, launch, pointer
+from kernels.dispatch import register
+
+_LOSSES: dict[tuple, torch.Tensor] = {}
+
+
+@register("softmax_xent", "cuda", backend="cupy")
+def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
+    """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""
+    k, c = logits.shape
+    if k == 0:
+        return 0.0
+    if labels.dtype != torch.int64 or labels.dim() != 1 or labels.stride(0) != 1:
+        raise ValueError("labels: the CUDA kernels need a contiguous 1-D int64 tensor")
+    key = (logits.device, logits.dtype)
+    losses = _LOSSES.get(key)
+    if losses is None or losses.shape[0] < k:
+        losses = _LOSSES[key] = torch.empty(max(k, 256), dtype=logits.dtype,
+                                            device=logits.device)
+    rows = losses[:k]
+    blocks, threads = grid_1d(k)
+    launch(function("softmax_xent", "softmax_xent", logits), logits, (blocks,), (threads,),
+           (pointer(logits), np.int64(leading(logits, "logits")), pointer(labels),
+            pointer(grad), np.int64(leading(grad, "grad")), pointer(rows), np.int64(k),
+            np.int64(c)))
+    return float(rows.sum(dtype=torch.float64))

@@ -1,0 +1,197 @@
+"""The Numba CUDA kernels under NUMBA_ENABLE_CUDASIM=1, against the CPU and by hand.
+
+Run by tests/test_gpu_kernels.py in a subprocess with the simulator on (it
+must never leak into other tests; compile checks need it off). Not collected
+by the normal suite. Shapes are tiny: every simulated thread is a Python
+thread. The kernels are called through the dispatcher, exactly as the engine
+calls them on a GPU, with CPU tensors standing in for device memory.
+"""
+import os
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+from kernels import dispatch, philox
+
+assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
+assert numba.config.ENABLE_CUDASIM
+
+DTYPES = [torch.float32, torch.float64]
+
+
+def tol(dtype):
+    return dict(rtol=2e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-12, atol=0)
+
+
+def cuda_kernel(op):
+    fn = dispatch.get(op, "cuda", "numba")
+    assert fn.__module__.endswith("_cuda"), fn.__module__
+    return fn
+
+
+def _layers(k, dims, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    acts = [torch.cat([torch.randn(k, d, generator=g, dtype=dtype),
+                       torch.ones(k, 1, dtype=dtype)], 1) for d in dims[:-1]]
+    grads = [torch.randn(k, d, generator=g, dtype=dtype) * 0.3 for d in dims[1:]]
+    return acts, grads
+
+
+def _naive_clip(acts, grads, C):
+    """Per-example gradients materialised: g_i = sum over layers of outer products."""
+    k = grads[0].shape[0]
+    norms = torch.zeros(k, dtype=torch.float64)
+    for i in range(k):
+        norms[i] = sum(float(torch.outer(g[i], a[i]).double().square().sum())
+                       for a, g in zip(acts, grads)) ** 0.5
+    factors = torch.clamp(C / norms, max=1.0)
+    return factors, [g.double() * factors[:, None] for g in grads]
+
+
+def test_the_cuda_registry_under_the_simulator_is_numba():
+    for op in dispatch.OPS:
+        assert dispatch.backends(op, "cuda")[-1] == "torch"
+        assert "numba" in dispatch.backends(op, "cuda")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k,C", [(0, 1.0), (1, 1e6), (5, 0.3), (6, 1e-3)])
+def test_clip_rows_matches_cpu_and_the_naive_loop(dtype, k, C):
+    acts, grads = _layers(k, (5, 7, 3), dtype, seed=k)
+    cpu_grads = [g.clone() for g in grads]
+    want_f, want_g = _naive_clip(acts, grads, C) if k else (None, None)
+    factors = torch.full((k + 2,), -1.0, dtype=dtype)
+    cpu_factors = factors.clone()
+    n = cuda_kernel("clip_rows")(acts, grads, C, factors)
+    n_cpu = dispatch.get("clip_rows", "cpu", "numba")(acts, cpu_grads, C, cpu_factors)
+    assert n == n_cpu
+    assert torch.equal(factors[k:], torch.full((2,), -1.0, dtype=dtype))  # untouched
+    if k == 0:
+        return
+    assert n == int((want_f < 1).sum())
+    assert torch.allclose(factors[:k], cpu_factors[:k], **tol(dtype))
+    assert torch.allclose(factors[:k].double(), want_f, **tol(dtype))
+    for g, c, w in zip(grads, cpu_grads, want_g):
+        assert torch.allclose(g, c, **tol(dtype))
+        assert torch.allclose(g.double(), w, **tol(dtype))
+
+
+def test_clip_kernels_stride_when_rows_outnumber_threads():
+    """Launches smaller than the data (as for widths > 256 or grids past 65535 rows):
+    every column, row and factor is still covered."""
+    from kernels.clip_rows_cuda import KERNELS
+
+    kern = KERNELS[np.dtype(np.float32)]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((11, 9)).astype(np.float32)
+    g = rng.standard_normal((11, 5)).astype(np.float32)
+    sq = np.zeros(11, np.float32)
+    kern.row_sq_norms[11, 2](a, g, sq, False)  # 2 threads over 9 and 5 columns
+    want = (a.astype(np.float64) ** 2).sum(1) * (g.astype(np.float64) ** 2).sum(1)
+    assert np.allclose(sq, want, rtol=1e-6)
+    factors, count = np.zeros(11, np.float32), np.zeros(1, np.int32)
+    kern.clip_factors[1, 4](sq, np.float32(3.0), factors, count)  # 4 threads, 11 rows
+    norms = np.sqrt(want)
+    assert count[0] == int((norms > 3).sum()) and 0 < count[0] < 11
+    assert np.allclose(factors, np.minimum(1, 3 / norms), rtol=1e-6)
+    scaled = g.copy()
+    kern.scale_rows[(2, 1), (4, 2)](scaled, factors)  # grid-stride over 11 rows
+    assert np.allclose(scaled, g * factors[:, None], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [0, 3, 9])
+def test_relu_backward_equals_cpu_and_the_mask(dtype, k):
+    g = torch.Generator().manual_seed(k)
+    full = torch.randn(k, 10, generator=g, dtype=dtype).clamp_min(0)
+    grad = torch.randn(k, 9, generator=g, dtype=dtype)
+    a, b = grad.clone(), grad.clone()
+    cuda_kernel("relu_backward")(a, full[:, :9])  # a strided view, as in the engine
+    dispatch.get("relu_backward", "cpu", "numba")(b, full[:, :9])
+    assert torch.equal(a, b)
+    assert torch.equal(a, torch.where(full[:, :9] > 0, grad, 0.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k,classes", [(0, 2), (1, 2), (7, 5)])
+def test_softmax_xent_matches_cpu_and_autograd(dtype, k, classes):
+    g = torch.Generator().manual_seed(10 * k + classes)
+    logits = torch.randn(k, classes, generator=g, dtype=dtype) * 4
+    labels = torch.randint(0, classes, (k,), generator=g)
+    z = logits.double().clone().requires_grad_()
+    want_loss = torch.nn.functional.cross_entropy(z, labels, reduction="sum")
+    want_grad = (torch.autograd.grad(want_loss, z)[0] if k
+                 else torch.zeros(0, classes, dtype=torch.float64))
+    want_loss = float(want_loss.detach())
+    grad, cpu_grad = torch.empty(k, classes, dtype=dtype), torch.empty(k, classes, dtype=dtype)
+    loss = cuda_kernel("softmax_xent")(logits, labels, grad)
+    cpu_loss = dispatch.get("softmax_xent", "cpu", "numba")(logits, labels, cpu_grad)
+    rel = 1e-5 if dtype == torch.float32 else 1e-12
+    assert loss == pytest.approx(cpu_loss, rel=rel, abs=rel)
+    assert loss == pytest.approx(want_loss, rel=rel, abs=rel)
+    assert torch.allclose(grad, cpu_grad, **tol(dtype))
+    assert torch.allclose(grad.double(), want_grad, rtol=rel, atol=rel)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gaussian_stream_is_the_philox_reference(dtype):
+    make = cuda_kernel("gaussian_stream")
+    stream = make(np.random.SeedSequence(11), torch.device("cpu"))
+    key = tuple(stream.get_state()[:2])
+    buf = torch.arange(10, dtype=dtype)
+    want = buf.numpy().copy()
+    stream.add_(buf, 0.5)           # 10 elements: blocks 0..2 (last one partly used)
+    stream.add_(buf[3:8], 2.0)      # a slice, as the partition noise scheme passes
+    counter = philox.add_reference(want, 0.5, 0, key)
+    philox.add_reference(want[3:8], 2.0, counter, key)
+    assert stream.get_state()[2:] == [5, 0]
+    if dtype == torch.float64:
+        assert np.allclose(buf.numpy(), want, rtol=1e-14, atol=1e-14)
+    else:
+        assert np.allclose(buf.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_gaussian_stream_state_round_trip_and_other_layouts():
+    make = cuda_kernel("gaussian_stream")
+    a = make(np.random.SeedSequence(2))
+    state = a.get_state()
+    first, second = torch.zeros(7), torch.zeros(7)
+    a.add_(first, 1.0)
+    a.set_state(state)
+    a.add_(second, 1.0)
+    assert torch.equal(first, second) and bool((first != 0).all())
+    other = make(np.random.SeedSequence(3))
+    third = torch.zeros(7)
+    other.add_(third, 1.0)
+    assert not torch.equal(first, third)
+    cpu_state = dispatch.get("gaussian_stream", "cpu", "numba")(np.random.SeedSequence(2))
+    with pytest.raises(ValueError):
+        a.set_state(cpu_state.get_state())  # a checkpoint of the CPU stream
+
+
+def test_one_mlp_step_through_the_cuda_kernels_equals_the_cpu_step():
+    """FastMLP's whole clipped step with every kernel taken from the 'cuda' registry."""
+    from engine.fast_mlp import FastMLP
+    from engine.model import MLPSpec, init_params
+
+    spec = MLPSpec((4, 5, 3))
+    g = torch.Generator().manual_seed(1)
+    X = torch.cat([torch.randn(12, 4, generator=g), torch.ones(12, 1)], 1)
+    y = torch.randint(0, 3, (12,), generator=g)
+    rows = torch.tensor([0, 3, 4, 7, 11])
+    out = {}
+    for name in ("cpu", "cuda"):
+        params = init_params(spec, 3)
+        grad = torch.zeros(spec.n_params)
+        mlp = FastMLP(spec, params, grad, capacity=8)
+        if name == "cuda":
+            for op in ("clip_rows", "relu_backward", "softmax_xent"):
+                setattr(mlp, op, cuda_kernel(op))
+        k = mlp.load(X, y, rows)
+        loss, clipped = mlp.clipped_sum(k, 0.05)
+        out[name] = (loss, clipped, grad)
+    assert out["cuda"][1] == out["cpu"][1] > 0
+    assert out["cuda"][0] == pytest.approx(out["cpu"][0], rel=1e-5)
+    assert torch.allclose(out["cuda"][2], out["cpu"][2], rtol=1e-5, atol=1e-7)
