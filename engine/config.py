@@ -17,7 +17,7 @@ from engine.errors import ConfigError
 #: Options a resume must repeat unchanged (they define the run and its privacy).
 FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
                    "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
-                   "sampling", "noise_scheme", "hidden", "seed")
+                   "sampling", "noise_scheme", "hidden", "seed", "device")
 
 
 @dataclass
@@ -46,6 +46,7 @@ class TrainConfig:
     metrics: str | None = None
     eval_every: int = 1
     threads: int | None = None
+    device: str = "cpu"
     kernels: str | None = None
     progress: bool | None = None
 
@@ -71,6 +72,11 @@ class TrainConfig:
             fail("--checkpoint-every and --eval-every must be at least 1")
         if self.stop_after is not None and self.stop_after < 1:
             fail(f"--stop-after {self.stop_after} must be at least 1")
+        if self.device not in ("cpu", "cuda"):
+            fail(f"--device {self.device!r}: choose cpu or cuda")
+        if self.kernels == "cupy" and self.device != "cuda":
+            fail("--kernels cupy runs on GPUs only: add --device cuda (or use --kernels "
+                 "numba or torch)")
         if self.resume and not self.checkpoint_dir:
             fail("--resume needs --checkpoint-dir (where the checkpoint is)")
         if self.stop_after is not None and not self.checkpoint_dir:
@@ -147,8 +153,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "a known seed makes the noise reproducible: experiments only)")
     system.add_argument("--threads", type=int, default=None,
                         help="torch/numba threads per rank (default: cores // ranks per node)")
-    system.add_argument("--kernels", choices=("torch",), default=None,
-                        help="use the generic torch kernels instead of the Numba ones")
+    system.add_argument("--device", choices=("cpu", "cuda"), default=d.device,
+                        help="cpu, or cuda: one GPU per rank, chosen by the rank's place on "
+                        "its node; needs the GPU extra (README 'GPUs') (default: cpu)")
+    system.add_argument("--kernels", choices=("numba", "cupy", "torch"), default=None,
+                        help="kernel back-end: numba (CPU, or @cuda.jit on GPUs), cupy (CUDA C, "
+                        "GPUs only) or torch (generic ops) (default: numba on the CPU, cupy "
+                        "then numba on GPUs, whichever is installed)")
     out = parser.add_argument_group("checkpoints and metrics")
     out.add_argument("--checkpoint-dir", default=None,
                      help="write an atomic checkpoint here every --checkpoint-every epochs "
@@ -180,6 +191,7 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
         hidden=parse_hidden(args.hidden), seed=args.seed, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume,
         stop_after=args.stop_after, metrics=args.metrics, eval_every=args.eval_every,
-        threads=args.threads, kernels=args.kernels, progress=args.progress)
+        threads=args.threads, device=args.device, kernels=args.kernels,
+        progress=args.progress)
     cfg.validate()
     return cfg

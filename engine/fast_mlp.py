@@ -18,7 +18,9 @@ book-keeping rule). Per step, for L layers:
 
 Every buffer is allocated once (and grown if a Poisson batch is larger than
 any before), so a step allocates nothing but a few tensor views. Kernels
-come from :mod:`kernels.dispatch` for the parameters' device.
+come from :mod:`kernels.dispatch` for the parameters' device; on a GPU every
+buffer lives there too (``--device cuda``), and only the sampled row indices
+go in and the loss and clipped count come back.
 """
 from __future__ import annotations
 
@@ -91,9 +93,12 @@ class FastMLP:
         """Gather the batch ``X[rows]``, ``y[rows]`` into the input buffers.
 
         ``X`` carries the trailing ones column (:mod:`engine.shard`); ``rows``
-        is an int64 tensor of local row indices. Returns the batch size k.
+        is an int64 tensor of local row indices (copied to the device if it is
+        elsewhere). Returns the batch size k.
         """
         k = int(rows.shape[0])
+        if rows.device != self.device:
+            rows = rows.to(self.device, non_blocking=True)
         if k > self.capacity:
             self._allocate(k + k // 4)
         A, _, _, _, yk = self._slices(k)
@@ -129,5 +134,6 @@ class FastMLP:
         return loss, clipped
 
     def logits(self, X: torch.Tensor) -> torch.Tensor:
-        """Logits of rows ``X`` (with the ones column); allocates (evaluation)."""
-        return mlp_logits(self.spec, self.params, X)
+        """Logits of rows ``X`` (with the ones column) on the CPU, computed on the
+        parameters' device; allocates (evaluation)."""
+        return mlp_logits(self.spec, self.params, X.to(self.device)).cpu()

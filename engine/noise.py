@@ -53,8 +53,11 @@ class GaussianNoise:
         else:
             self.lo, self.hi = 0, dim
             self.local_std = self.std / math.sqrt(size)
+        device = torch.device(device)
         make = dispatch.get("gaussian_stream", device, backend)
-        self.stream = make(seed_sequence(seed, rank, STREAM_NOISE))
+        seeds = seed_sequence(seed, rank, STREAM_NOISE)
+        # CPU kernels take the seeds only; other devices' kernels also take the device.
+        self.stream = make(seeds) if device.type == "cpu" else make(seeds, device)
         self.backend = make.backend
 
     def add_(self, buf: torch.Tensor) -> None:

@@ -33,6 +33,7 @@ from engine import checkpoint as ckpt
 from engine import metrics as metrics_mod
 from engine.accountant import Accountant, calibrate_sigma, epsilon_for
 from engine.config import FIXED_ON_RESUME, TrainConfig
+from engine.device import select as select_device
 from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError, DataError,
                            DivergedError, PrivacyError, agree)
 from engine.evaluate import evaluate_shard
@@ -96,6 +97,7 @@ class Trainer:
     def setup(self) -> None:
         cfg, comm = self.cfg, self.comm
         self.threads, self.local_ranks = configure_threads(cfg.threads)
+        self.placement = select_device(cfg.device, comm)
         self.info = read_info(cfg.data, comm)
         self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1)
         self.test = read_shard(self.info, "test", comm, min_rows_per_rank=0)
@@ -150,7 +152,7 @@ class Trainer:
         for name in FIXED_ON_RESUME:
             mine = getattr(cfg, name)
             mine = list(mine) if isinstance(mine, tuple) else mine
-            theirs = saved.get(name)
+            theirs = saved.get(name, "cpu" if name == "device" else None)
             if name == "seed" and mine is None:
                 continue
             if mine != theirs:
@@ -200,13 +202,20 @@ class Trainer:
 
     def _build_state(self, payload: dict | None) -> None:
         cfg, spec = self.cfg, self.spec
+        device = self.placement.device
         params = init_params(spec, self.seed)
         if payload is not None:
             params.copy_(payload["params"])
-        self.params = params
-        # The all-reduce buffer: the flat gradient and one control float.
-        self.buffer = np.zeros(spec.n_params + 1, dtype=np.float32)
-        self.grad = torch.from_numpy(self.buffer[:spec.n_params])
+        self.params = params = params.to(device)
+        # The all-reduce buffer: the flat gradient and one control float; a
+        # numpy array on the CPU, a tensor on a GPU (collectives stage it
+        # through host memory unless MPI is CUDA-aware).
+        if self.placement.host_buffer:
+            self.buffer = np.zeros(spec.n_params + 1, dtype=np.float32)
+            self.grad = torch.from_numpy(self.buffer[:spec.n_params])
+        else:
+            self.buffer = torch.zeros(spec.n_params + 1, dtype=torch.float32, device=device)
+            self.grad = self.buffer[:spec.n_params]
         self.control = self.buffer[spec.n_params:]
         n_local = self.train.n_local
         if cfg.sampling == "poisson":
@@ -223,7 +232,7 @@ class Trainer:
         if cfg.dp:
             std = self.accountant.sigma * cfg.max_grad_norm
             self.noise = GaussianNoise(spec.n_params, std, self.size, self.rank, self.seed,
-                                       cfg.noise_scheme, backend=cfg.kernels)
+                                       cfg.noise_scheme, device=device, backend=cfg.kernels)
         self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum)
         self.step = 0
         self.local = {"loss_sum": 0.0, "examples": 0, "clipped": 0}
@@ -241,8 +250,9 @@ class Trainer:
                                       collective=True) from None
             self.local = dict(mine["local"])
             self.history = list(payload.get("history", []))
-        self.X = torch.from_numpy(self.train.X)
-        self.y = torch.from_numpy(self.train.y)
+        # The shard moves to the device once; a step gathers its rows there.
+        self.X = torch.from_numpy(self.train.X).to(device)
+        self.y = torch.from_numpy(self.train.y).to(device)
 
     # ------------------------------------------------------------ checkpoints
     def _epsilon(self) -> float | None:
@@ -265,7 +275,8 @@ class Trainer:
             payload = {
                 "config": self.cfg.to_dict(), "seed": self.seed, "world_size": self.size,
                 "data": self.info.summary(), "model": self.spec.to_dict(),
-                "params": self.params.clone(), "optimizer": self.optimizer.state_dict(),
+                "params": self.params.detach().cpu().clone(),
+                "optimizer": self.optimizer.state_dict(),
                 "accountant": None if self.accountant is None else self.accountant.state_dict(),
                 "budget_epsilon": self.budget, "epsilon": self._epsilon(),
                 "step": self.step, "steps_per_epoch": self.steps_per_epoch,
@@ -327,7 +338,9 @@ class Trainer:
         self._say(f"mpidp train: {self.spec.describe()} on {cfg.data} "
                   f"({self.n_train:,} training rows, {self.info.n_features} features), "
                   f"{self.size} rank(s) x {self.threads} thread(s), kernels "
-                  f"{self.engine.backends['clip_rows']}")
+                  f"{self.engine.backends['clip_rows']}"
+                  + ("" if self.placement.device.type == "cpu"
+                     else f", rank 0 on {self.placement.describe()}"))
         if cfg.dp:
             acct = self.accountant
             self._say(f"DP-SGD: C={cfg.max_grad_norm:g}, sigma={acct.sigma:.4f}, expected "

@@ -6,6 +6,7 @@ by the normal suite. Shapes are tiny: every simulated thread is a Python
 thread. The kernels are called through the dispatcher, exactly as the engine
 calls them on a GPU, with CPU tensors standing in for device memory.
 """
+import io
 import os
 
 import numba
@@ -195,3 +196,41 @@ def test_one_mlp_step_through_the_cuda_kernels_equals_the_cpu_step():
     assert out["cuda"][1] == out["cpu"][1] > 0
     assert out["cuda"][0] == pytest.approx(out["cpu"][0], rel=1e-5)
     assert torch.allclose(out["cuda"][2], out["cpu"][2], rtol=1e-5, atol=1e-7)
+
+
+def test_training_on_the_device_path_with_every_kernel_simulated(tmp_path, monkeypatch):
+    """mpidp train's GPU code path (tensor all-reduce buffer, device transfers,
+    Philox noise) with every kernel a simulated CUDA kernel, against the same
+    path with the CPU clipping/ReLU/softmax kernels: the same model."""
+    from collectives.runtime import MPI
+    from engine import synthetic_h5
+    from engine.config import TrainConfig
+    from engine.device import Placement
+    from engine.trainer import Trainer
+
+    path = synthetic_h5.write(tmp_path / "d.h5", rows=60, features=3, test_rows=10, seed=1)
+    monkeypatch.setattr("engine.trainer.select_device",
+                        lambda kind, comm: Placement(torch.device("cpu"), host_buffer=False))
+    original = dispatch.get
+    runs = {}
+    for mode in ("simulated", "cpu kernels"):
+        def get(op, device="cpu", backend=None, mode=mode):
+            if op == "gaussian_stream" or mode == "simulated":
+                return original(op, "cuda", "numba")
+            return original(op, device, backend)
+
+        monkeypatch.setattr(dispatch, "get", get)
+        cfg = TrainConfig(data=str(path), epochs=1, batch_size=12, hidden=(4,),
+                          noise_multiplier=0.5, max_grad_norm=0.1, seed=3, progress=False)
+        cfg.validate()
+        trainer = Trainer(cfg, MPI.COMM_SELF, out=io.StringIO())
+        assert trainer.run() == 0
+        runs[mode] = trainer
+    sim, cpu = runs["simulated"], runs["cpu kernels"]
+    assert sim.engine.clip_rows.__module__ == "kernels.clip_rows_cuda"
+    assert cpu.engine.clip_rows.__module__ == "kernels.clip_rows_numba"
+    assert sim.noise.stream.get_state() == cpu.noise.stream.get_state()
+    assert sim.noise.stream.get_state()[2] > 0  # the Philox counter moved
+    assert sim.history[0]["clipped_fraction"] == cpu.history[0]["clipped_fraction"] > 0
+    assert torch.allclose(sim.params, cpu.params, rtol=1e-5, atol=1e-6)
+    assert sim.history[0]["train_loss"] == pytest.approx(cpu.history[0]["train_loss"], rel=1e-5)
