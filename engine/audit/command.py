@@ -3,11 +3,12 @@
 Reads a checkpoint of `mpidp train` and the prepared file it was trained on,
 and measures what an attacker learns about the training rows:
 
-  membership   is a given person in the training set? Members are rows of
-               /train, non-members as many rows of /test (even rows). Two
+  membership   is a given person in the training set? Members are even rows
+               of /train, non-members as many even rows of /test. Two
                attacks: the loss threshold (Yeom et al. 2018) and the loss
                calibrated by a reference model trained on other people of
-               the same population (/test, odd rows; Watson et al. 2022).
+               the same population (odd rows of both splits; Watson et al.
+               2022).
                Reported: ROC AUC, advantage (max TPR - FPR; balanced accuracy
                = (1 + advantage) / 2), TPR at FPR 1% and 0.1%, each with a 95%
                stratified percentile bootstrap interval.
@@ -172,15 +173,15 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
     from engine._version import __version__
     from engine.audit import inversion, membership, report as report_mod
     from engine.audit.inputs import (MIN_ROWS, SplitTooSmall, load_target, local_rows,
-                                     plan_rows, spread)
-    from engine.audit.reference import train_reference, training_plan
+                                     plan_rows, reference_rows)
+    from engine.audit.reference import Part, train_reference, training_plan
     from engine.audit.scoring import allgather_rows, score_rows
     from engine.errors import DataError, agree
     from engine.shard import read_shard
     from engine.trainer import configure_threads
 
     out = sys.stdout if out is None else out
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank, n_ranks = comm.Get_rank(), comm.Get_size()
     progress = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and rank == 0
     threads, _ = configure_threads(cfg.threads)
     target = load_target(cfg.checkpoint, cfg.data, comm)
@@ -197,7 +198,7 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
     Xn, yn = test.X[mine_n], test.y[mine_n]
 
     result: dict = {"mpidp": __version__, "target": target.summary(), "data": info.summary(),
-                    "rows": plan.summary(), "notes": list(target.notes), "ranks": size,
+                    "rows": plan.summary(), "notes": list(target.notes), "ranks": n_ranks,
                     "threads": threads, "seed": cfg.seed}
     logp_m, right_m = score_rows(spec, params, Xm, ym)
     logp_n, right_n = score_rows(spec, params, Xn, yn)
@@ -211,39 +212,46 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
                                            allgather_rows(comm, logp_n))
         names = ["loss"]
         if cfg.calibration:
-            n_ref = min(plan.population.size, info.rows["train"])
+            n_ref = min(plan.population, info.rows["train"])
             if n_ref < MIN_ROWS:
-                raise SplitTooSmall(f"{info.path}: only {plan.population.size} population "
-                                    f"rows (odd test rows) for the reference model; need "
-                                    f"{MIN_ROWS} (or pass --no-calibration)", collective=True)
-            chosen = plan.population[spread(plan.population.size, n_ref)]
-            mine_r = local_rows(chosen, test.offset, test.n_local)
-            offset = comm.exscan(int(mine_r.size)) if size > 1 else 0
+                raise SplitTooSmall(f"{info.path}: only {plan.population} population rows "
+                                    f"(odd rows) for the reference model; need {MIN_ROWS} "
+                                    "(or pass --no-calibration)", collective=True)
+            parts = []
+            for shard, chosen in zip((train, test), reference_rows(plan, n_ref)):
+                mine = local_rows(chosen, shard.offset, shard.n_local)
+                offset = comm.exscan(int(mine.size)) if n_ranks > 1 else 0
+                parts.append(Part(shard.X[mine], shard.y[mine], int(offset or 0),
+                                  int(chosen.size)))
             epochs = cfg.reference_epochs or int(target.config.get("epochs", 10))
-            ref = train_reference(spec, target.config, test.X[mine_r], test.y[mine_r],
-                                  int(offset or 0), n_ref, comm, cfg.seed, epochs, progress)
+            ref = train_reference(spec, target.config, parts, comm, cfg.seed, epochs,
+                                  progress)
             observed.member_ref_logp = allgather_rows(comm, score_rows(spec, ref, Xm, ym)[0])
             observed.nonmember_ref_logp = allgather_rows(comm,
                                                          score_rows(spec, ref, Xn, yn)[0])
             batch, _, steps = training_plan(n_ref, target.config.get("batch_size", 256),
                                             epochs)
             result["reference"] = {
-                "rows": n_ref, "from": "/test (odd rows)", "epochs": epochs,
+                "rows": n_ref, "rows_from_train": parts[0].n, "rows_from_test": parts[1].n,
+                "from": "odd rows of /train and /test", "epochs": epochs,
                 "batch_size": batch, "steps": steps, "private": False,
                 "optimizer": target.config.get("optimizer"), "lr": target.config.get("lr"),
                 "member_loss": float(-observed.member_ref_logp.mean()),
                 "nonmember_loss": float(-observed.nonmember_ref_logp.mean())}
             names.append("calibrated")
         result["membership"] = {
+            "members": plan.m, "nonmembers": plan.m,
             "ci_method": "stratified percentile bootstrap (thresholds re-chosen per resample)",
             "attacks": [membership.evaluate(membership.ATTACKS[name], observed, comm,
                                             cfg.resamples, cfg.confidence, cfg.seed, progress)
                         for name in names]}
 
     if "inversion" in cfg.attacks:
-        mine_p = local_rows(plan.population, test.offset, test.n_local)
+        population = np.concatenate([
+            train.X[local_rows(plan.population_train, train.offset, train.n_local)],
+            test.X[local_rows(plan.population_test, test.offset, test.n_local)]])
         error, truth = None, {}
-        for name, X in (("members", Xm), ("nonmembers", Xn), ("population", test.X[mine_p])):
+        for name, X in (("members", Xm), ("nonmembers", Xn), ("population", population)):
             try:
                 truth[name] = inversion.attribute_values(X, cols)
             except ValueError as exc:

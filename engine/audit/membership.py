@@ -47,7 +47,8 @@ def evaluate(attack, observed: Observations, comm, resamples: int = 1000,
     Returns (same on every rank)::
 
         {"attack": NAME, "title": TITLE, "estimate": {stat: value},
-         "ci": {stat: [low, high]}, "confidence": c, "resamples": R}
+         "ci": {stat: [low, high]}, "confidence": c, "resamples": R,
+         "p_values": {"auc_p_value", "advantage_p_value"}}   (stats.no_leak_tests)
     """
     from tqdm import tqdm
 
@@ -76,4 +77,5 @@ def evaluate(attack, observed: Observations, comm, resamples: int = 1000,
         interval = stats.percentile_interval(replicates, confidence)
         ci = {k: [float(interval[0, j]), float(interval[1, j])] for j, k in enumerate(keys)}
     return {"attack": attack.NAME, "title": attack.TITLE, "estimate": estimate, "ci": ci,
-            "confidence": confidence, "resamples": resamples}
+            "confidence": confidence, "resamples": resamples,
+            "p_values": stats.no_leak_tests(members, nonmembers)}

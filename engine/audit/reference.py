@@ -3,8 +3,8 @@
 Difficulty calibration needs a model that has *not* seen the audited records
 but was trained the way the target was, on data from the same population: its
 loss on a record says how hard the record is for any such model. We train one
-on the population sample (:mod:`engine.audit.inputs`: odd test rows, disjoint
-from members and non-members) with the target's architecture (the same
+on the population sample (:mod:`engine.audit.inputs`: the odd rows of both
+splits, disjoint from members and non-members) with the target's architecture (the same
 :class:`~engine.model.MLPSpec`), optimizer, learning rate, momentum, expected
 batch size and number of epochs, and on as many rows as the target (or all
 of the sample if it is smaller). It is trained **without** DP: its job is to
@@ -12,15 +12,18 @@ predict how hard a record is, and the target's own noise would only blur that.
 
 The training reuses the engine's pieces: :class:`engine.fast_mlp.FastMLP`
 (forward, backward, gradient sum), :class:`engine.sampler.PoissonSampler`,
-:func:`engine.optim.build`, and one all-reduce of the gradient per step. To
-give the same model whatever the number of ranks, every rank draws the same
-*global* Poisson sample (a sampler seeded as rank 0 over all reference rows)
-and keeps the rows it holds; the sums are float64, so ranks change only the
-last bits of the result.
+:func:`engine.optim.build`, and one all-reduce of the gradient per step. The
+rows come in parts (one per split), each spread over the ranks in
+consecutive blocks. To give the same model whatever the number of ranks,
+every rank draws the same *global* Poisson sample of each part (a sampler
+per part, seeded by the audit's seed and the part's number alone) and keeps
+the rows it holds; the union of the parts' samples is a Poisson sample of
+all rows. The sums are float64, so ranks change only the last bits.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,17 +40,30 @@ def training_plan(n_rows: int, batch_size: int, epochs: int) -> tuple[int, float
     return batch, batch / n_rows, max(1, int(epochs)) * max(1, round(n_rows / batch))
 
 
-def train_reference(spec, settings: dict, X: np.ndarray, y: np.ndarray, offset: int,
-                    n_rows: int, comm, seed: int, epochs: int, progress: bool = False):
-    """Collective: train the reference model on ``n_rows`` rows split over the ranks.
+@dataclass
+class Part:
+    """This rank's rows of one part of the reference data.
+
+    ``X`` (float32, with the ones column) and ``y`` are the rows; ``offset`` is
+    the index of the first of them within the part's ``n`` rows (the ranks'
+    rows are consecutive blocks in rank order).
+    """
+
+    X: np.ndarray
+    y: np.ndarray
+    offset: int
+    n: int
+
+
+def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, epochs: int,
+                    progress: bool = False):
+    """Collective: train the reference model on the rows of ``parts``.
 
     Args:
         spec: the target's :class:`~engine.model.MLPSpec`.
         settings: the target's training config (``optimizer``, ``lr``,
             ``momentum``, ``batch_size``), as stored in its checkpoint.
-        X, y: this rank's reference rows (X float32 with the ones column).
-        offset: index of this rank's first row among the ``n_rows``; the
-            ranks' rows must be consecutive blocks in rank order.
+        parts: this rank's rows of each part (same number of parts everywhere).
         comm: every rank must call this.
         seed: the audit's seed; epochs: passes over the reference rows.
 
@@ -66,6 +82,7 @@ def train_reference(spec, settings: dict, X: np.ndarray, y: np.ndarray, offset: 
     from engine.optim import build as build_optimizer
     from engine.sampler import PoissonSampler
 
+    n_rows = sum(part.n for part in parts)
     batch, q, steps = training_plan(n_rows, settings.get("batch_size", 256), epochs)
     own_seed = int(np.random.SeedSequence(int(seed), spawn_key=(REFERENCE_STREAM,))
                    .generate_state(1, np.uint64)[0] >> 2)
@@ -77,17 +94,24 @@ def train_reference(spec, settings: dict, X: np.ndarray, y: np.ndarray, offset: 
     optimizer = build_optimizer(settings.get("optimizer", "sgd"), params,
                                 float(settings.get("lr", 0.05)),
                                 float(settings.get("momentum", 0.9)))
-    sampler = PoissonSampler(n_rows, q, seed=own_seed, rank=0)
-    X64 = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))
-    y64 = torch.from_numpy(np.asarray(y, dtype=np.int64))
-    lo, hi = offset, offset + y64.shape[0]
+    # One global sampler per part ("rank" = part number: the same on every rank).
+    samplers = [PoissonSampler(part.n, q, seed=own_seed, rank=i) if part.n else None
+                for i, part in enumerate(parts)]
+    bases = np.cumsum([0] + [part.y.shape[0] for part in parts])
+    X = torch.from_numpy(np.concatenate([np.asarray(p.X, dtype=np.float64) for p in parts]))
+    y = torch.from_numpy(np.concatenate([np.asarray(p.y, dtype=np.int64) for p in parts]))
     bar = tqdm(total=steps, unit="step", desc="reference model", leave=False,
                disable=not progress)
     loss_sum = 0.0
     for step in range(steps):
-        rows = sampler.sample(step)
-        mine = rows[np.searchsorted(rows, lo):np.searchsorted(rows, hi)] - lo
-        k = engine.load(X64, y64, torch.from_numpy(mine))
+        mine = []
+        for part, sampler, base in zip(parts, samplers, bases):
+            if sampler is None:
+                continue
+            rows = sampler.sample(step)
+            lo, hi = part.offset, part.offset + part.y.shape[0]
+            mine.append(rows[np.searchsorted(rows, lo):np.searchsorted(rows, hi)] - lo + base)
+        k = engine.load(X, y, torch.from_numpy(np.concatenate(mine or [np.empty(0, np.int64)])))
         loss, _ = engine.clipped_sum(k, None)
         loss_sum += loss
         collectives.allreduce(buffer, comm)
@@ -99,6 +123,6 @@ def train_reference(spec, settings: dict, X: np.ndarray, y: np.ndarray, offset: 
     if finite[0] < comm.Get_size() or not math.isfinite(finite[1]):
         raise DivergedError("the reference model of the calibrated attack diverged (NaN or "
                             "infinite loss) with the target's learning rate; use "
-                            "--calibration none, or fewer --reference-epochs",
+                            "--no-calibration, or fewer --reference-epochs",
                             collective=True)
     return params

@@ -18,6 +18,12 @@ def _with_ci(value, ci, digits: int = 3) -> str:
     return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
 
 
+def _p(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2g}" if value >= 1e-4 else "<1e-4"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
@@ -56,11 +62,19 @@ def membership_lines(section: dict) -> list[str]:
              f"{first['resamples']} resamples)"]
     rows = []
     for attack in attacks:
-        est, ci = attack["estimate"], attack["ci"]
+        est, ci, p = attack["estimate"], attack["ci"], attack.get("p_values", {})
         rows.append([attack["title"]] + [_with_ci(est.get(k), ci.get(k)) for k in
                                          ("auc", "advantage", "tpr_at_fpr_0.01",
-                                          "tpr_at_fpr_0.001")])
-    lines += _table(["attack", "AUC", "advantage", "TPR @ 1% FPR", "TPR @ 0.1% FPR"], rows)
+                                          "tpr_at_fpr_0.001")]
+                    + [f"{_p(p.get('auc_p_value'))} / {_p(p.get('advantage_p_value'))}"])
+    lines += _table(["attack", "AUC", "advantage", "TPR @ 1% FPR", "TPR @ 0.1% FPR",
+                     "p (AUC / adv.)"], rows)
+    m, n = section.get("members"), section.get("nonmembers")
+    if m and n:
+        lines.append(f"no leakage would give: AUC 0.5, TPR @ x% FPR = x%, advantage about "
+                     f"{((m + n) / (m * n)) ** 0.5:.3f} (sampling noise); p: one-sided "
+                     "Mann-Whitney (AUC) and Kolmogorov-Smirnov (advantage) tests of no "
+                     "leakage")
     for attack in attacks:
         est, ci = attack["estimate"], attack["ci"]
         if "yeom_balanced_accuracy" in est:
@@ -75,7 +89,8 @@ def reference_lines(ref: dict | None) -> list[str]:
     if not ref:
         return []
     return [f"reference model (calibrated attack): {ref['rows']:,} population rows "
-            f"({ref['from']}), non-private, {ref['optimizer']} lr {ref['lr']:g}, "
+            f"({ref['rows_from_train']:,} of /train, {ref['rows_from_test']:,} of /test), "
+            "non-private, {ref['optimizer']} lr {ref['lr']:g}, "
             f"{ref['epochs']} epochs of expected batch {ref['batch_size']} "
             f"({ref['steps']} steps); its loss {ref['member_loss']:.4f} on members, "
             f"{ref['nonmember_loss']:.4f} on non-members"]

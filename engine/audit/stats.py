@@ -10,11 +10,14 @@ member"**, and predicts "member" when the score is at least a threshold.
   probability P(member score > non-member score) + P(tie)/2.
 * **Advantage** (Yeom et al. 2018, Def. 4): max over thresholds of TPR - FPR;
   the balanced accuracy of that threshold is (1 + advantage) / 2. Chosen on
-  the scored data, so it is an optimistic (in-sample) figure.
+  the scored data, so it is an optimistic (in-sample) figure: without any
+  leakage it is about the two-sample Kolmogorov-Smirnov noise level
+  ``sqrt((m + n) / (m n))``, not 0 (:func:`no_leak_tests` gives p-values).
 * **TPR at FPR alpha** (Carlini et al. 2022, "Membership inference attacks
   from first principles"): the largest TPR among thresholds whose FPR <= alpha.
-  With n non-members the FPR moves in steps of 1/n: at alpha = 0.1% it
-  rests on about n/1000 false positives.
+  An attack that learns nothing has TPR = alpha. With n non-members the FPR
+  moves in steps of 1/n: at alpha = 0.1% it rests on about n/1000 false
+  positives.
 * **Confidence intervals**: the percentile bootstrap (Efron & Tibshirani
   1993), stratified (members and non-members resampled separately, each
   with replacement, at their own sizes) and re-choosing every threshold in
@@ -123,6 +126,24 @@ def summary(members, nonmembers, fprs: Sequence[float] = LOW_FPRS) -> dict:
     adv = advantage(roc)
     return {"auc": auc_of(roc), "advantage": adv, "balanced_accuracy": (1.0 + adv) / 2.0,
             "tpr_at_fpr": {float(a): tpr_at_fpr(roc, a) for a in fprs}}
+
+
+def no_leak_tests(members, nonmembers) -> dict[str, float]:
+    """One-sided p-values of "the members' scores are not larger than the
+    non-members'" (no membership signal), via SciPy:
+
+    * ``auc_p_value``: Mann-Whitney U test (its U is ``AUC * m * n``);
+    * ``advantage_p_value``: Kolmogorov-Smirnov two-sample test of the
+      one-sided statistic ``D+ = max_t (F_non(t) - F_mem(t))``, which is the
+      advantage (max TPR - FPR). Under no leakage the advantage is not 0 but
+      about ``sqrt((m + n) / (m n))`` (the KS noise level); this p-value says
+      whether it exceeds that.
+    """
+    from scipy.stats import ks_2samp, mannwhitneyu
+
+    pos, neg = _scores(members, "members"), _scores(nonmembers, "nonmembers")
+    return {"auc_p_value": float(mannwhitneyu(pos, neg, alternative="greater").pvalue),
+            "advantage_p_value": float(ks_2samp(neg, pos, alternative="greater").pvalue)}
 
 
 def flatten(stats: dict) -> dict[str, float]:
