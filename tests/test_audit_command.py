@@ -1,0 +1,214 @@
+"""mpidp audit end to end: attacks work, DP protects, ranks agree, bad inputs are refused."""
+import json
+import math
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from collectives.runtime import MPI
+from engine import synthetic_h5
+from engine.audit.command import AuditConfig, run_audit
+from engine.audit.inputs import AuditMismatch, SplitTooSmall
+from engine.audit.inversion import AttributeNotFound
+from engine.config import TrainConfig
+from engine.errors import CheckpointError, ConfigError, DataError
+from engine.trainer import Trainer
+from launcher import mpidp
+
+#: Same architecture and optimizer for both models; the overfit one trains
+#: 100 epochs without privacy, the private one 10 epochs at sigma 5 (epsilon ~1.06).
+COMMON = dict(hidden=(64, 64), optimizer="adam", lr=0.01, batch_size=32, progress=False)
+OVERFIT = dict(dp=False, epochs=100, **COMMON)
+PRIVATE = dict(noise_multiplier=5.0, epochs=10, **COMMON)
+
+
+class _Null:
+    def write(self, text):
+        pass
+
+    def flush(self):
+        pass
+
+
+def _random_labels_file(path, rows=400, test_rows=400, seed=2, **attrs):
+    """A contract file whose labels are coin flips: a model can only memorise them."""
+    synthetic_h5.write(path, rows=rows, features=12, test_rows=test_rows, seed=seed,
+                       numeric=4, attrs=attrs or None)
+    rng = np.random.default_rng(seed)
+    with h5py.File(path, "r+") as f:
+        for split in ("train", "test"):
+            f[f"{split}/y"][...] = rng.integers(0, 2, f[f"{split}/y"].shape[0])
+    return str(path)
+
+
+def _train(data, directory, seed=2, **settings):
+    epochs = settings["epochs"]   # one checkpoint and one evaluation, at the end
+    cfg = TrainConfig(data=str(data), checkpoint_dir=str(directory), seed=seed,
+                      checkpoint_every=epochs, eval_every=epochs, **settings)
+    cfg.validate()
+    assert Trainer(cfg, MPI.COMM_SELF, out=_Null()).run() == 0
+    return str(directory)
+
+
+def _make_models(root):
+    data = _random_labels_file(root / "coins.h5")
+    return {"data": data, "overfit": _train(data, root / "overfit", **OVERFIT),
+            "private": _train(data, root / "private", **PRIVATE)}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """The data file and two checkpoints, made by this process alone."""
+    return _make_models(tmp_path_factory.mktemp("audit"))
+
+
+@pytest.fixture(scope="module")
+def shared_model(tmp_path_factory):
+    """A data file and a (shorter) overfit model, made by rank 0 in a directory
+    every rank sees."""
+    world, made = MPI.COMM_WORLD, None
+    if world.Get_rank() == 0:
+        root = tmp_path_factory.mktemp("audit")
+        data = _random_labels_file(root / "coins.h5")
+        made = {"data": data,
+                "overfit": _train(data, root / "overfit", **{**OVERFIT, "epochs": 30})}
+    return world.bcast(made, root=0)
+
+
+def _audit(checkpoint, data, comm=MPI.COMM_SELF, **kw):
+    kw.setdefault("attribute", "CAT0")
+    kw.setdefault("resamples", 200)
+    cfg = AuditConfig(checkpoint=checkpoint, data=data, progress=False, **kw)
+    cfg.validate()
+    return run_audit(cfg, comm, out=_Null())
+
+
+def _attack(report, name):
+    return next(a for a in report["membership"]["attacks"] if a["attack"] == name)
+
+
+def test_overfit_model_is_vulnerable_and_the_private_one_is_not(models):
+    over = _audit(models["overfit"], models["data"])
+    private = _audit(models["private"], models["data"])
+    assert over["target"]["private"] is False
+    assert private["target"]["private"] and private["target"]["epsilon"] < 1.2
+    assert over["rows"]["members"] == 200 and over["rows"]["nonmembers"] == 200
+    # The overfit model memorised coin flips: members' loss ~0, non-members' large.
+    assert over["fit"]["member_accuracy"] > 0.95 and over["fit"]["nonmember_accuracy"] < 0.65
+    loss_over, loss_dp = _attack(over, "loss"), _attack(private, "loss")
+    auc_over, auc_dp = loss_over["estimate"]["auc"], loss_dp["estimate"]["auc"]
+    assert auc_over > 0.65 and auc_dp < 0.62 and auc_over - auc_dp > 0.12
+    assert loss_over["ci"]["auc"][0] > loss_dp["ci"]["auc"][1]     # intervals apart
+    assert loss_over["estimate"]["advantage"] > 0.35 > 0.2 > loss_dp["estimate"]["advantage"]
+    assert loss_over["estimate"]["yeom_balanced_accuracy"] > 0.6
+    for report in (over, private):
+        for attack in report["membership"]["attacks"]:
+            for key, (lo, hi) in attack["ci"].items():
+                assert lo <= attack["estimate"][key] + 1e-12 and attack["estimate"][key] <= hi + 1e-12
+    calibrated = _attack(over, "calibrated")["estimate"]
+    assert calibrated["auc"] > 0.6
+    # half of each split is the population sample; the reference model takes as
+    # many of its rows as the target trained on, the same share from each split
+    assert over["rows"]["population"] == 400
+    assert over["reference"]["rows_from_train"] == over["reference"]["rows_from_test"] == 200
+    inv = over["inversion"]
+    assert inv["members"]["rows"] == 200 and inv["prior_rows"] == 400
+    assert 0 <= inv["members"]["accuracy"] <= 1
+
+
+def test_only_the_asked_attacks_run(models):
+    report = _audit(models["overfit"], models["data"], attacks=("inversion",))
+    assert "membership" not in report and "inversion" in report and "reference" not in report
+    report = _audit(models["overfit"], models["data"], attacks=("membership",),
+                    calibration=False, max_rows=50, resamples=0)
+    assert [a["attack"] for a in report["membership"]["attacks"]] == ["loss"]
+    assert report["rows"]["members"] == 50 and "inversion" not in report
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_audit_on_p_ranks_equals_one_rank(comm, shared_model):
+    """Ranks score their own shards and split the bootstrap; the report is the
+    same as one process's (sums may differ in the last bit)."""
+    quick = dict(resamples=60, reference_epochs=10)
+    many = _audit(shared_model["overfit"], shared_model["data"], comm, **quick)
+    one = None
+    if comm.Get_rank() == 0:
+        one = _audit(shared_model["overfit"], shared_model["data"], **quick)
+    one = comm.bcast(one, root=0)
+    assert many["ranks"] == comm.Get_size() and one["ranks"] == 1
+
+    def compare(a, b, where):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys(), where
+            for k in a:
+                if k not in ("ranks", "threads"):
+                    compare(a[k], b[k], f"{where}/{k}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), where
+            for i, (x, y) in enumerate(zip(a, b)):
+                compare(x, y, f"{where}[{i}]")
+        elif isinstance(a, float):
+            assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (where, a, b)
+        else:
+            assert a == b, (where, a, b)
+
+    compare(many, one, "")
+
+
+def _copy_with(src, dst, **attrs):
+    shutil.copy(src, dst)
+    with h5py.File(dst, "r+") as f:
+        for key, value in attrs.items():
+            f.attrs[key] = value
+    return str(dst)
+
+
+def test_bad_inputs_give_clear_errors(models, tmp_path):
+    ckpt, data = models["overfit"], models["data"]
+    cases = [
+        (dict(data=_copy_with(data, tmp_path / "task.h5", task="income")), AuditMismatch,
+         "task 'income'"),
+        (dict(data=_copy_with(data, tmp_path / "enc.h5", encoding_fingerprint="0" * 64)),
+         AuditMismatch, "encoded differently"),
+        (dict(data=_random_labels_file(tmp_path / "rows.h5", rows=440)), AuditMismatch,
+         "not the model's training set"),
+        (dict(checkpoint=str(tmp_path / "nowhere")), CheckpointError, "does not exist"),
+        (dict(data=str(tmp_path / "none.h5")), DataError, "does not exist"),
+        (dict(attribute="SEX"), AttributeNotFound, "CAT0"),
+        (dict(max_rows=5), SplitTooSmall, "--max-rows 5"),
+    ]
+    for change, error, words in cases:
+        args = {"checkpoint": ckpt, "data": data, **change}
+        with pytest.raises(error, match=words) as info:
+            _audit(args.pop("checkpoint"), args.pop("data"), **args)
+        assert info.value.exit_code == 2 and info.value.collective
+    small = _random_labels_file(tmp_path / "small.h5", rows=60, test_rows=30)
+    tiny = _train(small, tmp_path / "tiny", **{**OVERFIT, "epochs": 1, "batch_size": 8})
+    with pytest.raises(SplitTooSmall, match="15 members"):
+        _audit(tiny, small)
+    for bad in (dict(attacks=("membership", "canary")), dict(json=str(tmp_path / "no/a.json")),
+                dict(confidence=1.5)):
+        with pytest.raises(ConfigError):
+            AuditConfig(checkpoint=ckpt, data=data, **bad).validate()
+
+
+def test_the_command_at_two_ranks(models, tmp_path):
+    out = tmp_path / "audit.json"
+    done = mpidp(2, "audit", "--checkpoint", models["overfit"], "--data", models["data"],
+                 "--attribute", "CAT0", "--bootstrap", "50", "--json", str(out), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "membership inference" in done.stdout and "attribute inference of CAT0" in done.stdout
+    assert done.stdout.count("mpidp audit:") == 1          # rank 0 alone prints
+    report = json.loads(out.read_text())
+    assert report["ranks"] == 2 and report["membership"]["attacks"][0]["resamples"] == 50
+    # (a mismatched file is refused in-process above; this checks the one-line
+    # error and exit code of the command itself, on an error found early)
+    failed = mpidp(2, "audit", "--checkpoint", models["overfit"], "--data", models["data"],
+                   "--attack", "membership,canary", "--json", str(tmp_path / "bad.json"),
+                   timeout=120)
+    assert failed.returncode == 2
+    lines = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("mpidp: error: --attack"), lines
+    assert not (tmp_path / "bad.json").exists()
