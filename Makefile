@@ -1,6 +1,7 @@
 # mpidp: the two commands of the README, and their helpers.
 #   make demo   set up .venv, then run the main job on built-in data
 #   make test   set up .venv, then run the whole test suite
+#   make test-gpu   on a machine with a GPU: the tests marked gpu (README "GPUs")
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -10,7 +11,7 @@ STAMP   = $(VENV)/.installed
 
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 
-.PHONY: install demo test clean
+.PHONY: install demo test test-gpu clean
 
 install: $(STAMP)
 
@@ -32,6 +33,16 @@ demo: install
 
 test: install
 	$(BIN)/python tests/run_suite.py
+
+# The GPU extra matching torch's CUDA (cuda12 or cuda13; GPU_EXTRA=... to choose),
+# then every test marked gpu, serially and on 2 ranks; MPIDP_REQUIRE_GPU=1 turns
+# their "no GPU" skips into failures.
+test-gpu: install
+	extra=$${GPU_EXTRA:-cuda$$($(BIN)/python -c 'import torch; print((torch.version.cuda or "12").split(".")[0])')}; \
+	    $(BIN)/pip install --quiet --disable-pip-version-check -e ".[test,$$extra]"
+	MPIDP_REQUIRE_GPU=1 $(BIN)/python -m pytest tests -m gpu --with-mpi -ra --timeout=900
+	MPIDP_REQUIRE_GPU=1 $(BIN)/mpiexec -n 2 $(BIN)/python -m pytest tests -m "gpu and mpi" \
+	    --with-mpi -ra --timeout=900
 
 clean:
 	rm -rf $(VENV) .numba_cache *.egg-info $(DEMO)

@@ -46,9 +46,15 @@ setup(
         ],
         # Reference implementation compared in `mpidp bench dpsgd` (optional).
         "opacus": ["opacus>=1.5"],
+        # GPUs (--device cuda): pick the extra matching torch.version.cuda, and
+        # never install both (a CUDA 12 CuPy silently loads a CUDA 13 NVRTC).
         "cuda12": [
             "cupy-cuda12x>=13.0",
             "numba-cuda[cu12]>=0.20",
+        ],
+        "cuda13": [
+            "cupy-cuda13x>=14.0",
+            "numba-cuda[cu13]>=0.20",
         ],
     },
     entry_points={"console_scripts": ["mpidp = engine.cli:main"]},

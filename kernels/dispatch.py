@@ -36,9 +36,10 @@ Registration is by decorator, one kernel per module::
 
 ``device="any"`` marks a generic implementation (torch ops) used when no
 device-specific one is registered. A device may have several back-ends
-(``"cupy"`` and ``"numba"`` on ``"cuda"``); :func:`get` returns the first
-registered unless one is named. CUDA tensors are passed as torch tensors;
-the CUDA kernels run on torch's current stream of the tensors' device.
+(``"cupy"`` and ``"numba"`` on ``"cuda"``); :func:`get` returns the one
+:data:`PREFERENCE` puts first unless one is named. CUDA tensors are passed
+as torch tensors; the CUDA kernels run on torch's current stream of the
+tensors' device.
 """
 from __future__ import annotations
 
@@ -58,9 +59,7 @@ KERNEL_MODULES = (
 )
 
 #: Modules of device-specific kernels, imported only when that device is asked
-#: for (so the CPU path never imports CuPy or Numba's CUDA target). On a
-#: device with several back-ends the first registered wins: CuPy (CUDA C,
-#: the cheapest launches), then Numba CUDA, then the generic torch kernels.
+#: for (so the CPU path never imports CuPy or Numba's CUDA target).
 DEVICE_KERNEL_MODULES = {
     "cuda": (
         "kernels.clip_rows_cupy",
@@ -73,6 +72,11 @@ DEVICE_KERNEL_MODULES = {
         "kernels.gaussian_cuda",
     ),
 }
+
+#: On a device with several back-ends, which wins (whatever the import order):
+#: CuPy (CUDA C, the cheapest launches from Python), then Numba CUDA. The
+#: generic torch kernels (device "any") always come last.
+PREFERENCE = {"cuda": ("cupy", "numba")}
 
 OPS = ("clip_rows", "relu_backward", "softmax_xent", "gaussian_stream")
 
@@ -128,6 +132,15 @@ def _device_type(device) -> str:
     return device if isinstance(device, str) else getattr(device, "type", str(device))
 
 
+def _candidates(op: str, dtype: str) -> list[Callable]:
+    """``dtype``'s kernels in order of :data:`PREFERENCE`, then the generic ones."""
+    order = PREFERENCE.get(dtype, ())
+    specific = sorted(_REGISTRY[op].get(dtype, ()),
+                      key=lambda fn: order.index(fn.backend) if fn.backend in order
+                      else len(order))
+    return specific + list(_REGISTRY[op].get("any", ()))
+
+
 def get(op: str, device="cpu", backend: str | None = None) -> Callable:
     """The implementation of ``op`` for ``device`` (a torch.device or its type).
 
@@ -142,8 +155,7 @@ def get(op: str, device="cpu", backend: str | None = None) -> Callable:
     """
     dtype = _device_type(device)
     _load(dtype)
-    table = _REGISTRY[op]
-    candidates = [fn for d in (dtype, "any") for fn in table.get(d, ())]
+    candidates = _candidates(op, dtype)
     if backend is not None:
         candidates = [fn for fn in candidates if fn.backend == backend]
     if not candidates:
@@ -162,7 +174,7 @@ def implementations(op: str, device=None) -> dict[str, Callable]:
     generic and CPU ones are, as for any lookup).
     """
     _load("" if device is None else _device_type(device))
-    return {d: fns[0] for d, fns in _REGISTRY[op].items() if fns}
+    return {d: _candidates(op, d)[0] for d, fns in _REGISTRY[op].items() if fns}
 
 
 def backends(op: str, device) -> list[str]:
@@ -170,5 +182,4 @@ def backends(op: str, device) -> list[str]:
     (the generic ``"torch"`` last)."""
     dtype = _device_type(device)
     _load(dtype)
-    table = _REGISTRY[op]
-    return [fn.backend for d in (dtype, "any") for fn in table.get(d, ())]
+    return [fn.backend for fn in _candidates(op, dtype)]

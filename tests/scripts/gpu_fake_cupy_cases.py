@@ -181,6 +181,7 @@ cupy.cuda = types.SimpleNamespace(
     Device=lambda index=0: _Context("device", index))
 sys.modules["cupy"] = cupy
 
+import kernels.clip_rows_cuda  # noqa: E402,F401  (Numba first: the preference must not care)
 import kernels.cupy_launch  # noqa: E402  (after the fake is in place)
 
 kernels.cupy_launch.HOST_TENSORS_FOR_TESTS = True
@@ -280,3 +281,11 @@ def test_gaussian_stream(dtype):
     philox.add_reference(want[10:20], 1.0, counter, key)
     assert np.array_equal(buf.numpy(), want)
     assert stream.get_state()[2] == 251 + 3
+
+
+def test_cupy_wins_whatever_the_import_order():
+    import importlib
+
+    importlib.import_module("kernels.clip_rows_cuda")  # Numba's kernel imported first
+    for op in dispatch.OPS:
+        assert dispatch.backends(op, "cuda") == ["cupy", "numba", "torch"]

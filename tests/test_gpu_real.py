@@ -1,0 +1,214 @@
+"""On a real GPU only: the CUDA kernels, streams, the device selection and a training run.
+
+Every test is marked ``gpu`` and skips without a CUDA GPU (here: always);
+``make test-gpu`` runs them on a GPU machine with ``MPIDP_REQUIRE_GPU=1``,
+which turns those skips into failures. They are the first thing to run on a
+GPU machine: what the CPU-only suite cannot check is exactly the CUDA
+launches (tests/test_gpu_kernels.py simulates and compiles them), torch's
+CUDA ops and the CUDA-aware transfer.
+"""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import dispatch, philox
+
+pytestmark = pytest.mark.gpu
+
+
+def _no_gpu_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return (f"needs a CUDA GPU: torch {torch.__version__} (CUDA {torch.version.cuda}) sees "
+                "none; run `make test-gpu` on a GPU machine")
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _gpu():
+    reason = _no_gpu_reason()
+    if reason is not None:
+        if os.environ.get("MPIDP_REQUIRE_GPU") == "1":
+            pytest.fail(f"MPIDP_REQUIRE_GPU=1 but: {reason}")
+        pytest.skip(reason)
+
+
+def _backends() -> list:
+    """numba and cupy, each skipped (or failed when required) when not installed."""
+    out = []
+    for name in ("cupy", "numba"):
+        marks = []
+        module = {"cupy": "kernels.clip_rows_cupy", "numba": "kernels.clip_rows_cuda"}[name]
+        try:
+            __import__(module)
+        except ImportError as exc:
+            if os.environ.get("MPIDP_REQUIRE_GPU") != "1":
+                marks.append(pytest.mark.skip(reason=f"{name} kernels not importable ({exc}); "
+                                              "pip install 'mpidp[cuda12]' (or cuda13)"))
+        out.append(pytest.param(name, marks=marks))
+    return out
+
+
+BACKENDS = _backends()
+DTYPES = [torch.float32, torch.float64]
+
+
+def tol(dtype):
+    return dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k,C", [(0, 1.0), (1, 1e6), (37, 0.5), (700, 0.3)])
+def test_clip_rows_on_the_gpu_equals_the_cpu(backend, dtype, k, C):
+    g = torch.Generator().manual_seed(k)
+    dims = (30, 300, 2)  # a layer wider than a block, k above a block: strided loops
+    acts = [torch.cat([torch.randn(k, d, generator=g, dtype=dtype),
+                       torch.ones(k, 1, dtype=dtype)], 1) for d in dims[:-1]]
+    grads = [torch.randn(k, d, generator=g, dtype=dtype) * 0.1 for d in dims[1:]]
+    f_cpu = torch.empty(k, dtype=dtype)
+    cpu = [x.clone() for x in grads]
+    n_cpu = dispatch.get("clip_rows", "cpu", "numba")(acts, cpu, C, f_cpu)
+    dev = [x.cuda() for x in grads]
+    f = torch.empty(k, dtype=dtype, device="cuda")
+    n = dispatch.get("clip_rows", "cuda", backend)([a.cuda() for a in acts], dev, C, f)
+    assert n == n_cpu
+    assert torch.allclose(f.cpu(), f_cpu, **tol(dtype))
+    assert all(torch.allclose(a.cpu(), b, **tol(dtype)) for a, b in zip(dev, cpu))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_backward_and_softmax_on_the_gpu(backend, dtype):
+    g = torch.Generator().manual_seed(1)
+    full = torch.randn(513, 65, generator=g, dtype=dtype).clamp_min(0)
+    grad = torch.randn(513, 64, generator=g, dtype=dtype)
+    dev = grad.cuda()
+    dispatch.get("relu_backward", "cuda", backend)(dev, full.cuda()[:, :64])
+    assert torch.equal(dev.cpu(), torch.where(full[:, :64] > 0, grad, 0.0))
+    logits = torch.randn(300, 5, generator=g, dtype=dtype) * 3
+    labels = torch.randint(0, 5, (300,), generator=g)
+    cpu_grad, dev_grad = torch.empty_like(logits), torch.empty_like(logits).cuda()
+    want = dispatch.get("softmax_xent", "cpu", "numba")(logits, labels, cpu_grad)
+    got = dispatch.get("softmax_xent", "cuda", backend)(logits.cuda(), labels.cuda(), dev_grad)
+    assert got == pytest.approx(want, rel=1e-5)
+    assert torch.allclose(dev_grad.cpu(), cpu_grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gaussian_stream_on_the_gpu_is_the_philox_reference(backend, dtype):
+    stream = dispatch.get("gaussian_stream", "cuda", backend)(np.random.SeedSequence(9),
+                                                               torch.device("cuda"))
+    key = tuple(stream.get_state()[:2])
+    buf = torch.zeros(100_003, dtype=dtype, device="cuda")
+    stream.add_(buf, 2.0)
+    stream.add_(buf[5:1000], 1.0)
+    want = np.zeros(100_003, dtype=buf.cpu().numpy().dtype)
+    counter = philox.add_reference(want, 2.0, 0, key)
+    philox.add_reference(want[5:1000], 1.0, counter, key)
+    assert np.allclose(buf.cpu().numpy(), want, **tol(dtype))
+
+
+def test_numba_and_cupy_streams_agree():
+    pytest.importorskip("cupy")
+    a = dispatch.get("gaussian_stream", "cuda", "numba")(np.random.SeedSequence(4))
+    b = dispatch.get("gaussian_stream", "cuda", "cupy")(np.random.SeedSequence(4))
+    x, y = torch.zeros(4097, device="cuda"), torch.zeros(4097, device="cuda")
+    a.add_(x, 1.0)
+    b.add_(y, 1.0)
+    assert torch.allclose(x, y, rtol=1e-6, atol=1e-6) and a.get_state() == b.get_state()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernels_run_on_torchs_current_stream(backend):
+    """Inputs produced on a side stream by a long GEMM chain; the kernel must wait
+    for them because it runs on that same (current) stream."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = torch.randn(2048, 2048, device="cuda")
+        for _ in range(20):
+            a = torch.tanh(a @ a * 1e-3)
+        out = a[:, :1024] - 0.0  # ready only after the chain
+        grad = torch.ones(2048, 1024, device="cuda")
+        dispatch.get("relu_backward", "cuda", backend)(grad, out)
+        want = (out > 0).float()
+        same = bool(torch.equal(grad, want))
+    side.synchronize()
+    assert same
+
+
+def test_numba_views_are_zero_copy():
+    from kernels.numba_cuda_launch import array
+
+    t = torch.zeros(10, 3, device="cuda")
+    assert array(t).device_ctypes_pointer.value == t.data_ptr()
+
+
+def test_one_mlp_step_on_the_gpu_equals_the_cpu():
+    from engine.fast_mlp import FastMLP
+    from engine.model import MLPSpec, init_params
+
+    spec = MLPSpec((20, 64, 64, 3))
+    g = torch.Generator().manual_seed(2)
+    X = torch.cat([torch.randn(500, 20, generator=g), torch.ones(500, 1)], 1)
+    y = torch.randint(0, 3, (500,), generator=g)
+    rows = torch.randperm(500, generator=g)[:200]
+    out = {}
+    for device in ("cpu", "cuda"):
+        params = init_params(spec, 3).to(device)
+        grad = torch.zeros(spec.n_params, device=device)
+        mlp = FastMLP(spec, params, grad, capacity=64)
+        k = mlp.load(X.to(device), y.to(device), rows)
+        out[device] = (*mlp.clipped_sum(k, 0.1), grad.cpu())
+    assert out["cuda"][1] == out["cpu"][1]
+    assert out["cuda"][0] == pytest.approx(out["cpu"][0], rel=1e-4)
+    assert torch.allclose(out["cuda"][2], out["cpu"][2], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_each_rank_binds_its_own_gpu(comm):
+    from engine.device import select
+
+    if torch.cuda.device_count() < comm.Get_size():
+        pytest.skip(f"{comm.Get_size()} ranks but {torch.cuda.device_count()} GPU(s)")
+    placement = select("cuda", comm)
+    assert torch.cuda.current_device() == placement.device.index
+    names = comm.allgather(torch.cuda.get_device_properties(placement.device).uuid)
+    assert len(set(map(str, names))) == comm.Get_size()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_training_on_gpus(comm, shared_tmp):
+    """--device cuda end to end: --no-dp close to the CPU run; DP reproducible."""
+    from engine import synthetic_h5
+    from engine.config import TrainConfig
+    from engine.trainer import Trainer
+
+    if torch.cuda.device_count() < comm.Get_size():
+        pytest.skip(f"{comm.Get_size()} ranks but {torch.cuda.device_count()} GPU(s)")
+    path = str(shared_tmp / "d.h5")
+    if comm.Get_rank() == 0:
+        synthetic_h5.write(path, rows=2000, features=8, test_rows=200, seed=5)
+    comm.Barrier()
+
+    def run(**kw):
+        cfg = TrainConfig(data=path, epochs=2, batch_size=64, hidden=(16,), seed=3,
+                          progress=False, **kw)
+        cfg.validate()
+        trainer = Trainer(cfg, comm, out=io.StringIO())
+        assert trainer.run() == 0
+        return trainer
+
+    gpu, cpu = run(dp=False, device="cuda"), run(dp=False)
+    assert gpu.params.is_cuda and torch.is_tensor(gpu.buffer) and gpu.buffer.is_cuda
+    assert torch.allclose(gpu.params.cpu(), cpu.params, rtol=1e-3, atol=1e-5)
+    first = run(noise_multiplier=1.0, device="cuda")
+    second = run(noise_multiplier=1.0, device="cuda")
+    assert torch.equal(first.params, second.params)
+    assert first.history[-1]["epsilon"] == pytest.approx(
+        run(noise_multiplier=1.0).history[-1]["epsilon"])
