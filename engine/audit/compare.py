@@ -1,21 +1,28 @@
 """The README's audit comparison: train models, attack each, print one table.
 
 Trains, on a prepared file (the real PUMS file in the README), with
-``mpiexec -n RANKS mpidp train``: a non-private MLP, DP-SGD models at
-epsilon = 8, 4 and 1 (same architecture), and, on a small subset of the
-training rows, a deliberately overfit non-private model and a DP model
-(epsilon = 1) with the same settings; then runs ``mpidp audit`` on each
-(membership with both attacks, inversion of each ``--attributes``) and prints
-markdown tables. Every command it runs is printed first::
+``mpiexec -n RANKS mpidp train``: a non-private MLP and DP-SGD models at
+epsilon = 8, 4 and 1 (same architecture and the README's settings). Then, on
+a second file prepared from the same person files with most households in
+the test split (``mpidp prep --test-fraction 0.98 --like DATA``: about 2,200
+training rows), a deliberately overfit non-private model and a DP model
+(epsilon = 1) with the same settings. Runs ``mpidp audit`` on each
+(membership with both attacks, inversion of each ``--attributes``) and
+prints markdown tables. Every command it runs is printed first::
 
-    flock /tmp/mpidp-bench.lock python -m engine.audit.compare --data pums.h5 \\
-        --out-dir audit_runs --ranks 2
+    flock /tmp/mpidp-bench.lock python -m engine.audit.compare --data pums.h5 \
+        --inputs 'csv_p*.zip' --out-dir audit_runs --ranks 2
 
-``--reuse`` keeps checkpoints (and audits) already in ``--out-dir``.
+The small file is made by prep rather than by cutting rows out of DATA:
+cutting the training split alone would leave the members' households
+incomplete but the non-members' whole, and the audit's population sample
+relies on both splits holding whole households (:mod:`engine.audit.inputs`).
+``--reuse`` keeps files, checkpoints and audits already in ``--out-dir``.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import shlex
 import subprocess
@@ -27,27 +34,9 @@ NONPRIVATE = ["--no-dp", "--lr", "0.05", "--batch-size", "256", "--epochs", "20"
 DP = ["--optimizer", "adam", "--lr", "0.002", "--batch-size", "1024", "--epochs", "20",
       "--max-grad-norm", "1", "--delta", "1e-5"]
 #: The overfit setting: few rows, many epochs, small batches.
+SMALL_TEST_FRACTION = "0.98"
 SMALL = ["--optimizer", "adam", "--lr", "0.002", "--batch-size", "64", "--epochs", "300",
          "--max-grad-norm", "1", "--delta", "1e-5"]
-
-
-def write_subset(source: str, target: str, train_rows: int) -> str:
-    """Copy ``source`` keeping only its first ``train_rows`` training rows (the
-    rows are shuffled, so they are a random sample); every test row and every
-    attribute (hence the encoding fingerprint) is kept."""
-    import h5py
-
-    tmp = f"{target}.tmp"
-    with h5py.File(source, "r") as src, h5py.File(tmp, "w") as dst:
-        for key, value in src.attrs.items():
-            dst.attrs[key] = value
-        dst.attrs["subset_of"] = str(source)
-        for split, rows in (("train", train_rows), ("test", None)):
-            for name in ("X", "y"):
-                data = src[f"{split}/{name}"][:rows]
-                dst.create_dataset(f"{split}/{name}", data=data)
-    Path(tmp).replace(target)
-    return target
 
 
 def _mpiexec() -> str:
@@ -65,8 +54,8 @@ def runs(data: str, small: str) -> list[tuple[str, str, list[str]]]:
     return [("non-private", data, NONPRIVATE),
             *((f"DP eps={eps:g}", data, DP + ["--target-epsilon", str(eps)])
               for eps in (8, 4, 1)),
-            ("overfit non-private (subset)", small, ["--no-dp", *SMALL]),
-            ("DP eps=1 (subset)", small, SMALL + ["--target-epsilon", "1"])]
+            ("overfit non-private (small)", small, ["--no-dp", *SMALL]),
+            ("DP eps=1 (small)", small, SMALL + ["--target-epsilon", "1"])]
 
 
 def _slug(name: str) -> str:
@@ -81,30 +70,46 @@ def _fmt(value, ci=None, digits=3) -> str:
     return f"{value:.{digits}f}"
 
 
+def _p(value) -> str:
+    return "-" if value is None else (f"{value:.2g}" if value >= 1e-4 else "<1e-4")
+
+
 def tables(results: list[tuple[str, dict, dict]]) -> str:
-    """Markdown tables: membership, then inversion per attribute."""
-    lines = ["| model | epsilon | test acc. | loss: members / non-members | AUC (loss) | "
-             "AUC (calibrated) | advantage (loss) | TPR @ 1% FPR (loss) | "
-             "TPR @ 0.1% FPR (calibrated) | Yeom balanced acc. |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Markdown: the models, one table per membership attack, the inversion."""
+    lines = ["| model | epsilon | members / non-members | loss: members / "
+             "non-members | accuracy: members / non-members |",
+             "|---|---:|---:|---:|---:|"]
     for name, main, _ in results:
-        attacks = {a["attack"]: a for a in main["membership"]["attacks"]}
-        loss, cal = attacks["loss"], attacks.get("calibrated")
-        eps = main["target"]["epsilon"]
-        fit = main["fit"]
-        lines.append(
-            f"| {name} | {'-' if eps is None else f'{eps:.2f}'} | "
-            f"{fit['nonmember_accuracy']:.4f} | {fit['member_loss']:.3f} / "
-            f"{fit['nonmember_loss']:.3f} | "
-            f"{_fmt(loss['estimate']['auc'], loss['ci'].get('auc'))} | "
-            f"{_fmt(cal['estimate']['auc'], cal['ci'].get('auc')) if cal else '-'} | "
-            f"{_fmt(loss['estimate']['advantage'], loss['ci'].get('advantage'))} | "
-            f"{_fmt(loss['estimate']['tpr_at_fpr_0.01'], loss['ci'].get('tpr_at_fpr_0.01'))} | "
-            f"{_fmt(cal['estimate']['tpr_at_fpr_0.001'], cal['ci'].get('tpr_at_fpr_0.001')) if cal else '-'} | "
-            f"{_fmt(loss['estimate']['yeom_balanced_accuracy'], loss['ci'].get('yeom_balanced_accuracy'))} |")
-    attributes = [a for a in (results[0][2] if results else {})]
-    lines += ["", "| model | " + " | ".join(f"{a}: members / non-members (baseline)"
-                                           for a in attributes) + " |",
+        eps, fit, rows = main["target"]["epsilon"], main["fit"], main["rows"]
+        lines.append(f"| {name} | {'-' if eps is None else f'{eps:.2f}'} | "
+                     f"{rows['members']:,} / "
+                     f"{rows['nonmembers']:,} | {fit['member_loss']:.3f} / "
+                     f"{fit['nonmember_loss']:.3f} | {fit['member_accuracy']:.3f} / "
+                     f"{fit['nonmember_accuracy']:.3f} |")
+    keys = [("auc", "AUC"), ("advantage", "advantage"), ("tpr_at_fpr_0.01", "TPR @ 1% FPR"),
+            ("tpr_at_fpr_0.001", "TPR @ 0.1% FPR")]
+    for attack_name in ("loss", "calibrated"):
+        found = [(name, next((a for a in main["membership"]["attacks"]
+                              if a["attack"] == attack_name), None))
+                 for name, main, _ in results]
+        found = [(name, attack) for name, attack in found if attack]
+        if not found:
+            continue
+        extra = [("yeom_balanced_accuracy", "Yeom balanced acc.")] \
+            if attack_name == "loss" else []
+        lines += ["", f"{found[0][1]['title']}:", "",
+                  "| model | " + " | ".join(t for _, t in keys + extra)
+                  + " | p (AUC / advantage) |",
+                  "|---|" + "---:|" * (len(keys) + len(extra) + 1)]
+        for name, attack in found:
+            est, ci, p = attack["estimate"], attack["ci"], attack["p_values"]
+            cells = [_fmt(est[k], ci.get(k)) for k, _ in keys + extra]
+            lines.append(f"| {name} | " + " | ".join(cells)
+                         + f" | {_p(p['auc_p_value'])} / {_p(p['advantage_p_value'])} |")
+    attributes = list(results[0][2]) if results else []
+    lines += ["", "Attribute inference, accuracy on members / non-members "
+              "(baseline: the marginal's mode):", "",
+              "| model | " + " | ".join(attributes) + " |",
               "|---|" + "---:|" * len(attributes)]
     for name, _, inv in results:
         cells = []
@@ -122,8 +127,9 @@ def main(argv=None) -> int:
     parser.add_argument("--data", required=True, help="prepared file (mpidp prep)")
     parser.add_argument("--out-dir", default="audit_runs")
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--subset-rows", type=int, default=2000,
-                        help="training rows of the overfit models (default: 2000)")
+    parser.add_argument("--inputs", required=True,
+                        help="the person files DATA was prepared from (a glob), to prepare "
+                        "the small file")
     parser.add_argument("--attributes", default="SEX,MAR,DIS")
     parser.add_argument("--seed", type=int, default=1, help="training seed (default: 1)")
     parser.add_argument("--reuse", action="store_true",
@@ -131,10 +137,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    small = str(out / f"subset_{args.subset_rows}.h5")
-    if not (args.reuse and Path(small).exists()):
-        write_subset(args.data, small, args.subset_rows)
     mpi = [_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "engine.cli"]
+    small = str(out / "small.h5")
+    if not (args.reuse and Path(small).exists()):
+        inputs = sorted(glob.glob(args.inputs))
+        if not inputs:
+            parser.error(f"--inputs {args.inputs}: no such files")
+        _run(mpi + ["prep", *inputs, "--like", args.data, "--test-fraction",
+                    SMALL_TEST_FRACTION, "--out", small])
     attributes = [a for a in args.attributes.split(",") if a]
     results = []
     for name, data, options in runs(args.data, small):

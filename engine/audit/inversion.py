@@ -94,15 +94,17 @@ def candidate_log_likelihoods(spec, params, X: np.ndarray, y: np.ndarray,
 
     X has the trailing ones column; ``cols`` are the attribute's k columns.
     """
-    from engine.audit.scoring import label_log_probs
+    from engine.audit.scoring import CHUNK_ROWS, label_log_probs
 
     cols = np.asarray(cols, dtype=np.int64)
     out = np.empty((y.shape[0], cols.size), dtype=np.float64)
-    Xv = np.array(X, dtype=np.float64, copy=True)
-    for v, column in enumerate(cols):
-        Xv[:, cols] = 0.0
-        Xv[:, column] = 1.0
-        out[:, v] = label_log_probs(spec, params, Xv, y)
+    for start in range(0, y.shape[0], CHUNK_ROWS):
+        stop = min(start + CHUNK_ROWS, y.shape[0])
+        Xv = np.array(X[start:stop], dtype=np.float64, copy=True)
+        for v, column in enumerate(cols):
+            Xv[:, cols] = 0.0
+            Xv[:, column] = 1.0
+            out[start:stop, v] = label_log_probs(spec, params, Xv, y[start:stop])
     return out
 
 

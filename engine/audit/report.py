@@ -90,7 +90,7 @@ def reference_lines(ref: dict | None) -> list[str]:
         return []
     return [f"reference model (calibrated attack): {ref['rows']:,} population rows "
             f"({ref['rows_from_train']:,} of /train, {ref['rows_from_test']:,} of /test), "
-            "non-private, {ref['optimizer']} lr {ref['lr']:g}, "
+            f"non-private, {ref['optimizer']} lr {ref['lr']:g}, "
             f"{ref['epochs']} epochs of expected batch {ref['batch_size']} "
             f"({ref['steps']} steps); its loss {ref['member_loss']:.4f} on members, "
             f"{ref['nonmember_loss']:.4f} on non-members"]
