@@ -11,7 +11,8 @@ and measures what an attacker learns about the training rows:
                2022).
                Reported: ROC AUC, advantage (max TPR - FPR; balanced accuracy
                = (1 + advantage) / 2), TPR at FPR 1% and 0.1%, each with a 95%
-               stratified percentile bootstrap interval.
+               stratified percentile bootstrap interval, and p-values of "no
+               leakage" (Mann-Whitney, Kolmogorov-Smirnov).
   inversion    recover a person's sensitive attribute (--attribute, one-hot
                encoded in the file) from the model, the other attributes and
                the label (Fredrikson et al. 2015), on members and on
@@ -30,7 +31,8 @@ Examples:
 
 Exit codes: 0 done, 2 bad input (missing or unreadable files, a checkpoint
 and data file of different tasks, encodings or sizes, splits too small, an
-attribute the file does not have).
+attribute the file does not have), 3 the reference model diverged (use
+--no-calibration or fewer --reference-epochs).
 """
 from __future__ import annotations
 
