@@ -28,11 +28,14 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from engine.errors import ConfigError, MpidpError, agree
+
+if TYPE_CHECKING:
+    from collectives.runtime import MPI
 
 DEVICES = ("cpu", "cuda")
 
@@ -174,14 +177,15 @@ def assign(views: list[list[str]], host: str = "this node") -> list[int]:
     return index
 
 
-def node_split(comm) -> "object":
-    """Collective: the communicator of the ranks of ``comm`` that share this node's memory."""
+def node_split(comm: "MPI.Intracomm") -> "MPI.Intracomm":
+    """Collective: the ranks of ``comm`` that share this node's memory (free it after use)."""
     from collectives.runtime import MPI
 
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 
-def select(kind: str, comm, inventory: Inventory | None = None) -> Placement:
+def select(kind: str, comm: "MPI.Intracomm | None",
+           inventory: Inventory | None = None) -> Placement:
     """This rank's :class:`Placement` for ``--device kind``.
 
     Collective over ``comm`` for ``"cuda"`` (every rank must call it with the
