@@ -17,7 +17,8 @@ from engine.errors import ConfigError
 #: Options a resume must repeat unchanged (they define the run and its privacy).
 FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
                    "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
-                   "sampling", "noise_scheme", "hidden", "seed", "device")
+                   "sampling", "noise_scheme", "hidden", "seed", "device", "weight_decay",
+                   "lr_schedule")
 
 
 @dataclass
@@ -28,6 +29,8 @@ class TrainConfig:
     lr: float = 0.05
     optimizer: str = "sgd"
     momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"
     max_grad_norm: float = 1.0
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
@@ -45,6 +48,8 @@ class TrainConfig:
     stop_after: int | None = None
     metrics: str | None = None
     eval_every: int = 1
+    target_accuracy: float | None = None
+    time_budget: float | None = None
     threads: int | None = None
     device: str = "cpu"
     kernels: str | None = None
@@ -68,6 +73,12 @@ class TrainConfig:
             fail(f"--lr {self.lr} must be a positive number")
         if not 0 <= self.momentum < 1:
             fail(f"--momentum {self.momentum} must be in [0, 1)")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            fail(f"--weight-decay {self.weight_decay} must be a number >= 0")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            fail(f"--target-accuracy {self.target_accuracy} must be in (0, 1]")
+        if self.time_budget is not None and not self.time_budget > 0:
+            fail(f"--time-budget {self.time_budget} must be a positive number of seconds")
         if self.checkpoint_every < 1 or self.eval_every < 1:
             fail("--checkpoint-every and --eval-every must be at least 1")
         if self.stop_after is not None and self.stop_after < 1:
@@ -105,6 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from engine.accountant import KINDS
     from engine.noise import SCHEMES
     from engine.optim import NAMES
+    from engine.schedule import SCHEDULES
 
     d = TrainConfig(data="")
     data = parser.add_argument_group("data and model")
@@ -124,6 +136,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"update rule (default: {d.optimizer})")
     train.add_argument("--momentum", type=float, default=d.momentum,
                        help=f"SGD momentum (default: {d.momentum})")
+    train.add_argument("--weight-decay", type=float, default=d.weight_decay, metavar="L2",
+                       help="L2 regularisation: adds L2 * parameters to the gradient, i.e. "
+                       "minimises loss + L2/2 |w|^2 (torch's weight_decay; no privacy cost) "
+                       "(default: 0)")
+    train.add_argument("--lr-schedule", choices=SCHEDULES, default=d.lr_schedule,
+                       help="constant, or inv-sqrt: lr / sqrt(t) at update t = 1, 2, ... "
+                       "(mlbench task 2a) (default: constant)")
     train.add_argument("--sampling", choices=("poisson", "shuffle"), default=d.sampling,
                        help="poisson (what the accountant assumes) or shuffle (fixed-size "
                        "batches: epsilon is then NOT a guarantee) (default: poisson)")
@@ -173,6 +192,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--metrics", default=None, help="write per-epoch metrics as JSON lines")
     out.add_argument("--eval-every", type=int, default=1,
                      help="epochs between test-set evaluations (default: 1)")
+    stop = parser.add_argument_group(
+        "stopping early (checked at epoch boundaries; the same decision on every rank)")
+    stop.add_argument("--target-accuracy", type=float, default=None, metavar="A",
+                      help="stop after the first evaluated epoch with test accuracy >= A "
+                      "(time to accuracy); --epochs is then the maximum")
+    stop.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                      help="stop at the first epoch boundary where the training time (epoch "
+                      "times: no evaluation, checkpoints or start-up) reaches SECONDS "
+                      "(accuracy after time)")
     out.add_argument("--progress", dest="progress", action="store_true", default=None,
                      help="progress bar on rank 0 (default: when stderr is a terminal)")
     out.add_argument("--no-progress", dest="progress", action="store_false")
@@ -184,7 +212,10 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
 
     cfg = TrainConfig(
         data=args.data, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        optimizer=args.optimizer, momentum=args.momentum, max_grad_norm=args.max_grad_norm,
+        optimizer=args.optimizer, momentum=args.momentum,
+        weight_decay=args.weight_decay, lr_schedule=args.lr_schedule,
+        target_accuracy=args.target_accuracy, time_budget=args.time_budget,
+        max_grad_norm=args.max_grad_norm,
         noise_multiplier=args.noise_multiplier, target_epsilon=args.target_epsilon,
         delta=args.delta, dp=args.dp, accountant=args.accountant, sampling=args.sampling,
         noise_scheme=args.noise_scheme, allreduce=args.allreduce,

@@ -4,8 +4,12 @@ Differential privacy is entirely in the gradient they receive (clipped,
 noised, summed over ranks, divided by the expected batch size); the update
 rules are the usual ones, written on one flat buffer so a step is two to six
 vector operations without per-parameter Python loops. They match
-``torch.optim.SGD`` and ``torch.optim.Adam`` (tests check it). DP-SGD with
-momentum and DP-Adam are these optimizers fed DP gradients.
+``torch.optim.SGD`` and ``torch.optim.Adam`` (tests check it), including
+``weight_decay``: L2 regularisation, ``lambda * params`` added to the
+gradient, i.e. the loss plus ``lambda/2 |params|^2`` (all parameters, biases
+included, as torch does). It is added after the noise and depends on no
+example, so it costs no privacy. DP-SGD with momentum and DP-Adam are these
+optimizers fed DP gradients.
 """
 from __future__ import annotations
 
@@ -17,13 +21,21 @@ NAMES = ("sgd", "adam")
 class SGD:
     """``v = m v + g``; ``p -= lr v`` (PyTorch's momentum convention)."""
 
-    def __init__(self, params: torch.Tensor, lr: float, momentum: float = 0.0):
+    def __init__(self, params: torch.Tensor, lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0):
         self.params, self.lr, self.momentum = params, float(lr), float(momentum)
+        self.weight_decay = float(weight_decay)
         self.velocity = torch.zeros_like(params) if momentum else None
+        self._g = torch.empty_like(params) if weight_decay else None
         self._started = False
 
     def step(self, grad: torch.Tensor, scale: float = 1.0) -> None:
-        """Update with gradient ``scale * grad`` (``grad`` is left unchanged)."""
+        """Update with gradient ``scale * grad + weight_decay * params``
+        (``grad`` is left unchanged)."""
+        if self._g is not None:
+            grad = torch.mul(grad, scale, out=self._g).add_(self.params,
+                                                           alpha=self.weight_decay)
+            scale = 1.0
         if self.velocity is None:
             self.params.add_(grad, alpha=-self.lr * scale)
             return
@@ -48,8 +60,10 @@ class SGD:
 class Adam:
     """Adam (Kingma & Ba 2015) with bias correction, as ``torch.optim.Adam``."""
 
-    def __init__(self, params: torch.Tensor, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+    def __init__(self, params: torch.Tensor, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0):
         self.params, self.lr, self.eps = params, float(lr), float(eps)
+        self.weight_decay = float(weight_decay)
         self.beta1, self.beta2 = float(betas[0]), float(betas[1])
         self.m = torch.zeros_like(params)
         self.v = torch.zeros_like(params)
@@ -60,6 +74,8 @@ class Adam:
     def step(self, grad: torch.Tensor, scale: float = 1.0) -> None:
         self.t += 1
         g = torch.mul(grad, scale, out=self._g)
+        if self.weight_decay:
+            g.add_(self.params, alpha=self.weight_decay)
         self.m.lerp_(g, 1.0 - self.beta1)
         self.v.mul_(self.beta2).addcmul_(g, g, value=1.0 - self.beta2)
         bc1 = 1.0 - self.beta1 ** self.t
@@ -77,10 +93,11 @@ class Adam:
         self.v.copy_(state["v"])
 
 
-def build(name: str, params: torch.Tensor, lr: float, momentum: float = 0.9):
+def build(name: str, params: torch.Tensor, lr: float, momentum: float = 0.9,
+          weight_decay: float = 0.0):
     """The optimizer called ``name`` (``sgd`` or ``adam``) over ``params``."""
     if name == "sgd":
-        return SGD(params, lr=lr, momentum=momentum)
+        return SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "adam":
-        return Adam(params, lr=lr)
+        return Adam(params, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"optimizer {name!r} not in {NAMES}")

@@ -42,8 +42,10 @@ from engine.model import MLPSpec, init_params
 from engine.noise import GaussianNoise
 from engine.optim import build as build_optimizer
 from engine.sampler import PoissonSampler, ShuffleSampler
+from engine.schedule import learning_rate
 from engine.shard import read_info, read_shard
 from engine.signals import StopRequest
+from engine.stopping import stop_reason
 
 #: Steps between progress-bar updates and between finiteness checks.
 PROGRESS_EVERY = 32
@@ -152,7 +154,8 @@ class Trainer:
         for name in FIXED_ON_RESUME:
             mine = getattr(cfg, name)
             mine = list(mine) if isinstance(mine, tuple) else mine
-            theirs = saved.get(name, "cpu" if name == "device" else None)
+            # A setting the checkpoint predates had its default then.
+            theirs = saved[name] if name in saved else getattr(TrainConfig(data=""), name)
             if name == "seed" and mine is None:
                 continue
             if mine != theirs:
@@ -233,7 +236,8 @@ class Trainer:
             std = self.accountant.sigma * cfg.max_grad_norm
             self.noise = GaussianNoise(spec.n_params, std, self.size, self.rank, self.seed,
                                        cfg.noise_scheme, device=device, backend=cfg.kernels)
-        self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum)
+        self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum,
+                                         cfg.weight_decay)
         self.step = 0
         self.local = {"loss_sum": 0.0, "examples": 0, "clipped": 0}
         if payload is not None:
@@ -311,7 +315,10 @@ class Trainer:
             "clipped_fraction": clipped / examples if examples else None,
             "epsilon": self._epsilon(), "delta": self.cfg.delta if self.cfg.dp else None,
             "noise_multiplier": None if self.accountant is None else self.accountant.sigma,
-            "epoch_time_s": wall, "examples_per_s": examples / wall if wall > 0 else None,
+            "epoch_time_s": wall,
+            "train_time_s": (self.history[-1].get("train_time_s") or 0.0 if self.history
+                             else 0.0) + wall,
+            "examples_per_s": examples / wall if wall > 0 else None,
             "comm_s": mean_times["comm_s"], "compute_s": wall - mean_times["comm_s"],
             "comm_compute_ratio": (mean_times["comm_s"] / (wall - mean_times["comm_s"])
                                    if wall > mean_times["comm_s"] else None),
@@ -373,6 +380,7 @@ class Trainer:
         self._say(metrics_mod.header())
         start_step, C = self.step, (cfg.max_grad_norm if cfg.dp else None)
         inv_b = 1.0 / cfg.batch_size
+        scheduled = cfg.lr_schedule != "constant"
         sampler, engine, noise, opt = self.sampler, self.engine, self.noise, self.optimizer
         X, y, buffer, grad, control = self.X, self.y, self.buffer, self.grad, self.control
         comm, algorithm, pc = self.comm, cfg.allreduce, time.perf_counter
@@ -396,6 +404,8 @@ class Trainer:
                     t3 = pc()
                     collectives.allreduce(buffer, comm, algorithm=algorithm)
                     t4 = pc()
+                    if scheduled:
+                        opt.lr = learning_rate(cfg.lr_schedule, cfg.lr, self.step + 1)
                     opt.step(grad, inv_b)
                     t5 = pc()
                     times["sample_s"] += t1 - t0
@@ -420,13 +430,20 @@ class Trainer:
                                             "or infinite; lower --lr (or --max-grad-norm)",
                                             collective=True)
                 record = self._epoch_end(epoch, times, pc() - t_epoch, resumed=first > 0)
+                # Read from all-reduced values: the same verdict on every rank.
+                reason = stop_reason(record, cfg.target_accuracy, cfg.time_budget)
+                if reason is not None:
+                    record["stop_reason"] = reason
                 self.history.append(record)
                 writer.write(record)
                 if self.rank == 0:
                     bar.clear()
                 self._say(metrics_mod.row(record))
-                if (epoch + 1) % cfg.checkpoint_every == 0 or self.step >= self.total_steps:
+                if (epoch + 1) % cfg.checkpoint_every == 0 or self.step >= self.total_steps \
+                        or reason is not None:
                     self.save_checkpoint()
+                if reason is not None:
+                    break
         finally:
             bar.close()
         self._summary()
@@ -454,3 +471,10 @@ class Trainer:
                   + (f"epsilon {eps:.3f} (delta {self.cfg.delta:g}), " if eps is not None
                      else "non-private, ")
                   + f"{np.median(times) if times else float('nan'):.2f} s/epoch (median)")
+        if last.get("stop_reason") == "target_accuracy":
+            self._say(f"stopped early: test accuracy {last['test_accuracy']:.4f} >= "
+                      f"--target-accuracy {self.cfg.target_accuracy:g} after "
+                      f"{last['train_time_s']:.2f} s of training (time to accuracy)")
+        elif last.get("stop_reason") == "time_budget":
+            self._say(f"stopped early: {last['train_time_s']:.2f} s of training reached "
+                      f"--time-budget {self.cfg.time_budget:g} s")
