@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
                         f"classes; the model expects {spec.dims[0]} and {spec.dims[-1]} "
                         "(prepare the file with `mpidp prep --like` the training file)",
                         collective=True)
+    if trained.get("task") and info.task and trained["task"] != info.task:
+        raise DataError(f"{args.data} holds task {info.task!r}; the model was trained for "
+                        f"{trained['task']!r} on {trained.get('path')}", collective=True)
     if trained.get("fingerprint") and info.fingerprint \
             and trained["fingerprint"] != info.fingerprint:
         raise DataError(f"{args.data} was encoded differently from the training file "

@@ -210,6 +210,10 @@ def test_eval_command_scores_a_checkpoint(tiny, tmp_path, capsys):
                                attrs={"encoding_fingerprint": "something-else"})
     with pytest.raises(DataError, match="encoded differently"):
         run("--checkpoint", d, "--data", other)
+    other_task = synthetic_h5.write(tmp_path / "income.h5", rows=50, features=6, seed=9,
+                                    attrs={"task": "income"})
+    with pytest.raises(DataError, match="holds task 'income'"):
+        run("--checkpoint", d, "--data", other_task)
     wider = synthetic_h5.write(tmp_path / "wider.h5", rows=50, features=7)
     with pytest.raises(DataError, match="expects 6"):
         run("--checkpoint", d, "--data", wider)
