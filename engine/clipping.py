@@ -74,8 +74,9 @@ def _leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return layers
 
 
-class LayerClipper:
-    """Per-layer clipped gradient sums (see module docstring)."""
+class _FlatGradient:
+    """A model's parameters as one flat vector, and the flat buffer its clipped
+    gradient sum is written into (``grad``, allocated unless given)."""
 
     def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
         self.model = model
@@ -83,6 +84,13 @@ class LayerClipper:
         self.params = self.flat.params
         self.grad = torch.zeros_like(self.params) if grad is None else grad
         self._grad_views = self.flat.views(self.grad)
+
+
+class LayerClipper(_FlatGradient):
+    """Per-layer clipped gradient sums (see module docstring)."""
+
+    def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
+        super().__init__(model, grad)
         self.layers = _leaf_layers(model)
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
@@ -130,15 +138,8 @@ class LayerClipper:
         return float(total.detach()), clipped
 
 
-class FuncClipper:
+class FuncClipper(_FlatGradient):
     """Whole-model per-example gradients with ``torch.func`` (the general fallback)."""
-
-    def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
-        self.model = model
-        self.flat = FlatParameters(model)
-        self.params = self.flat.params
-        self.grad = torch.zeros_like(self.params) if grad is None else grad
-        self._grad_views = self.flat.views(self.grad)
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
                     max_norm: float | None) -> tuple[float, int]:

@@ -27,7 +27,8 @@ import torch
 from numba import cuda
 
 from kernels.dispatch import register
-from kernels.cuda_shapes import MAX_THREADS, grid_2d, leading, numpy_dtype, pow2_at_least
+from kernels.cuda_shapes import (MAX_THREADS, grid_2d, leading, numpy_dtype, pow2_at_least,
+                                 scratch)
 from kernels.numba_cuda_launch import array, stream
 
 
@@ -116,18 +117,6 @@ def signatures(dtype) -> dict[str, tuple]:
             "scale_rows": (rows, vec)}
 
 
-_SCRATCH: dict[tuple, torch.Tensor] = {}
-
-
-def _scratch(like: torch.Tensor, k: int, dtype: torch.dtype, name: str) -> torch.Tensor:
-    """A reused device buffer of at least ``k`` elements (grown, never shrunk)."""
-    key = (name, like.device, dtype)
-    buf = _SCRATCH.get(key)
-    if buf is None or buf.shape[0] < k:
-        buf = _SCRATCH[key] = torch.empty(max(k, 256), dtype=dtype, device=like.device)
-    return buf[:k]
-
-
 @register("clip_rows", "cuda", backend="numba")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
@@ -137,8 +126,8 @@ def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_n
         return 0
     dtype = numpy_dtype(grads[0])
     kernels, s = KERNELS[dtype], stream(grads[0])
-    sq = array(_scratch(grads[0], k, grads[0].dtype, "sq"))
-    count = _scratch(grads[0], 1, torch.int32, "count")
+    sq = array(scratch(grads[0], k, grads[0].dtype, "sq"))
+    count = scratch(grads[0], 1, torch.int32, "count")
     for layer, (a, g) in enumerate(zip(acts, grads)):
         leading(a, "acts")
         leading(g, "grads")

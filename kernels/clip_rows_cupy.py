@@ -13,20 +13,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from kernels.cuda_shapes import grid_2d, leading, numpy_dtype, pow2_at_least
+from kernels.cuda_shapes import grid_2d, leading, numpy_dtype, pow2_at_least, scratch
 from kernels.cupy_launch import function, launch, pointer
 from kernels.dispatch import register
-
-_SCRATCH: dict[tuple, torch.Tensor] = {}
-
-
-def _scratch(like: torch.Tensor, k: int, dtype: torch.dtype, name: str) -> torch.Tensor:
-    key = (name, like.device, dtype)
-    buf = _SCRATCH.get(key)
-    if buf is None or buf.shape[0] < k:
-        buf = _SCRATCH[key] = torch.empty(max(k, 256), dtype=dtype, device=like.device)
-    return buf[:k]
-
 
 @register("clip_rows", "cuda", backend="cupy")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
@@ -37,8 +26,8 @@ def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_n
         return 0
     g0 = grads[0]
     scalar = numpy_dtype(g0).type
-    sq = _scratch(g0, k, g0.dtype, "sq")
-    count = _scratch(g0, 1, torch.int32, "count")
+    sq = scratch(g0, k, g0.dtype, "sq")
+    count = scratch(g0, 1, torch.int32, "count")
     norms = function("clip_rows", "clip_row_sq_norms", g0)
     for layer, (a, g) in enumerate(zip(acts, grads)):
         args = (pointer(a), np.int64(leading(a, "acts")), np.int64(a.shape[1]),

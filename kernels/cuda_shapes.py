@@ -16,6 +16,19 @@ MAX_THREADS = 256
 #: CUDA's limit on the grid's y dimension; the 2-D kernels stride over rows beyond it.
 MAX_GRID_Y = 65535
 
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+
+
+def scratch(like: torch.Tensor, k: int, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """A reused buffer of ``k`` elements on ``like``'s device, kept per ``name``
+    (grown, never shrunk), so the per-step kernels allocate nothing."""
+    key = (name, like.device, dtype)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.shape[0] < k:
+        buf = _SCRATCH[key] = torch.empty(max(k, 256), dtype=dtype, device=like.device)
+    return buf[:k]
+
+
 _DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 
 
