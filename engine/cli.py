@@ -47,6 +47,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
               "side by side"),
     "prep": ("preprocessing.bench",
              "mpidp prep end to end at 1 and 2 ranks vs a one-process polars pipeline"),
+    "scaling": ("engine.bench_scaling", "mpidp train at several rank counts: time per "
+                "epoch, speed-up, comm/compute, time to accuracy, cost"),
 }
 
 

@@ -7,6 +7,15 @@ learn. Written in chunks, so benchmark-size files (e.g. 790,000 x 100, what
 prep makes of the 1.2-million-row synthetic PUMS file) need little memory::
 
     python -m engine.synthetic_h5 --rows 790000 --features 100 --out bench.h5
+
+:func:`write_dense` writes the other shape benchmarks need: dense rows like
+the PASCAL 2008 "epsilon" set of mlbench's task 2a (400,000 + 100,000 rows,
+2,000 features, every row of unit length, two classes; epsilon itself cannot
+be downloaded here), labels from a logistic model whose best possible test
+accuracy is about 0.91::
+
+    python -m engine.synthetic_h5 --dense --rows 400000 --test-rows 100000 \
+        --features 2000 --out epsilon-like.h5
 """
 from __future__ import annotations
 
@@ -59,8 +68,6 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
         features: F; ``numeric`` of them are N(0,1), the rest one-hot groups.
         attrs: root attributes overriding the defaults (to make bad files).
     """
-    import h5py
-
     test_rows = rows // 4 if test_rows is None else test_rows
     numeric = min(numeric, features)
     groups = _groups(features, numeric)
@@ -70,19 +77,81 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
     for g, size in enumerate(groups):
         names += [f"CAT{g}={v}" for v in range(size)]
     encoding = {"numeric": names[:numeric], "groups": groups, "synthetic": True}
+    return _write(path, rows, test_rows, names, encoding, n_classes, seed, "synthetic",
+                  lambda n: _rows(rng, n, numeric, groups, weights, n_classes), attrs)
+
+
+#: Logistic slope (in units of the margin's standard deviation) of write_dense:
+#: the Bayes-optimal test accuracy is E[sigmoid(6|g|)], g ~ N(0, 1): about 0.911.
+DENSE_SLOPE = 6.0
+#: Feature-scale decay of write_dense: an ill-conditioned problem, so SGD needs
+#: several epochs to come near the best accuracy (as on the real epsilon set).
+DENSE_DECAY = 0.5
+
+
+def dense_rows(rng: np.random.Generator, n: int, weights: np.ndarray,
+               slope: float = DENSE_SLOPE, scales: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` rows of unit length and labels drawn from ``P(y = 1 | x) =
+    sigmoid(slope * w.x / sd(w.x))``: Gaussian rows with per-feature
+    ``scales`` (default all 1), then normalised to unit length."""
+    features = weights.shape[0]
+    scales = np.ones(features, dtype=np.float32) if scales is None else scales
+    X = rng.standard_normal((n, features), dtype=np.float32)
+    X *= scales
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    sd = np.sqrt(np.sum((weights * scales) ** 2) / np.sum(scales ** 2))
+    p = 1.0 / (1.0 + np.exp(-slope / sd * (X @ weights)))
+    y = (rng.random(n) < p).astype(np.int8)
+    return X, y
+
+
+def write_dense(path: str | os.PathLike, rows: int = 400_000, features: int = 2000,
+                test_rows: int | None = None, seed: int = 0,
+                slope: float = DENSE_SLOPE, decay: float = DENSE_DECAY) -> str:
+    """Write a dense epsilon-like two-class file in the contract format; returns its path.
+
+    Args:
+        rows, test_rows: training and test rows (test default rows // 4, as epsilon).
+        features: F, all numeric; every row has unit L2 norm (as epsilon's rows).
+        slope: label noise (see :data:`DENSE_SLOPE`).
+        decay: feature j has scale (1 + j)^-decay before the rows are normalised
+            (0: isotropic, which plain SGD fits within one epoch; see
+            :data:`DENSE_DECAY`).
+    """
+    test_rows = rows // 4 if test_rows is None else test_rows
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal(features)
+    weights /= np.linalg.norm(weights)
+    weights = weights.astype(np.float32)
+    scales = (1.0 + np.arange(features, dtype=np.float32)) ** -np.float32(decay)
+    names = [f"X{i}" for i in range(features)]
+    encoding = {"numeric": names, "groups": [], "synthetic": True, "dense": True,
+                "slope": slope, "decay": decay}
+    return _write(path, rows, test_rows, names, encoding, 2, seed, "synthetic-dense",
+                  lambda n: dense_rows(rng, n, weights, slope, scales), None)
+
+
+def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
+           n_classes: int, seed: int, task: str, make_rows, attrs: dict | None) -> str:
+    """Both splits, chunk by chunk from ``make_rows(n) -> (X, y)``, then the
+    attributes; written under a temporary name and renamed."""
+    import h5py
+
+    features = len(names)
     encoding_text = json.dumps(encoding)
     tmp = f"{path}.tmp{os.getpid()}"
     with h5py.File(tmp, "w") as f:
         for split, n in (("train", rows), ("test", test_rows)):
+            chunk_rows = max(1, min(n, 4096, (1 << 22) // max(1, features)))
             X = f.create_dataset(f"{split}/X", (n, features), dtype=np.float32,
-                                 chunks=(max(1, min(n, 4096)), features) if n else None)
+                                 chunks=(chunk_rows, features) if n else None)
             y = f.create_dataset(f"{split}/y", (n,), dtype=np.int8)
             for start in range(0, n, CHUNK):
-                xb, yb = _rows(rng, min(CHUNK, n - start), numeric, groups, weights,
-                               n_classes)
+                xb, yb = make_rows(min(CHUNK, n - start))
                 X[start:start + len(yb)] = xb
                 y[start:start + len(yb)] = yb
-        base = {"format": "mpidp", "format_version": 1, "task": "synthetic",
+        base = {"format": "mpidp", "format_version": 1, "task": task,
                 "n_classes": n_classes, "feature_names": json.dumps(names),
                 "encoding": encoding_text,
                 "encoding_fingerprint": hashlib.sha256(encoding_text.encode()).hexdigest(),
@@ -105,10 +174,16 @@ def main(argv=None) -> int:
     parser.add_argument("--features", type=int, default=100)
     parser.add_argument("--classes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dense", action="store_true",
+                        help="dense unit-length rows, two classes (epsilon-like, mlbench 2a)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    write(args.out, rows=args.rows, features=args.features, test_rows=args.test_rows,
-          n_classes=args.classes, seed=args.seed)
+    if args.dense:
+        write_dense(args.out, rows=args.rows, features=args.features,
+                    test_rows=args.test_rows, seed=args.seed)
+    else:
+        write(args.out, rows=args.rows, features=args.features, test_rows=args.test_rows,
+              n_classes=args.classes, seed=args.seed)
     print(args.out)
     return 0
 

@@ -1,0 +1,65 @@
+"""The scaling figure: speed-up (with the ideal line), time per epoch, comm/compute.
+
+One PNG, one line per series (:func:`engine.scaling_report.series_key`);
+oversubscribed points are drawn hollow. With a target accuracy, a fourth
+panel shows the time to accuracy against the number of ranks (mlbench's
+task 2a figure).
+"""
+from __future__ import annotations
+
+from engine.scaling_report import describe_series, series_key
+
+
+def plot(summaries: list[dict], path: str, title: str) -> None:
+    """Write the figure to ``path`` (PNG; matplotlib with the Agg back-end)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with_tta = any(s.get("tta_s") for s in summaries)
+    panels = 4 if with_tta else 3
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.9))
+    speed, times, ratio = axes[0], axes[1], axes[2]
+    all_ranks = sorted({s["ranks"] for s in summaries})
+    speed.plot(all_ranks, [r / all_ranks[0] for r in all_ranks], color="grey",
+               linestyle=":", label="ideal")
+    for key in dict.fromkeys(series_key(s) for s in summaries):
+        members = sorted((s for s in summaries if series_key(s) == key),
+                         key=lambda s: s["ranks"])
+        label = describe_series(members[0]).replace(", all-reduce", "\nall-reduce")
+        x = [s["ranks"] for s in members]
+        line = speed.plot(x, [s.get("speedup") for s in members], marker="o", label=label)[0]
+        color = line.get_color()
+        avg = [s["epoch_avg_s"] for s in members]
+        err = [[a - s["epoch_min_s"] for a, s in zip(avg, members)],
+               [s["epoch_max_s"] - a for a, s in zip(avg, members)]]
+        times.errorbar(x, avg, yerr=err, marker="o", color=color, capsize=3)
+        ratio.plot(x, [s.get("comm_compute_ratio") for s in members], marker="o", color=color)
+        if with_tta:
+            axes[3].plot(x, [s.get("tta_s") for s in members], marker="o", color=color)
+        for s in members:  # oversubscribed: hollow marker over the filled one
+            if s.get("oversubscribed"):
+                for ax, y in ((speed, s.get("speedup")), (times, s["epoch_avg_s"]),
+                              (ratio, s.get("comm_compute_ratio"))):
+                    if y is not None:
+                        ax.plot([s["ranks"]], [y], marker="o", markersize=11,
+                                markerfacecolor="white", markeredgecolor=color)
+    speed.set_ylabel("speed-up T_base / T_n (steady epochs)")
+    times.set_ylabel("time per epoch, s (avg, min-max)")
+    ratio.set_ylabel("communication / computation")
+    if with_tta:
+        target = next(s["target_accuracy"] for s in summaries if "target_accuracy" in s)
+        axes[3].set_ylabel(f"training seconds to test accuracy {target:g}")
+    for ax in axes:
+        ax.set_xlabel("ranks" + (" (hollow: oversubscribed)"
+                                 if any(s.get("oversubscribed") for s in summaries) else ""))
+        ax.set_xticks(all_ranks)
+        ax.grid(True, alpha=0.3)
+    times.set_ylim(bottom=0)
+    ratio.set_ylim(bottom=0)
+    speed.legend(fontsize=6, loc="upper left")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
