@@ -55,6 +55,14 @@ def describe_series(summary: dict) -> str:
             f"all-reduce {summary['allreduce']}, {threads_text}")
 
 
+def short_series(summary: dict) -> str:
+    """A few words naming a series (for narrow tables)."""
+    batch = (f"weak b={summary['local_batch']:g}/rank" if summary["mode"] == "weak"
+             else f"strong B={summary['batch_size']}")
+    return (f"{'DP' if summary['dp'] else 'non-DP'} {batch} {summary['allreduce']} "
+            f"threads={summary['threads']}")
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -248,14 +256,12 @@ def format_cost_table(summaries: list[dict]) -> str:
     """The money table (the seed's): nodes x training hours x price per node-hour."""
     price = summaries[0]["price_per_node_hour"]
     with_tta = any("cost_to_accuracy" in s for s in summaries)
-    head = (f"{'series':<44} {'ranks':>6} {'layout':>6} {'train s':>9} {'node-hours':>10} "
+    head = (f"{'series':<40} {'ranks':>6} {'layout':>6} {'train s':>9} {'node-hours':>10} "
             f"{'cost':>10}" + (f" {'cost to acc':>11}" if with_tta else ""))
     lines = [f"cost at {price:g} per node-hour (training time of each run: "
              f"{summaries[0]['epochs_run']} epochs or until it stopped)", head]
     for s in summaries:
-        name = describe_series(s)
-        name = name if len(name) <= 44 else name[:43] + "~"
-        line = (f"{name:<44} {_ranks_text(s):>6} {s.get('layout') or '-':>6} "
+        line = (f"{short_series(s):<40} {_ranks_text(s):>6} {s.get('layout') or '-':>6} "
                 f"{s['train_time_s']:>9.2f} {s['node_hours']:>10.5f} {s['cost']:>10.5f}")
         if with_tta:
             line += " " + _cell(s.get("cost_to_accuracy"), ".5f", 11)
