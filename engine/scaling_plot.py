@@ -40,8 +40,11 @@ def plot(summaries: list[dict], path: str, title: str) -> None:
             axes[3].plot(x, [s.get("tta_s") for s in members], marker="o", color=color)
         for s in members:  # oversubscribed: hollow marker over the filled one
             if s.get("oversubscribed"):
-                for ax, y in ((speed, s.get("speedup")), (times, s["epoch_avg_s"]),
-                              (ratio, s.get("comm_compute_ratio"))):
+                marks = [(speed, s.get("speedup")), (times, s["epoch_avg_s"]),
+                         (ratio, s.get("comm_compute_ratio"))]
+                if with_tta:
+                    marks.append((axes[3], s.get("tta_s")))
+                for ax, y in marks:
                     if y is not None:
                         ax.plot([s["ranks"]], [y], marker="o", markersize=11,
                                 markerfacecolor="white", markeredgecolor=color)

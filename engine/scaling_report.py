@@ -45,7 +45,7 @@ def series_key(run: dict) -> tuple:
 def describe_series(summary: dict) -> str:
     """One line naming a series, e.g. 'strong scaling (global batch 256), DP-SGD, ...'."""
     if summary["mode"] == "weak":
-        batch = f"weak scaling (batch {summary['local_batch']} per rank)"
+        batch = f"weak scaling (batch {summary['local_batch']:g} per rank)"
     else:
         batch = f"strong scaling (global batch {summary['batch_size']})"
     threads = summary["threads"]
