@@ -60,6 +60,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.subprocesses import child_env, launcher_argv
+
 #: Preset values for options left unset on the command line.
 PRESETS: dict[str, dict] = {
     "seed": dict(rows=790_000, test_rows=200_000, features=100, dense=False,
@@ -293,18 +295,12 @@ def ensure_data(settings: argparse.Namespace) -> str:
 
 
 # ------------------------------------------------------------ running
-def _clean_env() -> dict[str, str]:
-    """This environment without the variables of an MPI job we may be inside."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_"))}
-
-
 def execute(config: dict, launcher: str, cores: int | None) -> dict:
     """Launch one configuration; returns the run (config + its epoch records)."""
-    argv = [*launch_argv(launcher, config["ranks"]), sys.executable, "-m", "engine.cli",
+    argv = [*launcher_argv(launcher, config["ranks"]), sys.executable, "-m", "engine.cli",
             *config["train_argv"], "--metrics", config["metrics"]]
     started = time.perf_counter()
-    result = subprocess.run(argv, capture_output=True, text=True, env=_clean_env())
+    result = subprocess.run(argv, capture_output=True, text=True, env=child_env())
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
@@ -416,6 +412,8 @@ def run(args: argparse.Namespace) -> int:
         source = f"collected from {len(args.collect)} job directories"
     else:
         settings = resolve(args)
+        if not settings.dry_run:
+            launcher_argv(settings.launcher, 1)  # fail now, not after writing the data
         data = ensure_data(settings)
         keep = settings.keep
         workdir = keep or tempfile.mkdtemp(prefix="mpidp-scaling-")

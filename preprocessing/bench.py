@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.subprocesses import child_env, find_tool
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=1_200_000,
@@ -40,28 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
 
-def _clean_env() -> dict[str, str]:
-    """This environment without the variables of an MPI job we may be inside."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_"))}
-
-
-def _tool(name: str) -> str:
-    local = Path(sys.executable).parent / name
-    found = str(local) if local.exists() else shutil.which(name)
-    if found is None:
-        raise FileNotFoundError(f"{name} not found next to {sys.executable} or on PATH")
-    return found
-
-
 def synthetic_file(cache: str, rows: int) -> str:
     """The cached synthetic input, written with `mpidp synth` if missing."""
     path = Path(cache) / f"synth-pums-2018-{rows}-seed1.csv"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"writing {path} ({rows:,} rows, once) ...", file=sys.stderr, flush=True)
-        subprocess.run([_tool("mpidp"), "synth", "--rows", str(rows), "--out", str(path),
-                        "--seed", "1", "--quiet"], check=True, env=_clean_env())
+        subprocess.run([find_tool("mpidp"), "synth", "--rows", str(rows), "--out", str(path),
+                        "--seed", "1", "--quiet"], check=True, env=child_env())
     return str(path)
 
 
@@ -69,7 +57,7 @@ def _timed(argv: list[str], out: str) -> float:
     if os.path.exists(out):
         os.unlink(out)
     started = time.perf_counter()
-    result = subprocess.run(argv, capture_output=True, text=True, env=_clean_env())
+    result = subprocess.run(argv, capture_output=True, text=True, env=child_env())
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}):\n"
@@ -100,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                                "--out", out]}
     for n in ranks:
         cases[f"mpidp prep, {n} rank{'s' if n > 1 else ''}"] = [
-            _tool("mpiexec"), "-n", str(n), _tool("mpidp"), "prep", source, "--out", out,
+            find_tool("mpiexec"), "-n", str(n), find_tool("mpidp"), "prep", source, "--out", out,
             "--quiet"]
     times: dict[str, list[float]] = {name: [] for name in cases}
     try:

@@ -1,30 +1,18 @@
 """Start mpidp (or a test script) under mpiexec from a test, with a timeout."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from engine.subprocesses import child_env as clean_env, find_tool
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def mpiexec_path() -> str:
     """The mpiexec next to this Python (the pip MPICH's), else the one on PATH."""
-    candidate = Path(sys.executable).parent / "mpiexec"
-    found = str(candidate) if candidate.exists() else shutil.which("mpiexec")
-    if found is None:
-        raise RuntimeError("mpiexec not found: install the 'mpich' wheel or an MPI")
-    return found
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without the variables of the MPI job we may be inside."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_"))}
-    env.update(extra)
-    return env
+    return find_tool("mpiexec")
 
 
 def run_mpi(n: int, argv: list[str], timeout: float = 120, env: dict | None = None,

@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engine.subprocesses import find_tool
+
 #: The README's training settings (section "Accuracy on the real PUMS files").
 NONPRIVATE = ["--no-dp", "--lr", "0.05", "--batch-size", "256", "--epochs", "20"]
 DP = ["--optimizer", "adam", "--lr", "0.002", "--batch-size", "1024", "--epochs", "20",
@@ -37,11 +39,6 @@ DP = ["--optimizer", "adam", "--lr", "0.002", "--batch-size", "1024", "--epochs"
 SMALL_TEST_FRACTION = "0.98"
 SMALL = ["--optimizer", "adam", "--lr", "0.002", "--batch-size", "64", "--epochs", "300",
          "--max-grad-norm", "1", "--delta", "1e-5"]
-
-
-def _mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else "mpiexec"
 
 
 def _run(argv: list[str]) -> None:
@@ -137,7 +134,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    mpi = [_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "engine.cli"]
+    mpi = [find_tool("mpiexec"), "-n", str(args.ranks), sys.executable, "-m", "engine.cli"]
     small = str(out / "small.h5")
     if not (args.reuse and Path(small).exists()):
         inputs = sorted(glob.glob(args.inputs))

@@ -1,0 +1,67 @@
+"""Starting mpiexec / mpidp from Python: where the executables are, and a clean environment.
+
+The benchmarks and the audit driver launch ``mpiexec -n P mpidp ...`` themselves.
+In a virtual environment that was never activated (``make test`` runs
+``.venv/bin/python`` directly) neither ``mpiexec`` (from the ``mpich`` wheel)
+nor ``mpidp`` is on ``PATH``; both sit next to the interpreter, so look there
+first.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from engine.errors import MpidpError
+
+#: Variables of an MPI job we may be running inside; a child launch must not
+#: inherit them or its mpiexec joins (or confuses) the parent's job.
+_JOB_VARIABLES = ("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_")
+
+
+class ToolNotFound(MpidpError):
+    """An executable (mpiexec, mpidp, srun...) is neither next to Python nor on PATH."""
+
+
+def find_tool(name: str) -> str:
+    """Absolute path of ``name``: next to ``sys.executable`` first, then ``PATH``.
+
+    Raises :class:`ToolNotFound` with a hint when it is in neither place.
+    """
+    if os.sep in name:
+        if os.access(name, os.X_OK):
+            return name
+        raise ToolNotFound(f"{name} is not an executable file")
+    local = Path(sys.executable).parent / name
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        hint = (" (pip install mpich, or load your site's MPI module)"
+                if name in ("mpiexec", "mpirun") else "")
+        raise ToolNotFound(f"{name} not found next to {sys.executable} or on PATH{hint}")
+    return found
+
+
+def launcher_argv(template: str, ranks: int) -> list[str]:
+    """``template`` (e.g. ``'mpiexec -n {ranks}'``) as argv, its program resolved by
+    :func:`find_tool`. Raises :class:`ToolNotFound`, or :class:`MpidpError` for a
+    template that cannot be filled in or split."""
+    try:
+        argv = shlex.split(template.format(ranks=ranks))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise MpidpError(f"launch command {template!r} cannot be used ({exc}); the only "
+                         "placeholder is {ranks}, e.g. 'srun -n {ranks} --mpi=pmi2'") from None
+    if not argv:
+        raise ToolNotFound("the launch command is empty")
+    return [find_tool(argv[0]), *argv[1:]]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment without the variables of the MPI job we may be inside,
+    plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_JOB_VARIABLES)}
+    env.update(extra)
+    return env
