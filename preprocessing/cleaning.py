@@ -4,6 +4,7 @@ compact codes of the kept ones.
 Every record is checked against the data dictionary, column by column, in a
 fixed order; the first problem found is the reason it is dropped:
 
+0. the line does not have the header's number of fields (``field_count``);
 1. ``SERIALNO`` blank or not a serial number;
 2. the universe columns (``AGEP`` for employment): not a number, blank where
    the dictionary has no N/A value, or a code outside the dictionary;
@@ -62,7 +63,7 @@ def code_dtype(feature: Feature, codebook: Codebook) -> np.dtype:
 
 def reason_names(task: Task) -> list[str]:
     """Every drop reason of a task, in a fixed order (index 0 is 'kept')."""
-    names = ["kept", "blank:SERIALNO", "invalid:SERIALNO"]
+    names = ["kept", "field_count", "blank:SERIALNO", "invalid:SERIALNO"]
     for column in _check_order(task):
         names += [f"non_numeric:{column}", f"blank:{column}", f"invalid:{column}"]
     return names + ["universe"]
@@ -166,6 +167,11 @@ class Cleaner:
                 text = "" if why.startswith("blank") else str(cols.values[column][row])
             first.setdefault(row, (row, column, text))
 
+        if cols.wrong_fields.any():
+            row = int(np.argmax(cols.wrong_fields))
+            mark(cols.wrong_fields, "field_count", "",
+                 [(row, f"{int(cols.field_counts[row])} fields, the header "
+                        f"{cols.header_fields}")])
         mark(cols.blank["SERIALNO"], "blank:SERIALNO", "SERIALNO")
         mark(cols.bad["SERIALNO"], "invalid:SERIALNO", "SERIALNO",
              cols.examples.get("SERIALNO"))

@@ -57,6 +57,7 @@ class Settings:
     like: str | None = None
     like_encoding: str | None = None
     quiet: bool = False
+    check_fields: bool = False  # count every line's fields (--check-fields)
 
 
 @dataclass
@@ -163,7 +164,8 @@ def read_pieces(settings: Settings, pieces: list[Piece], threads: int, progress=
         sources = settings.sources[piece.file]
         key = (inp.header, tuple(sorted(sources.items())))
         if key not in workers:
-            parser = BlockParser(inp.header, sorted(set(sources.values())), "SERIALNO")
+            parser = BlockParser(inp.header, sorted(set(sources.values())), "SERIALNO",
+                                 check_fields=settings.check_fields)
             cleaner = Cleaner(settings.task, settings.codebook, sources)
 
             def work(block: bytes, parser=parser, cleaner=cleaner) -> Part:
@@ -218,6 +220,8 @@ def check_truncation(settings: Settings, parsed: list[Parsed],
 def describe(reason: str, column: str, text: str) -> str:
     """A record's problem in words."""
     kind = reason.split(":", 1)[0]
+    if reason == "field_count":
+        return f"the line has {text}"
     if reason == "invalid:SERIALNO":
         return f"SERIALNO {text!r} is not a PUMS serial number"
     if kind == "non_numeric":

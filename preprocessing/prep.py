@@ -46,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-invalid-share", type=float, default=0.05, metavar="F",
                         help="fail when more than this share of a file's records is "
                         "invalid (default: 0.05); fewer are dropped and counted")
+    parser.add_argument("--check-fields", action="store_true",
+                        help="also drop lines whose number of fields is not the header's "
+                        "(two records glued by a lost newline, a padded line): counts "
+                        "every comma, +40-70%% prep time on 2 cores. Off by default: polars stops "
+                        "reading a line after the last needed column and cannot see them")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
     parser.add_argument("--timings", action="store_true",
                         help="also print the seconds spent in each step (rank 0's clock)")
@@ -125,7 +130,8 @@ def make_settings(args: argparse.Namespace):
     return Settings(inputs=found, sources=sources, task=task, codebook=codebook,
                     out=args.out, seed=args.seed, test_fraction=args.test_fraction,
                     max_invalid_share=args.max_invalid_share, compression=compression,
-                    like=args.like, like_encoding=like_encoding, quiet=args.quiet)
+                    like=args.like, like_encoding=like_encoding, quiet=args.quiet,
+                    check_fields=args.check_fields)
 
 
 def _threads_per_rank(comm) -> int:

@@ -57,6 +57,11 @@ def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
            for line in lines[1:]]
     garbage.write_text(lines[0] + "".join(bad))
     cases["non_numeric"] = (garbage, "{p}, line 2: AGEP is 'forty', not a number; 400 of 400")
+    ragged = folder / "ragged.csv"
+    ragged.write_text(lines[0] + "".join(line.rstrip("\n") + ",7\n" for line in lines[1:]))
+    width = len(_header().split(","))
+    cases["field_count"] = (ragged, f"{{p}}, line 2: the line has {width + 1} fields, the "
+                                    f"header {width}; 400 of 400")
     no_csv = folder / "docs.zip"
     with zipfile.ZipFile(no_csv, "w") as archive:
         archive.writestr("ACS2018_PUMS_README.pdf", b"%PDF-1.4")
@@ -89,13 +94,42 @@ def _error_in_process(argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "columns", "truncated", "delimiter",
-                                  "non_numeric", "zip_without_csv"])
+                                  "non_numeric", "field_count", "zip_without_csv"])
 def test_bad_input_is_one_clear_error_and_no_output(tmp_path, good_csv, case):
     path, expected = _bad_inputs(tmp_path, good_csv)[case]
     message = _error_in_process([str(good_csv), str(path), "--out", str(tmp_path / "o.h5")])
     assert message.startswith(expected.format(p=path)), message
     assert "\n" not in message
     assert not list(tmp_path.glob("*.h5")) and not list(tmp_path.glob(".*mpidp-tmp*"))
+
+
+@pytest.mark.parametrize("where", [0, 10, 398])
+def test_glued_records_are_dropped_and_counted(tmp_path, good_csv, where):
+    """--check-fields: two records glued on one line (a lost newline): that
+    line is dropped, named in the counts, and every other record is kept as
+    without it."""
+    from collectives.runtime import MPI
+    from preprocessing.pipeline import prepare
+    from preprocessing.prep import add_arguments, make_settings
+    import argparse
+
+    lines = good_csv.read_text().splitlines()
+    i = where + 1
+    glued = lines[:i] + [lines[i] + "," + lines[i + 1]] + lines[i + 2:]
+    without = lines[:i] + lines[i + 2:]
+    reports = {}
+    for name, content in (("glued", glued), ("without", without)):
+        path = tmp_path / f"psam_{name}.csv"
+        path.write_text("\n".join(content) + "\n")
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        args = parser.parse_args([str(path), "--out", str(tmp_path / f"{name}.h5"), "--quiet",
+                                  "--check-fields"])
+        reports[name] = prepare(MPI.COMM_SELF, make_settings(args), threads=1)
+    assert reports["glued"].drop_counts["field_count"] == 1
+    assert reports["glued"].records == reports["without"].records + 1
+    assert reports["glued"].kept == reports["without"].kept
+    assert "field_count" not in reports["without"].drop_counts
 
 
 def test_bad_input_under_mpiexec_exits_2_with_one_line(tmp_path, good_csv):
