@@ -27,6 +27,15 @@ import pytest
 # MPI must be configured before anything (pytest-mpi included) imports mpi4py.
 from collectives.runtime import MPI
 
+# Property tests draw the same examples on every run (and every rank), so a
+# CI failure is reproducible and no run passes by luck where another fails.
+# HYPOTHESIS_PROFILE=explore draws fresh random examples, to hunt for new ones.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("deterministic", derandomize=True, database=None)
+_hypothesis_settings.register_profile("explore", derandomize=False)
+_hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+
 _SYNC_TIMEOUT = float(os.environ.get("MPIDP_TEST_SYNC_TIMEOUT", "20"))
 _harness: "_MpiHarness | None" = None
 
