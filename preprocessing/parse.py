@@ -12,14 +12,15 @@ dropped and counted by the cleaning step.
 A line whose number of fields differs from the header's (two records glued
 by a lost newline, a line cut short or padded) cannot be trusted: its values
 may sit in the wrong columns. polars does not see it when the needed columns
-parse (it stops reading a line after the last needed column, which is what
-makes parsing fast). With ``check_fields`` each block's commas and newlines
-are counted (``bytes.count``; measured +40-70% prep time on 2
-cores, hence opt-in); a block that polars fails on is always checked. Only a block whose
-totals do not add up is split into lines to flag the wrong ones
-(``Columns.wrong_fields``); the cleaning step drops them first of all. A
-block in which such a line makes polars fail is parsed again with the extra
-fields ignored.
+parse: it stops reading a line after the last needed column, which is what
+makes parsing fast. With ``check_fields`` every block's commas and newlines
+are counted (``bytes.count``; +40-70% prep time on 2 cores, hence opt-in),
+a block whose totals do not add up is split into lines to flag the wrong
+ones (``Columns.wrong_fields``, dropped first of all by the cleaning step),
+and a block that polars cannot parse because of such lines is parsed again
+with their extra fields ignored. Without it, a short line is caught only
+when a needed column that may not be blank is empty, and extra fields are
+ignored or, where polars trips on them, reported as a CSV error.
 
 Quoting is off: PUMS files never quote, and a stray quote must not swallow
 the following lines (every line is exactly one record, which is what makes
@@ -140,7 +141,7 @@ class BlockParser:
             slow = False
         except (pl.exceptions.ComputeError, pl.exceptions.SchemaError,
                 pl.exceptions.ShapeError):
-            frame = self._scan(data, self.text_schema, ragged=True).select(
+            frame = self._scan(data, self.text_schema, ragged=self.check_fields).select(
                 *[pl.col(c) for c in self.int_columns if c != self.serial],
                 pl.col(self.serial).alias("__serial_text"),
                 _household_expr(pl, self.serial),
@@ -148,7 +149,7 @@ class BlockParser:
             ).collect()
             slow = True
         columns = self._columns(frame, slow)
-        if slow or self.check_fields:
+        if self.check_fields:
             self._check_field_counts(data, columns)
         return columns
 
