@@ -186,12 +186,13 @@ def _sha256(path: str) -> str:
 
 
 @pytest.mark.mpi(min_size=1)
-def test_same_bytes_for_any_number_of_ranks(comm, shared_tmp, inputs):
+@pytest.mark.parametrize("check", [[], ["--check-fields"]], ids=["default", "check-fields"])
+def test_same_bytes_for_any_number_of_ranks(comm, shared_tmp, inputs, check):
     """The whole job, rank 0 alone and the other ranks together all write
     byte-identical files (sizes p, 1 and p - 1: 1 to 4 over the suite)."""
     paths, _ = inputs
     rank, size = comm.Get_rank(), comm.Get_size()
-    argv = [*paths, "--seed", "3", "--test-fraction", "0.25"]
+    argv = [*paths, "--seed", "3", "--test-fraction", "0.25", *check]
     _run(comm, [*argv, "--out", str(shared_tmp / "all.h5")])
     part = comm.Split(0 if rank == 0 else 1, rank)
     name = "alone.h5" if rank == 0 else "others.h5"
