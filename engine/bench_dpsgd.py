@@ -194,6 +194,12 @@ def run(args: argparse.Namespace) -> int:
     if MPI.COMM_WORLD.Get_size() > 1:
         raise ConfigError("mpidp bench dpsgd compares methods in one process: run it "
                           "without mpiexec (or with -n 1)", collective=True)
+    for option, value, least in (("--rows", args.rows, 1), ("--features", args.features, 1),
+                                 ("--batch-size", args.batch_size, 1), ("--steps", args.steps, 1),
+                                 ("--repeats", args.repeats, 1),
+                                 ("--naive-steps", args.naive_steps, 0)):
+        if value < least:
+            raise ConfigError(f"{option} {value} must be at least {least}", collective=True)
     unknown = set(args.methods.split(",")) - set(METHODS)
     if unknown:
         raise ConfigError(f"unknown --methods {', '.join(sorted(unknown))}; choose from "
@@ -205,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", module="opacus")
     X, y, n_classes, source = _load(args, torch)
     n = y.shape[0]
+    if args.batch_size > n:
+        raise ConfigError(f"--batch-size {args.batch_size} is more than the {n:,} training rows",
+                          collective=True)
     spec = MLPSpec.build(X.shape[1] - 1, parse_hidden(args.hidden), n_classes)
     steps, have_opacus = _steppers(args, spec, X, y, torch)
     q = args.batch_size / n

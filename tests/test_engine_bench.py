@@ -29,3 +29,15 @@ def test_bench_dpsgd_runs_and_reports_ratios(tmp_path, capsys):
 def test_bench_refuses_unknown_methods():
     with pytest.raises(ConfigError, match="unknown --methods nope"):
         _run("--methods", "mpidp-dp,nope")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rows", "0"], "--rows 0 must be at least 1"),
+    (["--batch-size", "0"], "--batch-size 0 must be at least 1"),
+    (["--steps", "0"], "--steps 0 must be at least 1"),
+    (["--rows", "100", "--features", "4", "--batch-size", "200"],
+     "--batch-size 200 is more than the 100 training rows"),
+])
+def test_bench_refuses_impossible_sizes(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        _run(*argv)
