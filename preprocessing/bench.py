@@ -48,21 +48,43 @@ def synthetic_file(cache: str, rows: int) -> str:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"writing {path} ({rows:,} rows, once) ...", file=sys.stderr, flush=True)
-        subprocess.run([find_tool("mpidp"), "synth", "--rows", str(rows), "--out", str(path),
-                        "--seed", "1", "--quiet"], check=True, env=child_env())
+        _checked([find_tool("mpidp"), "synth", "--rows", str(rows), "--out", str(path),
+                  "--seed", "1", "--quiet"])
     return str(path)
+
+
+def _checked(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run a child command; its failure is a one-line error with its last words."""
+    from preprocessing.errors import PrepError
+
+    result = subprocess.run(argv, capture_output=True, text=True, env=child_env())
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        raise PrepError(f"`{' '.join(os.path.basename(a) if i < 2 else a for i, a in enumerate(argv))}` "
+                        f"failed with exit code {result.returncode}: "
+                        f"{lines[-1] if lines else 'no output'}")
+    return result
+
+
+def _rank_counts(text: str) -> list[int]:
+    from preprocessing.errors import PrepError
+
+    try:
+        ranks = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        ranks = []
+    if not ranks or min(ranks) < 1:
+        raise PrepError(f"--ranks {text!r}: expected comma-separated positive integers, "
+                        "e.g. 1,2", collective=True)
+    return ranks
 
 
 def _timed(argv: list[str], out: str) -> float:
     if os.path.exists(out):
         os.unlink(out)
     started = time.perf_counter()
-    result = subprocess.run(argv, capture_output=True, text=True, env=child_env())
-    seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}):\n"
-                           f"{result.stderr[-2000:]}")
-    return seconds
+    _checked(argv)
+    return time.perf_counter() - started
 
 
 def _records(path: str) -> int:
@@ -77,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
     if MPI.COMM_WORLD.Get_size() > 1:
         raise PrepError("run the benchmark as one process (`mpidp bench prep`); it "
                         "starts mpiexec itself", collective=True)
-    ranks = [int(r) for r in args.ranks.split(",") if r.strip()]
+    ranks = _rank_counts(args.ranks)
+    if args.repeat < 1 or args.rows < 1:
+        raise PrepError("--repeat and --rows must be at least 1", collective=True)
+    if args.input and not os.path.isfile(args.input):
+        raise PrepError(f"--input {args.input}: no such file", collective=True)
     source = args.input or synthetic_file(args.cache, args.rows)
     records = _records(source)
     size_mb = os.path.getsize(source) / 1e6

@@ -82,7 +82,8 @@ def prepare(path: str, out: str, seed: int = 0, test_fraction: float = 0.2) -> i
                 else:
                     flat[base + column + table[values]] = 1.0
             y = (arrays["ESR"][rows] == 1).astype(np.int8)
-            chunks = (max(1, min(len(X), 2647)), width)
+            # An empty split cannot be chunked (h5py refuses chunks larger than the data).
+            chunks = (min(len(X), 2647), width) if len(X) else None
             handle.create_dataset(f"{split}/X", data=X, chunks=chunks)
             handle.create_dataset(f"{split}/y", data=y)
     return frame.height

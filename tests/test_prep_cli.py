@@ -179,3 +179,32 @@ def test_bench_prep_runs_and_prints_ratios(tmp_path):
         assert name in result.stdout
     assert "vs polars" in result.stdout and (tmp_path / "bench.json").exists()
     assert list(tmp_path.glob("synth-pums-2018-3000-seed1.csv"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ranks", "0"], "--ranks '0': expected comma-separated positive integers"),
+    (["--ranks", "two"], "--ranks 'two': expected comma-separated positive integers"),
+    (["--rows", "0"], "--repeat and --rows must be at least 1"),
+    (["--input", "missing.csv"], "--input missing.csv: no such file"),
+])
+def test_bench_prep_refuses_bad_options(argv, message):
+    from engine.cli import build_parser
+    from preprocessing.errors import PrepError
+
+    args = build_parser().parse_args(["bench", "prep", *argv])
+    with pytest.raises(PrepError, match=message):
+        args._run(args)
+
+
+def test_bench_prep_reports_a_failing_run_in_one_line(tmp_path):
+    """A file prep refuses (a header, no records): the failing run's last words,
+    no traceback."""
+    header_only = tmp_path / "psam_p98.csv"
+    header_only.write_text(_header() + "\n")
+    result = mpidp(1, "bench", "prep", "--input", str(header_only), "--repeat", "1",
+                   "--ranks", "1", "--no-reference", timeout=300)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mpidp: error:")]
+    assert len(errors) == 1 and "mpidp prep" in errors[0] and "failed with exit code 2" \
+        in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
