@@ -160,6 +160,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------ settings
+def _algorithm_names() -> tuple[str, ...]:
+    import collectives
+
+    return tuple(collectives.names())
+
+
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` with the preset's values filled in where none was given; checked."""
     settings = argparse.Namespace(**vars(args))
@@ -169,7 +175,14 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     settings.rank_list = parse_ints(settings.ranks, "--ranks")
     settings.modes = _choices(settings.scaling, ("strong", "weak"), "--scaling")
     settings.privacy_list = _choices(settings.privacy, ("dp", "nodp"), "--privacy")
-    settings.algorithms = [a.strip() for a in settings.allreduce.split(",") if a.strip()]
+    settings.algorithms = _choices(settings.allreduce, _algorithm_names(), "--allreduce")
+    from engine.errors import ConfigError
+    from engine.model import parse_hidden
+
+    try:
+        parse_hidden(settings.hidden)
+    except ConfigError as error:
+        raise BenchError(str(error)) from None
     settings.thread_policies = _choices(settings.threads, None, "--threads")
     for policy in settings.thread_policies:
         if policy != "auto" and not (policy.isdigit() and int(policy) > 0):

@@ -67,6 +67,10 @@ class TrainConfig:
 
         if self.epochs < 1:
             fail(f"--epochs {self.epochs} must be at least 1")
+        import collectives
+
+        if self.allreduce not in collectives.names():
+            fail(f"--allreduce {self.allreduce!r}: choose from {', '.join(collectives.names())}")
         if self.batch_size < 1:
             fail(f"--batch-size {self.batch_size} must be at least 1")
         if not (self.lr > 0 and math.isfinite(self.lr)):

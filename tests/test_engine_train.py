@@ -121,6 +121,8 @@ def test_user_errors_in_process(tiny, tmp_path):
         _train(_cfg(tiny, noise_multiplier=None, target_epsilon=1e-7, epochs=50), self)
     with pytest.raises(ConfigError, match="exactly one"):
         _cfg(tiny, noise_multiplier=None).validate()
+    with pytest.raises(ConfigError, match="--allreduce 'rings': choose from naive"):
+        _cfg(tiny, allreduce="rings").validate()  # before any step, not at the first
     with pytest.raises(DivergedError):
         _train(_cfg(tiny, dp=False, noise_multiplier=None, lr=1e30, momentum=0.0), self)
 

@@ -55,5 +55,9 @@ def test_bench_scaling_user_errors(tmp_path):
         _run("--data", str(tmp_path / "missing.h5"), "--dry-run")
     with pytest.raises(BenchError, match="--scaling"):
         _run("--scaling", "diagonal", "--dry-run")
+    with pytest.raises(BenchError, match="--allreduce 'ring,rings': choose from"):
+        _run("--allreduce", "ring,rings", "--dry-run")
+    with pytest.raises(BenchError, match="--hidden '128,x'"):
+        _run("--hidden", "128,x", "--dry-run")
     with pytest.raises(BenchError, match="weak scaling needs --local-batch"):
         _run("--scaling", "weak", "--dry-run", "--data", __file__)
