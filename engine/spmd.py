@@ -18,6 +18,7 @@ returns them (e.g. a checkpoint-and-exit on a signal).
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from typing import Callable
 
@@ -41,10 +42,18 @@ def _emit(text: str) -> None:
     sys.stderr.flush()
 
 
+#: Seconds between printing the failure and MPI_Abort. The launcher reads the
+#: rank's output pipe asynchronously; aborting at once let it tear the job
+#: down before forwarding the message (seen once under load in CI: empty
+#: stderr, exit code 2).
+ABORT_GRACE_S = 0.25
+
+
 def _end_job(code: int, comm: "MPI.Comm") -> "None":
     sys.stdout.flush()
     sys.stderr.flush()
     if comm.Get_size() > 1:
+        time.sleep(ABORT_GRACE_S)
         comm.Abort(code)
     raise SystemExit(code)
 

@@ -26,6 +26,7 @@ import pytest
 
 # MPI must be configured before anything (pytest-mpi included) imports mpi4py.
 from collectives.runtime import MPI
+from engine.spmd import ABORT_GRACE_S
 
 # Property tests draw the same examples on every run (and every rank), so a
 # CI failure is reproducible and no run passes by luck where another fails.
@@ -63,6 +64,7 @@ class _MpiHarness:
                 self.emit(f"{what}: failed here, and the other ranks did not finish "
                           f"within {_SYNC_TIMEOUT:.0f} s (blocked in a collective this "
                           f"rank never reached); aborting the job.\n{detail}")
+                time.sleep(ABORT_GRACE_S)  # let the launcher forward the message
                 MPI.COMM_WORLD.Abort(1)
             time.sleep(0.0005)
         return int(recv[0])
@@ -102,6 +104,7 @@ def pytest_collection_finish(session):
         _harness.emit(f"collected {count} tests but the ranks disagree (total {total} "
                       f"over {_harness.size} ranks); a rank failed to import a test "
                       "module. Aborting.")
+        time.sleep(ABORT_GRACE_S)
         MPI.COMM_WORLD.Abort(1)
 
 
