@@ -54,9 +54,8 @@ def schedule(rank: int, size: int) -> tuple[str, list[int]]:
 
 
 def uses_shared_memory(ctx: PlanContext) -> bool:
-    """Two ranks on one node and a buffer that fits: exchange through shared memory."""
-    return (ctx.pair is not None and ctx.size == 2
-            and ctx.n * ctx.dtype.itemsize <= SLOT_BYTES)
+    """Two ranks on one node: exchange through shared memory (in slot-sized chunks)."""
+    return ctx.pair is not None and ctx.size == 2
 
 
 @register("recursive_doubling",
@@ -120,33 +119,64 @@ def plan_recursive_doubling(ctx: PlanContext) -> Callable[[Any], Callable[[], No
 
 
 def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
-    """p = 2 on one node: the exchange through :class:`collectives.shm.SharedPair`."""
+    """p = 2 on one node: the exchange through :class:`collectives.shm.SharedPair`.
+
+    A buffer larger than a slot goes through in consecutive slot-sized
+    chunks, each one exchange (its own sequence number); the two slots
+    alternate, so a rank copies chunk c+1 in while its peer still combines
+    chunk c.
+    """
     pair, tag = ctx.pair, ctx.tag
-    mine, theirs = pair.slot_views(ctx.n * ctx.dtype.itemsize, ctx.dtype)
+    step = max(1, SLOT_BYTES // ctx.dtype.itemsize)
+    bounds = [(lo, min(lo + step, ctx.n)) for lo in range(0, ctx.n, step)] or [(0, 0)]
+    mine, theirs = pair.slot_views(min(ctx.n, step) * ctx.dtype.itemsize, ctx.dtype)
     head, their_head = pair.my_head, pair.their_head
     combine, calls, copyto = ctx.combine, ctx.blind_calls, np.copyto
     wait, fail = pair.wait, ctx.fail
     peer_first = pair.peer < ctx.rank  # the lower rank's operand first, on both ranks
 
     def bind(view: Any) -> Callable[[], None]:
-        operands = [(theirs[k], view, view) if peer_first else (view, theirs[k], view)
-                    for k in (0, 1)]
+        # chunks[c][parity] = (my slot, operands of the combine) for chunk c
+        chunks = []
+        for lo, hi in bounds:
+            part, size = view[lo:hi], hi - lo
+            per_parity = []
+            for k in (0, 1):
+                other = theirs[k][:size]
+                per_parity.append((mine[k][:size], (other, part, part) if peer_first
+                                   else (part, other, part)))
+            chunks.append((part, per_parity))
 
-        def run_shared() -> None:
-            seq = pair.seq + 1
-            pair.seq = seq
-            parity = seq & 1
-            copyto(mine[parity], view)
-            head[1 + parity] = tag  # data and tag before the sequence number
-            head[0] = seq
-            calls[1] = tag  # a blind call: peers may look (collectives.consistency)
-            calls[0] += 1
-            if their_head[0] < seq:
-                wait(seq, tag, ctx)
-            if their_head[1 + parity] != tag:
-                fail(pair.peer, their_head[1 + parity])
-            combine(*operands[parity])
+        def exchange_of(part, per_parity, first: bool) -> Callable[[], None]:
+            """One chunk's exchange, every name bound (the hot path of small buffers)."""
+            def exchange() -> None:
+                seq = pair.seq + 1
+                pair.seq = seq
+                parity = seq & 1
+                slot, operands = per_parity[parity]
+                copyto(slot, part)
+                head[1 + parity] = tag  # data and tag before the sequence number
+                head[0] = seq
+                if first:
+                    calls[1] = tag  # a blind call: peers may look (collectives.consistency)
+                    calls[0] += 1
+                if their_head[0] < seq:
+                    wait(seq, tag, ctx)
+                if their_head[1 + parity] != tag:
+                    fail(pair.peer, their_head[1 + parity])
+                combine(*operands)
 
-        return run_shared
+            return exchange
+
+        runs = [exchange_of(part, per_parity, c == 0)
+                for c, (part, per_parity) in enumerate(chunks)]
+        if len(runs) == 1:
+            return runs[0]
+
+        def run_chunked() -> None:
+            for run in runs:
+                run()
+
+        return run_chunked
 
     return bind

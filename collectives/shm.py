@@ -34,10 +34,11 @@ import numpy as np
 
 from collectives.runtime import MPI
 
-#: Largest buffer (bytes) exchanged through shared memory. 4 MiB: up to there
-#: the exchange beats the ring 1.6-6x at 2 ranks (collectives.auto); the
-#: window (two slots per rank) costs 8 MiB of shared memory per communicator,
-#: touched only as far as calls use it.
+#: Bytes of one slot: the largest piece exchanged at once through shared memory
+#: (larger buffers go through in slot-sized chunks). Beyond 4 MiB per slot the
+#: slots and buffers stop fitting the cache; the window (two slots per rank)
+#: costs 8 MiB of shared memory per communicator, touched only as far as
+#: calls use it.
 SLOT_BYTES = 4 * 1024 * 1024
 _HEADER = 64
 _SPINS = 2000  # busy checks before yielding the core (~0.1-0.2 ms)

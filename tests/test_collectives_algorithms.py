@@ -91,6 +91,33 @@ def test_pieces_when_messages_exceed_the_segment(comm, monkeypatch):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_buffers_larger_than_the_shared_slot_go_through_in_chunks(comm, monkeypatch):
+    """Two ranks on a node exchange through slots of SLOT_BYTES; a larger buffer
+    goes through chunk by chunk (an odd number of chunks, so consecutive calls
+    start on alternate slots). Small slots here; one buffer just over the real
+    4 MiB slot on a communicator made before the patch."""
+    from collectives import recursive_doubling, shm
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    big = contribution(rank, shm.SLOT_BYTES // 8 + 5, np.float64)
+    collectives.allreduce(big, comm, "recursive_doubling")
+    np.testing.assert_array_equal(big, reference(size, big.size, np.float64, "sum"))
+    monkeypatch.setattr(shm, "SLOT_BYTES", 4096)
+    monkeypatch.setattr(recursive_doubling, "SLOT_BYTES", 4096)
+    private = comm.Dup()  # its window is made with the small slots
+    try:
+        for step in range(3):
+            for n, dtype in ((2 * 1024 + 7, np.float32), (1024, np.int32), (3, np.float64)):
+                buf = contribution(rank, n, dtype, salt=step)
+                collectives.allreduce(buf, private, "recursive_doubling")
+                np.testing.assert_array_equal(buf, reference(size, n, dtype, "sum", salt=step))
+                assert_identical_on_all_ranks(private, buf.tobytes())
+    finally:
+        collectives.forget()
+        private.Free()
+
+
+@pytest.mark.mpi(min_size=1)
 def test_repeated_calls_with_the_same_buffer_stay_correct(comm):
     """The fast path (same buffer, same arguments) reduces the current values."""
     rank, size = comm.Get_rank(), comm.Get_size()
