@@ -60,7 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.subprocesses import child_env, launcher_argv
+from collectives.launch import child_env, launcher_argv
 
 #: Preset values for options left unset on the command line.
 PRESETS: dict[str, dict] = {

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.subprocesses import child_env, find_tool
+from collectives.launch import child_env, find_tool
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.subprocesses import child_env as clean_env, find_tool
+from collectives.launch import child_env as clean_env, find_tool
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

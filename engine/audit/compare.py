@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.subprocesses import find_tool
+from collectives.launch import find_tool
 
 #: The README's training settings (section "Accuracy on the real PUMS files").
 NONPRIVATE = ["--no-dp", "--lr", "0.05", "--batch-size", "256", "--epochs", "20"]

@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import MpidpError
-from engine.subprocesses import ToolNotFound, child_env, find_tool, launcher_argv
+from collectives.launch import LaunchError, ToolNotFound, child_env, find_tool, launcher_argv
 
 
 def test_the_tool_next_to_the_interpreter_wins_over_path(monkeypatch, tmp_path):
@@ -46,7 +45,7 @@ def test_launcher_template(monkeypatch, tmp_path):
     assert launcher_argv("srun -n {ranks} --mpi=pmi2", 4) == [str(tool), "-n", "4",
                                                               "--mpi=pmi2"]
     for bad in ("srun -n {rank}", "srun -n {}", "srun 'unclosed", ""):
-        with pytest.raises(MpidpError):
+        with pytest.raises(LaunchError):
             launcher_argv(bad, 2)
 
 

@@ -1,6 +1,9 @@
-"""Starting mpiexec / mpidp from Python: where the executables are, and a clean environment.
+"""Launching MPI jobs from Python: where mpiexec and mpidp are, and a clean environment.
 
-The benchmarks and the audit driver launch ``mpiexec -n P mpidp ...`` themselves.
+The benchmarks (``mpidp bench prep``, ``bench scaling``) and the audit driver
+launch ``mpiexec -n P mpidp ...`` themselves. This module sits beside
+:mod:`collectives.runtime` (the MPI start-up of the launched ranks) so that
+both ``engine`` and ``preprocessing`` can use it; it does not import MPI.
 In a virtual environment that was never activated (``make test`` runs
 ``.venv/bin/python`` directly) neither ``mpiexec`` (from the ``mpich`` wheel)
 nor ``mpidp`` is on ``PATH``; both sit next to the interpreter, so look there
@@ -14,14 +17,19 @@ import shutil
 import sys
 from pathlib import Path
 
-from engine.errors import MpidpError
-
 #: Variables of an MPI job we may be running inside; a child launch must not
 #: inherit them or its mpiexec joins (or confuses) the parent's job.
 _JOB_VARIABLES = ("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_")
 
 
-class ToolNotFound(MpidpError):
+class LaunchError(Exception):
+    """A launch command that cannot be used; a user error (``exit_code``, see
+    :mod:`engine.spmd`)."""
+
+    exit_code = 2
+
+
+class ToolNotFound(LaunchError):
     """An executable (mpiexec, mpidp, srun...) is neither next to Python nor on PATH."""
 
 
@@ -47,12 +55,12 @@ def find_tool(name: str) -> str:
 
 def launcher_argv(template: str, ranks: int) -> list[str]:
     """``template`` (e.g. ``'mpiexec -n {ranks}'``) as argv, its program resolved by
-    :func:`find_tool`. Raises :class:`ToolNotFound`, or :class:`MpidpError` for a
+    :func:`find_tool`. Raises :class:`ToolNotFound`, or :class:`LaunchError` for a
     template that cannot be filled in or split."""
     try:
         argv = shlex.split(template.format(ranks=ranks))
     except (KeyError, IndexError, ValueError) as exc:
-        raise MpidpError(f"launch command {template!r} cannot be used ({exc}); the only "
+        raise LaunchError(f"launch command {template!r} cannot be used ({exc}); the only "
                          "placeholder is {ranks}, e.g. 'srun -n {ranks} --mpi=pmi2'") from None
     if not argv:
         raise ToolNotFound("the launch command is empty")
