@@ -53,6 +53,12 @@ def synthetic_file(cache: str, rows: int) -> str:
     return str(path)
 
 
+def _shown(argv: list[str]) -> str:
+    """The command as a user would type it: programs by name, not by path."""
+    here = os.path.dirname(sys.executable)
+    return " ".join(os.path.basename(a) if os.path.dirname(a) == here else a for a in argv)
+
+
 def _checked(argv: list[str]) -> subprocess.CompletedProcess:
     """Run a child command; its failure is a one-line error with its last words."""
     from preprocessing.errors import PrepError
@@ -60,8 +66,7 @@ def _checked(argv: list[str]) -> subprocess.CompletedProcess:
     result = subprocess.run(argv, capture_output=True, text=True, env=child_env())
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
-        raise PrepError(f"`{' '.join(os.path.basename(a) if i < 2 else a for i, a in enumerate(argv))}` "
-                        f"failed with exit code {result.returncode}: "
+        raise PrepError(f"`{_shown(argv)}` failed with exit code {result.returncode}: "
                         f"{lines[-1] if lines else 'no output'}")
     return result
 
