@@ -23,9 +23,10 @@ from numba import cuda
 
 from kernels import philox
 from kernels.dispatch import register
-from kernels.cuda_shapes import check_flat, grid_1d, numpy_dtype
+from kernels.cuda_shapes import numpy_dtype
 from kernels.numba_cuda_launch import array as device_array
 from kernels.numba_cuda_launch import stream
+from kernels.philox_stream import PhiloxDeviceStream
 
 _M32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
@@ -95,13 +96,13 @@ def signatures(dtype) -> dict[str, tuple]:
                                   numba.uint64)}
 
 
-class NumbaCudaGaussianStream:
+class NumbaCudaGaussianStream(PhiloxDeviceStream):
     """A reproducible N(0, 1) stream added into CUDA tensors in place (see module docstring)."""
 
     backend = "numba"
 
     def __init__(self, seed_sequence: np.random.SeedSequence, device=None):
-        self._state = philox.PhiloxState(seed_sequence)
+        super().__init__(seed_sequence, device)
         self._keys: dict = {}
 
     def _round_keys(self, buf: torch.Tensor):
@@ -116,24 +117,14 @@ class NumbaCudaGaussianStream:
             self._keys = {where: table}
         return table
 
-    def add_(self, buf: torch.Tensor, std: float) -> None:
-        """``buf += std * N(0, 1)`` (1-D contiguous float32/float64 tensor)."""
-        n = buf.shape[0]
-        if n == 0:
-            return
-        check_flat(buf, "gaussian_stream.add_")
-        counter = self._state.take(n)
-        blocks, threads = grid_1d(-(-n // 4))
+    def _launch(self, buf: torch.Tensor, std: float, counter: int, blocks: int,
+                threads: int) -> None:
         KERNELS[numpy_dtype(buf)].philox_normal_add[blocks, threads, stream(buf)](
-            device_array(buf), float(std), self._round_keys(buf),
+            device_array(buf), std, self._round_keys(buf),
             np.uint64(counter & philox.MASK64), np.uint64(counter >> 64))
 
-    def get_state(self) -> list[int]:
-        return self._state.get_state()
-
     def set_state(self, state: list[int]) -> None:
-        """Restore :meth:`get_state`; ValueError for the state of another kind of stream."""
-        self._state.set_state(state)
+        super().set_state(state)
         self._keys.clear()
 
 

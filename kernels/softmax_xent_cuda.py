@@ -17,7 +17,7 @@ import torch
 from numba import cuda
 
 from kernels.dispatch import register
-from kernels.cuda_shapes import grid_1d, leading, numpy_dtype
+from kernels.cuda_shapes import grid_1d, leading, numpy_dtype, scratch
 from kernels.numba_cuda_launch import array, stream
 
 def _build(ft):
@@ -56,9 +56,6 @@ def signatures(dtype) -> dict[str, tuple]:
     return {"softmax_xent": (ft[:, :], numba.int64[:], ft[:, :], ft[:])}
 
 
-_LOSSES: dict[tuple, torch.Tensor] = {}
-
-
 @register("softmax_xent", "cuda", backend="numba")
 def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
     """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""
@@ -67,12 +64,7 @@ def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor)
         return 0.0
     leading(logits, "logits")
     leading(grad, "grad")
-    key = (logits.device, logits.dtype)
-    losses = _LOSSES.get(key)
-    if losses is None or losses.shape[0] < k:
-        losses = _LOSSES[key] = torch.empty(max(k, 256), dtype=logits.dtype,
-                                            device=logits.device)
-    rows = losses[:k]
+    rows = scratch(logits, k, logits.dtype, "losses")
     blocks, threads = grid_1d(k)
     KERNELS[numpy_dtype(logits)].softmax_xent[blocks, threads, stream(logits)](
         array(logits), array(labels), array(grad), array(rows))

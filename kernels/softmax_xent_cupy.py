@@ -9,12 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.cuda_shapes import grid_1d, leading
+from kernels.cuda_shapes import grid_1d, leading, scratch
 from kernels.cupy_launch import function, launch, pointer
 from kernels.dispatch import register
-
-_LOSSES: dict[tuple, torch.Tensor] = {}
-
 
 @register("softmax_xent", "cuda", backend="cupy")
 def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
@@ -24,12 +21,7 @@ def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor)
         return 0.0
     if labels.dtype != torch.int64 or labels.dim() != 1 or labels.stride(0) != 1:
         raise ValueError("labels: the CUDA kernels need a contiguous 1-D int64 tensor")
-    key = (logits.device, logits.dtype)
-    losses = _LOSSES.get(key)
-    if losses is None or losses.shape[0] < k:
-        losses = _LOSSES[key] = torch.empty(max(k, 256), dtype=logits.dtype,
-                                            device=logits.device)
-    rows = losses[:k]
+    rows = scratch(logits, k, logits.dtype, "losses")
     blocks, threads = grid_1d(k)
     launch(function("softmax_xent", "softmax_xent", logits), logits, (blocks,), (threads,),
            (pointer(logits), np.int64(leading(logits, "logits")), pointer(labels),

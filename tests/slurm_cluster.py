@@ -29,6 +29,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
@@ -231,3 +232,28 @@ class SlurmCluster:
             cwd: str | Path | None = None, timeout: float = 180) -> JobResult:
         """Submit and wait."""
         return self.wait(self.submit(script, *sbatch_args, env=env, cwd=cwd), timeout)
+
+
+def started_cluster(directory: Path) -> Iterator[SlurmCluster]:
+    """A running two-node cluster in ``directory``, stopped afterwards; for a
+    fixture to ``yield from``. Skips the test without Slurm or root, and fails
+    it instead when ``MPIDP_REQUIRE_SLURM=1`` (CI)."""
+    import pytest
+
+    missing = missing_binaries()
+    reason = None
+    if missing:
+        reason = (f"Slurm is not installed (missing: {', '.join(missing)}); install "
+                  "slurmctld slurmd slurm-client munge (Debian) to run these tests")
+    elif os.geteuid() != 0:
+        reason = "the test cluster runs its daemons as root (SlurmUser=root)"
+    if reason:
+        if os.environ.get("MPIDP_REQUIRE_SLURM") == "1":
+            pytest.fail(reason + " [MPIDP_REQUIRE_SLURM=1]")
+        pytest.skip(reason)
+    slurm = SlurmCluster(directory, nodes=2, cpus_per_node=4)
+    try:
+        slurm.start()
+        yield slurm
+    finally:
+        slurm.stop()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine import synthetic_h5
-from slurm_cluster import SlurmCluster, missing_binaries
+from slurm_cluster import started_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = ROOT / "jobs" / "sweep_scaling.sh"
@@ -43,22 +43,7 @@ def test_dry_run_prints_one_sbatch_per_layout(tmp_path):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_binaries()
-    reason = None
-    if missing:
-        reason = f"Slurm is not installed (missing: {', '.join(missing)})"
-    elif os.geteuid() != 0:
-        reason = "the test cluster runs its daemons as root (SlurmUser=root)"
-    if reason:
-        if os.environ.get("MPIDP_REQUIRE_SLURM") == "1":
-            pytest.fail(reason + " [MPIDP_REQUIRE_SLURM=1]")
-        pytest.skip(reason)
-    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2, cpus_per_node=4)
-    try:
-        slurm.start()
-        yield slurm
-    finally:
-        slurm.stop()
+    yield from started_cluster(tmp_path_factory.mktemp("slurm"))
 
 
 @pytest.mark.timeout(300)

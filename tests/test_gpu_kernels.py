@@ -44,7 +44,7 @@ def _pytest_subprocess(script: str, **env) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     environment.update(env)
     environment["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
+        filter(None, [str(ROOT), str(ROOT / "tests"), environment.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
          "-p", "no:mpi", str(SCRIPTS / script)],

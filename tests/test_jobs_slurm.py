@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slurm_cluster import SlurmCluster, missing_binaries
+from slurm_cluster import started_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "jobs"
@@ -23,23 +23,7 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_binaries()
-    reason = None
-    if missing:
-        reason = (f"Slurm is not installed (missing: {', '.join(missing)}); install "
-                  "slurmctld slurmd slurm-client munge (Debian) to run these tests")
-    elif os.geteuid() != 0:
-        reason = "the test cluster runs its daemons as root (SlurmUser=root)"
-    if reason:
-        if os.environ.get("MPIDP_REQUIRE_SLURM") == "1":
-            pytest.fail(reason + " [MPIDP_REQUIRE_SLURM=1]")
-        pytest.skip(reason)
-    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2, cpus_per_node=4)
-    try:
-        slurm.start()
-        yield slurm
-    finally:
-        slurm.stop()
+    yield from started_cluster(tmp_path_factory.mktemp("slurm"))
 
 
 @pytest.fixture(scope="module")

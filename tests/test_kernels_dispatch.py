@@ -1,8 +1,8 @@
 """The kernel registry, and every CPU kernel against the generic torch one."""
-import numpy as np
 import pytest
 import torch
 
+from kernel_inputs import random_layers
 from kernels import dispatch
 
 
@@ -23,21 +23,13 @@ def test_unknown_device_falls_back_to_torch_and_unknown_backend_fails():
         dispatch.register("no_such_op", "cpu", backend="x")
 
 
-def _layers(k, dims, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    acts = [torch.cat([torch.randn(k, d, generator=g, dtype=dtype),
-                       torch.ones(k, 1, dtype=dtype)], 1) for d in dims[:-1]]
-    grads = [torch.randn(k, d, generator=g, dtype=dtype) * 0.3 for d in dims[1:]]
-    return acts, grads
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k", [0, 1, 50])
 @pytest.mark.parametrize("C", [1e-3, 2.0, 1e6])
 def test_clip_rows_numba_equals_torch(dtype, k, C):
     outs = {}
     for backend in ("numba", "torch"):
-        acts, grads = _layers(k, (5, 7, 3), dtype, seed=k)
+        acts, grads = random_layers(k, (5, 7, 3), dtype, seed=k)
         factors = torch.full((k + 2,), -1.0, dtype=dtype)
         n = dispatch.get("clip_rows", "cpu", backend)(acts, grads, C, factors)
         outs[backend] = (n, factors[:k], grads)

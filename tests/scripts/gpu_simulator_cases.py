@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernel_inputs import random_layers  # tests/, on PYTHONPATH (test_gpu_kernels.py)
 from kernels import dispatch, philox
 
 assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
@@ -30,14 +31,6 @@ def cuda_kernel(op):
     fn = dispatch.get(op, "cuda", "numba")
     assert fn.__module__.endswith("_cuda"), fn.__module__
     return fn
-
-
-def _layers(k, dims, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    acts = [torch.cat([torch.randn(k, d, generator=g, dtype=dtype),
-                       torch.ones(k, 1, dtype=dtype)], 1) for d in dims[:-1]]
-    grads = [torch.randn(k, d, generator=g, dtype=dtype) * 0.3 for d in dims[1:]]
-    return acts, grads
 
 
 def _naive_clip(acts, grads, C):
@@ -60,7 +53,7 @@ def test_the_cuda_registry_under_the_simulator_is_numba():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k,C", [(0, 1.0), (1, 1e6), (5, 0.3), (6, 1e-3)])
 def test_clip_rows_matches_cpu_and_the_naive_loop(dtype, k, C):
-    acts, grads = _layers(k, (5, 7, 3), dtype, seed=k)
+    acts, grads = random_layers(k, (5, 7, 3), dtype, seed=k)
     cpu_grads = [g.clone() for g in grads]
     want_f, want_g = _naive_clip(acts, grads, C) if k else (None, None)
     factors = torch.full((k + 2,), -1.0, dtype=dtype)
