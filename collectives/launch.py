@@ -53,18 +53,24 @@ def find_tool(name: str) -> str:
     return found
 
 
-def launcher_argv(template: str, ranks: int) -> list[str]:
-    """``template`` (e.g. ``'mpiexec -n {ranks}'``) as argv, its program resolved by
-    :func:`find_tool`. Raises :class:`ToolNotFound`, or :class:`LaunchError` for a
-    template that cannot be filled in or split."""
+def launcher_words(template: str, ranks: int) -> list[str]:
+    """``template`` (e.g. ``'mpiexec -n {ranks}'``) filled in and split, as a user
+    would type it. Raises :class:`LaunchError` for a template that cannot be
+    filled in or split, or is empty."""
     try:
-        argv = shlex.split(template.format(ranks=ranks))
+        words = shlex.split(template.format(ranks=ranks))
     except (KeyError, IndexError, ValueError) as exc:
         raise LaunchError(f"launch command {template!r} cannot be used ({exc}); the only "
-                         "placeholder is {ranks}, e.g. 'srun -n {ranks} --mpi=pmi2'") from None
-    if not argv:
+                          "placeholder is {ranks}, e.g. 'srun -n {ranks} --mpi=pmi2'") from None
+    if not words:
         raise ToolNotFound("the launch command is empty")
-    return [find_tool(argv[0]), *argv[1:]]
+    return words
+
+
+def launcher_argv(template: str, ranks: int) -> list[str]:
+    """:func:`launcher_words` with the program resolved by :func:`find_tool`."""
+    words = launcher_words(template, ranks)
+    return [find_tool(words[0]), *words[1:]]
 
 
 def child_env(**extra: str) -> dict[str, str]:

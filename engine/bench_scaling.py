@@ -60,7 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from collectives.launch import child_env, launcher_argv
+from collectives.launch import child_env, launcher_argv, launcher_words
 
 #: Preset values for options left unset on the command line.
 PRESETS: dict[str, dict] = {
@@ -270,13 +270,9 @@ def _config(s, data, workdir, mode, dp, algorithm, threads, ranks) -> dict:
             "metrics": os.path.join(workdir, name + ".jsonl"), "train_argv": argv}
 
 
-def launch_argv(launcher: str, ranks: int) -> list[str]:
-    return shlex.split(launcher.format(ranks=ranks))
-
-
 def shown_command(config: dict, launcher: str) -> str:
     """The command as a user would type it."""
-    argv = [*launch_argv(launcher, config["ranks"]), "mpidp", *config["train_argv"],
+    argv = [*launcher_words(launcher, config["ranks"]), "mpidp", *config["train_argv"],
             "--metrics", os.path.basename(config["metrics"])]
     return shlex.join(argv)
 
@@ -425,8 +421,8 @@ def run(args: argparse.Namespace) -> int:
         source = f"collected from {len(args.collect)} job directories"
     else:
         settings = resolve(args)
-        if not settings.dry_run:
-            launcher_argv(settings.launcher, 1)  # fail now, not after writing the data
+        # Fail now, not after writing the data (a dry run needs no launcher binary).
+        (launcher_words if settings.dry_run else launcher_argv)(settings.launcher, 1)
         data = ensure_data(settings)
         keep = settings.keep
         workdir = keep or tempfile.mkdtemp(prefix="mpidp-scaling-")
