@@ -80,12 +80,22 @@ class FastMLP:
         self._views: dict[int, tuple] = {}
 
     def _slices(self, k: int) -> tuple:
-        """Views of every buffer's first k rows (cached per k: a step reuses them)."""
+        """Views of every buffer's first k rows, and the kernels bound to them
+        (cached per k: a step reuses them)."""
         views = self._views.get(k)
         if views is None:
             A = tuple(a[:k] for a in self.A)
-            views = (A, tuple(a[:k, :-1] for a in self.A), tuple(z[:k] for z in self.Z),
-                     tuple(g[:k] for g in self.G), self.y[:k])
+            H = tuple(a[:k, :-1] for a in self.A)
+            Z = tuple(z[:k] for z in self.Z)
+            G = tuple(g[:k] for g in self.G)
+            last = self.spec.n_layers - 1
+            kernels = (
+                dispatch.bind(self.softmax_xent, logits=Z[last], labels=self.y[:k],
+                              grad=G[last]),
+                tuple(dispatch.bind(self.relu_backward, grad=G[i - 1], out=H[i])
+                      for i in range(last, 0, -1)),
+                dispatch.bind(self.clip_rows, acts=A, grads=G, factors=self.factors))
+            views = (A, H, Z, G, self.y[:k], kernels)
             self._views[k] = views
         return views
 
@@ -101,7 +111,7 @@ class FastMLP:
             rows = rows.to(self.device, non_blocking=True)
         if k > self.capacity:
             self._allocate(k + k // 4)
-        A, _, _, _, yk = self._slices(k)
+        A, _, _, _, yk, _ = self._slices(k)
         torch.index_select(X, 0, rows, out=A[0])
         torch.index_select(y, 0, rows, out=yk)
         return k
@@ -115,20 +125,20 @@ class FastMLP:
         if k == 0:
             self.grad.zero_()
             return 0.0, 0
-        A, H, Z, G, yk = self._slices(k)
+        A, H, Z, G, _, (softmax_xent, relu_backward, clip_rows) = self._slices(k)
         W = self.W
         last = self.spec.n_layers - 1
         for i in range(last + 1):
             torch.mm(A[i], W[i].t(), out=Z[i])
             if i < last:
                 torch.clamp_min(Z[i], 0.0, out=H[i + 1])
-        loss = self.softmax_xent(Z[last], yk, G[last])
-        for i in range(last, 0, -1):
+        loss = softmax_xent()
+        for i, relu_back in zip(range(last, 0, -1), relu_backward):
             torch.mm(G[i], self.W_in[i], out=G[i - 1])
-            self.relu_backward(G[i - 1], H[i])
+            relu_back()
         clipped = 0
         if max_norm is not None:
-            clipped = self.clip_rows(A, G, float(max_norm), self.factors)
+            clipped = clip_rows(max_norm=float(max_norm))
         for i in range(last + 1):
             torch.mm(G[i].t(), A[i], out=self.G_out[i])
         return loss, clipped

@@ -15,19 +15,37 @@ from __future__ import annotations
 
 import torch
 
+from kernels import dispatch
+
 NAMES = ("sgd", "adam")
 
 
+def _kernel(op: str, device, backend: str | None):
+    """``op``'s kernel for ``device``; a forced back-end without that op (``cupy``)
+    falls back to the best one there is."""
+    if backend is not None and backend not in dispatch.backends(op, device):
+        backend = None
+    return dispatch.get(op, device, backend)
+
+
 class SGD:
-    """``v = m v + g``; ``p -= lr v`` (PyTorch's momentum convention)."""
+    """``v = m v + g``; ``p -= lr v`` (PyTorch's momentum convention).
+
+    The momentum update is one ``sgd_update`` kernel (:mod:`kernels.dispatch`),
+    bound to the gradient buffer of the first step: pass the same buffer every
+    step (the trainer does), a different one re-binds.
+    """
 
     def __init__(self, params: torch.Tensor, lr: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, backend: str | None = None):
         self.params, self.lr, self.momentum = params, float(lr), float(momentum)
         self.weight_decay = float(weight_decay)
         self.velocity = torch.zeros_like(params) if momentum else None
         self._g = torch.empty_like(params) if weight_decay else None
         self._started = False
+        self._kernel = _kernel("sgd_update", params.device, backend)
+        self._bound_to: torch.Tensor | None = None
+        self._update = None
 
     def step(self, grad: torch.Tensor, scale: float = 1.0) -> None:
         """Update with gradient ``scale * grad + weight_decay * params``
@@ -39,12 +57,13 @@ class SGD:
         if self.velocity is None:
             self.params.add_(grad, alpha=-self.lr * scale)
             return
-        if self._started:
-            self.velocity.mul_(self.momentum).add_(grad, alpha=scale)
-        else:
-            torch.mul(grad, scale, out=self.velocity)
-            self._started = True
-        self.params.add_(self.velocity, alpha=-self.lr)
+        if grad is not self._bound_to:
+            self._update = dispatch.bind(self._kernel, params=self.params,
+                                         velocity=self.velocity, grad=grad)
+            self._bound_to = grad
+        # The velocity starts at zero, so the first step gives v = scale * grad.
+        self._started = True
+        self._update(scale=scale, lr=self.lr, momentum=self.momentum)
 
     def state_dict(self) -> dict:
         return {"name": "sgd", "lr": self.lr, "momentum": self.momentum,
@@ -94,10 +113,12 @@ class Adam:
 
 
 def build(name: str, params: torch.Tensor, lr: float, momentum: float = 0.9,
-          weight_decay: float = 0.0):
-    """The optimizer called ``name`` (``sgd`` or ``adam``) over ``params``."""
+          weight_decay: float = 0.0, backend: str | None = None):
+    """The optimizer called ``name`` (``sgd`` or ``adam``) over ``params``;
+    ``backend`` forces a kernel back-end (``"torch"``) where one is used."""
     if name == "sgd":
-        return SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                   backend=backend)
     if name == "adam":
         return Adam(params, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"optimizer {name!r} not in {NAMES}")

@@ -237,7 +237,7 @@ class Trainer:
             self.noise = GaussianNoise(spec.n_params, std, self.size, self.rank, self.seed,
                                        cfg.noise_scheme, device=device, backend=cfg.kernels)
         self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum,
-                                         cfg.weight_decay)
+                                         cfg.weight_decay, backend=cfg.kernels)
         self.step = 0
         self.local = {"loss_sum": 0.0, "examples": 0, "clipped": 0}
         if payload is not None:

@@ -10,7 +10,6 @@ import math
 from typing import Sequence
 
 import numba
-import numpy as np
 import torch
 
 from kernels.dispatch import register
@@ -51,16 +50,18 @@ def _clip_rows(acts, grads, max_norm, factors):
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
     """Book-keeping per-example clipping (contract in :mod:`kernels.dispatch`)."""
+    return _bind(acts, grads, factors)(max_norm)
+
+
+def _bind(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], factors: torch.Tensor):
+    """``clip_rows`` on these buffers: numpy views made once (see ``dispatch.bind``)."""
     k = grads[0].shape[0] if grads else 0
     if k == 0:
-        return 0
+        return lambda max_norm: 0
     a = tuple(t.numpy() for t in acts)
     g = tuple(t.numpy() for t in grads)
-    return int(_clip_rows(a, g, float(max_norm), factors.numpy()[:k]))
+    f = factors.numpy()[:k]
+    return lambda max_norm: int(_clip_rows(a, g, float(max_norm), f))
 
 
-def numpy_clip_rows(acts: tuple, grads: tuple, max_norm: float, factors: np.ndarray) -> int:
-    """The same kernel on numpy views (skips the tensor-to-array step)."""
-    if factors.shape[0] == 0:
-        return 0
-    return int(_clip_rows(acts, grads, float(max_norm), factors))
+clip_rows.bind = _bind

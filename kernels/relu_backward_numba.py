@@ -19,5 +19,15 @@ def _relu_backward(grad, out):
 @register("relu_backward", "cpu", backend="numba")
 def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> None:
     """Zero ``grad`` where the ReLU output ``out`` is not positive, in place."""
-    if grad.shape[0]:
-        _relu_backward(grad.numpy(), out.numpy())
+    _bind(grad, out)()
+
+
+def _bind(grad: torch.Tensor, out: torch.Tensor):
+    """``relu_backward`` on these buffers: numpy views made once (see ``dispatch.bind``)."""
+    if grad.shape[0] == 0:
+        return lambda: None
+    g, o = grad.numpy(), out.numpy()
+    return lambda: _relu_backward(g, o)
+
+
+relu_backward.bind = _bind

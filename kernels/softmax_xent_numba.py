@@ -31,6 +31,15 @@ def _softmax_xent(logits, labels, grad):
 @register("softmax_xent", "cpu", backend="numba")
 def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
     """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""
+    return _bind(logits, labels, grad)()
+
+
+def _bind(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor):
+    """``softmax_xent`` on these buffers: numpy views made once (see ``dispatch.bind``)."""
     if logits.shape[0] == 0:
-        return 0.0
-    return float(_softmax_xent(logits.numpy(), labels.numpy(), grad.numpy()))
+        return lambda: 0.0
+    z, y, g = logits.numpy(), labels.numpy(), grad.numpy()
+    return lambda: float(_softmax_xent(z, y, g))
+
+
+softmax_xent.bind = _bind

@@ -5,19 +5,32 @@ import torch
 from engine.optim import SGD, Adam
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_sgd_matches_torch(momentum):
+def test_sgd_matches_torch(momentum, backend):
     g = torch.Generator().manual_seed(0)
     p0 = torch.randn(50, generator=g, dtype=torch.float64)
     grads = [torch.randn(50, generator=g, dtype=torch.float64) for _ in range(6)]
-    mine = SGD(p0.clone(), lr=0.1, momentum=momentum)
+    mine = SGD(p0.clone(), lr=0.1, momentum=momentum, backend=backend)
     ref = torch.nn.Parameter(p0.clone())
     opt = torch.optim.SGD([ref], lr=0.1, momentum=momentum)
-    for grad in grads:
-        mine.step(grad * 4, scale=0.25)
+    buffer = torch.empty(50, dtype=torch.float64)  # one buffer, as the trainer passes
+    for i, grad in enumerate(grads):
+        if i % 2:
+            mine.step(torch.mul(grad, 4, out=buffer), scale=0.25)
+        else:
+            mine.step(grad * 4, scale=0.25)  # another buffer: the kernel re-binds
         ref.grad = grad.clone()
         opt.step()
     assert torch.allclose(mine.params, ref.detach(), rtol=1e-12, atol=1e-14)
+
+
+def test_sgd_kernel_backend_falls_back_when_forced_one_has_none():
+    p = torch.zeros(4)
+    assert SGD(p, lr=0.1, momentum=0.9)._kernel.backend == "numba"
+    assert SGD(p, lr=0.1, momentum=0.9, backend="torch")._kernel.backend == "torch"
+    # --kernels cupy names a back-end without an sgd_update: the best one is used
+    assert SGD(p, lr=0.1, momentum=0.9, backend="cupy")._kernel.backend == "numba"
 
 
 def test_adam_matches_torch_and_restores():
