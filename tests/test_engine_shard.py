@@ -4,7 +4,7 @@ import pytest
 
 from engine import synthetic_h5
 from engine.errors import DataError
-from engine.shard import read_info, read_shard, shard_range
+from engine.shard import _rows_buffer, read_info, read_shard, shard_range
 
 
 def test_shard_ranges_partition_and_balance():
@@ -15,6 +15,37 @@ def test_shard_ranges_partition_and_balance():
             assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
             lengths = [hi - lo for lo, hi in ranges]
             assert max(lengths) - min(lengths) <= 1
+
+
+def _mapping_flags(address: int) -> set:
+    """VmFlags of this process's mapping that contains ``address`` (Linux)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return set(line.split()[1:])
+    raise AssertionError("no mapping holds the buffer")
+
+
+def test_large_shard_buffer_is_private_and_asks_for_huge_pages():
+    """A shared anonymous map never gets transparent huge pages (it is shmem):
+    the buffer that sampled rows are gathered from must be a private map
+    advised MADV_HUGEPAGE ("hg"), not shared ("sh")."""
+    import mmap
+    import os
+
+    if not os.path.exists("/proc/self/smaps") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("needs Linux /proc and MADV_HUGEPAGE")
+    X = _rows_buffer(200_000, 101)  # 81 MB: above the huge-page threshold
+    X[::1000] = 1.0
+    flags = _mapping_flags(X.ctypes.data)
+    assert "hg" in flags and "sh" not in flags
+    small = _rows_buffer(10, 3)
+    assert small.shape == (10, 3) and small.dtype == np.float32
 
 
 @pytest.mark.mpi(min_size=1)
