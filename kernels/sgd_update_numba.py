@@ -4,6 +4,11 @@ Three torch ops (scale-and-add into the velocity, then into the parameters)
 cost 11.6 us per step on the 30k-parameter MLP at one thread, mostly op
 dispatch; this loop costs 3.1 us (measured side by side). Same float
 arithmetic as the torch ops, element by element (no fast-math reordering).
+
+Serial on purpose: the update is memory-bound and short, and as a Numba
+parallel region between torch's multi-threaded GEMMs it made a 2-thread
+training step much slower (``mpidp bench dpsgd --threads 2``: 471k examples/s
+with ``prange``, 648k without; the torch ops gave 542k).
 """
 from __future__ import annotations
 
@@ -13,12 +18,12 @@ import torch
 from kernels.dispatch import register
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)
 def _sgd_update(params, velocity, grad, scale, lr, momentum):
     s = params.dtype.type(scale)
     a = params.dtype.type(lr)
     m = params.dtype.type(momentum)
-    for i in numba.prange(params.shape[0]):
+    for i in range(params.shape[0]):
         v = m * velocity[i] + s * grad[i]
         velocity[i] = v
         params[i] -= a * v
