@@ -95,6 +95,11 @@ PREFERENCE = {"cuda": ("cupy", "numba")}
 
 OPS = ("clip_rows", "relu_backward", "softmax_xent", "sgd_update", "gaussian_stream")
 
+#: Ops without CUDA kernels of their own: on GPUs the generic torch kernel runs
+#: (the SGD update is two element-wise torch ops, one launch each; its Numba
+#: kernel exists to save the CPU's per-op dispatch cost).
+GENERIC_ON_GPU = ("sgd_update",)
+
 #: op -> device -> implementations in order of preference.
 _REGISTRY: dict[str, dict[str, list[Callable]]] = {op: {} for op in OPS}
 #: Groups of modules already imported ("" for KERNEL_MODULES, else a device type).
