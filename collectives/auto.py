@@ -33,14 +33,12 @@ PLACEMENTS = ("single", "pair", "cores", "oversubscribed")
 #:
 #: * ``pair`` (2 ranks, 2 cores): MPICH's shared-memory ``MPI_Allreduce``
 #:   and the shared-memory recursive doubling tie up to 256 B (within 3-7%);
-#:   from 512 B to 64 KiB recursive doubling was 1.2-4x faster with every
-#:   algorithm interleaved (0.8-0.9x up to 2 KiB when only the two were:
-#:   the crossover moves with what else runs between calls). Through its
-#:   4 MiB slots (larger buffers in 4 MiB chunks) it stays ahead of the ring
-#:   up to 16 MiB (128 KiB: 3.5x native, the ring 0.8x; 1-4 MiB: 2.4-2.8x
-#:   against 1.5-1.8x; 8-16 MiB: 2.3-2.7x against 1.6-1.8x); from 32 MiB the
-#:   ring is as fast or faster (32 MiB: 2.2-2.7x against 2.2-3.8x; 64 MiB:
-#:   2.7x against 3.0-3.9x).
+#:   from 512 B to 256 KiB recursive doubling was 1.1-6x faster than native
+#:   and ahead of the ring (also through shared memory at p = 2: two
+#:   exchanges instead of one); they tie at 512 KiB, and from 1 MiB the ring
+#:   (half the combining, each piece all-gathered while in cache) is ahead:
+#:   5.5-5.8x native against 2.4-2.8x at 1-8 MiB, 2.2-4.8x against 1.5-2.5x
+#:   at 16-64 MiB (three runs of ``--rounds 10``).
 #: * ``cores``: without the shared-memory pair (point-to-point algorithms
 #:   only, measured at 2 ranks), native beats them up to 64 KiB, they are
 #:   within noise at 128-256 KiB, and the ring is 1.4-1.9x faster from
@@ -52,7 +50,7 @@ PLACEMENTS = ("single", "pair", "cores", "oversubscribed")
 #:   best everywhere (2x native from 32 MiB).
 THRESHOLDS: dict[str, list[tuple[int | None, str]]] = {
     "single": [(None, "recursive_doubling")],
-    "pair": [(256, "native"), (16 * 1024 * 1024, "recursive_doubling"), (None, "ring")],
+    "pair": [(256, "native"), (512 * 1024, "recursive_doubling"), (None, "ring")],
     "cores": [(128 * 1024, "native"), (None, "ring")],
     "oversubscribed": [(1024 * 1024, "recursive_doubling"), (None, "rabenseifner")],
 }

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 
 from collectives.context import PlanContext
 from collectives.registry import register
 from collectives.runtime import MPI
-from collectives.shm import SLOT_BYTES
+from collectives.shm import exchange_step, in_sequence, paired, piece_bounds, slot_pieces
 
 
 def schedule(rank: int, size: int) -> tuple[str, list[int]]:
@@ -53,20 +52,15 @@ def schedule(rank: int, size: int) -> tuple[str, list[int]]:
     return role, partners
 
 
-def uses_shared_memory(ctx: PlanContext) -> bool:
-    """Two ranks on one node: exchange through shared memory (in slot-sized chunks)."""
-    return ctx.pair is not None and ctx.size == 2
-
-
 @register("recursive_doubling",
           summary="log2(p) pairwise exchanges of the whole buffer; extra ranks folded in",
           messages="log2(p') exchanges of n elements (+2 for the folded ranks)",
-          host_only=uses_shared_memory)
+          host_only=paired)
 def plan_recursive_doubling(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     p, r, n = ctx.size, ctx.rank, ctx.n
     if p == 1:
         return lambda view: (lambda: None)
-    if uses_shared_memory(ctx):
+    if paired(ctx):
         return _plan_shared(ctx)
     role, partners = schedule(r, p)
     tmp = ctx.empty(n) if role != "out" else None
@@ -126,57 +120,18 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     alternate, so a rank copies chunk c+1 in while its peer still combines
     chunk c.
     """
-    pair, tag = ctx.pair, ctx.tag
-    step = max(1, SLOT_BYTES // ctx.dtype.itemsize)
-    bounds = [(lo, min(lo + step, ctx.n)) for lo in range(0, ctx.n, step)] or [(0, 0)]
-    mine, theirs = pair.slot_views(min(ctx.n, step) * ctx.dtype.itemsize, ctx.dtype)
-    head, their_head = pair.my_head, pair.their_head
-    combine, calls, copyto = ctx.combine, ctx.blind_calls, np.copyto
-    wait, fail = pair.wait, ctx.fail
-    peer_first = pair.peer < ctx.rank  # the lower rank's operand first, on both ranks
+    pieces = piece_bounds(0, ctx.n, slot_pieces(ctx, ctx.n))
+    peer_first = ctx.pair.peer < ctx.rank  # the lower rank's operand first, on both ranks
+    combine = ctx.combine
 
     def bind(view: Any) -> Callable[[], None]:
-        # chunks[c][parity] = (my slot, operands of the combine) for chunk c
-        chunks = []
-        for lo, hi in bounds:
-            part, size = view[lo:hi], hi - lo
-            per_parity = []
-            for k in (0, 1):
-                other = theirs[k][:size]
-                per_parity.append((mine[k][:size], (other, part, part) if peer_first
-                                   else (part, other, part)))
-            chunks.append((part, per_parity))
-
-        def exchange_of(part, per_parity, first: bool) -> Callable[[], None]:
-            """One chunk's exchange, every name bound (the hot path of small buffers)."""
-            def exchange() -> None:
-                seq = pair.seq + 1
-                pair.seq = seq
-                parity = seq & 1
-                slot, operands = per_parity[parity]
-                copyto(slot, part)
-                head[1 + parity] = tag  # data and tag before the sequence number
-                head[0] = seq
-                if first:
-                    calls[1] = tag  # a blind call: peers may look (collectives.consistency)
-                    calls[0] += 1
-                if their_head[0] < seq:
-                    wait(seq, tag, ctx)
-                if their_head[1 + parity] != tag:
-                    fail(pair.peer, their_head[1 + parity])
-                combine(*operands)
-
-            return exchange
-
-        runs = [exchange_of(part, per_parity, c == 0)
-                for c, (part, per_parity) in enumerate(chunks)]
-        if len(runs) == 1:
-            return runs[0]
-
-        def run_chunked() -> None:
-            for run in runs:
-                run()
-
-        return run_chunked
+        runs = []
+        for c, (lo, hi) in enumerate(pieces):
+            part = view[lo:hi]
+            _, theirs = ctx.pair.slot_views(part.size * part.itemsize, part.dtype)
+            args = [(other, part, part) if peer_first else (part, other, part)
+                    for other in theirs]
+            runs.append(exchange_step(ctx, part, combine, args, first=c == 0))
+        return in_sequence(runs)
 
     return bind

@@ -1,5 +1,9 @@
 """A shared-memory channel between the two ranks of a 2-rank communicator.
 
+Used by ``recursive_doubling`` (one exchange of the whole buffer) and
+``ring`` (reduce-scatter and all-gather of halves) when p = 2 on one node:
+both build their steps with :func:`exchange_step`.
+
 On one node, one MPICH point-to-point round trip (``Sendrecv``, 1.8-2.1 us
 on the development machine) costs more than twice MPICH's whole
 shared-memory ``MPI_Allreduce`` (0.8-1.1 us), so the pairwise exchange of
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -129,3 +133,72 @@ class SharedPair:
             first = False
             if reason:
                 ctx.fail_blocked(self.peer, reason)
+
+
+def paired(ctx: Any) -> bool:
+    """Two ranks on one node: the plan exchanges through this channel."""
+    return ctx.pair is not None and ctx.size == 2
+
+
+def piece_bounds(lo: int, hi: int, count: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut into ``count`` consecutive near-equal pieces."""
+    n = hi - lo
+    return [(lo + i * n // count, lo + (i + 1) * n // count) for i in range(count)]
+
+
+def slot_pieces(ctx: Any, longest: int, piece_bytes: int | None = None) -> int:
+    """How many pieces of at most ``piece_bytes`` (default and at most: a slot)
+    a range of ``longest`` elements needs (>= 1)."""
+    limit = SLOT_BYTES if piece_bytes is None else min(piece_bytes, SLOT_BYTES)
+    step = max(1, limit // ctx.dtype.itemsize)
+    return max(1, -(-longest // step))
+
+
+def exchange_step(ctx: Any, send: np.ndarray, finish: Callable, args: Sequence[tuple],
+                  first: bool) -> Callable[[], None]:
+    """One exchange through the pair's slots, every name bound (the hot path).
+
+    ``run()`` copies ``send`` into this rank's slot of the call's parity,
+    publishes it (tag, then sequence number), waits for the peer's, checks
+    that the peer is in the same call (its tag) and calls
+    ``finish(*args[parity])``, where ``args[k]`` refers to the peer's slot k
+    (:meth:`SharedPair.slot_views`), e.g. ``combine(theirs, part, part)``.
+    ``first``: the call's first exchange, which marks the call as blind
+    (:mod:`collectives.consistency`). Both ranks must run the same sequence
+    of steps.
+    """
+    pair, tag = ctx.pair, ctx.tag
+    head, their_head = pair.my_head, pair.their_head
+    calls, copyto, wait, fail = ctx.blind_calls, np.copyto, pair.wait, ctx.fail
+    nbytes = send.size * send.itemsize
+    slots = [slot[:nbytes].view(send.dtype) for slot in pair.my_slots]
+
+    def run() -> None:
+        seq = pair.seq + 1
+        pair.seq = seq
+        parity = seq & 1
+        copyto(slots[parity], send)
+        head[1 + parity] = tag  # data and tag before the sequence number
+        head[0] = seq
+        if first:
+            calls[1] = tag  # a blind call: peers may look (collectives.consistency)
+            calls[0] += 1
+        if their_head[0] < seq:
+            wait(seq, tag, ctx)
+        if their_head[1 + parity] != tag:
+            fail(pair.peer, their_head[1 + parity])
+        finish(*args[parity])
+
+    return run
+
+
+def in_sequence(runs: list[Callable[[], None]]) -> Callable[[], None]:
+    """One runner that calls ``runs`` in order (the runner itself if there is one)."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def run() -> None:
+        for step in runs:
+            step()
+
+    return run

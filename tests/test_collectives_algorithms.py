@@ -92,29 +92,42 @@ def test_pieces_when_messages_exceed_the_segment(comm, monkeypatch):
 
 @pytest.mark.mpi(min_size=1)
 def test_buffers_larger_than_the_shared_slot_go_through_in_chunks(comm, monkeypatch):
-    """Two ranks on a node exchange through slots of SLOT_BYTES; a larger buffer
-    goes through chunk by chunk (an odd number of chunks, so consecutive calls
-    start on alternate slots). Small slots here; one buffer just over the real
-    4 MiB slot on a communicator made before the patch."""
-    from collectives import recursive_doubling, shm
+    """Two ranks on a node exchange through slots of SLOT_BYTES (recursive
+    doubling: the whole buffer; ring: halves); a larger buffer goes through
+    piece by piece (an odd number of exchanges, so consecutive calls start on
+    alternate slots). Small slots here; one buffer just over the real 4 MiB
+    slot on a communicator made before the patch."""
+    from collectives import recursive_doubling, ring, shm
 
     rank, size = comm.Get_rank(), comm.Get_size()
-    big = contribution(rank, shm.SLOT_BYTES // 8 + 5, np.float64)
-    collectives.allreduce(big, comm, "recursive_doubling")
-    np.testing.assert_array_equal(big, reference(size, big.size, np.float64, "sum"))
+    planned = []
+    for module in (recursive_doubling, ring):
+        original = module._plan_shared
+        monkeypatch.setattr(module, "_plan_shared",
+                            lambda ctx, original=original, name=module.__name__:
+                            planned.append(name) or original(ctx))
+    for algorithm in ("recursive_doubling", "ring"):
+        big = contribution(rank, 2 * (shm.SLOT_BYTES // 8) + 5, np.float64)
+        collectives.allreduce(big, comm, algorithm)
+        np.testing.assert_array_equal(big, reference(size, big.size, np.float64, "sum"))
     monkeypatch.setattr(shm, "SLOT_BYTES", 4096)
-    monkeypatch.setattr(recursive_doubling, "SLOT_BYTES", 4096)
     private = comm.Dup()  # its window is made with the small slots
     try:
         for step in range(3):
-            for n, dtype in ((2 * 1024 + 7, np.float32), (1024, np.int32), (3, np.float64)):
-                buf = contribution(rank, n, dtype, salt=step)
-                collectives.allreduce(buf, private, "recursive_doubling")
-                np.testing.assert_array_equal(buf, reference(size, n, dtype, "sum", salt=step))
-                assert_identical_on_all_ranks(private, buf.tobytes())
+            for n, dtype in ((2 * 1024 + 7, np.float32), (3 * 1024 + 1, np.int64),
+                             (1024, np.int32), (3, np.float64), (1, np.float32)):
+                for algorithm in ("recursive_doubling", "ring"):
+                    buf = contribution(rank, n, dtype, salt=step)
+                    collectives.allreduce(buf, private, algorithm)
+                    np.testing.assert_array_equal(buf, reference(size, n, dtype, "sum",
+                                                                 salt=step))
+                    assert_identical_on_all_ranks(private, buf.tobytes())
     finally:
         collectives.forget()
         private.Free()
+    if size == 2:  # on one node: every plan of both went through the shared pair
+        assert sorted(set(planned)) == ["collectives.recursive_doubling", "collectives.ring"]
+        assert len(planned) == 2 + 2 * 5
 
 
 @pytest.mark.mpi(min_size=1)
