@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-
-from collectives.context import PlanContext
+from collectives.context import PlanContext, split
 from collectives.registry import register
 from collectives.runtime import MPI
-from collectives.shm import exchange_step, in_sequence, paired, piece_bounds, slot_pieces
+from collectives.shm import exchange_step, in_sequence, paired, slot_pieces
 
 
 def schedule(rank: int, size: int) -> tuple[str, list[int]]:
@@ -120,7 +119,7 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     alternate, so a rank copies chunk c+1 in while its peer still combines
     chunk c.
     """
-    pieces = piece_bounds(0, ctx.n, slot_pieces(ctx, ctx.n))
+    pieces = split(0, ctx.n, slot_pieces(ctx, ctx.n))
     peer_first = ctx.pair.peer < ctx.rank  # the lower rank's operand first, on both ranks
     combine = ctx.combine
 

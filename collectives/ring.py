@@ -30,9 +30,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.context import PlanContext, chunk_bounds
+from collectives.context import PlanContext, chunk_bounds, split
 from collectives.registry import register
-from collectives.shm import exchange_step, in_sequence, paired, piece_bounds, slot_pieces
+from collectives.shm import exchange_step, in_sequence, paired, slot_pieces
 
 
 @register("ring", summary="reduce-scatter + all-gather around a ring (bandwidth-optimal)",
@@ -100,7 +100,7 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     r, bounds = ctx.rank, chunk_bounds(ctx.n, 2)
     halves = [(bounds[0], bounds[1]), (bounds[1], bounds[2])]
     count = slot_pieces(ctx, max(hi - lo for lo, hi in halves), SHARED_PIECE_BYTES)
-    sent, owned = piece_bounds(*halves[r], count), piece_bounds(*halves[1 - r], count)
+    sent, owned = split(*halves[r], count), split(*halves[1 - r], count)
     combine = ctx.combine
 
     def bind(view: Any) -> Callable[[], None]:

@@ -140,12 +140,6 @@ def paired(ctx: Any) -> bool:
     return ctx.pair is not None and ctx.size == 2
 
 
-def piece_bounds(lo: int, hi: int, count: int) -> list[tuple[int, int]]:
-    """``[lo, hi)`` cut into ``count`` consecutive near-equal pieces."""
-    n = hi - lo
-    return [(lo + i * n // count, lo + (i + 1) * n // count) for i in range(count)]
-
-
 def slot_pieces(ctx: Any, longest: int, piece_bytes: int | None = None) -> int:
     """How many pieces of at most ``piece_bytes`` (default and at most: a slot)
     a range of ``longest`` elements needs (>= 1)."""
@@ -170,8 +164,7 @@ def exchange_step(ctx: Any, send: np.ndarray, finish: Callable, args: Sequence[t
     pair, tag = ctx.pair, ctx.tag
     head, their_head = pair.my_head, pair.their_head
     calls, copyto, wait, fail = ctx.blind_calls, np.copyto, pair.wait, ctx.fail
-    nbytes = send.size * send.itemsize
-    slots = [slot[:nbytes].view(send.dtype) for slot in pair.my_slots]
+    slots, _ = pair.slot_views(send.size * send.itemsize, send.dtype)
 
     def run() -> None:
         seq = pair.seq + 1
