@@ -1,1 +1,1 @@
-"""Per-example gradient kernels (Numba CPU, Numba CUDA, CuPy) and back-end probes."""
+"""Per-example gradient kernels and the SGD update (Numba CPU, Numba CUDA, CuPy), and back-end probes."""
