@@ -163,14 +163,19 @@ def exchange_step(ctx: Any, send: np.ndarray, finish: Callable, args: Sequence[t
     """
     pair, tag = ctx.pair, ctx.tag
     head, their_head = pair.my_head, pair.their_head
-    calls, copyto, wait, fail = ctx.blind_calls, np.copyto, pair.wait, ctx.fail
-    slots, _ = pair.slot_views(send.size * send.itemsize, send.dtype)
+    calls, wait, fail = ctx.blind_calls, pair.wait, ctx.fail
+    nbytes = send.size * send.itemsize
+    # Byte memoryviews: slice assignment copies 512 B in 0.07 us, np.copyto in
+    # 0.27 us (a fifth of the whole exchange at that size); both are memcpy
+    # for large buffers.
+    source = memoryview(send).cast("B")
+    slots = [memoryview(slot).cast("B") for slot in pair.slot_views(nbytes, send.dtype)[0]]
 
     def run() -> None:
         seq = pair.seq + 1
         pair.seq = seq
         parity = seq & 1
-        copyto(slots[parity], send)
+        slots[parity][:] = source
         head[1 + parity] = tag  # data and tag before the sequence number
         head[0] = seq
         if first:
