@@ -38,7 +38,10 @@ PLACEMENTS = ("single", "pair", "cores", "oversubscribed")
 #:   exchanges instead of one); they tie at 512 KiB, and from 1 MiB the ring
 #:   (half the combining, each piece all-gathered while in cache) is ahead:
 #:   5.5-5.8x native against 2.4-2.8x at 1-8 MiB, 2.2-4.8x against 1.5-2.5x
-#:   at 16-64 MiB (three runs of ``--rounds 10``).
+#:   at 16-64 MiB (three runs of ``--rounds 10``). At 32-64 MiB the
+#:   point-to-point ``rabenseifner`` is sometimes faster still (its time over
+#:   the ring's at 64 MiB: 0.5-0.6 in five runs of eight, 1.3-1.5 in three);
+#:   no fixed choice is within 10% of the best there in every run.
 #: * ``cores``: without the shared-memory pair (point-to-point algorithms
 #:   only, measured at 2 ranks), native beats them up to 64 KiB, they are
 #:   within noise at 128-256 KiB, and the ring is 1.4-1.9x faster from
