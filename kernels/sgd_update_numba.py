@@ -2,8 +2,10 @@
 
 Three torch ops (scale-and-add into the velocity, then into the parameters)
 cost 11.6 us per step on the 30k-parameter MLP at one thread, mostly op
-dispatch; this loop costs 3.1 us (measured side by side). Same float
-arithmetic as the torch ops, element by element (no fast-math reordering).
+dispatch; this loop costs 3.1 us (measured side by side). The same
+operations as the torch ops, element by element, without fast-math
+reordering (equal to them within float rounding: torch may fuse the
+multiply-add; the tests compare with ``torch.optim.SGD``).
 
 Serial on purpose: the update is memory-bound and short, and as a Numba
 parallel region between torch's multi-threaded GEMMs it made a 2-thread
