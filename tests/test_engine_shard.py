@@ -38,8 +38,10 @@ def test_large_shard_buffer_is_private_and_asks_for_huge_pages():
     import mmap
     import os
 
-    if not os.path.exists("/proc/self/smaps") or not hasattr(mmap, "MADV_HUGEPAGE"):
-        pytest.skip("needs Linux /proc and MADV_HUGEPAGE")
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if not os.path.exists("/proc/self/smaps") or not hasattr(mmap, "MADV_HUGEPAGE") \
+            or not os.path.exists(thp) or "[never]" in open(thp).read():
+        pytest.skip("needs Linux /proc and transparent huge pages (not 'never')")
     X = _rows_buffer(200_000, 101)  # 81 MB: above the huge-page threshold
     X[::1000] = 1.0
     flags = _mapping_flags(X.ctypes.data)
