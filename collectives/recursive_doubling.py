@@ -127,10 +127,10 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
         runs = []
         for c, (lo, hi) in enumerate(pieces):
             part = view[lo:hi]
-            _, theirs = ctx.pair.slot_views(part.size * part.itemsize, part.dtype)
-            args = [(other, part, part) if peer_first else (part, other, part)
-                    for other in theirs]
-            runs.append(exchange_step(ctx, part, combine, args, first=c == 0))
+            runs.append(exchange_step(
+                ctx, part, part.size, combine,
+                lambda other: (other, part, part) if peer_first else (part, other, part),
+                first=c == 0))
         return in_sequence(runs)
 
     return bind

@@ -107,13 +107,10 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
         runs = []
         for (slo, shi), (olo, ohi) in zip(sent, owned):
             mine, into = view[olo:ohi], view[slo:shi]
-            _, theirs = ctx.pair.slot_views(mine.size * mine.itemsize, mine.dtype)
-            runs.append(exchange_step(ctx, into, combine,  # reduce-scatter of this piece
-                                      [(other, mine, mine) for other in theirs],
-                                      first=not runs))
-            _, theirs = ctx.pair.slot_views(into.size * into.itemsize, into.dtype)
-            runs.append(exchange_step(ctx, mine, np.copyto,  # its all-gather, still in cache
-                                      [(into, other) for other in theirs], first=False))
+            runs.append(exchange_step(ctx, into, mine.size, combine,  # reduce-scatter
+                                      lambda other: (other, mine, mine), first=not runs))
+            runs.append(exchange_step(ctx, mine, into.size, np.copyto,  # its all-gather,
+                                      lambda other: (into, other), first=False))  # in cache
         return in_sequence(runs)
 
     return bind

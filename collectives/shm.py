@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -148,28 +148,31 @@ def slot_pieces(ctx: Any, longest: int, piece_bytes: int | None = None) -> int:
     return max(1, -(-longest // step))
 
 
-def exchange_step(ctx: Any, send: np.ndarray, finish: Callable, args: Sequence[tuple],
-                  first: bool) -> Callable[[], None]:
+def exchange_step(ctx: Any, send: np.ndarray, receive: int, finish: Callable,
+                  operands: Callable[[np.ndarray], tuple], first: bool) -> Callable[[], None]:
     """One exchange through the pair's slots, every name bound (the hot path).
 
     ``run()`` copies ``send`` into this rank's slot of the call's parity,
     publishes it (tag, then sequence number), waits for the peer's, checks
     that the peer is in the same call (its tag) and calls
-    ``finish(*args[parity])``, where ``args[k]`` refers to the peer's slot k
-    (:meth:`SharedPair.slot_views`), e.g. ``combine(theirs, part, part)``.
-    ``first``: the call's first exchange, which marks the call as blind
+    ``finish(*operands(theirs))``, where ``theirs`` is the peer's slot of that
+    parity as ``receive`` elements of ``send``'s dtype (``operands`` is called
+    once per parity, here), e.g. ``combine(theirs, part, part)``. ``first``:
+    the call's first exchange, which marks the call as blind
     (:mod:`collectives.consistency`). Both ranks must run the same sequence
     of steps.
     """
     pair, tag = ctx.pair, ctx.tag
     head, their_head = pair.my_head, pair.their_head
     calls, wait, fail = ctx.blind_calls, pair.wait, ctx.fail
-    nbytes = send.size * send.itemsize
+    mine, _ = pair.slot_views(send.size * send.itemsize, send.dtype)
+    _, theirs = pair.slot_views(receive * send.itemsize, send.dtype)
+    args = [operands(other) for other in theirs]
     # Byte memoryviews: slice assignment copies 512 B in 0.07 us, np.copyto in
     # 0.27 us (a fifth of the whole exchange at that size); both are memcpy
     # for large buffers.
     source = memoryview(send).cast("B")
-    slots = [memoryview(slot).cast("B") for slot in pair.slot_views(nbytes, send.dtype)[0]]
+    slots = [memoryview(slot).cast("B") for slot in mine]
 
     def run() -> None:
         seq = pair.seq + 1

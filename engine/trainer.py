@@ -22,7 +22,6 @@ import math
 import secrets
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -34,7 +33,7 @@ from engine import metrics as metrics_mod
 from engine.accountant import Accountant, calibrate_sigma, epsilon_for
 from engine.config import FIXED_ON_RESUME, TrainConfig
 from engine.device import select as select_device
-from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError, DataError,
+from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
                            DivergedError, PrivacyError, agree)
 from engine.evaluate import evaluate_shard
 from engine.fast_mlp import FastMLP
@@ -274,7 +273,7 @@ class Trainer:
                 "noise": None if self.noise is None else self.noise.get_state(),
                 "local": dict(self.local)}
         ranks = self.comm.gather(mine, root=0)
-        error, where = None, None
+        error = None
         if self.rank == 0:
             payload = {
                 "config": self.cfg.to_dict(), "seed": self.seed, "world_size": self.size,
@@ -286,7 +285,7 @@ class Trainer:
                 "step": self.step, "steps_per_epoch": self.steps_per_epoch,
                 "ranks": ranks, "history": self.history}
             try:
-                where = str(ckpt.save(self.cfg.checkpoint_dir, payload))
+                ckpt.save(self.cfg.checkpoint_dir, payload)
             except CheckpointError as exc:
                 error = exc
         error = self.comm.bcast(error, root=0)

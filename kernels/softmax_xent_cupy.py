@@ -13,6 +13,7 @@ from kernels.cuda_shapes import grid_1d, leading, scratch
 from kernels.cupy_launch import function, launch, pointer
 from kernels.dispatch import register
 
+
 @register("softmax_xent", "cuda", backend="cupy")
 def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
     """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""

@@ -1,12 +1,10 @@
 """mpidp train end to end: metrics, bit-identical resume, signals, budgets, errors."""
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import torch
 
