@@ -31,6 +31,7 @@ giving up its core unless the node is oversubscribed (see ``yield_core``).
 from __future__ import annotations
 
 import os
+import platform
 import time
 from typing import Any, Callable
 
@@ -46,6 +47,22 @@ from collectives.runtime import MPI
 SLOT_BYTES = 4 * 1024 * 1024
 _HEADER = 64
 _SPINS = 2000  # busy checks before yielding the core (~0.1-0.2 ms)
+
+
+def usable() -> bool:
+    """Whether shared-memory exchanges may be used on this machine (local call).
+
+    They rely on stores becoming visible in program order (x86-64's total
+    store order: data before the counter that publishes it); Python cannot
+    issue the fences weaker memory models (AArch64, POWER) would need, so
+    elsewhere the algorithms use MPI point-to-point messages.
+    ``MPIDP_ALLREDUCE_SHM=0`` turns the shared-memory channels off anywhere
+    (e.g. where /dev/shm is too small for the windows). The ranks of a
+    communicator agree on the outcome: if any rank says no, none uses them.
+    """
+    if os.environ.get("MPIDP_ALLREDUCE_SHM", "").strip() == "0":
+        return False
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 class SharedPair:
@@ -83,7 +100,7 @@ class SharedPair:
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         together = node.Get_size() == 2
         node.Free()
-        if not comm.allreduce(int(together), op=MPI.MIN):
+        if not comm.allreduce(int(together and usable()), op=MPI.MIN):
             return None
         try:
             window = MPI.Win.Allocate_shared(_HEADER + 2 * SLOT_BYTES, 1, comm=comm)
