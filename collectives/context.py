@@ -110,6 +110,8 @@ class PlanContext:
     blind_calls: Any = None
     #: the shared-memory channel of a 2-rank communicator on one node, or None.
     pair: Any = None
+    #: the shared-memory channel of a communicator of >= 3 ranks on one node, or None.
+    group: Any = None
     #: ``blocked(peer, tag, first) -> reason | None``: is ``peer`` unable to
     #: join this rank's current blind call of ``tag``? (``first``: the first
     #: probe of a wait; see CommState.peer_blocked)
@@ -176,6 +178,13 @@ class PlanContext:
             f"rank {self.rank}: during allreduce of {self.description}, rank {peer} is "
             f"{reason}: a call this rank is not making. Every rank must make the same "
             "sequence of calls.")
+
+    def fail_peer_error(self, peer: int) -> None:
+        """Raise :class:`AllreduceMismatch`: ``peer`` left this call with an error."""
+        raise AllreduceMismatch(
+            f"rank {self.rank}: during allreduce of {self.description}, rank {peer} left the "
+            "call after an error (its own message says why), so this rank cannot finish it. "
+            "Every rank must make the same sequence of calls.")
 
     def make_exchange(self) -> Callable[[Any, int, Any, int], None]:
         """``exchange(send_spec, dest, recv_spec, source)``: one checked ``Sendrecv``."""

@@ -22,6 +22,7 @@ from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
 from collectives.runtime import MPI, launch_info
 from collectives.shm import SharedPair
+from collectives.shm_group import SharedGroup
 
 #: Signatures kept per communicator, and buffers bound per signature.
 MAX_PLANS = 64
@@ -105,14 +106,17 @@ class CommState:
         self.tags: dict[int, str] = {consistency.CHECK_TAG: "a first-call signature check"}
         self.staging: dict[tuple, Any] = {}
         # [blind calls entered, tag of the last one], readable by the peers
-        # (collectives.consistency, point 3): for two ranks on one node in
+        # (collectives.consistency, point 3): for ranks all on one node in
         # their shared window (plain loads: a one-sided Get would wait for
-        # the peer to enter MPI, which the shared-memory exchange never
+        # the peer to enter MPI, which a shared-memory exchange never
         # does), otherwise in a window read with one-sided MPI.
         self.window = None
         self.pair = SharedPair.create(self.comm)
+        self.group = SharedGroup.create(self.comm) if self.pair is None else None
         if self.pair is not None:
             self.blind_calls = self.pair.my_head[3:5]
+        elif self.group is not None:
+            self.blind_calls = self.group.blind_calls
         else:
             self.blind_calls = memoryview(bytearray(16)).cast("q")
             try:
@@ -128,8 +132,10 @@ class CommState:
             int(launch_info(self.comm).oversubscribed), op=MPI.MAX))
         if self.pair is not None:
             self.pair.yield_core = self.oversubscribed
-        self.placement = ("single" if self.size == 1 else "oversubscribed"
-                          if self.oversubscribed else "pair" if self.pair else "cores")
+        if self.group is not None:
+            self.group.sleep = self.oversubscribed
+        self.placement = placement_of(self.size, self.oversubscribed, self.pair is not None,
+                                      self.group is not None)
 
     def free(self) -> None:
         """Release the private communicator and window (collective)."""
@@ -145,6 +151,9 @@ class CommState:
         if self.pair is not None:
             self.pair.free()
             self.pair = None
+        if self.group is not None:
+            self.group.free()
+            self.group = None
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
         self.plans.clear()
@@ -165,6 +174,8 @@ class CommState:
         """
         if self.pair is not None:
             count, their_tag = self.pair.their_head[3], self.pair.their_head[4]
+        elif self.group is not None:
+            count, their_tag = self.group.heads[peer][1], self.group.heads[peer][2]
         elif self.window is not None:
             theirs = np.zeros(2, dtype=np.int64)
             try:
@@ -223,6 +234,7 @@ class CommState:
             mpi_type=MPI.Datatype.fromcode(dtype.char), mpi_op=mpi_op, tag=tag,
             segment=max(1, segment // dtype.itemsize), explain=self.explain,
             description=description, blind_calls=self.blind_calls, pair=self.pair,
+            group=self.group,
             blocked=self._blocked_in_call)
         plan = Plan(ctx, algorithm, runs)
         plan.host_only = bool(runs.host_only and runs.host_only(ctx))
@@ -232,6 +244,16 @@ class CommState:
         if first:  # a new wait: no suspicion carried over from an earlier one
             self._suspects.clear()
         return self.peer_blocked(peer, tag, entered=True)
+
+
+def placement_of(size: int, oversubscribed: bool, pair: bool, group: bool) -> str:
+    """The placement :mod:`collectives.auto` chooses by (see ``auto.PLACEMENTS``)."""
+    if size == 1:
+        return "single"
+    if oversubscribed:
+        return ("oversubscribed-pair" if pair else "oversubscribed" if group
+                else "oversubscribed-nodes")
+    return "pair" if pair else "cores"
 
 
 def _delete_state(comm, keyval, state: CommState) -> None:

@@ -23,6 +23,12 @@ copies the peer's. Halves go in pieces of at most ``SHARED_PIECE_BYTES``,
 each piece all-gathered right after its reduce-scatter, while it is still in
 cache (this kept 11-16 GB/s busbw at 16-64 MiB, where whole-slot pieces
 reduced first and gathered after fell to 6 GB/s).
+
+With p >= 3 ranks all on one node the same ring runs through the node's
+shared window (:mod:`collectives.shm_group`): each step is a copy (or a
+combine) into this rank's slot, a published step counter, and a read from
+the left neighbour's slot. The buffer goes around in segments of
+``shm_group.SEGMENT_BYTES``, each a whole reduce-scatter and all-gather.
 """
 from __future__ import annotations
 
@@ -30,19 +36,28 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives import futex
 from collectives.context import PlanContext, chunk_bounds, split
+from collectives.errors import AllreduceError
 from collectives.registry import register
 from collectives.shm import exchange_step, in_sequence, paired, slot_pieces
+from collectives.shm_group import FAILED, grouped
+
+
+def _shared(ctx: PlanContext) -> bool:
+    return paired(ctx) or grouped(ctx)
 
 
 @register("ring", summary="reduce-scatter + all-gather around a ring (bandwidth-optimal)",
-          messages="2(p-1) messages of n/p elements", host_only=paired)
+          messages="2(p-1) messages of n/p elements", host_only=_shared)
 def plan_ring(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     p, r, n = ctx.size, ctx.rank, ctx.n
     if p == 1:
         return lambda view: (lambda: None)
     if paired(ctx):
         return _plan_shared(ctx)
+    if grouped(ctx):
+        return _plan_group(ctx)
     right, left = (r + 1) % p, (r - 1) % p
     bounds = chunk_bounds(n, p)
 
@@ -112,5 +127,101 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
             runs.append(exchange_step(ctx, mine, into.size, np.copyto,  # its all-gather,
                                       lambda other: (into, other), first=False))  # in cache
         return in_sequence(runs)
+
+    return bind
+
+
+def _plan_group(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
+    """p >= 3 ranks on one node: the ring through :class:`collectives.shm_group.SharedGroup`.
+
+    Per segment of the buffer, as in the point-to-point ring: reduce-scatter
+    steps s = 0 .. p-2 (publish chunk r - s, combine the left neighbour's
+    partial of chunk r - s - 1 into ours, the incoming partial first, and
+    publish the result as the next step's data straight from the combine),
+    then p - 1 all-gather steps passing the reduced chunks on. Every rank
+    publishes 2(p-1) steps per segment, so the step counters stay equal
+    across ranks from call to call.
+    """
+    group, p, r, n = ctx.group, ctx.size, ctx.rank, ctx.n
+    if n == 0:  # the length is part of the signature: every rank skips
+        return lambda view: (lambda: None)
+    span = group.slot_bytes // ctx.dtype.itemsize * p  # elements per segment
+    segments = [(lo, min(lo + span, n)) for lo in range(0, n, span)]
+    steps_per_call = 2 * (p - 1) * len(segments)
+    slots, left, right = group.slot_count, group.left, group.right
+    mine, theirs = group.typed_slots(r, ctx.dtype), group.typed_slots(left, ctx.dtype)
+    head, right_head, left_head = group.heads[r], group.heads[right], group.heads[left]
+    my_tags, left_tags = group.slot_tags(r), group.slot_tags(left)
+    combine, tag, calls, wait, fail = ctx.combine, ctx.tag, ctx.blind_calls, group.wait, ctx.fail
+    wake, address = futex.wake, group.addresses[r]
+    sleeping = group.sleep and futex.available()
+
+    def reserve(g: int, end: int) -> None:  # step g's slot is free once right read g - slots
+        need = g - slots + 2
+        if right_head[0] < need:
+            wait(right, need, ctx, end)
+
+    def publish(g: int) -> None:  # step g's data are in its slot: tag, then counter
+        my_tags[g % slots] = tag
+        head[0] = g + 1
+        if sleeping:
+            wake(address)
+
+    def receive(g: int, end: int, length: int) -> Any:  # the left neighbour's step g
+        if left_head[0] <= g:
+            wait(left, g + 1, ctx, end)
+        k = g % slots
+        if left_tags[k] != tag:
+            fail(left, left_tags[k])
+        return theirs[k][:length]
+
+    def bind(view: Any) -> Callable[[], None]:
+        chunks = []
+        for lo, hi in segments:
+            b = chunk_bounds(hi - lo, p)
+            chunks.append([view[lo + b[c]:lo + b[c + 1]] for c in range(p)])
+
+        def run() -> None:
+            if head[FAILED]:
+                raise AllreduceError(
+                    f"rank {r}: an earlier allreduce on this communicator failed inside its "
+                    "shared-memory ring, so the ranks' step counters no longer agree; use a "
+                    "new communicator (e.g. comm.Dup()) for further all-reduces.")
+            try:
+                steps(group.steps)
+            except BaseException:
+                head[FAILED] = 1  # the neighbours waiting on this rank raise too
+                raise
+
+        def steps(g: int) -> None:
+            end = g + steps_per_call
+            calls[1] = tag  # a blind call: peers may look (collectives.consistency)
+            calls[0] += 1
+            for chunk in chunks:
+                reserve(g, end)  # reduce-scatter
+                own = chunk[r]
+                mine[g % slots][:own.size] = own
+                publish(g)
+                for s in range(p - 1):
+                    target = chunk[(r - s - 1) % p]
+                    incoming = receive(g, end, target.size)
+                    g += 1
+                    if s < p - 2:
+                        reserve(g, end)
+                        combine(incoming, target, mine[g % slots][:target.size])
+                        publish(g)
+                    else:  # chunk r + 1, fully reduced
+                        combine(incoming, target, target)
+                for s in range(p - 1):  # all-gather
+                    reserve(g, end)
+                    out = chunk[(r + 1 - s) % p]
+                    mine[g % slots][:out.size] = out
+                    publish(g)
+                    into = chunk[(r - s) % p]
+                    into[...] = receive(g, end, into.size)
+                    g += 1
+            group.steps = g
+
+        return run
 
     return bind

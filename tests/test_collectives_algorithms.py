@@ -130,6 +130,46 @@ def test_buffers_larger_than_the_shared_slot_go_through_in_chunks(comm, monkeypa
         assert len(planned) == 2 + 2 * 5
 
 
+@pytest.mark.mpi(min_size=3)
+def test_ranks_on_one_node_ring_through_the_shared_group_in_segments(comm, monkeypatch):
+    """Three or more ranks on one node: the ring goes through the node's shared
+    window, one segment of the buffer per pass. With 64-byte slots (patched),
+    buffers take many passes, every slot is reused many times within a call
+    and across calls, and chunks are empty (n < p) or uneven; one buffer just
+    over the real segment size runs on the unpatched communicator."""
+    from collectives import ring, shm_group
+    from collectives.plans import comm_state
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    planned = []
+    original = ring._plan_group
+    monkeypatch.setattr(ring, "_plan_group", lambda ctx: planned.append(ctx.n) or original(ctx))
+    big = contribution(rank, 2 * (shm_group.SEGMENT_BYTES // 8) + 9, np.float64)  # a new plan
+    collectives.allreduce(big, comm, "ring")
+    np.testing.assert_array_equal(big, reference(size, big.size, np.float64, "sum"))
+    assert comm_state(comm).group is not None  # mpiexec on one machine
+    monkeypatch.setattr(shm_group, "SEGMENT_BYTES", 64 * size)
+    private = comm.Dup()  # its window is made with the small slots
+    calls = [(2 * 1024 + 7, np.float32), (3 * 1024 + 1, np.int64), (1024, np.int32),
+             (size - 1, np.float64), (1, np.float32), (0, np.float64), (16 * size, np.int32)]
+    try:
+        for step in range(3):
+            for n, dtype in calls:
+                buf = contribution(rank, n, dtype, salt=step)
+                collectives.allreduce(buf, private, "ring", "max" if step == 2 else "sum")
+                np.testing.assert_array_equal(
+                    buf, reference(size, n, dtype, "max" if step == 2 else "sum", salt=step))
+                assert_identical_on_all_ranks(private, buf.tobytes())
+        group = comm_state(private).group
+        assert group.slot_bytes == 64
+        passes = sum(-(-n // (64 // np.dtype(dtype).itemsize * size)) for n, dtype in calls)
+        assert group.steps == 3 * 2 * (size - 1) * passes  # every step published, none twice
+    finally:
+        collectives.forget()
+        private.Free()
+    assert sorted(set(planned)) == sorted({big.size} | {n for n, _ in calls})
+
+
 @pytest.mark.mpi(min_size=1)
 def test_repeated_calls_with_the_same_buffer_stay_correct(comm):
     """The fast path (same buffer, same arguments) reduces the current values."""

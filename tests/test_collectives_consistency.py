@@ -248,3 +248,96 @@ def test_shared_memory_exchange_while_the_peer_waits_in_native(pair):
         collectives.allreduce(other, pair, "native")  # releases rank 1
     else:
         collectives.allreduce(other, pair, "native")
+
+
+@pytest.mark.mpi(min_size=3)
+def test_new_signature_while_the_others_run_a_cached_ring_in_the_shared_group(fresh):
+    """Rank 0 starts a new signature while the others wait in a cached ring in
+    the node's shared window: rank 0 sees them in another blind call, they see
+    its check record (a message from a rank that has not finished the ring)."""
+    from collectives.plans import comm_state
+
+    cached = np.ones(10, np.float32)
+    collectives.allreduce(cached, fresh, "ring")
+    assert comm_state(fresh).group is not None  # mpiexec on one machine
+    mine = np.ones(12, np.float32) if fresh.Get_rank() == 0 else cached
+    with pytest.raises(AllreduceMismatch) as caught:
+        collectives.allreduce(mine, fresh, "ring")
+    if fresh.Get_rank() == 0:
+        assert "blocked in blind call" in str(caught.value)
+    elif fresh.Get_rank() == 1:  # waits on rank 0
+        assert "received from rank 0 a message of a first-call signature check" \
+            in str(caught.value)
+    else:  # the record, or the mark of a neighbour that raised first
+        assert "first-call signature check" in str(caught.value) \
+            or "left the call after an error" in str(caught.value)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_ring_in_the_shared_group_while_a_peer_waits_in_native(fresh):
+    """Rank 0 calls a cached MPI_Allreduce while the others run a cached ring
+    through the shared window: rank 1 sees rank 0 in another blind call and
+    raises, marking itself failed, which rank 2 sees, and so on around the
+    ring; each then joins the native call, which releases rank 0."""
+    rank, size = fresh.Get_rank(), fresh.Get_size()
+    ring_buf, native_buf = np.ones(10, np.float32), np.ones(20, np.float32)
+    collectives.allreduce(ring_buf, fresh, "ring")
+    collectives.allreduce(native_buf, fresh, "native")
+    if rank != 0:
+        why = "blocked in blind call" if rank == 1 else \
+            "blocked in blind call|left the call after an error"
+        with pytest.raises(AllreduceMismatch, match=why):
+            collectives.allreduce(ring_buf, fresh, "ring")
+    collectives.allreduce(native_buf, fresh, "native")
+    assert (native_buf == size * size).all()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_message_from_a_rank_past_the_call_is_left_for_its_own_call(fresh):
+    """Waiting in the shared window, a rank looks at the messages that arrive:
+    one from a rank whose step counter shows it has finished the call belongs
+    to a later call (left alone); the same message from a rank short of the
+    call's end means that rank is in another call (AllreduceMismatch)."""
+    import time
+
+    from collectives.consistency import CHECK_TAG
+    from collectives.plans import comm_state
+
+    state = comm_state(fresh)
+    group, rank = state.group, fresh.Get_rank()
+    ctx = state.plan(8, np.dtype(np.float32), "sum", "ring").ctx  # collective: checked
+    group.blind_calls[0], group.blind_calls[1] = 1, ctx.tag  # all "inside" one ring call
+    end = 1000
+    for finished, waited in ((True, 1), (False, 2)):
+        if rank == 0:
+            group.heads[0][0] = end if finished else 0
+            state.comm.send("next call", dest=1, tag=CHECK_TAG)
+        state.comm.Barrier()  # the message is on its way before rank 1 waits
+        if rank == 1 and finished:
+            group.wait(2, waited, ctx, end)  # sees the message, waits on for rank 2
+            assert state.comm.recv(source=0, tag=CHECK_TAG) == "next call"
+        elif rank == 1:
+            with pytest.raises(AllreduceMismatch, match="received from rank 0"):
+                group.wait(2, waited, ctx, end)  # rank 2 never publishes step 2
+            state.comm.recv(source=0, tag=CHECK_TAG)
+        elif rank == 2 and finished:
+            time.sleep(0.05)  # rank 1 probes a few times meanwhile
+            group.heads[2][0] = 1
+        state.comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_cached_ring_signatures_out_of_order_in_the_shared_group(fresh):
+    """Rank 0 runs one cached ring signature, the others another, both through
+    the shared window with the same number of steps: the slot tags tell the
+    calls apart (rank 0's neighbours raise), the failed rank's mark tells its
+    waiting neighbours (everyone raises, nobody hangs), and the window is not
+    used again."""
+    a, b = np.ones(10, np.float32), np.ones(11, np.float32)
+    collectives.allreduce(a, fresh, "ring")
+    collectives.allreduce(b, fresh, "ring")
+    mine = a if fresh.Get_rank() == 0 else b
+    with pytest.raises(AllreduceMismatch, match="same sequence of calls"):
+        collectives.allreduce(mine, fresh, "ring")
+    with pytest.raises(collectives.AllreduceError, match="new communicator"):
+        collectives.allreduce(mine, fresh, "ring")
