@@ -5,9 +5,14 @@ rank (:attr:`collectives.plans.CommState.placement`):
 
 * ``single``: one rank (every algorithm is a no-op);
 * ``pair``: two ranks sharing a node, a core each (``recursive_doubling``
-  exchanges through shared memory, :mod:`collectives.shm`);
-* ``cores``: more ranks, or ranks on several nodes, a core each;
-* ``oversubscribed``: more ranks than cores on some node.
+  and ``ring`` exchange through shared memory, :mod:`collectives.shm`);
+* ``cores``: more ranks, or ranks on several nodes, a core each (on one
+  node the ``ring`` goes through :mod:`collectives.shm_group`);
+* ``oversubscribed``: three or more ranks on one node with fewer cores
+  (the ``ring`` through :mod:`collectives.shm_group`, waiting ranks asleep);
+* ``oversubscribed-pair``: two ranks on one node with one core;
+* ``oversubscribed-nodes``: more ranks than cores on some node, ranks on
+  several nodes (point-to-point algorithms only).
 
 Every rank must make the same choice, so it depends only on values equal on
 all ranks (bytes, placement); the choice is also part of the first-call
@@ -26,7 +31,8 @@ import os
 from collectives.errors import AllreduceError
 from collectives.registry import register_selector
 
-PLACEMENTS = ("single", "pair", "cores", "oversubscribed")
+PLACEMENTS = ("single", "pair", "cores", "oversubscribed", "oversubscribed-pair",
+              "oversubscribed-nodes")
 
 #: (largest size in bytes, algorithm) per placement; the last entry has no
 #: limit. Measured with ``mpidp bench allreduce --rounds 10`` (README):
@@ -46,16 +52,27 @@ PLACEMENTS = ("single", "pair", "cores", "oversubscribed")
 #:   only, measured at 2 ranks), native beats them up to 64 KiB, they are
 #:   within noise at 128-256 KiB, and the ring is 1.4-1.9x faster from
 #:   512 KiB. Not measured at more ranks (the machine has 2 cores).
-#: * ``oversubscribed`` (4 ranks on 2 cores): every wait costs a trip through
-#:   the scheduler, so the fewest sequential steps win. Recursive doubling
-#:   (2 steps) is ~2x faster than native up to 512 KiB and still ahead at
-#:   1 MiB; above, Rabenseifner (4 steps, n(p-1)/p data) is within 10% of the
-#:   best everywhere (2x native from 32 MiB).
+#: * ``oversubscribed`` (4 ranks on 2 cores): the shared-memory ring was
+#:   the fastest or tied (with recursive doubling, 8-64 B) at every size
+#:   from 8 B to 64 MiB: 1.8-5.8x native from 16 B to 512 KiB, 1.5-2.6x
+#:   from 1 to 64 MiB; each of its steps wakes one sleeping neighbour,
+#:   where a point-to-point step waits for MPICH's yield loop.
+#: * ``oversubscribed-pair`` (2 ranks on 1 core, ``taskset -c 0``):
+#:   recursive doubling, one shared-memory exchange, was the fastest at
+#:   every size from 8 B to 16 MiB (1.3-3.9x native; the ring 0.7-1.8x).
+#: * ``oversubscribed-nodes``: every wait costs a trip through the
+#:   scheduler, so the fewest sequential steps win. Measured with the
+#:   point-to-point algorithms on one node (4 ranks on 2 cores, before the
+#:   shared-memory ring): recursive doubling (2 steps) ~2x faster than
+#:   native up to 512 KiB and still ahead at 1 MiB; above, Rabenseifner
+#:   (4 steps, n(p-1)/p data) within 10% of the best (2x native from 32 MiB).
 THRESHOLDS: dict[str, list[tuple[int | None, str]]] = {
     "single": [(None, "recursive_doubling")],
     "pair": [(256, "native"), (512 * 1024, "recursive_doubling"), (None, "ring")],
     "cores": [(128 * 1024, "native"), (None, "ring")],
-    "oversubscribed": [(1024 * 1024, "recursive_doubling"), (None, "rabenseifner")],
+    "oversubscribed": [(None, "ring")],
+    "oversubscribed-pair": [(None, "recursive_doubling")],
+    "oversubscribed-nodes": [(1024 * 1024, "recursive_doubling"), (None, "rabenseifner")],
 }
 
 

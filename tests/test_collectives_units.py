@@ -81,3 +81,22 @@ def test_tags_are_stable_and_in_range():
     others = {consistency.signature_tag(n, np.dtype(np.float32), "sum", "ring", 1 << 20, 2**29)
               for n in range(1000)}
     assert len(others) == 1000  # distinct signatures, distinct tags
+
+
+@pytest.mark.parametrize("size, oversubscribed, pair, group, placement", [
+    (1, False, False, False, "single"),
+    (1, True, False, False, "single"),
+    (2, False, True, False, "pair"),
+    (2, False, False, False, "cores"),  # two nodes
+    (4, False, False, True, "cores"),  # one node, a core each: the ring uses the group
+    (4, False, False, False, "cores"),
+    (2, True, True, False, "oversubscribed-pair"),
+    (4, True, False, True, "oversubscribed"),
+    (4, True, False, False, "oversubscribed-nodes"),
+])
+def test_placement_follows_the_shared_channel_and_the_cores(size, oversubscribed, pair,
+                                                            group, placement):
+    from collectives.plans import placement_of
+
+    assert placement_of(size, oversubscribed, pair, group) == placement
+    assert placement in auto.PLACEMENTS
