@@ -57,9 +57,10 @@ PLACEMENTS = ("single", "pair", "cores", "oversubscribed", "oversubscribed-pair"
 #:   from 8 B to 64 MiB: 1.8-5.8x native from 16 B to 512 KiB, 1.5-2.6x
 #:   from 1 to 64 MiB; each of its steps wakes one sleeping neighbour,
 #:   where a point-to-point step waits for MPICH's yield loop.
-#: * ``oversubscribed-pair`` (2 ranks on 1 core, ``taskset -c 0``):
-#:   recursive doubling, one shared-memory exchange, was the fastest at
-#:   every size from 8 B to 16 MiB (1.3-3.9x native; the ring 0.7-1.8x).
+#: * ``oversubscribed-pair`` (2 ranks on 1 core, ``taskset -c 0``, waiting
+#:   ranks asleep): recursive doubling, one shared-memory exchange, is the
+#:   fastest up to 1 MiB (6-19x native up to 32 KiB, 24-33 us); they tie at
+#:   2 MiB; from 4 MiB the ring, half the combining, is 1.2-1.5x faster.
 #: * ``oversubscribed-nodes``: every wait costs a trip through the
 #:   scheduler, so the fewest sequential steps win. Measured with the
 #:   point-to-point algorithms on one node (4 ranks on 2 cores, before the
@@ -71,7 +72,7 @@ THRESHOLDS: dict[str, list[tuple[int | None, str]]] = {
     "pair": [(256, "native"), (512 * 1024, "recursive_doubling"), (None, "ring")],
     "cores": [(128 * 1024, "native"), (None, "ring")],
     "oversubscribed": [(None, "ring")],
-    "oversubscribed-pair": [(None, "recursive_doubling")],
+    "oversubscribed-pair": [(2 * 1024 * 1024, "recursive_doubling"), (None, "ring")],
     "oversubscribed-nodes": [(1024 * 1024, "recursive_doubling"), (None, "rabenseifner")],
 }
 

@@ -131,7 +131,7 @@ class CommState:
         self.oversubscribed = bool(self.comm.allreduce(
             int(launch_info(self.comm).oversubscribed), op=MPI.MAX))
         if self.pair is not None:
-            self.pair.yield_core = self.oversubscribed
+            self.pair.sleep = self.oversubscribed
         if self.group is not None:
             self.group.sleep = self.oversubscribed
         self.placement = placement_of(self.size, self.oversubscribed, self.pair is not None,

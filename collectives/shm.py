@@ -26,7 +26,7 @@ milliseconds it looks for what would
 mean the peer is not coming: a message of another call waiting for this
 rank (``Iprobe``), or the peer counted into a blind call this rank never
 made (:meth:`collectives.plans.CommState.peer_blocked`). It spins without
-giving up its core unless the node is oversubscribed (see ``yield_core``).
+giving up its core unless the node is oversubscribed (see ``sleep``).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives import futex
 from collectives.runtime import MPI
 
 #: Bytes of one slot: the largest piece exchanged at once through shared memory
@@ -46,7 +47,8 @@ from collectives.runtime import MPI
 #: calls use it.
 SLOT_BYTES = 4 * 1024 * 1024
 _HEADER = 64
-_SPINS = 2000  # busy checks before yielding the core (~0.1-0.2 ms)
+_SPINS = 2000  # busy checks before the periodic checks start (~0.1-0.2 ms)
+_CHECK_EVERY = 0.01  # seconds between looks for a peer that is not coming
 
 
 def usable() -> bool:
@@ -72,16 +74,19 @@ class SharedPair:
         self.window = window
         self.peer = 1 - rank
         self.seq = 0
-        #: Yield the core while waiting: only when ranks outnumber cores. With a
-        #: core each, yielding hands the core to whatever else runs there and
+        #: Sleep in the kernel while waiting (:mod:`collectives.futex`), woken by
+        #: the peer's publication: only when ranks outnumber cores. With a core
+        #: each, giving the core away hands it to whatever else runs there and
         #: the peer then waits for this rank's next time slice (measured with a
         #: competing process: p99 latency 1.7 us -> 12-18 ms); MPICH's own
         #: shared-memory collectives spin too.
-        self.yield_core = False
+        self.sleep = False
         mine, _ = window.Shared_query(rank)
         theirs, _ = window.Shared_query(self.peer)
         self.my_head, self.my_slots = self._views(mine)
         self.their_head, self.their_slots = self._views(theirs)
+        self.my_address = np.frombuffer(mine, dtype=np.uint8).ctypes.data
+        self.their_address = np.frombuffer(theirs, dtype=np.uint8).ctypes.data
         for i in range(len(self.my_head)):
             self.my_head[i] = 0
 
@@ -128,20 +133,24 @@ class SharedPair:
         raise through ``ctx.fail`` / ``ctx.fail_blocked``.
         """
         head = self.their_head
-        for _ in range(_SPINS):
-            if head[0] >= seq:
-                return
+        sleep = self.sleep and futex.available()
+        if not sleep:
+            for _ in range(_SPINS):
+                if head[0] >= seq:
+                    return
         status = MPI.Status()
         first = True
         next_check = time.monotonic() + 0.002
-        yield_core = self.yield_core
-        while head[0] < seq:
-            if yield_core:
-                os.sched_yield()
+        while True:
+            seen = head[0]
+            if seen >= seq:
+                return
+            if sleep:
+                futex.wait(self.their_address, seen, _CHECK_EVERY)
             now = time.monotonic()
             if now < next_check:
                 continue
-            next_check = now + 0.01
+            next_check = now + _CHECK_EVERY
             if head[0] >= seq:
                 return
             if ctx.comm.Iprobe(self.peer, MPI.ANY_TAG, status):
@@ -181,6 +190,7 @@ def exchange_step(ctx: Any, send: np.ndarray, receive: int, finish: Callable,
     """
     pair, tag = ctx.pair, ctx.tag
     head, their_head = pair.my_head, pair.their_head
+    sleeping, wake, address = pair.sleep and futex.available(), futex.wake, pair.my_address
     calls, wait, fail = ctx.blind_calls, pair.wait, ctx.fail
     mine, _ = pair.slot_views(send.size * send.itemsize, send.dtype)
     _, theirs = pair.slot_views(receive * send.itemsize, send.dtype)
@@ -198,6 +208,8 @@ def exchange_step(ctx: Any, send: np.ndarray, receive: int, finish: Callable,
         slots[parity][:] = source
         head[1 + parity] = tag  # data and tag before the sequence number
         head[0] = seq
+        if sleeping:
+            wake(address)
         if first:
             calls[1] = tag  # a blind call: peers may look (collectives.consistency)
             calls[0] += 1

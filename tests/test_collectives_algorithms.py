@@ -170,6 +170,42 @@ def test_ranks_on_one_node_ring_through_the_shared_group_in_segments(comm, monke
     assert sorted(set(planned)) == sorted({big.size} | {n for n, _ in calls})
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("sleep", [True, False], ids=["asleep", "spinning"])
+def test_shared_memory_waits_asleep_and_spinning(comm, sleep, monkeypatch):
+    """Ranks on one node wait for each other in shared memory by sleeping on a
+    futex (node oversubscribed) or spinning (a core each); which one a run
+    uses depends on the machine's cores, so both are forced here. A sleeper
+    also wakes every 10 ms to look for a peer that is not coming; with that
+    made 5 s, a lost wake-up would cost 5 s: the publisher's wake must do it."""
+    import time
+
+    from collectives import shm, shm_group
+    from collectives.plans import comm_state
+
+    monkeypatch.setattr(shm, "_CHECK_EVERY", 5.0)
+    monkeypatch.setattr(shm_group, "_CHECK_EVERY", 5.0)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    private = comm.Dup()
+    start = time.monotonic()
+    try:
+        state = comm_state(private)
+        channel = state.pair if size == 2 else state.group
+        assert channel is not None  # mpiexec on one machine
+        channel.sleep = sleep  # before any plan: plans bind the waiting mode
+        for step in range(3):
+            for n in (0, 1, size + 1, 5000):
+                for algorithm in ("ring", "recursive_doubling"):
+                    buf = contribution(rank, n, np.int64, salt=step)
+                    collectives.allreduce(buf, private, algorithm)
+                    np.testing.assert_array_equal(
+                        buf, reference(size, n, np.int64, "sum", salt=step))
+        assert time.monotonic() - start < 3.0, "a rank slept through its peer's publication"
+    finally:
+        collectives.forget()
+        private.Free()
+
+
 @pytest.mark.mpi(min_size=1)
 def test_repeated_calls_with_the_same_buffer_stay_correct(comm):
     """The fast path (same buffer, same arguments) reduces the current values."""
