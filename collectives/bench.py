@@ -143,6 +143,34 @@ def copy_bandwidth(nbytes: int = 64 << 20, repeats: int = 7) -> float:
     return nbytes / float(np.median(times)) / 1e9
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """``(stolen, total)`` CPU time of this machine so far, in clock ticks, from
+    ``/proc/stat``; None where there is no such file (not Linux).
+
+    *Steal* is time a virtual machine's CPUs were ready to run but the host
+    ran something else: two ranks that must run at the same time to exchange
+    data then wait for each other, while a single-process copy hardly
+    notices.
+    """
+    try:
+        with open("/proc/stat") as handle:
+            fields = handle.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None
+                  ) -> float | None:
+    """Share of CPU time stolen by the host between two :func:`cpu_ticks` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
 def _check(buf: Any, comm: Any, algorithm: str, op: str, allreduce: Any) -> int:
     """Run one checked call; returns the number of wrong elements over all ranks."""
     import numpy as np
@@ -171,6 +199,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
 
     import collectives
     from collectives.plans import comm_state
+    from collectives.runtime import MPI
 
     allreduce = collectives.allreduce
     dtype = np.dtype(dtype_name)
@@ -184,6 +213,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
         if count == 0:
             continue
         buf = np.zeros(count, dtype=dtype)
+        ticks = cpu_ticks()
         elapsed = dict.fromkeys(algorithms, 0.0)
         done = dict.fromkeys(algorithms, 0)
         per_round: dict[str, list[float]] = {name: [] for name in algorithms}
@@ -214,6 +244,8 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 elapsed[name] += spent
                 done[name] += batch
                 per_round[name].append(spent / batch * 1e6)
+        stolen = steal_percent(ticks, cpu_ticks())
+        stolen = comm.allreduce(-1.0 if stolen is None else stolen, op=MPI.MAX)
         rows = []
         native_rounds = None
         for name in algorithms:
@@ -234,6 +266,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 "avg_us": avg * 1e6, "min_us": min(every) * 1e6, "max_us": max(every) * 1e6,
                 "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (size - 1) / size,
                 "wrong": wrong, "rounds_us": rounds_us,
+                "steal_pct": None if stolen < 0 else stolen,
             })
             if name == "native":
                 native_rounds = rounds_us
@@ -290,12 +323,16 @@ def summarize(runs: list[list[dict]]) -> str:
         lines.append(f"| {format_size(nbytes)} | {time_text} | " + " | ".join(row) +
                      f" | {bus} |")
     ceiling = median(r[0].get("copy_ceiling_gbps") or 0 for r in runs)
+    stolen = [r["steal_pct"] for records in runs for r in records
+              if r.get("steal_pct") is not None]
+    steal = (f" Host steal time per size: {min(stolen):.1f}-{max(stolen):.1f}% "
+             f"(median {median(stolen):.1f}%)." if stolen else "")
     lines.append(f"\n{len(runs)} run(s) of {first['ranks']} ranks"
                  f"{' (oversubscribed)' if first.get('oversubscribed') else ''}, "
                  f"{first['dtype']} {first['op']}; algorithm columns: native's time / its "
                  "time (> 1 is faster), median over rounds and runs; auto: what it ran and "
                  "its time over the best algorithm's (1.00 = the best); busbw in GB/s; "
-                 f"memory-copy ceiling {ceiling:.1f} GB/s.")
+                 f"memory-copy ceiling {ceiling:.1f} GB/s.{steal}")
     return "\n".join(lines)
 
 
@@ -364,6 +401,17 @@ def malloc_setting(kept: bool) -> str:
     env = {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
            if k in os.environ}
     return " ".join(f"{k}={v}" for k, v in env.items()) or "glibc defaults (no --keep-heap)"
+
+
+def steal_line(total: float, records: list[dict]) -> str:
+    """The footer line on host steal time (see :func:`cpu_ticks`)."""
+    per_size = [r for r in records if r.get("steal_pct") is not None]
+    if not per_size:
+        return "# host steal time: not measurable here (no /proc/stat)"
+    worst = max(per_size, key=lambda r: r["steal_pct"])
+    return (f"# host steal time (CPU time a VM host gave to others): {total:.1f}% over the "
+            f"run, at most {worst['steal_pct']:.1f}% at {format_size(worst['bytes'])}; above "
+            "a few percent, timings of ranks that wait for each other suffer most")
 
 
 def describe_run(comm: Any, auto_placement: str = "") -> str:
@@ -435,12 +483,15 @@ def run(args: argparse.Namespace) -> int:
                 print(format_row(row), file=out)
             out.flush()
 
+    ticks = cpu_ticks()
     records = measure(comm, algorithms, sizes_bytes, args.datatype, args.op, args.iters,
                       args.warmup_iters, bool(args.check), args.rounds, args.time, on_row)
+    stolen = comm.allreduce(steal_percent(ticks, cpu_ticks()) or 0.0, op=MPI.MAX)
     for record in records:
         record["copy_ceiling_gbps"] = ceiling
     wrong = sum(r["wrong"] or 0 for r in records)
     if rank == 0:
+        print(steal_line(stolen, records), file=out)
         if args.json:
             with open(args.json + ".tmp", "w") as handle:
                 json.dump(records, handle, indent=1)

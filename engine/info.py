@@ -101,6 +101,7 @@ def collect() -> dict | None:
 
     comm = MPI.COMM_WORLD
     ranks = comm.gather(rank_facts(), root=0)
+    reduce_facts = allreduce_facts(comm)  # collective
     if comm.Get_rank() != 0:
         return None
     cuda_aware = mpi_cuda_support()
@@ -110,10 +111,42 @@ def collect() -> dict | None:
         "ranks": ranks,
         "mpi_cuda_aware": {True: "yes", False: "no", None: "unknown"}[cuda_aware],
         "kernel_backends": [vars(b) for b in probe_all()],
+        "allreduce": reduce_facts,
         "environment": {k: os.environ[k] for k in sorted(os.environ)
                         if k in THREAD_VARIABLES or k.startswith("MPIR_CVAR_")
                         or k.startswith("MPIDP_")},
     }
+
+
+def allreduce_facts(comm) -> dict:
+    """How ``collectives.allreduce`` runs on ``comm``: its placement, the
+    shared-memory channel, how waiting ranks wait, and what ``auto`` picks
+    by size (collective: the first call sets up the communicator's state)."""
+    from collectives import futex
+    from collectives.auto import table_for
+    from collectives.plans import comm_state
+
+    state = comm_state(comm)
+    channel = ("pair" if state.pair is not None else "node window"
+               if state.group is not None else "none")
+    if channel == "none":
+        waiting = "inside MPI"
+    elif state.oversubscribed and futex.available():
+        waiting = "asleep (futex)"
+    else:
+        waiting = "spinning"
+    return {"placement": state.placement, "shared_memory": channel, "waiting": waiting,
+            "auto": [[limit, name] for limit, name in table_for(state.placement)]}
+
+
+def describe_auto(table: list) -> str:
+    """``[[256, "native"], [None, "ring"]]`` -> ``native up to 256 B, ring above``."""
+    from collectives.bench import format_size
+
+    if len(table) == 1:
+        return f"{table[0][1]} at every size"
+    return ", ".join(f"{name} up to {format_size(limit)}" if limit is not None
+                     else f"{name} above" for limit, name in table)
 
 
 def format_report(report: dict) -> str:
@@ -140,6 +173,11 @@ def format_report(report: dict) -> str:
     if over:
         lines.append(f"  oversubscribed: {over[0]['local_ranks']} ranks on {over[0]['cores']}"
                      " cores; waiting ranks yield the CPU (MPIR_CVAR_ENABLE_HEAVY_YIELD)")
+    facts = report["allreduce"]
+    lines += ["", "all-reduce (collectives.allreduce on COMM_WORLD)",
+              f"  placement      {facts['placement']}",
+              f"  shared memory  {facts['shared_memory']}; waiting ranks: {facts['waiting']}",
+              f"  auto runs      {describe_auto(facts['auto'])}"]
     lines += ["", "kernel back-ends"]
     for b in report["kernel_backends"]:
         mark = "yes" if b["usable"] else "no "

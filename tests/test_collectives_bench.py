@@ -29,6 +29,24 @@ def test_measure_checks_every_algorithm_and_fills_the_records(comm):
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["avg_us"] / 1e3)
     auto = [r for r in records if r["algorithm"] == "auto"]
     assert all(r["runs"] in names and r["runs"] != "auto" for r in auto)
+    for r in records:  # the host's steal time during the size's measurements; None
+        # when no clock tick passed (or no /proc/stat)
+        assert "steal_pct" in r
+        assert r["steal_pct"] is None or 0.0 <= r["steal_pct"] <= 100.0
+
+
+def test_steal_time_from_proc_stat_readings():
+    assert bench.steal_percent((10, 1000), (30, 1400)) == pytest.approx(5.0)
+    assert bench.steal_percent(None, (30, 1400)) is None
+    assert bench.steal_percent((10, 1000), (10, 1000)) is None  # no time passed
+    ticks = bench.cpu_ticks()
+    if ticks is not None:  # Linux
+        stolen, total = ticks
+        assert 0 <= stolen <= total
+    rows = [{"bytes": 1024, "steal_pct": 0.5}, {"bytes": 4 << 20, "steal_pct": 12.25}]
+    line = bench.steal_line(1.5, rows)
+    assert "1.5% over the run" in line and "at most 12.2% at 4 MiB" in line
+    assert "not measurable" in bench.steal_line(0.0, [{"bytes": 8, "steal_pct": None}])
 
 
 @pytest.fixture
@@ -131,11 +149,11 @@ def test_mpidp_bench_allreduce_under_mpiexec(tmp_path):
 
 
 def test_summarize_pairs_rounds_and_takes_medians(tmp_path, capsys):
-    def record(name, rounds, runs=None):
+    def record(name, rounds, runs=None, steal=0.5):
         return {"algorithm": name, "runs": runs or name, "bytes": 1024, "count": 256,
                 "dtype": "float32", "op": "sum", "ranks": 2, "oversubscribed": False,
                 "avg_us": sum(rounds) / len(rounds), "busbw_gbps": 1.0, "rounds_us": rounds,
-                "copy_ceiling_gbps": 10.0}
+                "copy_ceiling_gbps": 10.0, "steal_pct": steal}
 
     # Round 2 is slow for everyone (host noise): paired ratios ignore it.
     run = [record("native", [2.0, 20.0, 2.0]), record("ring", [1.0, 10.0, 1.0]),
@@ -144,6 +162,9 @@ def test_summarize_pairs_rounds_and_takes_medians(tmp_path, capsys):
     row = next(line for line in table.splitlines() if line.startswith("| 1 KiB"))
     assert "| 2.00 |" in row  # ring: twice as fast as native in every round
     assert "1.00 (native, 2.00 of best)" in row  # auto ran native: twice the best time
+    assert "Host steal time per size: 0.5-0.5% (median 0.5%)." in table
+    older = [record("native", [2.0]), record("ring", [1.0], steal=None)]  # before steal_pct
+    assert "steal" not in bench.summarize([[dict(r, steal_pct=None) for r in older]])
     paths = []
     for i in range(2):
         paths.append(tmp_path / f"r{i}.json")

@@ -1,5 +1,6 @@
 """mpidp info: the bug-report command."""
 import json
+import os
 import subprocess
 import sys
 
@@ -19,13 +20,19 @@ def test_info_under_two_ranks_reports_size_two():
     assert names == ["numba-cpu", "numba-cuda", "cuda-simulator", "cupy"]
     for key in ("mpidp", "python", "mpi4py", "mpi_library", "torch", "numba", "h5py"):
         assert report["versions"][key]
+    facts = report["allreduce"]  # mpiexec on one machine: the shared pair
+    crowded = len(os.sched_getaffinity(0)) < 2
+    assert facts["placement"] == ("oversubscribed-pair" if crowded else "pair")
+    assert facts["shared_memory"] == "pair" and facts["auto"][-1] == [None, "ring"]
+    assert facts["waiting"] == ("asleep (futex)" if crowded else "spinning")
 
 
 def test_info_text_report_has_the_sections():
     result = mpidp(2, "info", timeout=120)
     assert result.returncode == 0, result.stderr
     for heading in ("versions", "MPI job", "communicator size  2", "kernel back-ends",
-                    "environment"):
+                    "environment", "all-reduce", "placement      ",
+                    "shared memory  pair; waiting ranks: ", "auto runs      "):
         assert heading in result.stdout
     assert "WRONG LAUNCH" not in result.stdout
 
@@ -52,3 +59,11 @@ def test_collect_gathers_every_rank(comm):
         assert not any(r["size_mismatch"] for r in report["ranks"])
     else:
         assert report is None
+
+
+def test_describe_auto_tables():
+    from engine.info import describe_auto
+
+    assert describe_auto([[None, "ring"]]) == "ring at every size"
+    assert describe_auto([[2 * 1024 * 1024, "recursive_doubling"], [None, "ring"]]) == \
+        "recursive_doubling up to 2 MiB, ring above"
