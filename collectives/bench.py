@@ -90,6 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summarize", nargs="+", metavar="FILE",
                         help="do not measure: print a markdown table of the medians of "
                         "earlier --json runs (speedups over native paired per round)")
+    parser.add_argument("--min-xcore", type=float, metavar="GBPS",
+                        help="with --summarize: leave out the sizes measured while the "
+                        "core-to-core copy bandwidth (measured before and after each size, "
+                        "see the footer of a run) was below GBPS, i.e. in a slow spell of a "
+                        "virtual machine's host")
     parser.add_argument("--plot", metavar="FILE.png", help="plot latency and busbw vs size")
 
 
@@ -197,22 +202,39 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
     """
     import numpy as np
 
-    import collectives
+    from collectives.core_probe import CoreProbe
     from collectives.plans import comm_state
+
+    state = comm_state(comm)
+    oversubscribed, placement = state.oversubscribed, state.placement
+    # Oversubscribed, the probe's two ranks would wait for the scheduler, not the copy.
+    probe = None if oversubscribed else CoreProbe.create(comm)
+    records = _measure_sizes(comm, algorithms, sizes_bytes, np.dtype(dtype_name), op, iters,
+                             warmup, check, max(1, rounds), seconds, on_row, probe,
+                             oversubscribed, placement)
+    if probe is not None:  # collective: not in a finally (a raising rank aborts the job)
+        probe.free()
+    return records
+
+
+def _measure_sizes(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype: Any,
+                   op: str, iters: int, warmup: int, check: bool, rounds: int,
+                   seconds: float, on_row: Any, probe: Any, oversubscribed: bool,
+                   placement: str) -> list[dict]:
+    import numpy as np
+
+    import collectives
     from collectives.runtime import MPI
 
     allreduce = collectives.allreduce
-    dtype = np.dtype(dtype_name)
     size = comm.Get_size()
-    state = comm_state(comm)
-    oversubscribed, placement = state.oversubscribed, state.placement
-    rounds = max(1, rounds)
     records = []
     for nbytes in sizes_bytes:
         count = nbytes // dtype.itemsize
         if count == 0:
             continue
         buf = np.zeros(count, dtype=dtype)
+        xcore = [probe.measure()] if probe is not None else [None]
         ticks = cpu_ticks()
         elapsed = dict.fromkeys(algorithms, 0.0)
         done = dict.fromkeys(algorithms, 0)
@@ -246,6 +268,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 per_round[name].append(spent / batch * 1e6)
         stolen = steal_percent(ticks, cpu_ticks())
         stolen = comm.allreduce(-1.0 if stolen is None else stolen, op=MPI.MAX)
+        xcore.append(probe.measure() if probe is not None else None)
         rows = []
         native_rounds = None
         for name in algorithms:
@@ -267,6 +290,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (size - 1) / size,
                 "wrong": wrong, "rounds_us": rounds_us,
                 "steal_pct": None if stolen < 0 else stolen,
+                "xcore_gbps": None if xcore[0] is None else xcore,
             })
             if name == "native":
                 native_rounds = rounds_us
@@ -288,11 +312,27 @@ def paired_speedup(reference: list[float], times: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(reference, times))
 
 
-def summarize(runs: list[list[dict]]) -> str:
-    """A markdown table of several runs' records (medians of per-round ratios)."""
+def slow_spell(record: dict, min_xcore: float | None) -> bool:
+    """Whether ``record`` was measured while the core-to-core copy bandwidth,
+    before or after its size, was below ``min_xcore`` GB/s."""
+    xcore = record.get("xcore_gbps")
+    return min_xcore is not None and xcore is not None and min(xcore) < min_xcore
+
+
+def summarize(runs: list[list[dict]], min_xcore: float | None = None) -> str:
+    """A markdown table of several runs' records (medians of per-round ratios).
+
+    With ``min_xcore``, sizes measured in a slow spell (:func:`slow_spell`)
+    are left out, and the caption says how many.
+    """
     import statistics
 
     median = statistics.median
+    measured = {(i, r["bytes"]) for i, records in enumerate(runs) for r in records}
+    dropped = {(i, r["bytes"]) for i, records in enumerate(runs) for r in records
+               if slow_spell(r, min_xcore)}
+    runs = [[r for r in records if (i, r["bytes"]) not in dropped]
+            for i, records in enumerate(runs)]
     cells: dict[tuple[int, str], list[dict]] = {}
     for records in runs:
         native = {r["bytes"]: r["rounds_us"] for r in records if r["algorithm"] == "native"}
@@ -304,7 +344,10 @@ def summarize(runs: list[list[dict]]) -> str:
     shown = [a for a in algorithms if a != "native"]
     lines = ["| size | native time | " + " | ".join(shown) + " | ring busbw (native) |",
              "|---:|---:|" + "---:|" * len(shown) + "---:|"]
-    first = runs[0][0]
+    first = next((records[0] for records in runs if records), None)
+    if first is None:
+        return "No size left to summarize" + (f" (all measured below {min_xcore:g} GB/s "
+                                                 "core to core)." if min_xcore else ".")
     for nbytes in sorted({b for b, _ in cells}):
         speed = {a: median(r["speedup"] for r in cells[(nbytes, a)]) for a in algorithms
                  if (nbytes, a) in cells}
@@ -327,6 +370,13 @@ def summarize(runs: list[list[dict]]) -> str:
               if r.get("steal_pct") is not None]
     steal = (f" Host steal time per size: {min(stolen):.1f}-{max(stolen):.1f}% "
              f"(median {median(stolen):.1f}%)." if stolen else "")
+    xcore = [x for records in runs for r in records for x in (r.get("xcore_gbps") or [])]
+    if xcore:
+        steal += (f" Core-to-core copy (rank 0 -> 1) before/after each size: "
+                  f"{min(xcore):.1f}-{max(xcore):.1f} GB/s.")
+    if min_xcore is not None:
+        steal += (f" Left out, measured below {min_xcore:g} GB/s core to core: "
+                  f"{len(dropped)} of {len(measured)} sizes over the runs.")
     lines.append(f"\n{len(runs)} run(s) of {first['ranks']} ranks"
                  f"{' (oversubscribed)' if first.get('oversubscribed') else ''}, "
                  f"{first['dtype']} {first['op']}; algorithm columns: native's time / its "
@@ -414,6 +464,19 @@ def steal_line(total: float, records: list[dict]) -> str:
             "a few percent, timings of ranks that wait for each other suffer most")
 
 
+def xcore_line(records: list[dict]) -> str:
+    """The footer line on the core-to-core copy bandwidth (see :mod:`collectives.core_probe`)."""
+    values = [x for r in records for x in (r.get("xcore_gbps") or [])]
+    if not values:
+        return ("# core-to-core copy: not measured (one rank, ranks 0 and 1 on different "
+                "nodes, or an oversubscribed node)")
+    return (f"# core-to-core copy (rank 0 -> 1, {format_size(1 << 20)} through shared memory) "
+            f"before/after each size: {min(values):.1f}-{max(values):.1f} GB/s; where it "
+            "drops, data crosses between cores slowly (on a virtual machine: e.g. the host "
+            "running the vCPUs on cores without a shared cache) and every all-reduce slows "
+            "(per size in --json: xcore_gbps; --summarize --min-xcore leaves such sizes out)")
+
+
 def describe_run(comm: Any, auto_placement: str = "") -> str:
     """One line about the job (local; ``auto_placement`` from the comm's state)."""
     from collectives.runtime import MPI, launch_info
@@ -436,6 +499,8 @@ def run(args: argparse.Namespace) -> int:
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    if args.min_xcore is not None and not args.summarize:
+        raise BenchUsageError("--min-xcore applies to --summarize (it filters saved runs)")
     if args.summarize:
         if rank == 0:
             runs = []
@@ -445,7 +510,7 @@ def run(args: argparse.Namespace) -> int:
                         runs.append(json.load(handle))
                 except (OSError, ValueError) as error:
                     raise BenchUsageError(f"{path}: cannot read benchmark JSON ({error})")
-            print(summarize(runs))
+            print(summarize(runs, args.min_xcore))
         return 0
     if args.algorithms == "all":
         algorithms = collectives.names()
@@ -492,6 +557,7 @@ def run(args: argparse.Namespace) -> int:
     wrong = sum(r["wrong"] or 0 for r in records)
     if rank == 0:
         print(steal_line(stolen, records), file=out)
+        print(xcore_line(records), file=out)
         if args.json:
             with open(args.json + ".tmp", "w") as handle:
                 json.dump(records, handle, indent=1)

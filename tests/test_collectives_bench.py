@@ -33,6 +33,14 @@ def test_measure_checks_every_algorithm_and_fills_the_records(comm):
         # when no clock tick passed (or no /proc/stat)
         assert "steal_pct" in r
         assert r["steal_pct"] is None or 0.0 <= r["steal_pct"] <= 100.0
+    from collectives.plans import comm_state
+
+    probed = size >= 2 and not comm_state(comm).oversubscribed  # one machine: ranks 0, 1 share it
+    for r in records:  # core-to-core copy before and after the size
+        if probed:
+            assert len(r["xcore_gbps"]) == 2 and min(r["xcore_gbps"]) > 0
+        else:
+            assert r["xcore_gbps"] is None
 
 
 def test_steal_time_from_proc_stat_readings():
@@ -171,3 +179,29 @@ def test_summarize_pairs_rounds_and_takes_medians(tmp_path, capsys):
         paths[-1].write_text(json.dumps(run))
     assert bench.run(_parser().parse_args(["--summarize", *map(str, paths)])) == 0
     assert "| 1 KiB |" in capsys.readouterr().out
+
+
+def test_summarize_leaves_out_sizes_measured_in_a_slow_spell():
+    def record(name, nbytes, xcore, speed):
+        return {"algorithm": name, "runs": name, "bytes": nbytes, "count": nbytes // 4,
+                "dtype": "float32", "op": "sum", "ranks": 2, "oversubscribed": False,
+                "avg_us": 10.0 / speed, "busbw_gbps": 1.0, "rounds_us": [10.0 / speed],
+                "copy_ceiling_gbps": 10.0, "steal_pct": 0.0, "xcore_gbps": xcore}
+
+    fast, slow = [9.5, 10.0], [9.8, 1.9]  # the spell began during the size
+    run = [record("native", 1024, fast, 1.0), record("ring", 1024, fast, 4.0),
+           record("native", 4096, slow, 1.0), record("ring", 4096, slow, 1.5)]
+    everything = bench.summarize([run])
+    assert "| 1 KiB |" in everything and "| 4 KiB |" in everything
+    assert "Core-to-core copy (rank 0 -> 1) before/after each size: 1.9-10.0 GB/s." \
+        in everything
+    quiet = bench.summarize([run], min_xcore=5)
+    assert "| 1 KiB |" in quiet and "| 4 KiB |" not in quiet
+    assert "measured below 5 GB/s core to core: 1 of 2 sizes" in quiet
+    assert "No size left" in bench.summarize([run], min_xcore=20)
+    assert not bench.slow_spell(dict(run[0], xcore_gbps=None), 5)  # not measured: kept
+
+
+def test_min_xcore_only_filters_saved_runs():
+    with pytest.raises(bench.BenchUsageError, match="--summarize"):
+        bench.run(_parser().parse_args(["--min-xcore", "5"]))
