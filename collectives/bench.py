@@ -365,7 +365,7 @@ def summarize(runs: list[list[dict]], min_xcore: float | None = None) -> str:
         time_text = f"{t:.1f} us" if t < 1000 else f"{t / 1000:.2f} ms"
         lines.append(f"| {format_size(nbytes)} | {time_text} | " + " | ".join(row) +
                      f" | {bus} |")
-    ceiling = median(r[0].get("copy_ceiling_gbps") or 0 for r in runs)
+    ceiling = median(r[0].get("copy_ceiling_gbps") or 0 for r in runs if r)
     stolen = [r["steal_pct"] for records in runs for r in records
               if r.get("steal_pct") is not None]
     steal = (f" Host steal time per size: {min(stolen):.1f}-{max(stolen):.1f}% "

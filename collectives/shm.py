@@ -87,6 +87,7 @@ class SharedPair:
         self.their_head, self.their_slots = self._views(theirs)
         self.my_address = np.frombuffer(mine, dtype=np.uint8).ctypes.data
         self.their_address = np.frombuffer(theirs, dtype=np.uint8).ctypes.data
+        self.status = MPI.Status()  # of the probes while waiting
         for i in range(len(self.my_head)):
             self.my_head[i] = 0
 
@@ -132,33 +133,48 @@ class SharedPair:
         tells whether the peer sits in another blind call, and the failures
         raise through ``ctx.fail`` / ``ctx.fail_blocked``.
         """
-        head = self.their_head
-        sleep = self.sleep and futex.available()
-        if not sleep:
-            for _ in range(_SPINS):
-                if head[0] >= seq:
-                    return
-        status = MPI.Status()
-        first = True
-        next_check = time.monotonic() + 0.002
-        while True:
-            seen = head[0]
-            if seen >= seq:
+        wait_until(self.their_head, seq, self.their_address, self.sleep, self._check, tag, ctx)
+
+    def _check(self, first: bool, tag: int, ctx: Any) -> None:
+        status, peer = self.status, self.peer
+        if ctx.comm.Iprobe(peer, MPI.ANY_TAG, status):
+            ctx.fail(peer, status.tag)
+        reason = ctx.blocked(peer, tag, first)
+        if reason:
+            ctx.fail_blocked(peer, reason)
+
+
+def wait_until(head: memoryview, count: int, address: int, sleep: bool,
+               check: Callable[..., None], *args: Any) -> None:
+    """Wait until ``head[0] >= count`` (a peer's counter in a shared window).
+
+    Spins, or with ``sleep`` sleeps on the futex at ``address`` (the
+    counter's; the writer wakes it). Every ``_CHECK_EVERY`` seconds calls
+    ``check(first, *args)``, which raises to give up the wait (``first``:
+    its first call in this wait). Nothing is built before the spinning: at
+    small sizes the peer is usually a fraction of a microsecond away.
+    """
+    if not sleep:
+        for _ in range(_SPINS):
+            if head[0] >= count:
                 return
-            if sleep:
-                futex.wait(self.their_address, seen, _CHECK_EVERY)
-            now = time.monotonic()
-            if now < next_check:
-                continue
-            next_check = now + _CHECK_EVERY
-            if head[0] >= seq:
-                return
-            if ctx.comm.Iprobe(self.peer, MPI.ANY_TAG, status):
-                ctx.fail(self.peer, status.tag)
-            reason = ctx.blocked(self.peer, tag, first)
-            first = False
-            if reason:
-                ctx.fail_blocked(self.peer, reason)
+    sleep = sleep and futex.available()
+    first = True
+    next_check = time.monotonic() + 0.002
+    while True:
+        seen = head[0]
+        if seen >= count:
+            return
+        if sleep:
+            futex.wait(address, seen, _CHECK_EVERY)
+        now = time.monotonic()
+        if now < next_check:
+            continue
+        next_check = now + _CHECK_EVERY
+        if head[0] >= count:
+            return
+        check(first, *args)
+        first = False
 
 
 def paired(ctx: Any) -> bool:

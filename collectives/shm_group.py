@@ -35,14 +35,12 @@ that communicator's shared window raise at once.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-from collectives import futex
 from collectives.runtime import MPI
-from collectives.shm import usable
+from collectives.shm import usable, wait_until
 
 #: Bytes of buffer one pass of the ring covers: each rank's chunk of it goes
 #: through one slot (4 MiB: 1 MiB slots for 4 ranks; 2 and 8 MiB measured
@@ -52,8 +50,6 @@ SEGMENT_BYTES = 4 * 1024 * 1024
 MAX_SLOTS = 9
 _FIXED_WORDS = 4  # steps, blind calls, tag of the last blind call, failed
 FAILED = 3  #: header word: 1 once this rank raised inside a call
-_SPINS = 2000  # busy checks before the periodic checks start (ranks with a core each)
-_CHECK_EVERY = 0.01  # seconds between looks for a peer that is not coming
 
 
 class SharedGroup:
@@ -69,6 +65,7 @@ class SharedGroup:
         self.steps = 0
         #: Sleep in the kernel while waiting (the node is oversubscribed), else spin.
         self.sleep = False
+        self.status = MPI.Status()  # of the probes while waiting
         self.heads: list[memoryview] = []
         self.slots: list[list[np.ndarray]] = []
         self.addresses: list[int] = []
@@ -134,36 +131,18 @@ class SharedGroup:
         Raises :class:`AllreduceMismatch` through ``ctx.fail`` /
         ``ctx.fail_blocked`` (see the module docstring).
         """
-        head = self.heads[q]
-        sleep = self.sleep and futex.available()
-        if not sleep:
-            for _ in range(_SPINS):
-                if head[0] >= count:
-                    return
-        address, status = self.addresses[q], MPI.Status()
-        first = True
-        next_check = time.monotonic() + _CHECK_EVERY
-        while True:
-            seen = head[0]
-            if seen >= count:
-                return
-            if sleep:
-                futex.wait(address, seen, _CHECK_EVERY)
-            now = time.monotonic()
-            if now < next_check:
-                continue
-            next_check = now + _CHECK_EVERY
-            if head[0] >= count:
-                return
-            if self.heads[q][FAILED]:
-                ctx.fail_peer_error(q)
-            if ctx.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status) \
-                    and self.heads[status.source][0] < end:
-                ctx.fail(status.source, status.tag)
-            reason = ctx.blocked(q, ctx.tag, first)
-            first = False
-            if reason:
-                ctx.fail_blocked(q, reason)
+        wait_until(self.heads[q], count, self.addresses[q], self.sleep, self._check, q, ctx, end)
+
+    def _check(self, first: bool, q: int, ctx: Any, end: int) -> None:
+        status = self.status
+        if self.heads[q][FAILED]:
+            ctx.fail_peer_error(q)
+        if ctx.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status) \
+                and self.heads[status.source][0] < end:
+            ctx.fail(status.source, status.tag)
+        reason = ctx.blocked(q, ctx.tag, first)
+        if reason:
+            ctx.fail_blocked(q, reason)
 
 
 def header_bytes(slots: int) -> int:

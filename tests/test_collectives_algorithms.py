@@ -180,11 +180,10 @@ def test_shared_memory_waits_asleep_and_spinning(comm, sleep, monkeypatch):
     made 5 s, a lost wake-up would cost 5 s: the publisher's wake must do it."""
     import time
 
-    from collectives import shm, shm_group
+    from collectives import shm
     from collectives.plans import comm_state
 
-    monkeypatch.setattr(shm, "_CHECK_EVERY", 5.0)
-    monkeypatch.setattr(shm_group, "_CHECK_EVERY", 5.0)
+    monkeypatch.setattr(shm, "_CHECK_EVERY", 5.0)  # both channels wait with shm.wait_until
     rank, size = comm.Get_rank(), comm.Get_size()
     private = comm.Dup()
     start = time.monotonic()

@@ -199,6 +199,9 @@ def test_summarize_leaves_out_sizes_measured_in_a_slow_spell():
     assert "| 1 KiB |" in quiet and "| 4 KiB |" not in quiet
     assert "measured below 5 GB/s core to core: 1 of 2 sizes" in quiet
     assert "No size left" in bench.summarize([run], min_xcore=20)
+    all_slow = [dict(r, xcore_gbps=[1.8, 1.7]) for r in run]  # a run slow throughout
+    both = bench.summarize([run, all_slow], min_xcore=5)
+    assert "| 1 KiB |" in both and "3 of 4 sizes" in both
     assert not bench.slow_spell(dict(run[0], xcore_gbps=None), 5)  # not measured: kept
 
 
