@@ -202,32 +202,19 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
     """
     import numpy as np
 
+    import collectives
     from collectives.core_probe import CoreProbe
     from collectives.plans import comm_state
-
-    state = comm_state(comm)
-    oversubscribed, placement = state.oversubscribed, state.placement
-    # Oversubscribed, the probe's two ranks would wait for the scheduler, not the copy.
-    probe = None if oversubscribed else CoreProbe.create(comm)
-    records = _measure_sizes(comm, algorithms, sizes_bytes, np.dtype(dtype_name), op, iters,
-                             warmup, check, max(1, rounds), seconds, on_row, probe,
-                             oversubscribed, placement)
-    if probe is not None:  # collective: not in a finally (a raising rank aborts the job)
-        probe.free()
-    return records
-
-
-def _measure_sizes(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype: Any,
-                   op: str, iters: int, warmup: int, check: bool, rounds: int,
-                   seconds: float, on_row: Any, probe: Any, oversubscribed: bool,
-                   placement: str) -> list[dict]:
-    import numpy as np
-
-    import collectives
     from collectives.runtime import MPI
 
     allreduce = collectives.allreduce
+    dtype = np.dtype(dtype_name)
     size = comm.Get_size()
+    state = comm_state(comm)
+    oversubscribed, placement = state.oversubscribed, state.placement
+    rounds = max(1, rounds)
+    # Oversubscribed, the probe's two ranks would wait for the scheduler, not the copy.
+    probe = None if oversubscribed else CoreProbe.create(comm)
     records = []
     for nbytes in sizes_bytes:
         count = nbytes // dtype.itemsize
@@ -302,6 +289,8 @@ def _measure_sizes(comm: Any, algorithms: list[str], sizes_bytes: list[int], dty
         collectives.forget(comm)  # release this size's plans and temporaries (collective)
         if on_row is not None:
             on_row(rows)
+    if probe is not None:  # collective: not in a finally (a raising rank aborts the job)
+        probe.free()
     return records
 
 
@@ -368,21 +357,21 @@ def summarize(runs: list[list[dict]], min_xcore: float | None = None) -> str:
     ceiling = median(r[0].get("copy_ceiling_gbps") or 0 for r in runs if r)
     stolen = [r["steal_pct"] for records in runs for r in records
               if r.get("steal_pct") is not None]
-    steal = (f" Host steal time per size: {min(stolen):.1f}-{max(stolen):.1f}% "
-             f"(median {median(stolen):.1f}%)." if stolen else "")
+    machine = (f" Host steal time per size: {min(stolen):.1f}-{max(stolen):.1f}% "
+               f"(median {median(stolen):.1f}%)." if stolen else "")
     xcore = [x for records in runs for r in records for x in (r.get("xcore_gbps") or [])]
     if xcore:
-        steal += (f" Core-to-core copy (rank 0 -> 1) before/after each size: "
-                  f"{min(xcore):.1f}-{max(xcore):.1f} GB/s.")
+        machine += (f" Core-to-core copy (rank 0 -> 1) before/after each size: "
+                    f"{min(xcore):.1f}-{max(xcore):.1f} GB/s.")
     if min_xcore is not None:
-        steal += (f" Left out, measured below {min_xcore:g} GB/s core to core: "
-                  f"{len(dropped)} of {len(measured)} sizes over the runs.")
+        machine += (f" Left out, measured below {min_xcore:g} GB/s core to core: "
+                    f"{len(dropped)} of {len(measured)} sizes over the runs.")
     lines.append(f"\n{len(runs)} run(s) of {first['ranks']} ranks"
                  f"{' (oversubscribed)' if first.get('oversubscribed') else ''}, "
                  f"{first['dtype']} {first['op']}; algorithm columns: native's time / its "
                  "time (> 1 is faster), median over rounds and runs; auto: what it ran and "
                  "its time over the best algorithm's (1.00 = the best); busbw in GB/s; "
-                 f"memory-copy ceiling {ceiling:.1f} GB/s.{steal}")
+                 f"memory-copy ceiling {ceiling:.1f} GB/s.{machine}")
     return "\n".join(lines)
 
 

@@ -63,9 +63,8 @@ class CoreProbe:
         if comm.allreduce(int(together), op=MPI.MIN) and rank < 2:
             window = MPI.Win.Allocate_shared(_FLAGS + HANDOFF_BYTES if rank == 0 else 0, 1,
                                              comm=two)
-        probe = cls(comm, two if two != MPI.COMM_NULL else None, window)
-        comm.Barrier()  # rank 0 has zeroed the flags
-        return probe
+        # Rank 0 zeroes the flags here; each measurement starts with a barrier of the two.
+        return cls(comm, two if two != MPI.COMM_NULL else None, window)
 
     def measure(self) -> float | None:
         """GB/s from rank 0 to rank 1 (collective over ``comm``; the same value on
@@ -107,4 +106,3 @@ class CoreProbe:
         if self.two is not None:
             self.two.Free()
             self.two = None
-        self.comm.Barrier()

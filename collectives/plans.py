@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives import consistency
+from collectives import consistency, futex
 from collectives.context import OPS, PlanContext
 from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
@@ -130,10 +130,10 @@ class CommState:
         # windows' initialisation): thresholds and segments must agree.
         self.oversubscribed = bool(self.comm.allreduce(
             int(launch_info(self.comm).oversubscribed), op=MPI.MAX))
-        if self.pair is not None:
-            self.pair.sleep = self.oversubscribed
-        if self.group is not None:
-            self.group.sleep = self.oversubscribed
+        # Waiting ranks sleep on a futex when they outnumber the cores (and can).
+        for channel in (self.pair, self.group):
+            if channel is not None:
+                channel.sleep = self.oversubscribed and futex.available()
         self.placement = placement_of(self.size, self.oversubscribed, self.pair is not None,
                                       self.group is not None)
 

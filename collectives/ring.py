@@ -154,7 +154,7 @@ def _plan_group(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     my_tags, left_tags = group.slot_tags(r), group.slot_tags(left)
     combine, tag, calls, wait, fail = ctx.combine, ctx.tag, ctx.blind_calls, group.wait, ctx.fail
     wake, address = futex.wake, group.addresses[r]
-    sleeping = group.sleep and futex.available()
+    sleeping = group.sleep
 
     def reserve(g: int, end: int) -> None:  # step g's slot is free once right read g - slots
         need = g - slots + 2
@@ -188,7 +188,7 @@ def _plan_group(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
                     "shared-memory ring, so the ranks' step counters no longer agree; use a "
                     "new communicator (e.g. comm.Dup()) for further all-reduces.")
             try:
-                steps(group.steps)
+                steps(head[0])
             except BaseException:
                 head[FAILED] = 1  # the neighbours waiting on this rank raise too
                 raise
@@ -220,7 +220,6 @@ def _plan_group(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
                     into = chunk[(r - s) % p]
                     into[...] = receive(g, end, into.size)
                     g += 1
-            group.steps = g
 
         return run
 

@@ -67,6 +67,21 @@ def usable() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
+def shared_window(comm: "MPI.Intracomm", nbytes: int) -> "MPI.Win | None":
+    """An MPI-3 shared window of ``nbytes`` per rank when every rank of ``comm``
+    shares one node and :func:`usable` agrees on every rank, else None
+    (collective over ``comm``)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    together = node.Get_size() == comm.Get_size()
+    node.Free()
+    if not comm.allreduce(int(together and usable()), op=MPI.MIN):
+        return None
+    try:
+        return MPI.Win.Allocate_shared(nbytes, 1, comm=comm)
+    except MPI.Exception:
+        return None
+
+
 class SharedPair:
     """The shared window of a 2-rank communicator (create with :meth:`create`)."""
 
@@ -75,7 +90,8 @@ class SharedPair:
         self.peer = 1 - rank
         self.seq = 0
         #: Sleep in the kernel while waiting (:mod:`collectives.futex`), woken by
-        #: the peer's publication: only when ranks outnumber cores. With a core
+        #: the peer's publication: set by the communicator's state when ranks
+        #: outnumber cores and futexes are available. With a core
         #: each, giving the core away hands it to whatever else runs there and
         #: the peer then waits for this rank's next time slice (measured with a
         #: competing process: p99 latency 1.7 us -> 12-18 ms); MPICH's own
@@ -103,16 +119,8 @@ class SharedPair:
         """The channel when ``comm`` has two ranks sharing memory, else None (collective)."""
         if comm.Get_size() != 2:
             return None
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        together = node.Get_size() == 2
-        node.Free()
-        if not comm.allreduce(int(together and usable()), op=MPI.MIN):
-            return None
-        try:
-            window = MPI.Win.Allocate_shared(_HEADER + 2 * SLOT_BYTES, 1, comm=comm)
-        except MPI.Exception:
-            return None
-        return cls(window, comm.Get_rank())
+        window = shared_window(comm, _HEADER + 2 * SLOT_BYTES)
+        return None if window is None else cls(window, comm.Get_rank())
 
     def free(self) -> None:
         """Release the window (collective); the views must not be used after."""
@@ -158,7 +166,6 @@ def wait_until(head: memoryview, count: int, address: int, sleep: bool,
         for _ in range(_SPINS):
             if head[0] >= count:
                 return
-    sleep = sleep and futex.available()
     first = True
     next_check = time.monotonic() + 0.002
     while True:
@@ -206,7 +213,7 @@ def exchange_step(ctx: Any, send: np.ndarray, receive: int, finish: Callable,
     """
     pair, tag = ctx.pair, ctx.tag
     head, their_head = pair.my_head, pair.their_head
-    sleeping, wake, address = pair.sleep and futex.available(), futex.wake, pair.my_address
+    sleeping, wake, address = pair.sleep, futex.wake, pair.my_address
     calls, wait, fail = ctx.blind_calls, pair.wait, ctx.fail
     mine, _ = pair.slot_views(send.size * send.itemsize, send.dtype)
     _, theirs = pair.slot_views(receive * send.itemsize, send.dtype)

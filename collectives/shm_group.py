@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from collectives.runtime import MPI
-from collectives.shm import usable, wait_until
+from collectives.shm import shared_window, wait_until
 
 #: Bytes of buffer one pass of the ring covers: each rank's chunk of it goes
 #: through one slot (4 MiB: 1 MiB slots for 4 ranks; 2 and 8 MiB measured
@@ -61,9 +61,8 @@ class SharedGroup:
         self.rank, self.size = rank, size
         self.left, self.right = (rank - 1) % size, (rank + 1) % size
         self.slot_bytes, self.slot_count = slot_bytes, slots
-        #: Steps this rank has published (equal to ``heads[rank][0]``).
-        self.steps = 0
-        #: Sleep in the kernel while waiting (the node is oversubscribed), else spin.
+        #: Sleep in the kernel while waiting (set by the communicator's state when
+        #: the node is oversubscribed and futexes are available), else spin.
         self.sleep = False
         self.status = MPI.Status()  # of the probes while waiting
         self.heads: list[memoryview] = []
@@ -87,17 +86,10 @@ class SharedGroup:
         size = comm.Get_size()
         if size < 3:
             return None
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        together = node.Get_size() == size
-        node.Free()
-        if not comm.allreduce(int(together and usable()), op=MPI.MIN):
-            return None
         slots = min(size + 1, MAX_SLOTS)
         slot_bytes = max(64, SEGMENT_BYTES // size // 64 * 64)
-        try:
-            window = MPI.Win.Allocate_shared(header_bytes(slots) + slots * slot_bytes, 1,
-                                             comm=comm)
-        except MPI.Exception:
+        window = shared_window(comm, header_bytes(slots) + slots * slot_bytes)
+        if window is None:
             return None
         group = cls(window, comm.Get_rank(), size, slot_bytes, slots)
         comm.Barrier()  # every header zeroed before anyone reads one
@@ -107,6 +99,11 @@ class SharedGroup:
         """Release the window (collective); the views must not be used after."""
         del self.heads, self.slots
         self.window.Free()
+
+    @property
+    def steps(self) -> int:
+        """Steps this rank has published, over all calls (its counter)."""
+        return self.heads[self.rank][0]
 
     @property
     def blind_calls(self) -> memoryview:
@@ -152,4 +149,4 @@ def header_bytes(slots: int) -> int:
 
 def grouped(ctx: Any) -> bool:
     """All ranks (>= 3) on one node: the plan goes through this channel."""
-    return getattr(ctx, "group", None) is not None
+    return ctx.group is not None

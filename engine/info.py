@@ -122,19 +122,15 @@ def allreduce_facts(comm) -> dict:
     """How ``collectives.allreduce`` runs on ``comm``: its placement, the
     shared-memory channel, how waiting ranks wait, and what ``auto`` picks
     by size (collective: the first call sets up the communicator's state)."""
-    from collectives import futex
     from collectives.auto import table_for
     from collectives.plans import comm_state
 
     state = comm_state(comm)
+    shared = state.pair or state.group
     channel = ("pair" if state.pair is not None else "node window"
                if state.group is not None else "none")
-    if channel == "none":
-        waiting = "inside MPI"
-    elif state.oversubscribed and futex.available():
-        waiting = "asleep (futex)"
-    else:
-        waiting = "spinning"
+    waiting = ("inside MPI" if shared is None else "asleep (futex)" if shared.sleep
+               else "spinning")
     return {"placement": state.placement, "shared_memory": channel, "waiting": waiting,
             "auto": [[limit, name] for limit, name in table_for(state.placement)]}
 
