@@ -21,7 +21,7 @@ from typing import Any, Callable
 from collectives.context import PlanContext, split
 from collectives.registry import register
 from collectives.runtime import MPI
-from collectives.shm import exchange_step, in_sequence, paired, slot_pieces
+from collectives.shm import copy_mode_for, exchange_step, in_sequence, paired, slot_pieces
 
 
 def schedule(rank: int, size: int) -> tuple[str, list[int]]:
@@ -122,6 +122,7 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     pieces = split(0, ctx.n, slot_pieces(ctx, ctx.n))
     peer_first = ctx.pair.peer < ctx.rank  # the lower rank's operand first, on both ranks
     combine = ctx.combine
+    mode = copy_mode_for(ctx, max(hi - lo for lo, hi in pieces) * ctx.dtype.itemsize)
 
     def bind(view: Any) -> Callable[[], None]:
         runs = []
@@ -130,7 +131,7 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
             runs.append(exchange_step(
                 ctx, part, part.size, combine,
                 lambda other: (other, part, part) if peer_first else (part, other, part),
-                first=c == 0))
-        return in_sequence(runs)
+                first=c == 0, mode=mode))
+        return in_sequence(runs, mode)
 
     return bind

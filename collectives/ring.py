@@ -22,7 +22,11 @@ its own half from the peer's slot, then publishes its reduced half and
 copies the peer's. Halves go in pieces of at most ``SHARED_PIECE_BYTES``,
 each piece all-gathered right after its reduce-scatter, while it is still in
 cache (this kept 11-16 GB/s busbw at 16-64 MiB, where whole-slot pieces
-reduced first and gathered after fell to 6 GB/s).
+reduced first and gathered after fell to 6 GB/s). Each copy into a slot is
+cached or streaming (non-temporal stores, straight to memory), chosen call
+by call from measured times (:mod:`collectives.copy_mode`): which one
+hands a piece to the other core faster depends on whether the two cores
+share a cache, and on a virtual machine that changes while a job runs.
 
 With p >= 3 ranks all on one node the same ring runs through the node's
 shared window (:mod:`collectives.shm_group`): each step is a copy (or a
@@ -40,7 +44,7 @@ from collectives import futex
 from collectives.context import PlanContext, chunk_bounds, split
 from collectives.errors import AllreduceError
 from collectives.registry import register
-from collectives.shm import exchange_step, in_sequence, paired, slot_pieces
+from collectives.shm import copy_mode_for, exchange_step, in_sequence, paired, slot_pieces
 from collectives.shm_group import FAILED, grouped
 
 
@@ -114,19 +118,23 @@ def _plan_shared(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     """
     r, bounds = ctx.rank, chunk_bounds(ctx.n, 2)
     halves = [(bounds[0], bounds[1]), (bounds[1], bounds[2])]
-    count = slot_pieces(ctx, max(hi - lo for lo, hi in halves), SHARED_PIECE_BYTES)
+    longest = max(hi - lo for lo, hi in halves)
+    count = slot_pieces(ctx, longest, SHARED_PIECE_BYTES)
     sent, owned = split(*halves[r], count), split(*halves[1 - r], count)
     combine = ctx.combine
+    mode = copy_mode_for(ctx, -(-longest // count) * ctx.dtype.itemsize)
 
     def bind(view: Any) -> Callable[[], None]:
         runs = []
         for (slo, shi), (olo, ohi) in zip(sent, owned):
             mine, into = view[olo:ohi], view[slo:shi]
             runs.append(exchange_step(ctx, into, mine.size, combine,  # reduce-scatter
-                                      lambda other: (other, mine, mine), first=not runs))
+                                      lambda other: (other, mine, mine), first=not runs,
+                                      mode=mode))
             runs.append(exchange_step(ctx, mine, into.size, np.copyto,  # its all-gather,
-                                      lambda other: (into, other), first=False))  # in cache
-        return in_sequence(runs)
+                                      lambda other: (into, other), first=False,  # in cache
+                                      mode=mode))
+        return in_sequence(runs, mode)
 
     return bind
 

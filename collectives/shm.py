@@ -13,7 +13,8 @@ its buffer into its own slot, publishes a sequence number, waits for the
 peer's, and combines straight from the peer's slot.
 
 Layout per rank: a 64-byte header of int64 ``[sequence, tag of even calls,
-tag of odd calls, blind calls entered, tag of the last]`` and two slots,
+tag of odd calls, blind calls entered, tag of the last, copy mode]`` (the
+last: rank 0's decision, :mod:`collectives.copy_mode`) and two slots,
 used by alternate calls, so a rank may publish call s+1 while its peer
 still reads call s; it cannot reach call s+2 before the peer has published
 s+1, i.e. finished reading s. On x86 (total
@@ -37,7 +38,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives import futex
+from collectives import copy_mode, futex
+from collectives.copy_mode import DECISION, PairChoices, PairCopyMode
 from collectives.runtime import MPI
 
 #: Bytes of one slot: the largest piece exchanged at once through shared memory
@@ -97,6 +99,8 @@ class SharedPair:
         #: competing process: p99 latency 1.7 us -> 12-18 ms); MPICH's own
         #: shared-memory collectives spin too.
         self.sleep = False
+        #: What this pair's plans chose (:mod:`collectives.copy_mode`).
+        self.choices = PairChoices()
         mine, _ = window.Shared_query(rank)
         theirs, _ = window.Shared_query(self.peer)
         self.my_head, self.my_slots = self._views(mine)
@@ -198,7 +202,8 @@ def slot_pieces(ctx: Any, longest: int, piece_bytes: int | None = None) -> int:
 
 
 def exchange_step(ctx: Any, send: np.ndarray, receive: int, finish: Callable,
-                  operands: Callable[[np.ndarray], tuple], first: bool) -> Callable[[], None]:
+                  operands: Callable[[np.ndarray], tuple], first: bool,
+                  mode: Any = None) -> Callable[[], None]:
     """One exchange through the pair's slots, every name bound (the hot path).
 
     ``run()`` copies ``send`` into this rank's slot of the call's parity,
@@ -208,8 +213,11 @@ def exchange_step(ctx: Any, send: np.ndarray, receive: int, finish: Callable,
     parity as ``receive`` elements of ``send``'s dtype (``operands`` is called
     once per parity, here), e.g. ``combine(theirs, part, part)``. ``first``:
     the call's first exchange, which marks the call as blind
-    (:mod:`collectives.consistency`). Both ranks must run the same sequence
-    of steps.
+    (:mod:`collectives.consistency`). ``mode``: a
+    :class:`collectives.copy_mode.PairCopyMode`, whose decision word says
+    whether this call copies into the slot with streaming stores (else, and
+    without ``mode``, an ordinary copy). Both ranks must run the same
+    sequence of steps.
     """
     pair, tag = ctx.pair, ctx.tag
     head, their_head = pair.my_head, pair.their_head
@@ -223,12 +231,20 @@ def exchange_step(ctx: Any, send: np.ndarray, receive: int, finish: Callable,
     # for large buffers.
     source = memoryview(send).cast("B")
     slots = [memoryview(slot).cast("B") for slot in mine]
+    decision, streaming_word, streams = None, 0, []
+    if mode is not None:
+        decision, streaming_word = mode.head, mode.streaming_word
+        raw = np.frombuffer(source, dtype=np.uint8)
+        streams = [mode.copier(np.frombuffer(slot, dtype=np.uint8), raw) for slot in slots]
 
     def run() -> None:
         seq = pair.seq + 1
         pair.seq = seq
         parity = seq & 1
-        slots[parity][:] = source
+        if decision is not None and decision[DECISION] == streaming_word:
+            streams[parity]()
+        else:
+            slots[parity][:] = source
         head[1 + parity] = tag  # data and tag before the sequence number
         head[0] = seq
         if sleeping:
@@ -245,13 +261,55 @@ def exchange_step(ctx: Any, send: np.ndarray, receive: int, finish: Callable,
     return run
 
 
-def in_sequence(runs: list[Callable[[], None]]) -> Callable[[], None]:
-    """One runner that calls ``runs`` in order (the runner itself if there is one)."""
-    if len(runs) == 1:
-        return runs[0]
+def in_sequence(runs: list[Callable[[], None]], mode: Any = None) -> Callable[[], None]:
+    """One runner that calls ``runs`` in order (the runner itself if there is one).
 
-    def run() -> None:
-        for step in runs:
+    With a copy ``mode`` (:func:`copy_mode_for`) it also lets the mode
+    decide the call's copies first and times the call for it: from the end
+    of the first exchange (once both ranks are in) when there are several,
+    else the whole exchange.
+    """
+    if mode is None:
+        if len(runs) == 1:
+            return runs[0]
+
+        def run() -> None:
+            for step in runs:
+                step()
+
+        return run
+    begin, end, clock = mode.begin, mode.end, time.perf_counter
+    first, rest = (runs[0], runs[1:]) if len(runs) > 1 else (None, runs)
+
+    def run_timed() -> None:
+        begin()
+        if first is not None:
+            first()
+        start = clock()
+        for step in rest:
             step()
+        end(clock() - start)
 
-    return run
+    return run_timed
+
+
+#: Smallest piece whose copies may stream (:mod:`collectives.copy_mode`): below,
+#: a piece costs a few microseconds either way.
+STREAMING_MIN_PIECE_BYTES = 64 * 1024
+
+
+def copy_mode_for(ctx: Any, piece_bytes: int) -> "PairCopyMode | None":
+    """The copy mode of a plan whose largest piece is ``piece_bytes``, or None
+    when its copies are always cached: pieces under
+    :data:`STREAMING_MIN_PIECE_BYTES`, ranks sharing a core (asleep while
+    waiting: the bytes never leave it), ``MPIDP_ALLREDUCE_STREAMING=off``, or
+    no streaming stores here. Raises :class:`AllreduceError` for a bad
+    ``MPIDP_ALLREDUCE_STREAMING``."""
+    from collectives import streaming
+
+    choice = copy_mode.setting()
+    if choice == "off" or piece_bytes < STREAMING_MIN_PIECE_BYTES or ctx.pair.sleep \
+            or not streaming.available():
+        return None
+    head = ctx.pair.my_head if ctx.rank == 0 else ctx.pair.their_head
+    return PairCopyMode(head, ctx.rank, ctx.tag, choice, ctx.pair.choices)

@@ -1,0 +1,108 @@
+"""Streaming copies: bytes stored into shared memory past this core's caches.
+
+An ordinary copy leaves the bytes in the writing core's caches, where a
+reader on a core sharing a last-level cache finds them fast. On the
+development VM the host sometimes runs the two vCPUs on cores that share
+no cache (another chiplet): each line the peer reads must then be fetched
+from the writer's cache, and a 1 MiB handoff through the same memory ran at
+1.5-2.3 GB/s instead of 8-13. Non-temporal stores (``movnti``) write the
+bytes to memory, bypassing and evicting cached copies, and the reader
+streams them from there: 7-11.6 GB/s in those spells, 6.5-9 when the cores
+share a cache (rank 0 -> 1 through two 1 MiB regions, measured side by side
+with the ordinary copy; the numbers are in the README, "Collectives").
+Which copy wins therefore depends on where the host runs the ranks, and
+that changes while a job runs: :mod:`collectives.copy_mode` chooses, call by
+call.
+
+Non-temporal stores are weakly ordered even on x86-64, so the kernel ends
+with ``sfence``: the bytes are visible to other cores before any later
+store, in particular the counter that publishes them. NumPy cannot issue
+either instruction; the kernel is a Numba loop whose stores carry LLVM's
+``!nontemporal`` hint (compiled on first use and cached).
+"""
+from __future__ import annotations
+
+import functools
+import platform
+from typing import Any, Callable
+
+import numpy as np
+
+
+def available() -> bool:
+    """Whether streaming copies can be made here (x86-64 with Numba importable; local)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        import numba  # noqa: F401
+        import llvmlite  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not here"
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel() -> Callable[[np.ndarray, np.ndarray], None]:
+    """The compiled word loop ``kernel(dst, src)``: uint64 arrays of equal length."""
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def store_nontemporal(typingctx, array, index, value):
+        def codegen(context, builder, signature, args):
+            array_value, index_value, word = args
+            data = context.make_array(signature.args[0])(context, builder, array_value).data
+            store = builder.store(word, builder.gep(data, [index_value]))
+            hint = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+            store.set_metadata("nontemporal", hint)
+        return types.void(array, index, value), codegen
+
+    @intrinsic
+    def store_fence(typingctx):
+        def codegen(context, builder, signature, args):
+            name = "llvm.x86.sse.sfence"
+            fence = builder.module.globals.get(name) or ir.Function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), name=name)
+            builder.call(fence, [])
+        return types.void(), codegen
+
+    @njit(cache=True, nogil=True)
+    def stream_words(dst, src):
+        for i in range(src.shape[0]):
+            store_nontemporal(dst, i, src[i])
+        store_fence()
+
+    words = np.zeros(1, dtype=np.uint64)
+    stream_words(words, words)  # compile (or load from the cache) now, not inside a call
+    return stream_words
+
+
+def streaming_copy(dst: np.ndarray, src: np.ndarray) -> Callable[[], None]:
+    """A runner copying ``src`` into ``dst`` with non-temporal stores.
+
+    ``dst`` and ``src`` are 1-D contiguous uint8 arrays of equal length;
+    ``dst`` should be 8-byte aligned (shared-memory slots are), ``src`` may
+    start anywhere. The views are made here, once: ``run()`` allocates
+    nothing. When it returns, every byte is visible to other cores before
+    any store that follows (the kernel's ``sfence``; the last ``len % 8``
+    bytes go through an ordinary copy after it, which x86 keeps in order).
+    Raises ValueError for mismatched arguments.
+    """
+    if dst.dtype != np.uint8 or src.dtype != np.uint8 or dst.ndim != 1 or src.ndim != 1 \
+            or dst.shape != src.shape:
+        raise ValueError(f"streaming_copy needs two 1-D uint8 arrays of one length, got "
+                         f"{dst.dtype}{dst.shape} and {src.dtype}{src.shape}")
+    kernel = _kernel()
+    body = src.size - src.size % 8
+    words_dst: Any = dst[:body].view(np.uint64)
+    words_src: Any = src[:body].view(np.uint64)
+    tail_dst, tail_src = memoryview(dst[body:]), memoryview(src[body:])
+    if body == src.size:
+        return functools.partial(kernel, words_dst, words_src)
+
+    def run() -> None:
+        kernel(words_dst, words_src)
+        tail_dst[:] = tail_src
+
+    return run
