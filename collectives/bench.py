@@ -95,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "core-to-core copy bandwidth (measured before and after each size, "
                         "see the footer of a run) was below GBPS, i.e. in a slow spell of a "
                         "virtual machine's host")
+    parser.add_argument("--max-xcore", type=float, metavar="GBPS",
+                        help="with --summarize: the opposite, keep only the sizes measured "
+                        "while the core-to-core copy was below GBPS before and after (the "
+                        "slow spells)")
     parser.add_argument("--plot", metavar="FILE.png", help="plot latency and busbw vs size")
 
 
@@ -215,6 +219,8 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
     rounds = max(1, rounds)
     # Oversubscribed, the probe's two ranks would wait for the scheduler, not the copy.
     probe = None if oversubscribed else CoreProbe.create(comm)
+    # Rank 0's count of the pair's cached and streaming copies (collectives.copy_mode).
+    choices = state.pair.choices if state.pair is not None and state.rank == 0 else None
     records = []
     for nbytes in sizes_bytes:
         count = nbytes // dtype.itemsize
@@ -225,6 +231,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
         ticks = cpu_ticks()
         elapsed = dict.fromkeys(algorithms, 0.0)
         done = dict.fromkeys(algorithms, 0)
+        streamed = {name: [0, 0] for name in algorithms}  # timed calls: streamed, counted
         per_round: dict[str, list[float]] = {name: [] for name in algorithms}
         # Warm-up, and (with -i 0) the iteration count, the same on every rank.
         per_call = {}
@@ -245,11 +252,15 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 if batch == 0:
                     continue
                 allreduce(buf, comm, name, op)  # rebind: the timed calls take the fast path
+                before = list(choices.calls) if choices is not None else None
                 comm.Barrier()
                 start = time.perf_counter()
                 for _ in range(batch):
                     allreduce(buf, comm, name, op)
                 spent = time.perf_counter() - start
+                if before is not None:
+                    streamed[name][0] += choices.calls[1] - before[1]
+                    streamed[name][1] += sum(choices.calls) - sum(before)
                 elapsed[name] += spent
                 done[name] += batch
                 per_round[name].append(spent / batch * 1e6)
@@ -265,6 +276,8 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
             # Per-round averages over the ranks: for paired, per-round ratios.
             rounds_us = [float(x) for x in np.mean(comm.allgather(per_round[name]), axis=0)]
             wrong = _check(buf, comm, name, op, allreduce) if check else None
+            share = streamed[name][0] / streamed[name][1] if streamed[name][1] else None
+            share = comm.bcast(share, root=0)
             algbw = nbytes / avg / 1e9
             rows.append({
                 "algorithm": name,
@@ -278,6 +291,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 "wrong": wrong, "rounds_us": rounds_us,
                 "steal_pct": None if stolen < 0 else stolen,
                 "xcore_gbps": None if xcore[0] is None else xcore,
+                "streamed": share,
             })
             if name == "native":
                 native_rounds = rounds_us
@@ -308,18 +322,27 @@ def slow_spell(record: dict, min_xcore: float | None) -> bool:
     return min_xcore is not None and xcore is not None and min(xcore) < min_xcore
 
 
-def summarize(runs: list[list[dict]], min_xcore: float | None = None) -> str:
+def fast_spell(record: dict, max_xcore: float | None) -> bool:
+    """Whether ``record`` was not measured wholly below ``max_xcore`` GB/s core to
+    core (before and after its size; not measured counts as not below)."""
+    xcore = record.get("xcore_gbps")
+    return max_xcore is not None and (xcore is None or max(xcore) >= max_xcore)
+
+
+def summarize(runs: list[list[dict]], min_xcore: float | None = None,
+              max_xcore: float | None = None) -> str:
     """A markdown table of several runs' records (medians of per-round ratios).
 
     With ``min_xcore``, sizes measured in a slow spell (:func:`slow_spell`)
-    are left out, and the caption says how many.
+    are left out; with ``max_xcore``, all but those measured wholly in one
+    (:func:`fast_spell`); the caption says how many.
     """
     import statistics
 
     median = statistics.median
     measured = {(i, r["bytes"]) for i, records in enumerate(runs) for r in records}
     dropped = {(i, r["bytes"]) for i, records in enumerate(runs) for r in records
-               if slow_spell(r, min_xcore)}
+               if slow_spell(r, min_xcore) or fast_spell(r, max_xcore)}
     runs = [[r for r in records if (i, r["bytes"]) not in dropped]
             for i, records in enumerate(runs)]
     cells: dict[tuple[int, str], list[dict]] = {}
@@ -335,8 +358,8 @@ def summarize(runs: list[list[dict]], min_xcore: float | None = None) -> str:
              "|---:|---:|" + "---:|" * len(shown) + "---:|"]
     first = next((records[0] for records in runs if records), None)
     if first is None:
-        return "No size left to summarize" + (f" (all measured below {min_xcore:g} GB/s "
-                                                 "core to core)." if min_xcore else ".")
+        return "No size left to summarize" + (" (see --min-xcore / --max-xcore)."
+                                              if min_xcore or max_xcore else ".")
     for nbytes in sorted({b for b, _ in cells}):
         speed = {a: median(r["speedup"] for r in cells[(nbytes, a)]) for a in algorithms
                  if (nbytes, a) in cells}
@@ -363,9 +386,17 @@ def summarize(runs: list[list[dict]], min_xcore: float | None = None) -> str:
     if xcore:
         machine += (f" Core-to-core copy (rank 0 -> 1) before/after each size: "
                     f"{min(xcore):.1f}-{max(xcore):.1f} GB/s.")
-    if min_xcore is not None:
-        machine += (f" Left out, measured below {min_xcore:g} GB/s core to core: "
+    if min_xcore is not None or max_xcore is not None:
+        rule = " or ".join(([f"below {min_xcore:g}"] if min_xcore is not None else []) +
+                           ([f"not wholly below {max_xcore:g}"] if max_xcore is not None
+                            else []))
+        machine += (f" Left out, measured {rule} GB/s core to core: "
                     f"{len(dropped)} of {len(measured)} sizes over the runs.")
+    streamed = [100 * r["streamed"] for records in runs for r in records
+                if r.get("streamed") is not None]
+    if streamed:
+        machine += (f" Calls that streamed (2-rank pair, per run and size): "
+                    f"{min(streamed):.0f}-{max(streamed):.0f}% (median {median(streamed):.0f}%).")
     lines.append(f"\n{len(runs)} run(s) of {first['ranks']} ranks"
                  f"{' (oversubscribed)' if first.get('oversubscribed') else ''}, "
                  f"{first['dtype']} {first['op']}; algorithm columns: native's time / its "
@@ -453,6 +484,21 @@ def steal_line(total: float, records: list[dict]) -> str:
             "a few percent, timings of ranks that wait for each other suffer most")
 
 
+def streaming_line(records: list[dict]) -> str | None:
+    """The footer line on streaming copies (see :mod:`collectives.copy_mode`), or None
+    when no algorithm could choose them."""
+    shares: dict[str, list[float]] = {}
+    for r in records:
+        if r.get("streamed") is not None:
+            shares.setdefault(r["algorithm"], []).append(100 * r["streamed"])
+    if not shares:
+        return None
+    parts = ", ".join(f"{name} {min(v):.0f}-{max(v):.0f}%" for name, v in shares.items())
+    return ("# streaming copies (the 2-rank shared-memory ring chooses per call between cached "
+            f"and streaming copies): share of timed calls that streamed, per size: {parts} "
+            "(per size in --json: streamed; MPIDP_ALLREDUCE_STREAMING=on/off fixes it)")
+
+
 def xcore_line(records: list[dict]) -> str:
     """The footer line on the core-to-core copy bandwidth (see :mod:`collectives.core_probe`)."""
     values = [x for r in records for x in (r.get("xcore_gbps") or [])]
@@ -488,8 +534,9 @@ def run(args: argparse.Namespace) -> int:
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    if args.min_xcore is not None and not args.summarize:
-        raise BenchUsageError("--min-xcore applies to --summarize (it filters saved runs)")
+    if (args.min_xcore is not None or args.max_xcore is not None) and not args.summarize:
+        raise BenchUsageError("--min-xcore and --max-xcore apply to --summarize (they filter "
+                              "saved runs)")
     if args.summarize:
         if rank == 0:
             runs = []
@@ -499,7 +546,7 @@ def run(args: argparse.Namespace) -> int:
                         runs.append(json.load(handle))
                 except (OSError, ValueError) as error:
                     raise BenchUsageError(f"{path}: cannot read benchmark JSON ({error})")
-            print(summarize(runs, args.min_xcore))
+            print(summarize(runs, args.min_xcore, args.max_xcore))
         return 0
     if args.algorithms == "all":
         algorithms = collectives.names()
@@ -547,6 +594,9 @@ def run(args: argparse.Namespace) -> int:
     if rank == 0:
         print(steal_line(stolen, records), file=out)
         print(xcore_line(records), file=out)
+        streaming = streaming_line(records)
+        if streaming:
+            print(streaming, file=out)
         if args.json:
             with open(args.json + ".tmp", "w") as handle:
                 json.dump(records, handle, indent=1)

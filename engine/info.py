@@ -132,7 +132,29 @@ def allreduce_facts(comm) -> dict:
     waiting = ("inside MPI" if shared is None else "asleep (futex)" if shared.sleep
                else "spinning")
     return {"placement": state.placement, "shared_memory": channel, "waiting": waiting,
+            "copies": pair_copies(state.pair),
             "auto": [[limit, name] for limit, name in table_for(state.placement)]}
+
+
+def pair_copies(pair) -> str | None:
+    """How the 2-rank shared-memory pair copies into its slots
+    (:mod:`collectives.copy_mode`), or None without a pair."""
+    from collectives import copy_mode, streaming
+    from collectives.errors import AllreduceError
+
+    if pair is None:
+        return None
+    if pair.sleep:
+        return "cached (the ranks share a core)"
+    if not streaming.available():
+        return "cached (streaming stores need x86-64 and Numba)"
+    try:
+        setting = copy_mode.setting()
+    except AllreduceError as error:
+        return f"unusable: {error}"
+    return {"auto": "cached or streaming, chosen per call from measured times",
+            "on": "streaming (MPIDP_ALLREDUCE_STREAMING=on)",
+            "off": "cached (MPIDP_ALLREDUCE_STREAMING=off)"}[setting]
 
 
 def describe_auto(table: list) -> str:
@@ -172,8 +194,10 @@ def format_report(report: dict) -> str:
     facts = report["allreduce"]
     lines += ["", "all-reduce (collectives.allreduce on COMM_WORLD)",
               f"  placement      {facts['placement']}",
-              f"  shared memory  {facts['shared_memory']}; waiting ranks: {facts['waiting']}",
-              f"  auto runs      {describe_auto(facts['auto'])}"]
+              f"  shared memory  {facts['shared_memory']}; waiting ranks: {facts['waiting']}"]
+    if facts.get("copies"):
+        lines.append(f"  pair copies    {facts['copies']}")
+    lines.append(f"  auto runs      {describe_auto(facts['auto'])}")
     lines += ["", "kernel back-ends"]
     for b in report["kernel_backends"]:
         mark = "yes" if b["usable"] else "no "

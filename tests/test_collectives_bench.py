@@ -43,6 +43,30 @@ def test_measure_checks_every_algorithm_and_fills_the_records(comm):
             assert r["xcore_gbps"] is None
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_records_say_which_share_of_calls_streamed(comm, setting, monkeypatch):
+    """``streamed``: the share of timed calls whose copies into the shared pair
+    streamed (collectives.copy_mode); None where no copy could stream."""
+    from collectives import streaming
+    from collectives.plans import comm_state
+
+    monkeypatch.setenv("MPIDP_ALLREDUCE_STREAMING", setting)
+    records = bench.measure(comm, ["ring", "native"], [8, 256 << 10], "float32", "sum",
+                            iters=4, warmup=1, rounds=2)
+    state = comm_state(comm)
+    streams = state.pair is not None and not state.pair.sleep and streaming.available()
+    for r in records:
+        if r["algorithm"] == "ring" and r["bytes"] > 8 and streams:
+            assert r["streamed"] == (1.0 if setting == "on" else None)
+        else:  # 8 B (pieces too small), MPI's own, or no pair with a core each
+            assert r["streamed"] is None
+    line = bench.streaming_line(records)
+    assert (line is not None) == (streams and setting == "on")
+    if line:
+        assert "ring 100-100%" in line
+
+
 def test_steal_time_from_proc_stat_readings():
     assert bench.steal_percent((10, 1000), (30, 1400)) == pytest.approx(5.0)
     assert bench.steal_percent(None, (30, 1400)) is None
@@ -199,6 +223,12 @@ def test_summarize_leaves_out_sizes_measured_in_a_slow_spell():
     assert "| 1 KiB |" in quiet and "| 4 KiB |" not in quiet
     assert "measured below 5 GB/s core to core: 1 of 2 sizes" in quiet
     assert "No size left" in bench.summarize([run], min_xcore=20)
+    wholly_slow = [record("native", 8192, [1.8, 1.7], 1.0), record("ring", 8192, [1.8, 1.7], 3.0)]
+    only_slow = bench.summarize([run + wholly_slow], max_xcore=5)
+    assert "| 8 KiB |" in only_slow and "| 1 KiB |" not in only_slow \
+        and "| 4 KiB |" not in only_slow  # 4 KiB: the spell began during the size
+    assert "measured not wholly below 5 GB/s core to core: 2 of 3 sizes" in only_slow
+    assert "No size left" in bench.summarize([run], max_xcore=1)
     all_slow = [dict(r, xcore_gbps=[1.8, 1.7]) for r in run]  # a run slow throughout
     both = bench.summarize([run, all_slow], min_xcore=5)
     assert "| 1 KiB |" in both and "3 of 4 sizes" in both
@@ -208,3 +238,5 @@ def test_summarize_leaves_out_sizes_measured_in_a_slow_spell():
 def test_min_xcore_only_filters_saved_runs():
     with pytest.raises(bench.BenchUsageError, match="--summarize"):
         bench.run(_parser().parse_args(["--min-xcore", "5"]))
+    with pytest.raises(bench.BenchUsageError, match="--summarize"):
+        bench.run(_parser().parse_args(["--max-xcore", "5"]))

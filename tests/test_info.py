@@ -25,6 +25,12 @@ def test_info_under_two_ranks_reports_size_two():
     assert facts["placement"] == ("oversubscribed-pair" if crowded else "pair")
     assert facts["shared_memory"] == "pair" and facts["auto"][-1] == [None, "ring"]
     assert facts["waiting"] == ("asleep (futex)" if crowded else "spinning")
+    from collectives import streaming  # noqa: E402 - the pair's copies (collectives.copy_mode)
+
+    assert facts["copies"] == ("cached (the ranks share a core)" if crowded else
+                               "cached or streaming, chosen per call from measured times"
+                               if streaming.available() else
+                               "cached (streaming stores need x86-64 and Numba)")
 
 
 def test_info_text_report_has_the_sections():
@@ -32,7 +38,8 @@ def test_info_text_report_has_the_sections():
     assert result.returncode == 0, result.stderr
     for heading in ("versions", "MPI job", "communicator size  2", "kernel back-ends",
                     "environment", "all-reduce", "placement      ",
-                    "shared memory  pair; waiting ranks: ", "auto runs      "):
+                    "shared memory  pair; waiting ranks: ", "pair copies    ",
+                    "auto runs      "):
         assert heading in result.stdout
     assert "WRONG LAUNCH" not in result.stdout
 
