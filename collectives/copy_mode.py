@@ -12,8 +12,10 @@ best in both.
 So rank 0 times each call of a plan and keeps a :class:`Chooser`: it uses
 the mode that was faster when last measured, tries the other one now and
 then (spaced so that the trials cost about 5% of the time), and tries it at
-once when the current mode suddenly slows. A new plan starts from the
-pair's last choice. Rank 0 publishes the mode of each call in
+once when the current mode suddenly slows. A new plan starts in the
+pair's last choice and tries the other mode on its fourth call.
+
+Rank 0 publishes the mode of each call in
 its header word ``DECISION`` as ``2 * tag + streaming``; both ranks read
 that word before each copy, so they copy alike (a rank that reads a word of
 another plan copies cached). A mode affects only speed: each reader reads
@@ -63,17 +65,19 @@ class Chooser:
     estimate (the host moved a rank; one slow call is noise) replace the
     estimate and bring the trial forward to the next call; a call that much
     faster replaces it at once. Otherwise the estimate is a running mean.
-    ``ratio`` may come from an earlier plan of the same pair.
+    The first trial comes after ``first_gap`` calls: a new plan may start
+    in a mode chosen for another size, or before the host moved a rank.
     """
 
-    def __init__(self, mode: int = CACHED, ratio: float | None = None, min_gap: int = 8,
+    def __init__(self, mode: int = CACHED, first_gap: int = 3, min_gap: int = 8,
                  max_gap: int = 128, budget: float = 0.05, margin: float = 0.95,
                  jump: float = 1.3) -> None:
-        self.mode, self.ratio = mode, ratio
+        self.mode = mode
+        self.ratio: float | None = None
         self.min_gap, self.max_gap, self.budget = min_gap, max_gap, budget
         self.margin, self.jump = margin, jump
         self.estimate: list[float | None] = [None, None]
-        self.countdown = self.gap()
+        self.countdown = first_gap
         self.slow_calls = 0
         self.trials = self.switches = 0
 
@@ -141,7 +145,7 @@ class PairCopyMode:
         self.mode = STREAMING if choice == "on" else CACHED
         self.chooser = None
         if rank == 0 and choice == "auto":  # a new plan starts where the pair's last choice is
-            self.chooser = Chooser(self.shared.mode, self.shared.ratio)
+            self.chooser = Chooser(self.shared.mode)
         self.deciding = rank == 0
 
     def begin(self) -> None:
@@ -157,16 +161,15 @@ class PairCopyMode:
         """Account for the call just made (rank 0 choosing automatically)."""
         if self.chooser is not None:
             self.chooser.record(self.mode, seconds)
-            self.shared.mode, self.shared.ratio = self.chooser.mode, self.chooser.ratio
+            self.shared.mode = self.chooser.mode
 
 
 class PairChoices:
-    """What a pair's plans chose, on rank 0: ``mode`` and ``ratio``, the last
-    choice and how much slower the other mode was (new plans start from
-    them), and ``calls``, how many calls copied cached and streaming (all
-    plans; ``mpidp bench allreduce`` reports the share that streamed)."""
+    """What a pair's plans chose, on rank 0: ``mode``, the last choice (new
+    plans start in it), and ``calls``, how many calls copied cached and
+    streaming (all plans; ``mpidp bench allreduce`` reports the share that
+    streamed)."""
 
     def __init__(self) -> None:
         self.mode = CACHED
-        self.ratio: float | None = None
         self.calls = [0, 0]

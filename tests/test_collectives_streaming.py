@@ -63,14 +63,14 @@ def run_calls(chooser: Chooser, seconds: dict, calls: int) -> list[int]:
 
 
 def test_chooser_switches_to_the_faster_mode_and_trials_within_budget():
-    chooser = Chooser(CACHED, min_gap=8, max_gap=128, budget=0.05)
+    chooser = Chooser(CACHED, first_gap=3, min_gap=8, max_gap=128, budget=0.05)
     used = run_calls(chooser, {CACHED: 4.0, STREAMING: 1.0}, 200)
-    assert used[:8] == [CACHED] * 8 and used[8] == STREAMING, "first trial after min_gap"
+    assert used[:3] == [CACHED] * 3 and used[3] == STREAMING, "first trial on the 4th call"
     assert chooser.mode == STREAMING and chooser.switches == 1
     # Cached was 4x slower: trials of it every (4 - 1) / 0.05 = 60 calls.
-    trials = [i for i, mode in enumerate(used) if mode == CACHED and i > 8]
-    assert trials == [69, 130, 191]
-    time_on_trials = 3.0 * len(trials) / (len(used) - 9)
+    trials = [i for i, mode in enumerate(used) if mode == CACHED and i > 3]
+    assert trials == [64, 125, 186]
+    time_on_trials = 3.0 * len(trials) / (len(used) - 4)
     assert time_on_trials < 0.06
 
 
@@ -79,12 +79,11 @@ def test_chooser_keeps_a_mode_that_wins_trials_and_caps_the_gap():
     used = run_calls(chooser, {CACHED: 1.0, STREAMING: 10.0}, 100)
     assert chooser.mode == CACHED and chooser.switches == 0
     trials = [i for i, mode in enumerate(used) if mode == STREAMING]
-    assert trials[0] == 8 and all(b - a == 17 for a, b in zip(trials, trials[1:]))
+    assert trials[0] == 3 and all(b - a == 17 for a, b in zip(trials, trials[1:]))
 
 
 def test_chooser_reacts_to_a_lasting_slowdown_not_to_one_slow_call():
-    chooser = Chooser(CACHED, ratio=5.0, min_gap=8, max_gap=128)
-    assert chooser.countdown == 80  # from the ratio handed over by an earlier plan
+    chooser = Chooser(CACHED, first_gap=80)
     for _ in range(5):
         chooser.record(CACHED, 1.0)
     chooser.record(CACHED, 3.0)  # one slow call: noise
@@ -122,9 +121,11 @@ def test_rank_0_publishes_each_calls_mode_and_rank_1_only_reads():
     off = PairCopyMode(head, 0, tag=21, choice="auto", shared=shared)
     off.begin()  # a new automatic plan starts cached, the pair's default
     assert head[DECISION] == 2 * 21 and shared.calls == [1, 1]
-    shared.mode, shared.ratio = STREAMING, 3.0
+    off.end(1.0)
+    assert shared.mode == off.chooser.mode == CACHED  # each call's outcome is the pair's
+    shared.mode = STREAMING  # as if the pair's last choice had been to stream
     inherited = PairCopyMode(head, 0, tag=5, choice="auto", shared=shared)
-    assert inherited.chooser.mode == STREAMING and inherited.chooser.countdown == 40
+    assert inherited.chooser.mode == STREAMING and inherited.chooser.countdown == 3
 
 
 # ---------------------------------------------------------------- on ranks 0 and 1
