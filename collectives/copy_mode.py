@@ -139,8 +139,8 @@ class PairCopyMode:
 
         self.head = head
         self.copier = streaming_copy
-        self.streaming_word = 2 * tag + STREAMING
-        self.cached_word = 2 * tag + CACHED
+        self.base_word = 2 * tag  # + the mode
+        self.streaming_word = self.base_word + STREAMING
         self.shared = shared if shared is not None else PairChoices()
         self.mode = STREAMING if choice == "on" else CACHED
         self.chooser = None
@@ -155,7 +155,7 @@ class PairCopyMode:
         if self.chooser is not None:
             self.mode = self.chooser.next_mode()
         self.shared.calls[self.mode] += 1
-        self.head[DECISION] = self.streaming_word if self.mode else self.cached_word
+        self.head[DECISION] = self.base_word + self.mode
 
     def end(self, seconds: float) -> None:
         """Account for the call just made (rank 0 choosing automatically)."""

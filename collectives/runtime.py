@@ -23,6 +23,7 @@ Every choice is a default: a variable the user already set is left alone.
 from __future__ import annotations
 
 import os
+import platform
 import sys
 from dataclasses import dataclass
 
@@ -50,6 +51,12 @@ def _local_ranks_announced() -> int | None:
         head = text.split("(")[0].split(",")[0]
         local = int(head) if head.isdigit() else None
     return local
+
+
+def x86_64() -> bool:
+    """Whether this machine is x86-64 (its stores are seen in program order, and it
+    has the non-temporal stores of :mod:`collectives.streaming`)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def available_cores() -> int:

@@ -32,7 +32,6 @@ giving up its core unless the node is oversubscribed (see ``sleep``).
 from __future__ import annotations
 
 import os
-import platform
 import time
 from typing import Any, Callable
 
@@ -40,7 +39,7 @@ import numpy as np
 
 from collectives import copy_mode, futex
 from collectives.copy_mode import DECISION, PairChoices, PairCopyMode
-from collectives.runtime import MPI
+from collectives.runtime import MPI, x86_64
 
 #: Bytes of one slot: the largest piece exchanged at once through shared memory
 #: (larger buffers go through in slot-sized chunks). Beyond 4 MiB per slot the
@@ -66,7 +65,7 @@ def usable() -> bool:
     """
     if os.environ.get("MPIDP_ALLREDUCE_SHM", "").strip() == "0":
         return False
-    return platform.machine().lower() in ("x86_64", "amd64")
+    return x86_64()
 
 
 def shared_window(comm: "MPI.Intracomm", nbytes: int) -> "MPI.Win | None":
@@ -298,18 +297,29 @@ def in_sequence(runs: list[Callable[[], None]], mode: Any = None) -> Callable[[]
 STREAMING_MIN_PIECE_BYTES = 64 * 1024
 
 
-def copy_mode_for(ctx: Any, piece_bytes: int) -> "PairCopyMode | None":
-    """The copy mode of a plan whose largest piece is ``piece_bytes``, or None
-    when its copies are always cached: pieces under
-    :data:`STREAMING_MIN_PIECE_BYTES`, ranks sharing a core (asleep while
-    waiting: the bytes never leave it), ``MPIDP_ALLREDUCE_STREAMING=off``, or
-    no streaming stores here. Raises :class:`AllreduceError` for a bad
-    ``MPIDP_ALLREDUCE_STREAMING``."""
+def copy_choice(pair: SharedPair) -> tuple[str, str]:
+    """How ``pair``'s plans may copy into its slots: ``(setting, why)``, the
+    setting ``auto``, ``on`` or ``off`` (:mod:`collectives.copy_mode`) and,
+    when it is ``off`` whatever was asked, the reason: ranks sharing a core
+    (asleep while waiting: the bytes never leave it) or no streaming stores
+    here. Raises :class:`AllreduceError` for a bad ``MPIDP_ALLREDUCE_STREAMING``.
+    """
     from collectives import streaming
 
     choice = copy_mode.setting()
-    if choice == "off" or piece_bytes < STREAMING_MIN_PIECE_BYTES or ctx.pair.sleep \
-            or not streaming.available():
+    if pair.sleep:
+        return "off", "the ranks share a core"
+    if not streaming.available():
+        return "off", "streaming stores need x86-64 and Numba"
+    return choice, ""
+
+
+def copy_mode_for(ctx: Any, piece_bytes: int) -> "PairCopyMode | None":
+    """The copy mode of a plan whose largest piece is ``piece_bytes``, or None
+    when its copies are always cached: pieces under
+    :data:`STREAMING_MIN_PIECE_BYTES`, or :func:`copy_choice` says ``off``."""
+    choice, _ = copy_choice(ctx.pair)
+    if choice == "off" or piece_bytes < STREAMING_MIN_PIECE_BYTES:
         return None
     head = ctx.pair.my_head if ctx.rank == 0 else ctx.pair.their_head
     return PairCopyMode(head, ctx.rank, ctx.tag, choice, ctx.pair.choices)

@@ -23,15 +23,17 @@ either instruction; the kernel is a Numba loop whose stores carry LLVM's
 from __future__ import annotations
 
 import functools
-import platform
 from typing import Any, Callable
 
 import numpy as np
 
+from collectives.runtime import x86_64
 
+
+@functools.lru_cache(maxsize=None)
 def available() -> bool:
     """Whether streaming copies can be made here (x86-64 with Numba importable; local)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not x86_64():
         return False
     try:
         import numba  # noqa: F401

@@ -138,20 +138,18 @@ def allreduce_facts(comm) -> dict:
 
 def pair_copies(pair) -> str | None:
     """How the 2-rank shared-memory pair copies into its slots
-    (:mod:`collectives.copy_mode`), or None without a pair."""
-    from collectives import copy_mode, streaming
+    (:func:`collectives.shm.copy_choice`), or None without a pair."""
     from collectives.errors import AllreduceError
+    from collectives.shm import copy_choice
 
     if pair is None:
         return None
-    if pair.sleep:
-        return "cached (the ranks share a core)"
-    if not streaming.available():
-        return "cached (streaming stores need x86-64 and Numba)"
     try:
-        setting = copy_mode.setting()
+        setting, why = copy_choice(pair)
     except AllreduceError as error:
         return f"unusable: {error}"
+    if why:
+        return f"cached ({why})"
     return {"auto": "cached or streaming, chosen per call from measured times",
             "on": "streaming (MPIDP_ALLREDUCE_STREAMING=on)",
             "off": "cached (MPIDP_ALLREDUCE_STREAMING=off)"}[setting]
