@@ -13,6 +13,7 @@ host effects hit them all alike, and prints on rank 0:
   rank counts; the single-process memory-copy bandwidth is printed above the
   table as the ceiling on one node;
 * "x native": native's time divided by the algorithm's (> 1 is faster);
+* the channel each algorithm's schedule ran over (``--json``: ``channel``);
 * #wrong with ``-c``: elements differing from the exact expected result, or
   not bit-identical to rank 0's (the data are small integers, so every sum is
   exact in every dtype). Any wrong element makes the command exit with 3.
@@ -24,14 +25,26 @@ algorithm it times: it looks them up by name in the registry.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
 import platform
 import re
+import statistics
 import sys
 import time
 import zlib
 from typing import Any
+
+import numpy as np
+
+from collectives.core_probe import CoreProbe
+from collectives.describe import format_size
+from collectives.dispatch import algorithm_for, allreduce, forget
+from collectives.plans import comm_state
+from collectives.registry import get, names
+from collectives.runtime import MPI, launch_info
 
 EXIT_WRONG = 3
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
@@ -45,13 +58,6 @@ def parse_size(text: str) -> int:
     if not match or match.group(2).upper() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8, 64K, 64M, 1G)")
     return int(match.group(1)) * _UNITS[match.group(2).upper()]
-
-
-def format_size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,15 +128,11 @@ class BenchUsageError(ValueError):
 
 def pattern(count: int, rank: int, dtype: Any) -> Any:
     """Small integers in [-8, 8] that depend on rank and index (exact sums)."""
-    import numpy as np
-
     index = np.arange(count, dtype=np.int64)
     return ((index * 131 + rank * 31) % 17 - 8).astype(dtype)
 
 
 def expected(count: int, size: int, dtype: Any, op: str) -> Any:
-    import numpy as np
-
     reduce = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
     total = pattern(count, 0, np.int64)
     for q in range(1, size):
@@ -140,8 +142,6 @@ def expected(count: int, size: int, dtype: Any, op: str) -> Any:
 
 def copy_bandwidth(nbytes: int = 64 << 20, repeats: int = 7) -> float:
     """Single-process memory-copy bandwidth in GB/s (np.copyto, median of repeats)."""
-    import numpy as np
-
     src = np.ones(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
     times = []
@@ -182,8 +182,6 @@ def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None
 
 def _check(buf: Any, comm: Any, algorithm: str, op: str, allreduce: Any) -> int:
     """Run one checked call; returns the number of wrong elements over all ranks."""
-    import numpy as np
-
     rank, size = comm.Get_rank(), comm.Get_size()
     buf[...] = pattern(buf.size, rank, buf.dtype)
     allreduce(buf, comm, algorithm, op)
@@ -204,14 +202,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
 
     ``on_row(records_of_one_size)`` is called on every rank after each size.
     """
-    import numpy as np
 
-    import collectives
-    from collectives.core_probe import CoreProbe
-    from collectives.plans import comm_state
-    from collectives.runtime import MPI
-
-    allreduce = collectives.allreduce
     dtype = np.dtype(dtype_name)
     size = comm.Get_size()
     state = comm_state(comm)
@@ -219,8 +210,9 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
     rounds = max(1, rounds)
     # Oversubscribed, the probe's two ranks would wait for the scheduler, not the copy.
     probe = None if oversubscribed else CoreProbe.create(comm)
-    # Rank 0's count of the pair's cached and streaming copies (collectives.copy_mode).
-    choices = state.pair.choices if state.pair is not None and state.rank == 0 else None
+    # Rank 0's count of the pair's cached and streaming copies (channels.copy_mode).
+    pair = state.channel_named("shm-pair")
+    choices = pair.choices if pair is not None and state.rank == 0 else None
     records = []
     for nbytes in sizes_bytes:
         count = nbytes // dtype.itemsize
@@ -281,7 +273,8 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
             algbw = nbytes / avg / 1e9
             rows.append({
                 "algorithm": name,
-                "runs": collectives.algorithm_for(count * dtype.itemsize, comm, name),
+                "runs": algorithm_for(count * dtype.itemsize, comm, name),
+                "channel": state.route(count * dtype.itemsize, name)[1],
                 "bytes": count * dtype.itemsize, "count": count, "dtype": dtype.name,
                 "op": op, "ranks": size, "oversubscribed": oversubscribed,
                 "placement": placement,
@@ -300,7 +293,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                                if native_rounds else None)
         records += rows
         del buf
-        collectives.forget(comm)  # release this size's plans and temporaries (collective)
+        forget(comm)  # release this size's plans and temporaries (collective)
         if on_row is not None:
             on_row(rows)
     if probe is not None:  # collective: not in a finally (a raising rank aborts the job)
@@ -310,8 +303,6 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
 
 def paired_speedup(reference: list[float], times: list[float]) -> float:
     """Median over rounds of reference time / time (> 1: faster than the reference)."""
-    import statistics
-
     return statistics.median(a / b for a, b in zip(reference, times))
 
 
@@ -337,8 +328,6 @@ def summarize(runs: list[list[dict]], min_xcore: float | None = None,
     are left out; with ``max_xcore``, all but those measured wholly in one
     (:func:`fast_spell`); the caption says how many.
     """
-    import statistics
-
     median = statistics.median
     measured = {(i, r["bytes"]) for i, records in enumerate(runs) for r in records}
     dropped = {(i, r["bytes"]) for i, records in enumerate(runs) for r in records
@@ -424,7 +413,7 @@ def format_row(row: dict) -> str:
 
 def plot(records: list[dict], path: str, title: str, ceiling: float | None) -> None:
     """Latency and busbw against size, one line per algorithm, log axes."""
-    import matplotlib
+    import matplotlib  # deferred: optional and slow to import; only --plot needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -453,8 +442,6 @@ def plot(records: list[dict], path: str, title: str, ceiling: float | None) -> N
 
 def keep_heap() -> bool:
     """glibc: serve large allocations from the heap and never trim it; False without glibc."""
-    import ctypes
-    import ctypes.util
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -485,7 +472,7 @@ def steal_line(total: float, records: list[dict]) -> str:
 
 
 def streaming_line(records: list[dict]) -> str | None:
-    """The footer line on streaming copies (see :mod:`collectives.copy_mode`), or None
+    """The footer line on streaming copies (see :mod:`collectives.channels.copy_mode`), or None
     when no algorithm could choose them."""
     shares: dict[str, list[float]] = {}
     for r in records:
@@ -514,7 +501,6 @@ def xcore_line(records: list[dict]) -> str:
 
 def describe_run(comm: Any, auto_placement: str = "") -> str:
     """One line about the job (local; ``auto_placement`` from the comm's state)."""
-    from collectives.runtime import MPI, launch_info
 
     info = launch_info(comm)
     level = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
@@ -529,8 +515,6 @@ def describe_run(comm: Any, auto_placement: str = "") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import collectives
-    from collectives.runtime import MPI
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -549,11 +533,11 @@ def run(args: argparse.Namespace) -> int:
             print(summarize(runs, args.min_xcore, args.max_xcore))
         return 0
     if args.algorithms == "all":
-        algorithms = collectives.names()
+        algorithms = names()
     else:
         algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
         for name in algorithms:
-            collectives.get(name)  # UnknownAlgorithm, the same on every rank
+            get(name)  # UnknownAlgorithm, the same on every rank
     sizes_bytes = sizes(args.minbytes, args.maxbytes, args.stepfactor)
     if args.keep_heap and not keep_heap():
         raise BenchUsageError("--keep-heap needs glibc (mallopt failed)")
@@ -562,7 +546,6 @@ def run(args: argparse.Namespace) -> int:
     if rank == 0:  # copy as much as the largest message (4 MiB to 256 MiB)
         ceiling = copy_bandwidth(max(4 << 20, min(args.maxbytes, 256 << 20)))
     ceiling = comm.bcast(ceiling, root=0)
-    from collectives.plans import comm_state
 
     job = describe_run(comm, comm_state(comm).placement)  # collective on first use
     out = sys.stdout

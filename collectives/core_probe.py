@@ -4,11 +4,8 @@ An all-reduce between ranks of one node moves data from one core's caches
 to another's; a single-process copy never does. On a virtual machine the
 host may run the two vCPUs on cores that share a cache or on cores that do
 not (another chiplet or socket), and may switch between the two at any
-time. Measured on the development VM with nothing else running: 1 MiB handed
-from one vCPU to the other moved at 1.6-2.0 GB/s for tens of seconds, then
-at 9-10 GB/s, then slowly again, while the one-process copy bandwidth stayed
-at 10-11 GB/s; ``MPI_Allreduce`` ran 2.5x slower in the slow spells and the
-shared-memory ring, which hands each piece over while it is in cache, 8x.
+time; every all-reduce on the node then slows, while the one-process copy
+bandwidth does not change (docs/results.md).
 
 :class:`CoreProbe` measures it between ranks 0 and 1 (when they share a
 node): rank 0 copies a buffer into a shared window and raises a flag, rank

@@ -1,28 +1,30 @@
-"""Per-communicator state: the private communicator, the checked plans.
+"""Per-communicator state: the private communicator, its channels, the checked plans.
 
 The first all-reduce on a communicator duplicates it (so our messages never
-meet the user's, and receives may accept any tag) and attaches the state to
-it as an MPI attribute: freeing the user's communicator frees ours. A
+meet the user's, and receives may accept any tag), sets up the channels the
+communicator can use (:mod:`collectives.channels`) and attaches the state
+to it as an MPI attribute: freeing the user's communicator frees ours. A
 :class:`Plan` is made once per call signature, after the ranks agreed on it
-(:mod:`collectives.consistency`), and keeps the runners bound to the last
-few buffers it reduced, so a repeated call allocates nothing.
+(:mod:`collectives.consistency`): the algorithm's schedule over the first
+channel that serves it, or a library collective; it keeps the runners bound
+to the last few buffers it reduced, so a repeated call allocates nothing.
 """
 from __future__ import annotations
 
 import atexit
 import os
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
 
-from collectives import consistency, futex
+from collectives import consistency
+from collectives.channels import KINDS, futex
 from collectives.context import OPS, PlanContext
 from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
 from collectives.runtime import MPI, launch_info
-from collectives.shm import SharedPair
-from collectives.shm_group import SharedGroup
 
 #: Signatures kept per communicator, and buffers bound per signature.
 MAX_PLANS = 64
@@ -55,17 +57,28 @@ ON_FREE: list[Callable[[], None]] = []
 
 
 class Plan:
-    """One checked signature: its context, planner output and bound runners."""
+    """One checked signature: its context, what runs it, and its bound runners.
 
-    __slots__ = ("ctx", "algorithm", "runs", "binders", "bindings", "host_only")
+    ``runs`` is the algorithm that runs (``auto`` resolved); ``channel`` the
+    channel its schedule runs over (None for a library collective).
+    """
 
-    def __init__(self, ctx: PlanContext, algorithm: str, runs: Algorithm) -> None:
+    __slots__ = ("ctx", "algorithm", "runs", "channel", "binders", "bindings", "host_only")
+
+    def __init__(self, ctx: PlanContext, algorithm: str, runs: Algorithm, channel: Any) -> None:
         self.ctx = ctx
         self.algorithm = algorithm
         self.runs = runs
+        self.channel = channel
         self.binders: dict[str, Callable[[Any], Runner]] = {}
-        self.bindings: OrderedDict[int, tuple[Any, Runner]] = OrderedDict()
-        self.host_only = False
+        self.bindings: OrderedDict[tuple, tuple[Any, Runner]] = OrderedDict()
+        self.host_only = bool(channel is not None and channel.host_only)
+
+    def _binder(self, ctx: PlanContext) -> Callable[[Any], Runner]:
+        if self.channel is None:
+            return self.runs.plan(ctx)
+        schedule, rank, size = self.runs.schedule, ctx.rank, ctx.size
+        return self.channel.plan(ctx, lambda n: schedule(rank, size, n))
 
     def runner(self, key_obj: Any, view: Any, space: Any = None, extra: Any = None) -> Runner:
         """The runner reducing ``view``, kept per ``key_obj`` (the user's buffer)
@@ -78,19 +91,13 @@ class Plan:
         space_name = "host" if space is None else space.name
         binder = self.binders.get(space_name)
         if binder is None:
-            ctx = self.ctx if space is None else _with_space(self.ctx, space)
-            binder = self.binders[space_name] = self.runs.plan(ctx)
+            ctx = self.ctx if space is None else replace(self.ctx, space=space)
+            binder = self.binders[space_name] = self._binder(ctx)
         run = binder(view)
         self.bindings[key] = (key_obj, run)
         while len(self.bindings) > MAX_BINDINGS:
             self.bindings.popitem(last=False)
         return run
-
-
-def _with_space(ctx: PlanContext, space: Any) -> PlanContext:
-    from dataclasses import replace
-
-    return replace(ctx, space=space)
 
 
 class CommState:
@@ -105,18 +112,18 @@ class CommState:
         self.plans: OrderedDict[tuple, Plan] = OrderedDict()
         self.tags: dict[int, str] = {consistency.CHECK_TAG: "a first-call signature check"}
         self.staging: dict[tuple, Any] = {}
+        #: The channels this communicator has, in order of preference (each
+        #: kind's creation is collective; a kind that cannot work here is absent).
+        self.channels = [c for c in (kind.create(self.comm) for kind in KINDS) if c is not None]
         # [blind calls entered, tag of the last one], readable by the peers
         # (collectives.consistency, point 3): for ranks all on one node in
         # their shared window (plain loads: a one-sided Get would wait for
-        # the peer to enter MPI, which a shared-memory exchange never
-        # does), otherwise in a window read with one-sided MPI.
+        # the peer to enter MPI, which a shared-memory wait never does),
+        # otherwise in a window read with one-sided MPI.
         self.window = None
-        self.pair = SharedPair.create(self.comm)
-        self.group = SharedGroup.create(self.comm) if self.pair is None else None
-        if self.pair is not None:
-            self.blind_calls = self.pair.my_head[3:5]
-        elif self.group is not None:
-            self.blind_calls = self.group.blind_calls
+        self.shared = next((c for c in self.channels if c.blind_calls is not None), None)
+        if self.shared is not None:
+            self.blind_calls = self.shared.blind_calls
         else:
             self.blind_calls = memoryview(bytearray(16)).cast("q")
             try:
@@ -131,14 +138,31 @@ class CommState:
         self.oversubscribed = bool(self.comm.allreduce(
             int(launch_info(self.comm).oversubscribed), op=MPI.MAX))
         # Waiting ranks sleep on a futex when they outnumber the cores (and can).
-        for channel in (self.pair, self.group):
-            if channel is not None:
-                channel.sleep = self.oversubscribed and futex.available()
-        self.placement = placement_of(self.size, self.oversubscribed, self.pair is not None,
-                                      self.group is not None)
+        if self.shared is not None:
+            self.shared.sleep = self.oversubscribed and futex.available()
+        kinds = {c.name for c in self.channels}
+        self.placement = placement_of(self.size, self.oversubscribed, "shm-pair" in kinds,
+                                      "shm-group" in kinds)
+
+    def channel_for(self, schedule: Any) -> Any:
+        """The first channel of this communicator that serves ``schedule``."""
+        return next(c for c in self.channels if c.serves(schedule))
+
+    def channel_named(self, name: str) -> Any:
+        """This communicator's channel called ``name``, or None."""
+        return next((c for c in self.channels if c.name == name), None)
+
+    def route(self, nbytes: int, algorithm: str) -> tuple[str, str | None]:
+        """``(algorithm that runs, channel name or None)`` for a call of ``nbytes``
+        with ``algorithm`` (local: no plan is made)."""
+        chosen = get(algorithm)
+        runs = get(chosen.choose(nbytes, self.placement)) if chosen.choose else chosen
+        if runs.schedule is None:
+            return runs.name, None
+        return runs.name, self.channel_for(runs.schedule(self.rank, self.size, 1)).name
 
     def free(self) -> None:
-        """Release the private communicator and window (collective)."""
+        """Release the private communicator and windows (collective)."""
         if self in _STATES:
             _STATES.remove(self)
         for hook in ON_FREE:
@@ -148,15 +172,11 @@ class CommState:
         if self.window is not None:
             self.window.Free()
             self.window = None
-        if self.pair is not None:
-            self.pair.free()
-            self.pair = None
-        if self.group is not None:
-            self.group.free()
-            self.group = None
+        for channel in self.channels:
+            channel.free()
+        self.channels, self.shared = [], None
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
-        self.plans.clear()
         self.staging.clear()
 
     def explain(self, tag: int) -> str:
@@ -172,10 +192,8 @@ class CommState:
         is not making. Reported only when two probes in a row see the same
         state (a peer that progresses changes it).
         """
-        if self.pair is not None:
-            count, their_tag = self.pair.their_head[3], self.pair.their_head[4]
-        elif self.group is not None:
-            count, their_tag = self.group.heads[peer][1], self.group.heads[peer][2]
+        if self.shared is not None:
+            count, their_tag = self.shared.peer_blind(peer)
         elif self.window is not None:
             theirs = np.zeros(2, dtype=np.int64)
             try:
@@ -233,12 +251,13 @@ class CommState:
             comm=self.comm, rank=self.rank, size=self.size, n=n, dtype=dtype, op=op,
             mpi_type=MPI.Datatype.fromcode(dtype.char), mpi_op=mpi_op, tag=tag,
             segment=max(1, segment // dtype.itemsize), explain=self.explain,
-            description=description, blind_calls=self.blind_calls, pair=self.pair,
-            group=self.group,
+            description=description, blind_calls=self.blind_calls,
             blocked=self._blocked_in_call)
-        plan = Plan(ctx, algorithm, runs)
-        plan.host_only = bool(runs.host_only and runs.host_only(ctx))
-        return plan
+        channel = None
+        if runs.schedule is not None:
+            channel = self.channel_for(runs.schedule(self.rank, self.size, n))
+        return Plan(ctx, algorithm, runs, channel)
+
 
     def _blocked_in_call(self, peer: int, tag: int, first: bool) -> str | None:
         if first:  # a new wait: no suspicion carried over from an earlier one

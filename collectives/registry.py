@@ -1,23 +1,19 @@
 """The all-reduce algorithms by name.
 
-An algorithm is a *planner*: ``plan(ctx) -> bind``, called once per call
-signature (communicator, length, dtype, op). ``ctx`` is a
-:class:`collectives.context.PlanContext`: who the ranks are, the length and
-dtype, the message tag, how to allocate temporaries, combine two arrays and
-exchange messages. The planner allocates what the signature needs (temporary
-buffers, the schedule of partners and chunks) and returns ``bind(view) ->
-run``: given the contiguous 1-D array ``view`` that will be reduced, build the
-message specs once and return ``run()``, which reduces ``view`` in place over
-the communicator when every rank calls it. The dispatcher
-(:func:`collectives.allreduce`) caches plans and bound runners, so a repeated
-call with the same buffer costs only ``run()``.
+Three kinds, one module each (``collectives/algorithms/``, ``collectives/auto.py``):
 
-A *selector* (``auto``) is registered with :func:`register_selector`: a
-function of the call signature that names the algorithm to use.
+* a **schedule** (:func:`register`): ``schedule(rank, size, n) ->``
+  :class:`collectives.schedule.Schedule`, the rounds of messages of one
+  rank. It runs over any channel that can serve its shape
+  (:mod:`collectives.channels`).
+* a **library** collective (:func:`register_library`): a planner
+  ``plan(ctx) -> bind`` that calls the MPI library's own collective
+  (``native``); it needs no channel.
+* a **selector** (:func:`register_selector`): ``choose(nbytes, placement) ->
+  name`` of the algorithm to run (``auto``).
 
-One module per algorithm registers itself here; the dispatcher and the
-micro-benchmark only ever look algorithms up by name, so neither knows which
-algorithm it runs.
+The dispatcher and the micro-benchmark only look algorithms up by name, so
+neither knows which algorithm it runs.
 """
 from __future__ import annotations
 
@@ -25,11 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from collectives.errors import UnknownAlgorithm
+from collectives.schedule import Scheduler
 
 if TYPE_CHECKING:
     from collectives.context import PlanContext
 
-__all__ = ["Algorithm", "UnknownAlgorithm", "register", "register_selector", "get", "names"]
+__all__ = ["Algorithm", "UnknownAlgorithm", "register", "register_library",
+           "register_selector", "get", "names"]
 
 Runner = Callable[[], None]
 Binder = Callable[[Any], Runner]
@@ -40,16 +38,14 @@ Selector = Callable[[int, str], str]
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A registered all-reduce: a planner, or a selector of another algorithm."""
+    """A registered all-reduce: exactly one of ``schedule``, ``plan``, ``choose``."""
 
     name: str
     summary: str
     messages: str
+    schedule: Scheduler | None = None
     plan: Planner | None = None
     choose: Selector | None = None
-    #: ``host_only(ctx)``: True when the plan needs host memory (device
-    #: buffers are then staged even with a CUDA-aware MPI).
-    host_only: Callable[["PlanContext"], bool] | None = None
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}
@@ -61,20 +57,28 @@ def _add(algorithm: Algorithm) -> None:
     _ALGORITHMS[algorithm.name] = algorithm
 
 
-def register(name: str, *, summary: str, messages: str,
-             host_only: Callable[["PlanContext"], bool] | None = None
-             ) -> Callable[[Planner], Planner]:
-    """Decorator: make the planner available as ``algorithm=name``.
+def register(name: str, *, summary: str, messages: str) -> Callable[[Scheduler], Scheduler]:
+    """Decorator: make the schedule available as ``algorithm=name``.
 
     Args:
         name: the algorithm's name in the API and the benchmark.
         summary: one line saying what it does.
         messages: what each rank sends, e.g. ``"2(p-1) messages of n/p"``.
-        host_only: see :attr:`Algorithm.host_only`.
     """
 
+    def decorate(schedule: Scheduler) -> Scheduler:
+        _add(Algorithm(name, summary, messages, schedule=schedule))
+        return schedule
+
+    return decorate
+
+
+def register_library(name: str, *, summary: str, messages: str
+                     ) -> Callable[[Planner], Planner]:
+    """Decorator: ``algorithm=name`` runs the planner (a library collective)."""
+
     def decorate(plan: Planner) -> Planner:
-        _add(Algorithm(name, summary, messages, plan=plan, host_only=host_only))
+        _add(Algorithm(name, summary, messages, plan=plan))
         return plan
 
     return decorate

@@ -7,16 +7,14 @@ are in the environment when the MPI library initialises.
 What it decides, from what the launcher tells the process about itself:
 
 * **Thread level.** mpidp calls MPI from the main thread only, so it asks for
-  ``MPI_THREAD_FUNNELED``; with MPICH that halves small-message latency
-  compared with mpi4py's default ``MULTIPLE`` (1.3 vs 2.7 us for an 8-byte
-  all-reduce at 2 ranks on the development machine).
+  ``MPI_THREAD_FUNNELED``; with MPICH that roughly halves small-message
+  latency compared with mpi4py's default ``MULTIPLE``.
 * **Oversubscription.** When more ranks share a node than it has cores,
   ranks waiting in a collective must give their core to the rank that is
   computing, or the job crawls. With MPICH that takes ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1``
-  (waiting ranks ``nanosleep``), which only acts at thread level ``MULTIPLE``.
-  Measured on 2 cores, 4 ranks, one computing and three waiting: 6.9 s of
-  compute without, 2.9-3.8 s with (one rank alone: 2.9 s); the price is the
-  latency of tiny collectives (about 14 us -> 310 us).
+  (waiting ranks ``nanosleep``), which only acts at thread level ``MULTIPLE``;
+  the computing rank then runs about as fast as alone, at the price of the
+  latency of tiny collectives (docs/results.md).
 
 Every choice is a default: a variable the user already set is left alone.
 """
@@ -55,7 +53,7 @@ def _local_ranks_announced() -> int | None:
 
 def x86_64() -> bool:
     """Whether this machine is x86-64 (its stores are seen in program order, and it
-    has the non-temporal stores of :mod:`collectives.streaming`)."""
+    has the non-temporal stores of :mod:`collectives.channels.streaming`)."""
     return platform.machine().lower() in ("x86_64", "amd64")
 
 

@@ -119,50 +119,11 @@ def collect() -> dict | None:
 
 
 def allreduce_facts(comm) -> dict:
-    """How ``collectives.allreduce`` runs on ``comm``: its placement, the
-    shared-memory channel, how waiting ranks wait, and what ``auto`` picks
-    by size (collective: the first call sets up the communicator's state)."""
-    from collectives.auto import table_for
-    from collectives.plans import comm_state
+    """How ``collectives.allreduce`` runs on ``comm`` (:func:`collectives.describe`;
+    collective: the first call sets up the communicator's state)."""
+    import collectives
 
-    state = comm_state(comm)
-    shared = state.pair or state.group
-    channel = ("pair" if state.pair is not None else "node window"
-               if state.group is not None else "none")
-    waiting = ("inside MPI" if shared is None else "asleep (futex)" if shared.sleep
-               else "spinning")
-    return {"placement": state.placement, "shared_memory": channel, "waiting": waiting,
-            "copies": pair_copies(state.pair),
-            "auto": [[limit, name] for limit, name in table_for(state.placement)]}
-
-
-def pair_copies(pair) -> str | None:
-    """How the 2-rank shared-memory pair copies into its slots
-    (:func:`collectives.shm.copy_choice`), or None without a pair."""
-    from collectives.errors import AllreduceError
-    from collectives.shm import copy_choice
-
-    if pair is None:
-        return None
-    try:
-        setting, why = copy_choice(pair)
-    except AllreduceError as error:
-        return f"unusable: {error}"
-    if why:
-        return f"cached ({why})"
-    return {"auto": "cached or streaming, chosen per call from measured times",
-            "on": "streaming (MPIDP_ALLREDUCE_STREAMING=on)",
-            "off": "cached (MPIDP_ALLREDUCE_STREAMING=off)"}[setting]
-
-
-def describe_auto(table: list) -> str:
-    """``[[256, "native"], [None, "ring"]]`` -> ``native up to 256 B, ring above``."""
-    from collectives.bench import format_size
-
-    if len(table) == 1:
-        return f"{table[0][1]} at every size"
-    return ", ".join(f"{name} up to {format_size(limit)}" if limit is not None
-                     else f"{name} above" for limit, name in table)
+    return collectives.describe(comm)
 
 
 def format_report(report: dict) -> str:
@@ -195,7 +156,8 @@ def format_report(report: dict) -> str:
               f"  shared memory  {facts['shared_memory']}; waiting ranks: {facts['waiting']}"]
     if facts.get("copies"):
         lines.append(f"  pair copies    {facts['copies']}")
-    lines.append(f"  auto runs      {describe_auto(facts['auto'])}")
+    lines.append(f"  channels       {', '.join(facts['channels'])}")
+    lines.append(f"  auto runs      {facts['auto_text']}")
     lines += ["", "kernel back-ends"]
     for b in report["kernel_backends"]:
         mark = "yes" if b["usable"] else "no "

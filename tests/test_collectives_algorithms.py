@@ -92,25 +92,25 @@ def test_pieces_when_messages_exceed_the_segment(comm, monkeypatch):
 
 @pytest.mark.mpi(min_size=1)
 def test_buffers_larger_than_the_shared_slot_go_through_in_chunks(comm, monkeypatch):
-    """Two ranks on a node exchange through slots of SLOT_BYTES (recursive
-    doubling: the whole buffer; ring: halves); a larger buffer goes through
-    piece by piece (an odd number of exchanges, so consecutive calls start on
-    alternate slots). Small slots here; one buffer just over the real 4 MiB
-    slot on a communicator made before the patch."""
-    from collectives import recursive_doubling, ring, shm
+    """Two ranks on a node exchange through the shared pair's slots of
+    SLOT_BYTES (recursive doubling: the whole buffer; ring: halves); a larger
+    buffer goes through piece by piece (an odd number of exchanges, so
+    consecutive calls start on alternate slots). Small slots here; one buffer
+    just over the real 4 MiB slot on a communicator made before the patch."""
+    from collectives.channels import shm_pair
+    from collectives.channels.shm_pair import SharedPair
 
     rank, size = comm.Get_rank(), comm.Get_size()
     planned = []
-    for module in (recursive_doubling, ring):
-        original = module._plan_shared
-        monkeypatch.setattr(module, "_plan_shared",
-                            lambda ctx, original=original, name=module.__name__:
-                            planned.append(name) or original(ctx))
+    original = SharedPair.plan
+    monkeypatch.setattr(SharedPair, "plan",
+                        lambda self, ctx, schedule_of: planned.append(ctx.description)
+                        or original(self, ctx, schedule_of))
     for algorithm in ("recursive_doubling", "ring"):
-        big = contribution(rank, 2 * (shm.SLOT_BYTES // 8) + 5, np.float64)
+        big = contribution(rank, 2 * (shm_pair.SLOT_BYTES // 8) + 5, np.float64)
         collectives.allreduce(big, comm, algorithm)
         np.testing.assert_array_equal(big, reference(size, big.size, np.float64, "sum"))
-    monkeypatch.setattr(shm, "SLOT_BYTES", 4096)
+    monkeypatch.setattr(shm_pair, "SLOT_BYTES", 4096)
     private = comm.Dup()  # its window is made with the small slots
     try:
         for step in range(3):
@@ -126,8 +126,10 @@ def test_buffers_larger_than_the_shared_slot_go_through_in_chunks(comm, monkeypa
         collectives.forget()
         private.Free()
     if size == 2:  # on one node: every plan of both went through the shared pair
-        assert sorted(set(planned)) == ["collectives.recursive_doubling", "collectives.ring"]
+        assert {d.split("'")[1] for d in planned} == {"recursive_doubling", "ring"}
         assert len(planned) == 2 + 2 * 5
+    else:
+        assert planned == []
 
 
 @pytest.mark.mpi(min_size=3)
@@ -137,17 +139,19 @@ def test_ranks_on_one_node_ring_through_the_shared_group_in_segments(comm, monke
     buffers take many passes, every slot is reused many times within a call
     and across calls, and chunks are empty (n < p) or uneven; one buffer just
     over the real segment size runs on the unpatched communicator."""
-    from collectives import ring, shm_group
+    from collectives.channels import shm_group
+    from collectives.channels.shm_group import SharedGroup
     from collectives.plans import comm_state
 
     rank, size = comm.Get_rank(), comm.Get_size()
     planned = []
-    original = ring._plan_group
-    monkeypatch.setattr(ring, "_plan_group", lambda ctx: planned.append(ctx.n) or original(ctx))
+    original = SharedGroup.plan
+    monkeypatch.setattr(SharedGroup, "plan", lambda self, ctx, schedule_of:
+                        planned.append(ctx.n) or original(self, ctx, schedule_of))
     big = contribution(rank, 2 * (shm_group.SEGMENT_BYTES // 8) + 9, np.float64)  # a new plan
     collectives.allreduce(big, comm, "ring")
     np.testing.assert_array_equal(big, reference(size, big.size, np.float64, "sum"))
-    assert comm_state(comm).group is not None  # mpiexec on one machine
+    assert comm_state(comm).channel_named("shm-group") is not None  # mpiexec on one machine
     monkeypatch.setattr(shm_group, "SEGMENT_BYTES", 64 * size)
     private = comm.Dup()  # its window is made with the small slots
     calls = [(2 * 1024 + 7, np.float32), (3 * 1024 + 1, np.int64), (1024, np.int32),
@@ -160,7 +164,7 @@ def test_ranks_on_one_node_ring_through_the_shared_group_in_segments(comm, monke
                 np.testing.assert_array_equal(
                     buf, reference(size, n, dtype, "max" if step == 2 else "sum", salt=step))
                 assert_identical_on_all_ranks(private, buf.tobytes())
-        group = comm_state(private).group
+        group = comm_state(private).channel_named("shm-group")
         assert group.slot_bytes == 64
         passes = sum(-(-n // (64 // np.dtype(dtype).itemsize * size)) for n, dtype in calls)
         assert group.steps == 3 * 2 * (size - 1) * passes  # every step published, none twice
@@ -180,16 +184,16 @@ def test_shared_memory_waits_asleep_and_spinning(comm, sleep, monkeypatch):
     made 5 s, a lost wake-up would cost 5 s: the publisher's wake must do it."""
     import time
 
-    from collectives import shm
+    from collectives.channels import shm_window
     from collectives.plans import comm_state
 
-    monkeypatch.setattr(shm, "_CHECK_EVERY", 5.0)  # both channels wait with shm.wait_until
+    monkeypatch.setattr(shm_window, "CHECK_EVERY", 5.0)  # both channels wait with wait_until
     rank, size = comm.Get_rank(), comm.Get_size()
     private = comm.Dup()
     start = time.monotonic()
     try:
         state = comm_state(private)
-        channel = state.pair if size == 2 else state.group
+        channel = state.shared
         assert channel is not None  # mpiexec on one machine
         channel.sleep = sleep  # before any plan: plans bind the waiting mode
         for step in range(3):
@@ -238,7 +242,8 @@ def test_every_required_algorithm_is_registered():
     for name in collectives.names():
         algorithm = collectives.get(name)
         assert algorithm.summary and algorithm.messages
-        assert (algorithm.plan is None) != (algorithm.choose is None)
+        kinds = (algorithm.schedule, algorithm.plan, algorithm.choose)
+        assert sum(kind is not None for kind in kinds) == 1
 
 
 def test_segment_setting_is_validated(monkeypatch):

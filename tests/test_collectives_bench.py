@@ -6,7 +6,7 @@ import pytest
 
 import collectives
 from collectives import bench, registry
-from collectives.registry import register
+from collectives.registry import register_library
 
 RECORD_KEYS = {"algorithm", "bytes", "count", "dtype", "ranks", "avg_us", "min_us", "max_us",
                "algbw_gbps", "busbw_gbps", "wrong"}
@@ -47,15 +47,16 @@ def test_measure_checks_every_algorithm_and_fills_the_records(comm):
 @pytest.mark.parametrize("setting", ["on", "off"])
 def test_records_say_which_share_of_calls_streamed(comm, setting, monkeypatch):
     """``streamed``: the share of timed calls whose copies into the shared pair
-    streamed (collectives.copy_mode); None where no copy could stream."""
-    from collectives import streaming
+    streamed (collectives.channels.copy_mode); None where no copy could stream."""
+    from collectives.channels import streaming
     from collectives.plans import comm_state
 
     monkeypatch.setenv("MPIDP_ALLREDUCE_STREAMING", setting)
     records = bench.measure(comm, ["ring", "native"], [8, 256 << 10], "float32", "sum",
                             iters=4, warmup=1, rounds=2)
     state = comm_state(comm)
-    streams = state.pair is not None and not state.pair.sleep and streaming.available()
+    pair = state.channel_named("shm-pair")
+    streams = pair is not None and not pair.sleep and streaming.available()
     for r in records:
         if r["algorithm"] == "ring" and r["bytes"] > 8 and streams:
             assert r["streamed"] == (1.0 if setting == "on" else None)
@@ -84,7 +85,7 @@ def test_steal_time_from_proc_stat_readings():
 @pytest.fixture
 def broken_algorithm():
     """An algorithm that forgets the last element's contribution from rank 0."""
-    @register("broken_for_test", summary="drops rank 0's last element", messages="as native")
+    @register_library("broken_for_test", summary="drops rank 0's last element", messages="as native")
     def plan(ctx):
         native_bind = registry.get("native").plan(ctx)
 

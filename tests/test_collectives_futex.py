@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from collectives import futex
+from collectives.channels import futex
 
 pytestmark = pytest.mark.skipif(not futex.available(), reason="futex needs Linux x86-64/AArch64")
 

@@ -4,9 +4,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import collectives
 from collectives import auto, consistency
-from collectives.context import chunk_bounds, split
-from collectives.recursive_doubling import schedule
+from collectives.algorithms.recursive_doubling import roles
+from collectives.channels.shm_group import _program
+from collectives.channels.shm_pair import _cut, _stages
+from collectives.registry import get
+from collectives.schedule import (COPY, REDUCE_INCOMING_FIRST, STASH, chunk_bounds, split,
+                                  validate)
+
+SCHEDULES = [name for name in collectives.names() if get(name).schedule is not None]
 
 
 @settings(max_examples=200, deadline=None)
@@ -28,16 +35,107 @@ def test_split_is_consecutive(lo, length, pieces):
 
 @pytest.mark.parametrize("size", range(1, 17))
 def test_recursive_doubling_schedule_pairs_up(size):
-    roles = {r: schedule(r, size) for r in range(size)}
+    roles_of = {r: roles(r, size) for r in range(size)}
     pof2 = 1 << (size.bit_length() - 1)
-    assert sum(role == "out" for role, _ in roles.values()) == size - pof2
-    for r, (role, partners) in roles.items():
+    assert sum(role == "out" for role, _ in roles_of.values()) == size - pof2
+    for r, (role, partners) in roles_of.items():
         if role == "out":
-            assert roles[r + 1][0] == "host" and partners == []
+            assert roles_of[r + 1][0] == "host" and partners == []
             continue
         assert len(partners) == pof2.bit_length() - 1
         for step, q in enumerate(partners):
-            assert roles[q][1][step] == r  # my partner's partner at this step is me
+            assert roles_of[q][1][step] == r  # my partner's partner at this step is me
+
+
+def simulate(name: str, buffers: list[np.ndarray]) -> list[np.ndarray]:
+    """Run every rank's schedule of ``name`` in one process (numpy, sum): what
+    any channel must compute, independent of how bytes move."""
+    size, n = len(buffers), buffers[0].size
+    bufs = [b.copy() for b in buffers]
+    schedules = [get(name).schedule(r, size, n) for r in range(size)]
+    stash = [dict() for _ in range(size)]
+    for k in range(len(schedules[0].rounds)):
+        sent = {(a, s.peer): bufs[a][s.lo:s.hi].copy()
+                for a, sched in enumerate(schedules) for s in sched.rounds[k].sends}
+        for b, sched in enumerate(schedules):
+            for r in sched.rounds[k].recvs:
+                incoming, mine = sent[(r.peer, b)], bufs[b][r.lo:r.hi]
+                if r.action == STASH:
+                    stash[b][r.peer] = incoming
+                elif r.action == COPY:
+                    mine[...] = incoming
+                elif r.action == REDUCE_INCOMING_FIRST:
+                    mine[...] = incoming + mine
+                else:
+                    mine[...] = mine + incoming
+    for b, sched in enumerate(schedules):
+        if sched.stash:
+            parts = [stash[b][q] if q != b else bufs[b].copy() for q in range(size)]
+            total = parts[0] + parts[1]
+            for part in parts[2:]:
+                total = total + part
+            bufs[b] = total
+    return bufs
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 6, 7, 8, 12])
+def test_every_schedule_obeys_the_rules_and_reduces_exactly(name, size):
+    for n in (0, 1, size - 1, size, size + 1, 97):
+        schedules = [get(name).schedule(r, size, n) for r in range(size)]
+        validate(schedules, n)
+        buffers = [np.arange(n, dtype=np.float64) * (q + 1) + q for q in range(size)]
+        results = simulate(name, buffers)
+        for q in range(size):
+            np.testing.assert_array_equal(results[q], np.sum(buffers, axis=0),
+                                          err_msg=f"{name} p={size} n={n} rank {q}")
+            assert results[q].tobytes() == results[0].tobytes()
+
+
+def test_validate_catches_a_broken_schedule():
+    good = [get("ring").schedule(r, 3, 9) for r in range(3)]
+    broken = list(good)
+    broken[1] = type(good[1])(good[1].rounds[:-1])  # one round short
+    with pytest.raises(AssertionError, match="numbers of rounds"):
+        validate(broken, 9)
+
+
+def test_channels_serve_the_shapes_they_can_run():
+    """The pair serves one exchange per round with the peer (not naive's
+    stash), the group ring-shaped rounds only, point-to-point everything."""
+    from collectives.channels.shm_group import SharedGroup
+    from collectives.channels.shm_pair import SharedPair
+
+    pair = SharedPair.__new__(SharedPair)
+    pair.peer = 1
+    assert {name for name in SCHEDULES if pair.serves(get(name).schedule(0, 2, 10))} \
+        == {"recursive_doubling", "ring", "rabenseifner"}
+    group = SharedGroup.__new__(SharedGroup)
+    group.left, group.right = 3, 1
+    assert {name for name in SCHEDULES if group.serves(get(name).schedule(0, 4, 10))} \
+        == {"ring"}
+
+
+def test_the_pair_pipelines_a_reduce_scatter_with_its_all_gather():
+    """Ring at p = 2: both rounds cut together, piece by piece (reduce, then its
+    copy back); recursive doubling: one round in slot-sized pieces."""
+    n = 3 << 20  # float32: 6 MiB per half
+    ring = get("ring").schedule(0, 2, n).rounds
+    assert [len(stage) for stage in _stages(list(ring))] == [2]
+    steps = _cut(_stages(list(ring))[0], 4)
+    assert len(steps) == 2 * 12  # 6 MiB halves in 512 KiB pieces
+    assert [action for _, _, action in steps[:2]] == [REDUCE_INCOMING_FIRST, COPY]
+    assert steps[1][0] == steps[0][1] and steps[1][1] == steps[0][0]
+    rd = get("recursive_doubling").schedule(0, 2, n).rounds
+    assert len(_cut(_stages(list(rd))[0], 4)) == 3  # 12 MiB in 4 MiB slots
+
+
+@pytest.mark.parametrize("size", [3, 4, 5, 8])
+def test_the_group_forwards_partial_sums_it_never_needs_again(size):
+    """The ring's reduce-scatter partials go straight into the next slot;
+    the last (the rank's own reduced chunk) and every copy do not."""
+    kinds = [kind for _, _, kind, _, _ in _program(get("ring").schedule(0, size, 100).rounds)]
+    assert kinds == [2] * (size - 2) + [1] + [0] * (size - 1)
 
 
 def test_auto_thresholds_and_override(monkeypatch):

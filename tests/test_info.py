@@ -23,9 +23,10 @@ def test_info_under_two_ranks_reports_size_two():
     facts = report["allreduce"]  # mpiexec on one machine: the shared pair
     crowded = len(os.sched_getaffinity(0)) < 2
     assert facts["placement"] == ("oversubscribed-pair" if crowded else "pair")
-    assert facts["shared_memory"] == "pair" and facts["auto"][-1] == [None, "ring"]
+    assert facts["shared_memory"] == "shm-pair" and facts["auto"][-1][:2] == [None, "ring"]
+    assert facts["channels"] == ["shm-pair", "p2p"] and facts["auto"][-1][2] == "shm-pair"
     assert facts["waiting"] == ("asleep (futex)" if crowded else "spinning")
-    from collectives import streaming  # noqa: E402 - the pair's copies (collectives.copy_mode)
+    from collectives.channels import streaming  # the pair's copies (channels.copy_mode)
 
     assert facts["copies"] == ("cached (the ranks share a core)" if crowded else
                                "cached or streaming, chosen per call from measured times"
@@ -38,8 +39,8 @@ def test_info_text_report_has_the_sections():
     assert result.returncode == 0, result.stderr
     for heading in ("versions", "MPI job", "communicator size  2", "kernel back-ends",
                     "environment", "all-reduce", "placement      ",
-                    "shared memory  pair; waiting ranks: ", "pair copies    ",
-                    "auto runs      "):
+                    "shared memory  shm-pair; waiting ranks: ", "pair copies    ",
+                    "channels       shm-pair, p2p", "auto runs      "):
         assert heading in result.stdout
     assert "WRONG LAUNCH" not in result.stdout
 
@@ -68,9 +69,10 @@ def test_collect_gathers_every_rank(comm):
         assert report is None
 
 
-def test_describe_auto_tables():
-    from engine.info import describe_auto
+def test_auto_text_names_algorithm_and_channel():
+    from collectives.describe import auto_text
 
-    assert describe_auto([[None, "ring"]]) == "ring at every size"
-    assert describe_auto([[2 * 1024 * 1024, "recursive_doubling"], [None, "ring"]]) == \
-        "recursive_doubling up to 2 MiB, ring above"
+    assert auto_text([[None, "ring", "shm-group"]]) == "ring (shm-group) at every size"
+    assert auto_text([[256, "native", None], [2 * 1024 * 1024, "recursive_doubling", "p2p"],
+                      [None, "ring", "p2p"]]) == \
+        "native up to 256 B, recursive_doubling (p2p) up to 2 MiB, ring (p2p) above"

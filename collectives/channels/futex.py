@@ -5,10 +5,8 @@ shared memory must give its core away. Spinning steals the core from the
 peer it waits for; ``sched_yield`` hands the core over but, under Linux's
 EEVDF scheduler (6.6 and later), pushes the yielding task's deadline one
 slice further on every call, so a rank that waited long is scheduled last
-at the very moment it holds the data its neighbour needs (measured with
-4 ranks on 2 cores: a shared-memory ring at 1 MiB took 0.33 ms in some
-launches and 1.7-1.9 ms in others). A futex sleeps in the kernel and is
-woken by the writer: no deadline penalty, no spinning.
+at the very moment it holds the data its neighbour needs. A futex sleeps in
+the kernel and is woken by the writer: no deadline penalty, no spinning.
 
 ``wait(address, expected, timeout)`` returns when the 32-bit word at
 ``address`` no longer equals ``expected``, when woken, or after ``timeout``

@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from collectives.context import PlanContext
-from collectives.registry import register
+from collectives.registry import register_library
 from collectives.runtime import MPI
 
 
-@register("native", summary="the MPI library's MPI_Allreduce (in place), the reference",
-          messages="chosen by the MPI library")
+@register_library("native", summary="the MPI library's MPI_Allreduce (in place), the reference",
+                  messages="chosen by the MPI library")
 def plan_native(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     """In-place ``MPI_Allreduce`` over the private communicator."""
     allreduce, in_place, mpi_op = ctx.comm.Allreduce, MPI.IN_PLACE, ctx.mpi_op

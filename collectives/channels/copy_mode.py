@@ -1,13 +1,11 @@
 """Cached or streaming copies into the shared pair: chosen call by call, from measured times.
 
-The two-rank shared-memory ring hands every piece from one core to the
-other. Whether an ordinary (cached) copy or a streaming one
-(:mod:`collectives.streaming`) hands it over faster depends on where the
-host runs the two ranks' cores, which can change at any moment. Measured
-side by side at 2-64 MiB: cached copies ran the ring at 6-18 GB/s busbw
-when the cores shared a cache and at 1.3-2 GB/s when they did not; streaming
-copies at 4-7 and 4.5-8 GB/s. No fixed choice is within a factor two of the
-best in both.
+The shared pair hands every piece from one core to the other. Whether an
+ordinary (cached) copy or a streaming one
+(:mod:`collectives.channels.streaming`) hands it over faster depends on
+where the host runs the two ranks' cores, which can change at any moment;
+measured side by side, no fixed choice was within a factor two of the best
+in both cases (docs/results.md).
 
 So rank 0 times each call of a plan and keeps a :class:`Chooser`: it uses
 the mode that was faster when last measured, tries the other one now and
@@ -29,10 +27,11 @@ from __future__ import annotations
 import math
 import os
 
+from collectives.channels import streaming
 from collectives.errors import AllreduceError
 
 CACHED, STREAMING = 0, 1
-#: Index of rank 0's decision word in the pair's header (:mod:`collectives.shm`).
+#: Index of rank 0's decision word in the pair's header (:mod:`collectives.channels.shm_pair`).
 DECISION = 5
 SETTINGS = ("auto", "on", "off")
 
@@ -135,10 +134,8 @@ class PairCopyMode:
 
     def __init__(self, head: memoryview, rank: int, tag: int, choice: str,
                  shared: "PairChoices | None" = None) -> None:
-        from collectives.streaming import streaming_copy
-
         self.head = head
-        self.copier = streaming_copy
+        self.copier = streaming.streaming_copy
         self.base_word = 2 * tag  # + the mode
         self.streaming_word = self.base_word + STREAMING
         self.shared = shared if shared is not None else PairChoices()

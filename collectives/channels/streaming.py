@@ -1,18 +1,16 @@
 """Streaming copies: bytes stored into shared memory past this core's caches.
 
 An ordinary copy leaves the bytes in the writing core's caches, where a
-reader on a core sharing a last-level cache finds them fast. On the
-development VM the host sometimes runs the two vCPUs on cores that share
-no cache (another chiplet): each line the peer reads must then be fetched
-from the writer's cache, and a 1 MiB handoff through the same memory ran at
-1.5-2.3 GB/s instead of 8-13. Non-temporal stores (``movnti``) write the
+reader on a core sharing a last-level cache finds them fast. A virtual
+machine's host may run two vCPUs on cores that share no cache (another
+chiplet): each line the peer reads must then be fetched from the writer's
+cache, several times slower. Non-temporal stores (``movnti``) write the
 bytes to memory, bypassing and evicting cached copies, and the reader
-streams them from there: 7-11.6 GB/s in those spells, 6.5-9 when the cores
-share a cache (rank 0 -> 1 through two 1 MiB regions, measured side by side
-with the ordinary copy; the numbers are in the README, "Collectives").
-Which copy wins therefore depends on where the host runs the ranks, and
-that changes while a job runs: :mod:`collectives.copy_mode` chooses, call by
-call.
+streams them from there, at a speed that does not depend on where the
+cores are. Which copy wins therefore depends on where the host runs the
+ranks, and that changes while a job runs:
+:mod:`collectives.channels.copy_mode` chooses, call by call (figures in
+docs/results.md).
 
 Non-temporal stores are weakly ordered even on x86-64, so the kernel ends
 with ``sfence``: the bytes are visible to other cores before any later
