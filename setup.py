@@ -20,8 +20,11 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["engine", "engine.audit", "kernels", "collectives", "preprocessing"],
-    package_data={"kernels": ["cuda/*.cu"], "preprocessing": ["*.json"]},
+    packages=["engine", "engine.audit", "kernels", "kernels.common", "kernels.numba_cpu",
+              "kernels.numba_cuda", "kernels.cupy", "kernels.torch", "collectives",
+              "preprocessing"],
+    # The CuPy kernels compile their CUDA C (kernels/cupy/*.cu) at run time.
+    package_data={"kernels.cupy": ["*.cu"], "preprocessing": ["*.json"]},
     install_requires=[
         "mpi4py>=4.0",
         # An MPI that installs with pip, for machines without a system MPI.

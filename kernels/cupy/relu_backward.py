@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.cuda_shapes import grid_2d, leading
-from kernels.cupy_launch import function, launch, pointer
-from kernels.dispatch import register
+from kernels.common.cuda_shapes import grid_2d, leading
+from kernels.cupy.launch import function, launch, pointer
+from kernels.registry import register
 
 
 @register("relu_backward", "cuda", backend="cupy")

@@ -24,8 +24,8 @@ import cupy
 import numpy as np
 import torch
 
-from kernels import cuda_sources
-from kernels.cuda_shapes import numpy_dtype
+from kernels.cupy import sources
+from kernels.common.cuda_shapes import numpy_dtype
 
 #: NVRTC options for every source.
 OPTIONS = ("--std=c++14",)
@@ -49,13 +49,13 @@ def pointer(t: torch.Tensor) -> np.uint64:
 
 def function(stem: str, kernel: str, t: torch.Tensor):
     """The compiled entry point of ``kernel`` in ``<stem>.cu`` for ``t``'s dtype."""
-    name = cuda_sources.entry(stem, kernel, numpy_dtype(t))
+    name = sources.entry(stem, kernel, numpy_dtype(t))
     key = (name, t.device.index)
     fn = _FUNCTIONS.get(key)
     if fn is None:
         module = _MODULES.get(stem)
         if module is None:
-            code = cuda_sources.source_path(stem).read_text(encoding="utf-8")
+            code = sources.source_path(stem).read_text(encoding="utf-8")
             module = _MODULES[stem] = cupy.RawModule(code=code, options=OPTIONS)
         with cupy.cuda.Device(t.device.index or 0):
             fn = _FUNCTIONS[key] = module.get_function(name)

@@ -61,30 +61,30 @@ from typing import Callable
 
 #: Modules that register kernels (imported on first lookup). One kernel per module.
 KERNEL_MODULES = (
-    "kernels.clip_rows_torch",
-    "kernels.clip_rows_numba",
-    "kernels.relu_backward_torch",
-    "kernels.relu_backward_numba",
-    "kernels.softmax_xent_torch",
-    "kernels.softmax_xent_numba",
-    "kernels.sgd_update_torch",
-    "kernels.sgd_update_numba",
-    "kernels.gaussian_torch",
-    "kernels.gaussian_numba",
+    "kernels.torch.clip_rows",
+    "kernels.numba_cpu.clip_rows",
+    "kernels.torch.relu_backward",
+    "kernels.numba_cpu.relu_backward",
+    "kernels.torch.softmax_xent",
+    "kernels.numba_cpu.softmax_xent",
+    "kernels.torch.sgd_update",
+    "kernels.numba_cpu.sgd_update",
+    "kernels.torch.gaussian",
+    "kernels.numba_cpu.gaussian",
 )
 
 #: Modules of device-specific kernels, imported only when that device is asked
 #: for (so the CPU path never imports CuPy or Numba's CUDA target).
 DEVICE_KERNEL_MODULES = {
     "cuda": (
-        "kernels.clip_rows_cupy",
-        "kernels.clip_rows_cuda",
-        "kernels.relu_backward_cupy",
-        "kernels.relu_backward_cuda",
-        "kernels.softmax_xent_cupy",
-        "kernels.softmax_xent_cuda",
-        "kernels.gaussian_cupy",
-        "kernels.gaussian_cuda",
+        "kernels.cupy.clip_rows",
+        "kernels.numba_cuda.clip_rows",
+        "kernels.cupy.relu_backward",
+        "kernels.numba_cuda.relu_backward",
+        "kernels.cupy.softmax_xent",
+        "kernels.numba_cuda.softmax_xent",
+        "kernels.cupy.gaussian",
+        "kernels.numba_cuda.gaussian",
     ),
 }
 
@@ -180,7 +180,7 @@ def get(op: str, device="cpu", backend: str | None = None) -> Callable:
         candidates = [fn for fn in candidates if fn.backend == backend]
     if not candidates:
         missing = [f"{name} ({why})" for name, why in UNAVAILABLE.items()
-                   if name.startswith(f"kernels.{op.split('_stream')[0]}_")]
+                   if name.rsplit(".", 1)[1] == op.split('_stream')[0]]
         raise UnknownKernel(f"no {op!r} kernel for device {dtype!r}"
                             + (f" and back-end {backend!r}" if backend else "")
                             + (f"; not importable: {', '.join(missing)}" if missing else ""))

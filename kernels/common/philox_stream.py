@@ -1,7 +1,7 @@
 """What the two CUDA ``gaussian_stream`` back-ends share: the Philox state and
 the launch shape.
 
-Both kernels (Numba ``@cuda.jit`` in :mod:`kernels.gaussian_cuda`, CUDA C in
+Both kernels (Numba ``@cuda.jit`` in :mod:`kernels.numba_cuda.gaussian`, CUDA C in
 ``kernels/cuda/gaussian.cu``) draw the same stream: thread b computes Philox
 block ``counter + b`` and adds four normals to ``buf[4b:4b+4]``. A subclass
 only launches its kernel (:meth:`PhiloxDeviceStream._launch`).
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels import philox
-from kernels.cuda_shapes import check_flat, grid_1d
+from kernels.common import philox
+from kernels.common.cuda_shapes import check_flat, grid_1d
 
 
 class PhiloxDeviceStream:

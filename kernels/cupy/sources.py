@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 #: Directory of the ``.cu`` files (installed as package data).
-SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
+SOURCE_DIR = Path(__file__).resolve().parent
 
 #: ``.cu`` file stem -> kernel stems; each is exported as ``<stem>_f32`` and ``<stem>_f64``.
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels.dispatch import register
-from kernels.cuda_shapes import (MAX_THREADS, grid_2d, leading, numpy_dtype, pow2_at_least,
+from kernels.registry import register
+from kernels.common.cuda_shapes import (MAX_THREADS, grid_2d, leading, numpy_dtype, pow2_at_least,
                                  scratch)
-from kernels.numba_cuda_launch import array, stream
+from kernels.numba_cuda.launch import array, stream
 
 
 def _build(ft):

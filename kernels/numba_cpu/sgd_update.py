@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import torch
 
-from kernels.dispatch import register
+from kernels.registry import register
 
 
 @numba.njit(cache=True)

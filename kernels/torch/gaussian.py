@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.dispatch import register
+from kernels.registry import register
 
 
 class TorchGaussianStream:

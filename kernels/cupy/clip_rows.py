@@ -2,7 +2,7 @@
 
 Contract in :mod:`kernels.dispatch`; the algorithm (per-layer row norms,
 one-block clip factors with the count of clipped rows, row scaling) and its
-precision are those of the Numba twin, :mod:`kernels.clip_rows_cuda`.
+precision are those of the Numba twin, :mod:`kernels.numba_cuda.clip_rows`.
 Launches go through :mod:`kernels.cupy_launch` (device pointers, torch's
 current stream); returning the count synchronizes that stream.
 """
@@ -13,9 +13,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from kernels.cuda_shapes import grid_2d, leading, numpy_dtype, pow2_at_least, scratch
-from kernels.cupy_launch import function, launch, pointer
-from kernels.dispatch import register
+from kernels.common.cuda_shapes import grid_2d, leading, numpy_dtype, pow2_at_least, scratch
+from kernels.cupy.launch import function, launch, pointer
+from kernels.registry import register
 
 @register("clip_rows", "cuda", backend="cupy")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,

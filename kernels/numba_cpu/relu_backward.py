@@ -4,7 +4,7 @@ from __future__ import annotations
 import numba
 import torch
 
-from kernels.dispatch import register
+from kernels.registry import register
 
 
 @numba.njit(fastmath=True, cache=True)

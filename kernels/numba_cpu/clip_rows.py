@@ -12,7 +12,7 @@ from typing import Sequence
 import numba
 import torch
 
-from kernels.dispatch import register
+from kernels.registry import register
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)

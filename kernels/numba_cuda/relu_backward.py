@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels.dispatch import register
-from kernels.cuda_shapes import grid_2d, leading, numpy_dtype
-from kernels.numba_cuda_launch import array, stream
+from kernels.registry import register
+from kernels.common.cuda_shapes import grid_2d, leading, numpy_dtype
+from kernels.numba_cuda.launch import array, stream
 
 
 def _build(ft):

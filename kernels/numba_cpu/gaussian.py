@@ -25,7 +25,7 @@ import math
 import numba
 import numpy as np
 
-from kernels.dispatch import register
+from kernels.registry import register
 
 _LAYERS = 256
 _R = 3.6541528853610088      # start of the tail for 256 layers

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.dispatch import register
+from kernels.registry import register
 
 
 @register("sgd_update", "any", backend="torch")

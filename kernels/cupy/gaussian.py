@@ -1,7 +1,7 @@
 """``gaussian_stream`` on CUDA with CuPy: ``kernels/cuda/gaussian.cu``.
 
 Philox4x64-10 and Box-Muller, the same stream as the Numba twin
-(:mod:`kernels.gaussian_cuda`) and as the host reference
+(:mod:`kernels.numba_cuda.gaussian`) and as the host reference
 (:mod:`kernels.philox`, whose state class this stream uses): thread b adds
 the four normals of block ``counter + b`` to ``buf[4b:4b+4]``.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels import philox
-from kernels.cupy_launch import function, launch, pointer
-from kernels.dispatch import register
-from kernels.philox_stream import PhiloxDeviceStream
+from kernels.common import philox
+from kernels.cupy.launch import function, launch, pointer
+from kernels.registry import register
+from kernels.common.philox_stream import PhiloxDeviceStream
 
 
 class CupyGaussianStream(PhiloxDeviceStream):

@@ -3,24 +3,24 @@ import pytest
 import torch
 
 from kernel_inputs import random_layers
-from kernels import dispatch
+from kernels import registry
 
 
 def test_every_op_has_a_generic_and_a_cpu_kernel():
-    for op in dispatch.OPS:
-        impls = dispatch.implementations(op)
+    for op in registry.OPS:
+        impls = registry.implementations(op)
         assert "any" in impls and impls["any"].backend == "torch"
-        assert dispatch.get(op, "cpu").backend == "numba"
-        assert dispatch.get(op, torch.device("cpu"), backend="torch") is impls["any"]
+        assert registry.get(op, "cpu").backend == "numba"
+        assert registry.get(op, torch.device("cpu"), backend="torch") is impls["any"]
 
 
 def test_unknown_device_falls_back_to_torch_and_unknown_backend_fails():
-    assert dispatch.get("clip_rows", "xpu").backend == "torch"  # nothing device-specific
-    assert dispatch.backends("clip_rows", "cuda")[-1] == "torch"  # after the CUDA kernels
-    with pytest.raises(dispatch.UnknownKernel):
-        dispatch.get("clip_rows", "cpu", backend="cupy")
+    assert registry.get("clip_rows", "xpu").backend == "torch"  # nothing device-specific
+    assert registry.backends("clip_rows", "cuda")[-1] == "torch"  # after the CUDA kernels
+    with pytest.raises(registry.UnknownKernel):
+        registry.get("clip_rows", "cpu", backend="cupy")
     with pytest.raises(ValueError):
-        dispatch.register("no_such_op", "cpu", backend="x")
+        registry.register("no_such_op", "cpu", backend="x")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -31,7 +31,7 @@ def test_clip_rows_numba_equals_torch(dtype, k, C):
     for backend in ("numba", "torch"):
         acts, grads = random_layers(k, (5, 7, 3), dtype, seed=k)
         factors = torch.full((k + 2,), -1.0, dtype=dtype)
-        n = dispatch.get("clip_rows", "cpu", backend)(acts, grads, C, factors)
+        n = registry.get("clip_rows", "cpu", backend)(acts, grads, C, factors)
         outs[backend] = (n, factors[:k], grads)
     (n1, f1, g1), (n2, f2, g2) = outs["numba"], outs["torch"]
     assert n1 == n2
@@ -48,7 +48,7 @@ def test_clip_rows_reference_values():
     factors = torch.empty(1, dtype=torch.float64)
     for backend in ("numba", "torch"):
         g = [grads[0].clone()]
-        assert dispatch.get("clip_rows", "cpu", backend)(acts, g, 1.0, factors) == 1
+        assert registry.get("clip_rows", "cpu", backend)(acts, g, 1.0, factors) == 1
         assert factors[0].item() == pytest.approx(1 / (5 * 2 ** 0.5), rel=1e-14)
 
 
@@ -58,8 +58,8 @@ def test_relu_backward_numba_equals_torch(k):
     out_full = torch.randn(k, 9, generator=g).clamp_min(0)
     grad = torch.randn(k, 8, generator=g)
     a, b = grad.clone(), grad.clone()
-    dispatch.get("relu_backward", "cpu", "numba")(a, out_full[:, :8])
-    dispatch.get("relu_backward", "cpu", "torch")(b, out_full[:, :8])
+    registry.get("relu_backward", "cpu", "numba")(a, out_full[:, :8])
+    registry.get("relu_backward", "cpu", "torch")(b, out_full[:, :8])
     assert torch.equal(a, b)
     assert torch.equal(a, grad * (out_full[:, :8] > 0))
 
@@ -75,7 +75,7 @@ def test_softmax_xent_numba_equals_torch_and_autograd(classes, k):
     want_grad = torch.autograd.grad(want_loss, z)[0] if k else torch.zeros(0, classes)
     for backend in ("numba", "torch"):
         grad = torch.empty(k, classes, dtype=torch.float64)
-        loss = dispatch.get("softmax_xent", "cpu", backend)(logits, labels, grad)
+        loss = registry.get("softmax_xent", "cpu", backend)(logits, labels, grad)
         assert loss == pytest.approx(float(want_loss.detach()), rel=1e-12, abs=1e-12)
         assert torch.allclose(grad, want_grad.to(grad.dtype), rtol=1e-12, atol=1e-14)
 
@@ -88,7 +88,7 @@ def test_sgd_update_numba_equals_torch(dtype):
     out = {}
     for backend in ("numba", "torch"):
         p, v = p0.clone(), v0.clone()
-        dispatch.get("sgd_update", "cpu", backend)(p, v, grad, 0.25, 0.1, 0.9)
+        registry.get("sgd_update", "cpu", backend)(p, v, grad, 0.25, 0.1, 0.9)
         out[backend] = (p, v)
     want_v = 0.9 * v0.double() + 0.25 * grad.double()
     want_p = p0.double() - 0.1 * want_v
@@ -102,9 +102,9 @@ def test_sgd_update_numba_equals_torch(dtype):
 @pytest.mark.parametrize("backend", ["numba", "torch"])
 @pytest.mark.parametrize("k", [0, 7])
 def test_bound_kernels_equal_direct_calls(backend, k):
-    """dispatch.bind fixes the buffers once; calls then match the plain kernel on
+    """registry.bind fixes the buffers once; calls then match the plain kernel on
     the same inputs, and see the buffers' new contents every call."""
-    assert hasattr(dispatch.get("clip_rows", "cpu", "numba"), "bind")  # views made once
+    assert hasattr(registry.get("clip_rows", "cpu", "numba"), "bind")  # views made once
     acts, grads = random_layers(k, (6, 5, 3), torch.float64, seed=k)
     for op, buffers, rest in (
             ("clip_rows", {"acts": acts, "grads": grads, "factors": torch.zeros(k + 2,
@@ -117,10 +117,10 @@ def test_bound_kernels_equal_direct_calls(backend, k):
                             "velocity": torch.ones(3, dtype=torch.float64),
                             "grad": torch.full((3,), 2.0, dtype=torch.float64)},
              {"scale": 0.5, "lr": 0.1, "momentum": 0.9})):
-        kernel = dispatch.get(op, "cpu", backend)
+        kernel = registry.get(op, "cpu", backend)
         twin = {name: ([t.clone() for t in b] if isinstance(b, (list, tuple)) else b.clone())
                 for name, b in buffers.items()}
-        bound = dispatch.bind(kernel, **buffers)
+        bound = registry.bind(kernel, **buffers)
         for _ in range(2):  # the second call sees what the first one wrote
             got, want = bound(**rest), kernel(**twin, **rest)
             assert got == want

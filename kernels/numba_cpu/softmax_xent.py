@@ -6,7 +6,7 @@ import math
 import numba
 import torch
 
-from kernels.dispatch import register
+from kernels.registry import register
 
 
 @numba.njit(fastmath=False, cache=True)

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import torch
 
-from kernels.dispatch import register
+from kernels.registry import register
 
 
 @register("clip_rows", "any", backend="torch")

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels import philox
-from kernels.dispatch import register
-from kernels.cuda_shapes import numpy_dtype
-from kernels.numba_cuda_launch import array as device_array
-from kernels.numba_cuda_launch import stream
-from kernels.philox_stream import PhiloxDeviceStream
+from kernels.common import philox
+from kernels.registry import register
+from kernels.common.cuda_shapes import numpy_dtype
+from kernels.numba_cuda.launch import array as device_array
+from kernels.numba_cuda.launch import stream
+from kernels.common.philox_stream import PhiloxDeviceStream
 
 _M32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
