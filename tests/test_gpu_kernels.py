@@ -38,8 +38,7 @@ ARCHS = ((8, 0), (9, 0))
 DTYPES = (np.float32, np.float64)
 #: PTX instructions the CUDA simulator does not have.
 WARP_INTRINSICS = ("shfl.sync", "vote.sync", "match.sync", "redux.sync", "activemask")
-NUMBA_CUDA_MODULES = [m for m in registry.DEVICE_KERNEL_MODULES["cuda"]
-                      if m.startswith("kernels.numba_cuda.")]
+NUMBA_CUDA_MODULES = sorted(fn.__module__ for fn in registry.kernels_of("numba_cuda").values())
 
 
 def _pytest_subprocess(script: str, **env) -> subprocess.CompletedProcess:

@@ -1,4 +1,6 @@
 """The kernel registry, and every CPU kernel against the generic torch one."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,7 +22,29 @@ def test_unknown_device_falls_back_to_torch_and_unknown_backend_fails():
     with pytest.raises(registry.UnknownKernel):
         registry.get("clip_rows", "cpu", backend="cupy")
     with pytest.raises(ValueError):
-        registry.register("no_such_op", "cpu", backend="x")
+        registry.register("no_such_op", backend="numba_cpu")
+    with pytest.raises(ValueError):
+        registry.register("clip_rows", backend="no_such_backend")
+    with pytest.raises(ValueError, match="twice"):
+        registry.register("clip_rows", backend="numba_cpu")(lambda *args: 0)
+
+
+def test_each_kernel_lives_in_its_back_ends_folder():
+    """kernels/<back-end>/<module>.py holds that back-end's kernel and no other's."""
+    for name, backend in registry.BACKENDS.items():
+        for op, fn in registry.kernels_of(name).items():
+            assert fn.__module__ == f"kernels.{name}.{registry.MODULES[op]}"
+            assert fn.backend == backend.family
+
+
+def test_ops_generic_on_gpu_have_no_cuda_kernel_module():
+    """GENERIC_ON_GPU is what the folders say (checked without importing CuPy)."""
+    root = Path(registry.__file__).parent
+    for name, backend in registry.BACKENDS.items():
+        for op, module in registry.MODULES.items():
+            if backend.device == "cuda":
+                has_kernel = (root / name / f"{module}.py").exists()
+                assert has_kernel == (op not in registry.GENERIC_ON_GPU), (name, op)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

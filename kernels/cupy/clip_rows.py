@@ -17,7 +17,7 @@ from kernels.common.cuda_shapes import grid_2d, leading, numpy_dtype, pow2_at_le
 from kernels.cupy.launch import function, launch, pointer
 from kernels.registry import register
 
-@register("clip_rows", "cuda", backend="cupy")
+@register("clip_rows", backend="cupy")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
     """Book-keeping per-example clipping (contract in :mod:`kernels.dispatch`)."""

@@ -29,7 +29,7 @@ class CupyGaussianStream(PhiloxDeviceStream):
                 np.uint64(k1), np.uint64(counter & philox.MASK64), np.uint64(counter >> 64)))
 
 
-@register("gaussian_stream", "cuda", backend="cupy")
+@register("gaussian_stream", backend="cupy")
 def gaussian_stream(seed_sequence: np.random.SeedSequence, device=None) -> CupyGaussianStream:
     """A CUDA Gaussian stream (see module docstring)."""
     return CupyGaussianStream(seed_sequence, device)

@@ -14,7 +14,7 @@ from kernels.cupy.launch import function, launch, pointer
 from kernels.registry import register
 
 
-@register("relu_backward", "cuda", backend="cupy")
+@register("relu_backward", backend="cupy")
 def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> None:
     """Zero ``grad`` where the ReLU output ``out`` is not positive, in place."""
     k, d = grad.shape

@@ -14,7 +14,7 @@ from kernels.cupy.launch import function, launch, pointer
 from kernels.registry import register
 
 
-@register("softmax_xent", "cuda", backend="cupy")
+@register("softmax_xent", backend="cupy")
 def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
     """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""
     k, c = logits.shape

@@ -46,7 +46,7 @@ def _clip_rows(acts, grads, max_norm, factors):
     return clipped
 
 
-@register("clip_rows", "cpu", backend="numba")
+@register("clip_rows", backend="numba_cpu")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
     """Book-keeping per-example clipping (contract in :mod:`kernels.dispatch`)."""

@@ -208,7 +208,7 @@ class NumbaGaussianStream:
         self._state[:] = np.array(state, dtype=np.uint64).reshape(self._state.shape)
 
 
-@register("gaussian_stream", "cpu", backend="numba")
+@register("gaussian_stream", backend="numba_cpu")
 def gaussian_stream(seed_sequence: np.random.SeedSequence) -> NumbaGaussianStream:
     """A CPU Gaussian stream (see module docstring)."""
     return NumbaGaussianStream(seed_sequence)

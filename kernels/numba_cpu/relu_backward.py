@@ -16,7 +16,7 @@ def _relu_backward(grad, out):
             grad[i, j] = grad[i, j] * (out[i, j] > 0)
 
 
-@register("relu_backward", "cpu", backend="numba")
+@register("relu_backward", backend="numba_cpu")
 def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> None:
     """Zero ``grad`` where the ReLU output ``out`` is not positive, in place."""
     _bind(grad, out)()

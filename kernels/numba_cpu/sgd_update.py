@@ -31,7 +31,7 @@ def _sgd_update(params, velocity, grad, scale, lr, momentum):
         params[i] -= a * v
 
 
-@register("sgd_update", "cpu", backend="numba")
+@register("sgd_update", backend="numba_cpu")
 def sgd_update(params: torch.Tensor, velocity: torch.Tensor, grad: torch.Tensor, scale: float,
                lr: float, momentum: float) -> None:
     """SGD with momentum in place (contract in :mod:`kernels.dispatch`)."""

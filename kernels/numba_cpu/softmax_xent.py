@@ -28,7 +28,7 @@ def _softmax_xent(logits, labels, grad):
     return total
 
 
-@register("softmax_xent", "cpu", backend="numba")
+@register("softmax_xent", backend="numba_cpu")
 def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
     """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""
     return _bind(logits, labels, grad)()

@@ -117,7 +117,7 @@ def signatures(dtype) -> dict[str, tuple]:
             "scale_rows": (rows, vec)}
 
 
-@register("clip_rows", "cuda", backend="numba")
+@register("clip_rows", backend="numba_cuda")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
     """Book-keeping per-example clipping (contract in :mod:`kernels.dispatch`)."""

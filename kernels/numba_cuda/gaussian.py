@@ -128,7 +128,7 @@ class NumbaCudaGaussianStream(PhiloxDeviceStream):
         self._keys.clear()
 
 
-@register("gaussian_stream", "cuda", backend="numba")
+@register("gaussian_stream", backend="numba_cuda")
 def gaussian_stream(seed_sequence: np.random.SeedSequence, device=None) -> NumbaCudaGaussianStream:
     """A CUDA Gaussian stream (see module docstring)."""
     return NumbaCudaGaussianStream(seed_sequence, device)

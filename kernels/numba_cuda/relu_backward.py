@@ -43,7 +43,7 @@ def signatures(dtype) -> dict[str, tuple]:
     return {"relu_backward": (ft[:, :], ft[:, :])}
 
 
-@register("relu_backward", "cuda", backend="numba")
+@register("relu_backward", backend="numba_cuda")
 def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> None:
     """Zero ``grad`` where the ReLU output ``out`` is not positive, in place."""
     k, d = grad.shape

@@ -56,7 +56,7 @@ def signatures(dtype) -> dict[str, tuple]:
     return {"softmax_xent": (ft[:, :], numba.int64[:], ft[:, :], ft[:])}
 
 
-@register("softmax_xent", "cuda", backend="numba")
+@register("softmax_xent", backend="numba_cuda")
 def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
     """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""
     k = logits.shape[0]

@@ -8,7 +8,7 @@ import torch
 from kernels.registry import register
 
 
-@register("clip_rows", "any", backend="torch")
+@register("clip_rows", backend="torch")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
     """Book-keeping per-example clipping (contract in :mod:`kernels.dispatch`)."""

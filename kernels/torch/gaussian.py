@@ -34,7 +34,7 @@ class TorchGaussianStream:
         self._generator.set_state(torch.tensor(state, dtype=torch.uint8))
 
 
-@register("gaussian_stream", "any", backend="torch")
+@register("gaussian_stream", backend="torch")
 def gaussian_stream(seed_sequence: np.random.SeedSequence, device="cpu") -> TorchGaussianStream:
     """A Gaussian stream on ``device`` (see :mod:`kernels.dispatch`)."""
     return TorchGaussianStream(seed_sequence, device)

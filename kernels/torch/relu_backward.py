@@ -6,7 +6,7 @@ import torch
 from kernels.registry import register
 
 
-@register("relu_backward", "any", backend="torch")
+@register("relu_backward", backend="torch")
 def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> None:
     """Zero ``grad`` where the ReLU output ``out`` is not positive, in place."""
     grad.mul_(out > 0)

@@ -6,7 +6,7 @@ import torch
 from kernels.registry import register
 
 
-@register("sgd_update", "any", backend="torch")
+@register("sgd_update", backend="torch")
 def sgd_update(params: torch.Tensor, velocity: torch.Tensor, grad: torch.Tensor, scale: float,
                lr: float, momentum: float) -> None:
     """SGD with momentum in place (contract in :mod:`kernels.dispatch`)."""

@@ -6,7 +6,7 @@ import torch
 from kernels.registry import register
 
 
-@register("softmax_xent", "any", backend="torch")
+@register("softmax_xent", backend="torch")
 def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
     """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""
     if logits.shape[0] == 0:
