@@ -32,7 +32,9 @@ below, and one kernel in every back-end that implements it:
 Tensors are float32 or float64 (``labels`` int64), all on the device the
 kernel is for; CUDA tensors are passed as torch tensors and the CUDA
 kernels run on torch's current stream of their device, so they are ordered
-with the torch ops around them.
+with the torch ops around them. The CUDA kernels raise TypeError for
+another dtype or a tensor off the GPU, ValueError for 2-D tensors whose
+rows are not contiguous or 1-D buffers that are not.
 
 The back-ends, one package each (a package holds its back-end's code only):
 

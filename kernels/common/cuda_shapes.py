@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-#: Largest block of the row reductions (MPIDP_MAX_THREADS in kernels/cuda/*.cu,
+#: Largest block of the row reductions (MPIDP_MAX_THREADS in kernels/cupy/*.cu,
 #: the size of their shared arrays).
 MAX_THREADS = 256
 #: CUDA's limit on the grid's y dimension; the 2-D kernels stride over rows beyond it.

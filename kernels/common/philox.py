@@ -1,7 +1,7 @@
 """Philox4x64-10 and Box-Muller on the host: the GPU noise streams' state and reference.
 
-The CUDA noise kernels (``kernels/gaussian_cuda.py``, ``kernels/gaussian_cupy.py``,
-``kernels/cuda/gaussian.cu``) draw from Philox4x64-10, the counter-based
+The CUDA noise kernels (``kernels/numba_cuda/gaussian.py``, ``kernels/cupy/gaussian.py``
+with ``kernels/cupy/gaussian.cu``) draw from Philox4x64-10, the counter-based
 generator of Salmon, Moraes, Dror & Shaw (2011), "Parallel random numbers:
 as easy as 1, 2, 3" (SC'11): block ``counter`` under ``key`` is a pure
 function, so thousands of threads draw independent blocks without sharing

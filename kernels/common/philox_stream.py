@@ -2,7 +2,7 @@
 the launch shape.
 
 Both kernels (Numba ``@cuda.jit`` in :mod:`kernels.numba_cuda.gaussian`, CUDA C in
-``kernels/cuda/gaussian.cu``) draw the same stream: thread b computes Philox
+``kernels/cupy/gaussian.cu``) draw the same stream: thread b computes Philox
 block ``counter + b`` and adds four normals to ``buf[4b:4b+4]``. A subclass
 only launches its kernel (:meth:`PhiloxDeviceStream._launch`).
 """

@@ -1,6 +1,6 @@
-// Per-example clipping in book-keeping form, for kernels/clip_rows_cupy.py
-// (the Numba twin is kernels/clip_rows_cuda.py; the contract is clip_rows in
-// kernels/dispatch.py). For Linear layers with inputs a_l (k x d_in+1, ones
+// Per-example clipping in book-keeping form, for kernels/cupy/clip_rows.py
+// (the Numba twin is kernels/numba_cuda/clip_rows.py; the contract is clip_rows
+// in kernels/__init__.py). For Linear layers with inputs a_l (k x d_in+1, ones
 // column included) and output gradients g_l (k x d_out), example i's squared
 // gradient norm is sum_l |a_l,i|^2 |g_l,i|^2 (Goodfellow 2015; Li et al. 2021).
 //

@@ -1,9 +1,9 @@
-"""``clip_rows`` on CUDA with CuPy: the kernels of ``kernels/cuda/clip_rows.cu``.
+"""``clip_rows`` on CUDA with CuPy: the kernels of ``clip_rows.cu`` beside it.
 
-Contract in :mod:`kernels.dispatch`; the algorithm (per-layer row norms,
+Contract in :mod:`kernels`; the algorithm (per-layer row norms,
 one-block clip factors with the count of clipped rows, row scaling) and its
 precision are those of the Numba twin, :mod:`kernels.numba_cuda.clip_rows`.
-Launches go through :mod:`kernels.cupy_launch` (device pointers, torch's
+Launches go through :mod:`kernels.cupy.launch` (device pointers, torch's
 current stream); returning the count synchronizes that stream.
 """
 from __future__ import annotations
@@ -17,10 +17,11 @@ from kernels.common.cuda_shapes import grid_2d, leading, numpy_dtype, pow2_at_le
 from kernels.cupy.launch import function, launch, pointer
 from kernels.registry import register
 
+
 @register("clip_rows", backend="cupy")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
-    """Book-keeping per-example clipping (contract in :mod:`kernels.dispatch`)."""
+    """Book-keeping per-example clipping (contract in :mod:`kernels`)."""
     k = grads[0].shape[0] if grads else 0
     if k == 0:
         return 0

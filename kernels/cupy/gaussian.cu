@@ -1,4 +1,4 @@
-// Gaussian noise for kernels/gaussian_cupy.py (Numba twin: kernels/gaussian_cuda.py):
+// Gaussian noise for kernels/cupy/gaussian.py (Numba twin: kernels/numba_cuda/gaussian.py):
 // out[i] += std * N(0, 1) on a flat buffer, from the counter-based generator
 // Philox4x64-10 (Salmon, Moraes, Dror & Shaw 2011, "Parallel random numbers:
 // as easy as 1, 2, 3", SC'11; the same stream as numpy.random.Philox) and the

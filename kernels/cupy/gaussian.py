@@ -1,8 +1,8 @@
-"""``gaussian_stream`` on CUDA with CuPy: ``kernels/cuda/gaussian.cu``.
+"""``gaussian_stream`` on CUDA with CuPy: ``gaussian.cu`` beside it.
 
 Philox4x64-10 and Box-Muller, the same stream as the Numba twin
 (:mod:`kernels.numba_cuda.gaussian`) and as the host reference
-(:mod:`kernels.philox`, whose state class this stream uses): thread b adds
+(:mod:`kernels.common.philox`, whose state class this stream uses): thread b adds
 the four normals of block ``counter + b`` to ``buf[4b:4b+4]``.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from kernels.common import philox
+from kernels.common.philox_stream import PhiloxDeviceStream
 from kernels.cupy.launch import function, launch, pointer
 from kernels.registry import register
-from kernels.common.philox_stream import PhiloxDeviceStream
 
 
 class CupyGaussianStream(PhiloxDeviceStream):

@@ -1,6 +1,6 @@
 """How torch tensors reach the CuPy kernels: device pointers and torch's stream.
 
-The CUDA C lives in ``kernels/cuda/*.cu`` (:mod:`kernels.cuda_sources`
+The CUDA C lives in ``kernels/cupy/*.cu`` (:mod:`kernels.cupy.sources`
 lists the entry points); each file is compiled once per process by
 ``cupy.RawModule`` (NVRTC) on first use, and its functions are looked up by
 the names listed there.
@@ -15,7 +15,7 @@ the names listed there.
   device (``cupy.cuda.ExternalStream``, cached), on that device, so the
   kernels are ordered with the torch ops around them and nothing synchronizes.
 
-Importing this module imports CuPy (ImportError without it: the dispatcher
+Importing this module imports CuPy (ImportError without it: the registry
 then skips the CuPy kernels).
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import cupy
 import numpy as np
 import torch
 
-from kernels.cupy import sources
 from kernels.common.cuda_shapes import numpy_dtype
+from kernels.cupy import sources
 
 #: NVRTC options for every source.
 OPTIONS = ("--std=c++14",)

@@ -1,5 +1,5 @@
-// ReLU backward for kernels/relu_backward_cupy.py (Numba twin:
-// kernels/relu_backward_cuda.py): grad[i, j] = 0 where out[i, j] <= 0, in
+// ReLU backward for kernels/cupy/relu_backward.py (Numba twin:
+// kernels/numba_cuda/relu_backward.py): grad[i, j] = 0 where out[i, j] <= 0, in
 // place (masked entries become +0, as the CPU Numba kernel makes them).
 // 2-D grid: x over columns, y over rows (grid-stride in y); row-major with
 // leading dimensions.

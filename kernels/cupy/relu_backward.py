@@ -1,4 +1,4 @@
-"""``relu_backward`` on CUDA with CuPy: ``kernels/cuda/relu_backward.cu``.
+"""``relu_backward`` on CUDA with CuPy: ``relu_backward.cu`` beside it.
 
 ``grad[i, j] = 0`` where ``out[i, j] <= 0``, in place (masked entries
 become +0, as with the CPU Numba kernel); ``out`` may be a strided view with

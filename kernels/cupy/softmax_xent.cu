@@ -1,5 +1,5 @@
-// Softmax cross-entropy for kernels/softmax_xent_cupy.py (Numba twin:
-// kernels/softmax_xent_cuda.py). One thread per row (the classes are few):
+// Softmax cross-entropy for kernels/cupy/softmax_xent.py (Numba twin:
+// kernels/numba_cuda/softmax_xent.py). One thread per row (the classes are few):
 // grad[i] = softmax(logits[i]) - onehot(labels[i]) and row_loss[i] =
 // logsumexp(logits[i]) - logits[i, labels[i]], computed as the CPU kernel
 // does (max-shifted). The caller sums row_loss (deterministic order).

@@ -1,4 +1,4 @@
-"""``softmax_xent`` on CUDA with CuPy: ``kernels/cuda/softmax_xent.cu``.
+"""``softmax_xent`` on CUDA with CuPy: ``softmax_xent.cu`` beside it.
 
 One thread per row; per-row losses go to a reused device buffer and torch
 sums them in float64 (fixed order: reproducible). Returning the loss as a

@@ -1,7 +1,7 @@
-"""The CUDA C sources in ``kernels/cuda/`` and the entry points Python launches.
+"""The CUDA C sources in ``kernels/cupy/`` and the entry points Python launches.
 
 One ``.cu`` file per op; every ``extern "C"`` kernel in it is named here,
-once per element type. The CuPy kernels (``kernels/*_cupy.py``) look their
+once per element type. The CuPy kernels (``kernels/cupy/<op>.py``) look their
 functions up through :func:`entry`, so a name that is not listed here cannot
 be launched, and the tests compile every file (nvcc, sm_80 and sm_90,
 warnings as errors) and check that it exports exactly these names, with no
@@ -35,7 +35,7 @@ _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
 
 def source_path(stem: str) -> Path:
-    """Path of ``kernels/cuda/<stem>.cu``; KeyError for a stem not in :data:`ENTRY_POINTS`."""
+    """Path of ``kernels/cupy/<stem>.cu``; KeyError for a stem not in :data:`ENTRY_POINTS`."""
     if stem not in ENTRY_POINTS:
         raise KeyError(f"no CUDA source {stem!r}; sources are {', '.join(ENTRY_POINTS)}")
     return SOURCE_DIR / f"{stem}.cu"

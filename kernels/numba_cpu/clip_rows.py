@@ -1,7 +1,7 @@
 """``clip_rows`` as one Numba CPU kernel: norms, clip factors and scaling fused.
 
 One pass per example row over every layer's activations and output
-gradients (contract in :mod:`kernels.dispatch`), instead of about five torch
+gradients (contract in :mod:`kernels`), instead of about five torch
 ops per layer. Squared norms are accumulated in float64.
 """
 from __future__ import annotations
@@ -49,12 +49,12 @@ def _clip_rows(acts, grads, max_norm, factors):
 @register("clip_rows", backend="numba_cpu")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
-    """Book-keeping per-example clipping (contract in :mod:`kernels.dispatch`)."""
+    """Book-keeping per-example clipping (contract in :mod:`kernels`)."""
     return _bind(acts, grads, factors)(max_norm)
 
 
 def _bind(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], factors: torch.Tensor):
-    """``clip_rows`` on these buffers: numpy views made once (see ``dispatch.bind``)."""
+    """``clip_rows`` on these buffers: numpy views made once (``registry.bind``)."""
     k = grads[0].shape[0] if grads else 0
     if k == 0:
         return lambda max_norm: 0

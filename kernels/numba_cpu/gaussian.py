@@ -15,8 +15,7 @@ temporary is allocated.
 Seeding follows numpy: each of :data:`CHUNKS` sub-streams starts from the state
 of ``numpy.random.SFC64(child)`` for the children spawned from the stream's
 seed sequence; sub-stream t fills slice t of the buffer, so the threads can
-share the work (1.8x faster at 2 threads) and the numbers do not depend on
-the thread count.
+share the work and the numbers do not depend on the thread count.
 """
 from __future__ import annotations
 
@@ -121,9 +120,8 @@ def add_normal(out, std, state, K, W, F):
 
     Each 64-bit draw gives two candidates (low and high 32 bits); a rejected
     candidate continues with fresh draws from the same stream. The fast test
-    is written out twice on purpose: moving it into a helper function made the
-    kernel 5-6x slower (47 -> 230-300 us for 30k samples at 1 thread; the
-    generator state then goes through memory instead of registers).
+    is written out twice on purpose: in a helper function, the generator state
+    went through memory instead of registers, which made the loop much slower.
     """
     a, b, c, w = state[0], state[1], state[2], state[3]
     n = out.shape[0]

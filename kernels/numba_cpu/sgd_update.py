@@ -1,16 +1,14 @@
 """``sgd_update`` as one Numba CPU loop: momentum and parameter update in one pass.
 
-Three torch ops (scale-and-add into the velocity, then into the parameters)
-cost 11.6 us per step on the 30k-parameter MLP at one thread, mostly op
-dispatch; this loop costs 3.1 us (measured side by side). The same
-operations as the torch ops, element by element, without fast-math
-reordering (equal to them within float rounding: torch may fuse the
-multiply-add; the tests compare with ``torch.optim.SGD``).
+The torch version is three ops (scale-and-add into the velocity, then into
+the parameters) whose cost is mostly torch's per-op dispatch, which one loop
+pays once. The same operations as the torch ops, element by element, without
+fast-math reordering (equal to them within float rounding: torch may fuse
+the multiply-add; the tests compare with ``torch.optim.SGD``).
 
 Serial on purpose: the update is memory-bound and short, and as a Numba
-parallel region between torch's multi-threaded GEMMs it made a 2-thread
-training step much slower (``mpidp bench dpsgd --threads 2``: 471k examples/s
-with ``prange``, 648k without; the torch ops gave 542k).
+parallel region between torch's multi-threaded GEMMs it slowed a 2-thread
+training step below the torch ops (``mpidp bench dpsgd --threads 2``).
 """
 from __future__ import annotations
 
@@ -34,12 +32,12 @@ def _sgd_update(params, velocity, grad, scale, lr, momentum):
 @register("sgd_update", backend="numba_cpu")
 def sgd_update(params: torch.Tensor, velocity: torch.Tensor, grad: torch.Tensor, scale: float,
                lr: float, momentum: float) -> None:
-    """SGD with momentum in place (contract in :mod:`kernels.dispatch`)."""
+    """SGD with momentum in place (contract in :mod:`kernels`)."""
     _bind(params, velocity, grad)(scale=scale, lr=lr, momentum=momentum)
 
 
 def _bind(params: torch.Tensor, velocity: torch.Tensor, grad: torch.Tensor):
-    """``sgd_update`` on these buffers: numpy views made once (see ``dispatch.bind``)."""
+    """``sgd_update`` on these buffers: numpy views made once (``registry.bind``)."""
     p, v, g = params.numpy(), velocity.numpy(), grad.numpy()
 
     def update(scale: float, lr: float, momentum: float) -> None:

@@ -35,7 +35,7 @@ def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor)
 
 
 def _bind(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor):
-    """``softmax_xent`` on these buffers: numpy views made once (see ``dispatch.bind``)."""
+    """``softmax_xent`` on these buffers: numpy views made once (``registry.bind``)."""
     if logits.shape[0] == 0:
         return lambda: 0.0
     z, y, g = logits.numpy(), labels.numpy(), grad.numpy()

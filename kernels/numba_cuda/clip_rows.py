@@ -1,7 +1,7 @@
 """``clip_rows`` on CUDA with Numba ``@cuda.jit``: norms, clip factors, row scaling.
 
-Contract in :mod:`kernels.dispatch` (same results as the CPU kernels, to
-float rounding). Three kernels, the twins of ``kernels/cuda/clip_rows.cu``:
+Contract in :mod:`kernels` (same results as the CPU kernels, to float
+rounding). Three kernels, the twins of ``kernels/cupy/clip_rows.cu``:
 
 * ``row_sq_norms`` (once per layer, one block per example row):
   ``sq[i] (+)= |a_i|^2 |g_i|^2``, a shared-memory tree reduction (no warp
@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels.registry import register
 from kernels.common.cuda_shapes import (MAX_THREADS, grid_2d, leading, numpy_dtype, pow2_at_least,
-                                 scratch)
+                                        scratch)
 from kernels.numba_cuda.launch import array, stream
+from kernels.registry import register
 
 
 def _build(ft):
@@ -120,7 +120,7 @@ def signatures(dtype) -> dict[str, tuple]:
 @register("clip_rows", backend="numba_cuda")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
-    """Book-keeping per-example clipping (contract in :mod:`kernels.dispatch`)."""
+    """Book-keeping per-example clipping (contract in :mod:`kernels`)."""
     k = grads[0].shape[0] if grads else 0
     if k == 0:
         return 0

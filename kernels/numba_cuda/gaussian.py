@@ -1,7 +1,7 @@
 """``gaussian_stream`` on CUDA with Numba ``@cuda.jit``: Philox4x64-10 and Box-Muller.
 
-The twin of ``kernels/cuda/gaussian.cu``; the stream, its state and a host
-reference are in :mod:`kernels.philox`. Thread b computes Philox block
+The twin of ``kernels/cupy/gaussian.cu``; the stream, its state and a host
+reference are in :mod:`kernels.common.philox`. Thread b computes Philox block
 ``counter + b`` and adds four normals to ``buf[4b:4b+4]``. The 64-bit
 multiply-high is written with 32-bit halves and the round keys come
 precomputed from the host, so nothing overflows a numpy scalar when the CUDA
@@ -9,7 +9,7 @@ simulator runs this code, and the same source compiles for the GPU. It is
 written inline, without device functions: calling one makes Numba ask the
 driver for the GPU's compute capability, so ``compile_ptx`` (the tests'
 ahead-of-time check) would need a GPU. The transform runs in float64 on
-purpose (see :data:`kernels.cuda_sources.FLOAT64_BY_DESIGN`).
+purpose (see :data:`kernels.cupy.sources.FLOAT64_BY_DESIGN`).
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ import torch
 from numba import cuda
 
 from kernels.common import philox
-from kernels.registry import register
 from kernels.common.cuda_shapes import numpy_dtype
+from kernels.common.philox_stream import PhiloxDeviceStream
 from kernels.numba_cuda.launch import array as device_array
 from kernels.numba_cuda.launch import stream
-from kernels.common.philox_stream import PhiloxDeviceStream
+from kernels.registry import register
 
 _M32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)

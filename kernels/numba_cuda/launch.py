@@ -13,7 +13,7 @@
   machine without a GPU) the same wrappers take CPU tensors and pass numpy
   views; anywhere else a CPU tensor is a TypeError.
 
-Launch shapes and argument checks are in :mod:`kernels.cuda_shapes`.
+Launch shapes and argument checks are in :mod:`kernels.common.cuda_shapes`.
 """
 from __future__ import annotations
 

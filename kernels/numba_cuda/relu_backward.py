@@ -1,4 +1,4 @@
-"""``relu_backward`` on CUDA with Numba ``@cuda.jit`` (twin of ``kernels/cuda/relu_backward.cu``).
+"""``relu_backward`` on CUDA with Numba ``@cuda.jit`` (twin of ``kernels/cupy/relu_backward.cu``).
 
 ``grad[i, j] = grad[i, j] if out[i, j] > 0 else 0`` in place (a select,
 branch-free on the GPU; masked entries become +0, as the CPU Numba kernel
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels.registry import register
 from kernels.common.cuda_shapes import grid_2d, leading, numpy_dtype
 from kernels.numba_cuda.launch import array, stream
+from kernels.registry import register
 
 
 def _build(ft):

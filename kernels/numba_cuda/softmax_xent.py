@@ -1,4 +1,4 @@
-"""``softmax_xent`` on CUDA with Numba ``@cuda.jit`` (twin of ``kernels/cuda/softmax_xent.cu``).
+"""``softmax_xent`` on CUDA with Numba ``@cuda.jit`` (twin of ``kernels/cupy/softmax_xent.cu``).
 
 One thread per row (the classes are few): ``grad = softmax(z) - onehot(y)``
 and the row's loss ``logsumexp(z) - z_y``, max-shifted as on the CPU. The
@@ -16,9 +16,10 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels.registry import register
 from kernels.common.cuda_shapes import grid_1d, leading, numpy_dtype, scratch
 from kernels.numba_cuda.launch import array, stream
+from kernels.registry import register
+
 
 def _build(ft):
     zero, one = ft(0), ft(1)

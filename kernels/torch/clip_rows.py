@@ -1,4 +1,4 @@
-"""``clip_rows`` with torch ops: the generic kernel for any device (see dispatch)."""
+"""``clip_rows`` with torch ops: the generic kernel for any device."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -11,7 +11,7 @@ from kernels.registry import register
 @register("clip_rows", backend="torch")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
-    """Book-keeping per-example clipping (contract in :mod:`kernels.dispatch`)."""
+    """Book-keeping per-example clipping (contract in :mod:`kernels`)."""
     k = grads[0].shape[0] if grads else 0
     if k == 0:
         return 0

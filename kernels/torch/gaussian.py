@@ -36,5 +36,5 @@ class TorchGaussianStream:
 
 @register("gaussian_stream", backend="torch")
 def gaussian_stream(seed_sequence: np.random.SeedSequence, device="cpu") -> TorchGaussianStream:
-    """A Gaussian stream on ``device`` (see :mod:`kernels.dispatch`)."""
+    """A Gaussian stream on ``device`` (contract in :mod:`kernels`)."""
     return TorchGaussianStream(seed_sequence, device)

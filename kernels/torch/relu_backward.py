@@ -1,4 +1,4 @@
-"""``relu_backward`` with torch ops: the generic kernel (see dispatch)."""
+"""``relu_backward`` with torch ops: the generic kernel for any device."""
 from __future__ import annotations
 
 import torch

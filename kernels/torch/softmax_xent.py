@@ -1,4 +1,4 @@
-"""``softmax_xent`` with torch ops: the generic kernel (see dispatch)."""
+"""``softmax_xent`` with torch ops: the generic kernel for any device."""
 from __future__ import annotations
 
 import torch

@@ -3,7 +3,7 @@
 Run by tests/test_gpu_kernels.py in a subprocess with the simulator on (it
 must never leak into other tests; compile checks need it off). Not collected
 by the normal suite. Shapes are tiny: every simulated thread is a Python
-thread. The kernels are called through the dispatcher, exactly as the engine
+thread. The kernels are called through the registry, exactly as the engine
 calls them on a GPU, with CPU tensors standing in for device memory.
 """
 import io
