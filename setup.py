@@ -5,7 +5,7 @@ layout asks (see README "Layout"); ``mpidp`` is the console script.
 """
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
 VERSION = {}
@@ -20,9 +20,13 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["engine", "engine.audit", "kernels", "collectives", "collectives.algorithms",
-              "collectives.channels", "preprocessing"],
-    package_data={"kernels": ["cuda/*.cu"], "preprocessing": ["*.json"]},
+    # Every sub-package of the four top-level packages (a new sub-package
+    # needs no edit here).
+    packages=find_packages(include=["engine", "engine.*", "kernels", "kernels.*",
+                                    "collectives", "collectives.*", "preprocessing",
+                                    "preprocessing.*"]),
+    # The CuPy kernels compile their CUDA C (kernels/cupy/*.cu) at run time.
+    package_data={"kernels.cupy": ["*.cu"], "preprocessing": ["*.json"]},
     install_requires=[
         "mpi4py>=4.0",
         # An MPI that installs with pip, for machines without a system MPI.

@@ -18,7 +18,7 @@ book-keeping rule). Per step, for L layers:
 
 Every buffer is allocated once (and grown if a Poisson batch is larger than
 any before), so a step allocates nothing but a few tensor views. Kernels
-come from :mod:`kernels.dispatch` for the parameters' device; on a GPU every
+come from :mod:`kernels.registry` for the parameters' device; on a GPU every
 buffer lives there too (``--device cuda``), and only the sampled row indices
 go in and the loss and clipped count come back.
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from engine.model import MLPSpec, layer_views, logits as mlp_logits
-from kernels import dispatch
+from kernels import registry
 
 
 class FastMLP:
@@ -53,9 +53,9 @@ class FastMLP:
         self.W_in = [w[:, :-1] for w in self.W]
         self.G_out = layer_views(spec, grad)
         device = params.device
-        self.clip_rows = dispatch.get("clip_rows", device, backend)
-        self.relu_backward = dispatch.get("relu_backward", device, backend)
-        self.softmax_xent = dispatch.get("softmax_xent", device, backend)
+        self.clip_rows = registry.get("clip_rows", device, backend)
+        self.relu_backward = registry.get("relu_backward", device, backend)
+        self.softmax_xent = registry.get("softmax_xent", device, backend)
         self.capacity = 0
         self._allocate(max(1, capacity))
 
@@ -90,11 +90,11 @@ class FastMLP:
             G = tuple(g[:k] for g in self.G)
             last = self.spec.n_layers - 1
             kernels = (
-                dispatch.bind(self.softmax_xent, logits=Z[last], labels=self.y[:k],
+                registry.bind(self.softmax_xent, logits=Z[last], labels=self.y[:k],
                               grad=G[last]),
-                tuple(dispatch.bind(self.relu_backward, grad=G[i - 1], out=H[i])
+                tuple(registry.bind(self.relu_backward, grad=G[i - 1], out=H[i])
                       for i in range(last, 0, -1)),
-                dispatch.bind(self.clip_rows, acts=A, grads=G, factors=self.factors))
+                registry.bind(self.clip_rows, acts=A, grads=G, factors=self.factors))
             views = (A, H, Z, G, self.y[:k], kernels)
             self._views[k] = views
         return views

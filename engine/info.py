@@ -97,7 +97,7 @@ def rank_facts() -> dict:
 def collect() -> dict | None:
     """Gather the report on rank 0 (collective over COMM_WORLD); None elsewhere."""
     from collectives.runtime import MPI, mpi_cuda_support
-    from kernels.backends import probe_all
+    from kernels.probe import probe_all
 
     comm = MPI.COMM_WORLD
     ranks = comm.gather(rank_facts(), root=0)

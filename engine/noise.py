@@ -14,7 +14,7 @@ rank would inflate it p-fold). Two schemes:
 
 Each rank draws from its own stream (seeded from the run's seed and the
 rank, :func:`engine.sampler.seed_sequence`), reproducible and checkpointed.
-The Gaussian kernel comes from :mod:`kernels.dispatch` for the buffer's
+The Gaussian kernel comes from :mod:`kernels.registry` for the buffer's
 device.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import math
 import torch
 
 from engine.sampler import STREAM_NOISE, seed_sequence
-from kernels import dispatch
+from kernels import registry
 
 SCHEMES = ("partition", "split")
 
@@ -54,7 +54,7 @@ class GaussianNoise:
             self.lo, self.hi = 0, dim
             self.local_std = self.std / math.sqrt(size)
         device = torch.device(device)
-        make = dispatch.get("gaussian_stream", device, backend)
+        make = registry.get("gaussian_stream", device, backend)
         seeds = seed_sequence(seed, rank, STREAM_NOISE)
         # CPU kernels take the seeds only; other devices' kernels also take the device.
         self.stream = make(seeds) if device.type == "cpu" else make(seeds, device)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import dispatch
+from kernels import registry
 
 NAMES = ("sgd", "adam")
 
@@ -23,15 +23,15 @@ NAMES = ("sgd", "adam")
 def _kernel(op: str, device, backend: str | None):
     """``op``'s kernel for ``device``; a forced back-end without that op (``cupy``)
     falls back to the best one there is."""
-    if backend is not None and backend not in dispatch.backends(op, device):
+    if backend is not None and backend not in registry.backends(op, device):
         backend = None
-    return dispatch.get(op, device, backend)
+    return registry.get(op, device, backend)
 
 
 class SGD:
     """``v = m v + g``; ``p -= lr v`` (PyTorch's momentum convention).
 
-    The momentum update is one ``sgd_update`` kernel (:mod:`kernels.dispatch`),
+    The momentum update is one ``sgd_update`` kernel (:mod:`kernels.registry`),
     bound to the gradient buffer of the first step: pass the same buffer every
     step (the trainer does), a different one re-binds.
     """
@@ -58,7 +58,7 @@ class SGD:
             self.params.add_(grad, alpha=-self.lr * scale)
             return
         if grad is not self._bound_to:
-            self._update = dispatch.bind(self._kernel, params=self.params,
+            self._update = registry.bind(self._kernel, params=self.params,
                                          velocity=self.velocity, grad=grad)
             self._bound_to = grad
         # The velocity starts at zero, so the first step gives v = scale * grad.

@@ -1,1 +1,62 @@
-"""Per-example gradient kernels and the SGD update (Numba CPU, Numba CUDA, CuPy), and back-end probes."""
+"""Per-example gradient kernels and the SGD update, one package per back-end.
+
+A DP-SGD step of the engine's MLP calls five ops. Each has one contract,
+below, and one kernel in every back-end that implements it:
+
+``clip_rows(acts, grads, max_norm, factors) -> int``
+    Per-example clipping for a stack of Linear layers in book-keeping form.
+    ``acts[l]`` is layer l's input with a trailing column of ones (k x
+    (d_in+1)), ``grads[l]`` the loss gradient at its output (k x d_out);
+    example i's gradient for layer l is ``grads[l][i]^T acts[l][i]``, so its
+    squared norm is ``sum_l |acts[l][i]|^2 |grads[l][i]|^2``. Writes the clip
+    factors ``min(1, max_norm / norm_i)`` into ``factors[:k]``, scales every
+    ``grads[l][i]`` by its factor in place and returns how many rows were
+    clipped (factor < 1). k = 0 is valid.
+``relu_backward(grad, out) -> None``
+    ``grad[i, j] = 0`` where ``out[i, j] <= 0`` (``out`` is the ReLU output,
+    possibly a strided view).
+``softmax_xent(logits, labels, grad) -> float``
+    Cross-entropy of every row: writes ``softmax(logits) - onehot(labels)``
+    into ``grad`` and returns the summed loss (a Python float).
+``sgd_update(params, velocity, grad, scale, lr, momentum) -> None``
+    SGD with momentum on flat buffers of one dtype, in place:
+    ``velocity = momentum * velocity + scale * grad``, then
+    ``params -= lr * velocity`` (PyTorch's convention; ``grad`` unchanged).
+``gaussian_stream(seed_sequence[, device]) -> stream``
+    A reproducible stream of N(0, 1) samples with ``stream.add_(buf, std)``
+    (adds ``std * N(0, 1)`` to every element of a 1-D buffer in place),
+    ``stream.get_state() -> list[int]`` and ``stream.set_state(list)``
+    (ValueError for the state of another kind of stream). Kernels for a
+    device other than the CPU take the ``torch.device`` as second argument.
+
+Tensors are float32 or float64 (``labels`` int64), all on the device the
+kernel is for; CUDA tensors are passed as torch tensors and the CUDA
+kernels run on torch's current stream of their device, so they are ordered
+with the torch ops around them. The CUDA kernels raise TypeError for
+another dtype or a tensor off the GPU, ValueError for 2-D tensors whose
+rows are not contiguous or 1-D buffers that are not.
+
+The back-ends, one package each (a package holds its back-end's code only):
+
+``numba_cpu/``
+    Numba ``@njit`` on CPU tensors: the default on CPUs.
+``numba_cuda/``
+    Numba ``@cuda.jit`` on CUDA tensors; also runs under Numba's CUDA
+    simulator, which is how the tests check it without a GPU.
+``cupy/``
+    CUDA C (``<op>.cu`` beside each ``<op>.py``) compiled by CuPy: the
+    default on GPUs.
+``torch/``
+    torch ops, for any device: the fallback where a device has no kernel of
+    its own, and the reference the others are tested against.
+
+``common/`` is not a back-end: it holds what the two CUDA back-ends share
+(the Philox generator's host side, the noise stream's state, launch shapes).
+
+How a kernel is chosen: :mod:`kernels.registry` maps (op, back-end) to a
+kernel; the engine asks for an op on the device of its tensors and gets
+that device's preferred back-end (CuPy, then Numba CUDA on GPUs; Numba on
+CPUs), else the torch kernel. ``mpidp train --kernels numba|cupy|torch``
+forces one. :mod:`kernels.probe` reports which back-ends this process can
+use (``mpidp info``). This package imports nothing else of mpidp.
+"""

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels import cuda_sources, dispatch
+from kernels import registry
+from kernels.cupy import sources as cuda_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -37,7 +38,7 @@ ARCHS = ((8, 0), (9, 0))
 DTYPES = (np.float32, np.float64)
 #: PTX instructions the CUDA simulator does not have.
 WARP_INTRINSICS = ("shfl.sync", "vote.sync", "match.sync", "redux.sync", "activemask")
-NUMBA_CUDA_MODULES = [m for m in dispatch.DEVICE_KERNEL_MODULES["cuda"] if m.endswith("_cuda")]
+NUMBA_CUDA_MODULES = sorted(fn.__module__ for fn in registry.kernels_of("numba_cuda").values())
 
 
 def _pytest_subprocess(script: str, **env) -> subprocess.CompletedProcess:
@@ -100,7 +101,7 @@ def _kernel_cases():
         for dtype in DTYPES:
             for kernel in importlib.import_module(module_name).signatures(dtype):
                 yield pytest.param(module_name, kernel, np.dtype(dtype),
-                                   id=f"{module_name.split('.')[1]}-{kernel}-"
+                                   id=f"{module_name.split('.')[-1]}-{kernel}-"
                                       f"{np.dtype(dtype).name}")
 
 
@@ -170,7 +171,7 @@ def test_cu_file_compiles_with_nvcc_and_exports_its_entry_points(stem, tmp_path)
     nvcc = _cuda_tool("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found (install the CUDA toolkit, or put nvcc on PATH): "
-                    f"kernels/cuda/{stem}.cu was not compiled")
+                    f"kernels/cupy/{stem}.cu was not compiled")
     for major, minor in ARCHS:
         arch = f"sm_{major}{minor}"
         out = tmp_path / f"{stem}_{arch}.ptx"

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kernels import philox
+from kernels.common import philox
 from normality import assert_standard_normal
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import dispatch, philox
+from kernels import registry
+from kernels.common import philox
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +43,7 @@ def _backends() -> list:
     out = []
     for name in ("cupy", "numba"):
         marks = []
-        module = {"cupy": "kernels.clip_rows_cupy", "numba": "kernels.clip_rows_cuda"}[name]
+        module = {"cupy": "kernels.cupy.clip_rows", "numba": "kernels.numba_cuda.clip_rows"}[name]
         try:
             __import__(module)
         except ImportError as exc:
@@ -72,10 +73,10 @@ def test_clip_rows_on_the_gpu_equals_the_cpu(backend, dtype, k, C):
     grads = [torch.randn(k, d, generator=g, dtype=dtype) * 0.1 for d in dims[1:]]
     f_cpu = torch.empty(k, dtype=dtype)
     cpu = [x.clone() for x in grads]
-    n_cpu = dispatch.get("clip_rows", "cpu", "numba")(acts, cpu, C, f_cpu)
+    n_cpu = registry.get("clip_rows", "cpu", "numba")(acts, cpu, C, f_cpu)
     dev = [x.cuda() for x in grads]
     f = torch.empty(k, dtype=dtype, device="cuda")
-    n = dispatch.get("clip_rows", "cuda", backend)([a.cuda() for a in acts], dev, C, f)
+    n = registry.get("clip_rows", "cuda", backend)([a.cuda() for a in acts], dev, C, f)
     assert n == n_cpu
     assert torch.allclose(f.cpu(), f_cpu, **tol(dtype))
     assert all(torch.allclose(a.cpu(), b, **tol(dtype)) for a, b in zip(dev, cpu))
@@ -88,13 +89,13 @@ def test_relu_backward_and_softmax_on_the_gpu(backend, dtype):
     full = torch.randn(513, 65, generator=g, dtype=dtype).clamp_min(0)
     grad = torch.randn(513, 64, generator=g, dtype=dtype)
     dev = grad.cuda()
-    dispatch.get("relu_backward", "cuda", backend)(dev, full.cuda()[:, :64])
+    registry.get("relu_backward", "cuda", backend)(dev, full.cuda()[:, :64])
     assert torch.equal(dev.cpu(), torch.where(full[:, :64] > 0, grad, 0.0))
     logits = torch.randn(300, 5, generator=g, dtype=dtype) * 3
     labels = torch.randint(0, 5, (300,), generator=g)
     cpu_grad, dev_grad = torch.empty_like(logits), torch.empty_like(logits).cuda()
-    want = dispatch.get("softmax_xent", "cpu", "numba")(logits, labels, cpu_grad)
-    got = dispatch.get("softmax_xent", "cuda", backend)(logits.cuda(), labels.cuda(), dev_grad)
+    want = registry.get("softmax_xent", "cpu", "numba")(logits, labels, cpu_grad)
+    got = registry.get("softmax_xent", "cuda", backend)(logits.cuda(), labels.cuda(), dev_grad)
     assert got == pytest.approx(want, rel=1e-5)
     assert torch.allclose(dev_grad.cpu(), cpu_grad, rtol=1e-5, atol=1e-6)
 
@@ -102,7 +103,7 @@ def test_relu_backward_and_softmax_on_the_gpu(backend, dtype):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gaussian_stream_on_the_gpu_is_the_philox_reference(backend, dtype):
-    stream = dispatch.get("gaussian_stream", "cuda", backend)(np.random.SeedSequence(9),
+    stream = registry.get("gaussian_stream", "cuda", backend)(np.random.SeedSequence(9),
                                                                torch.device("cuda"))
     key = tuple(stream.get_state()[:2])
     buf = torch.zeros(100_003, dtype=dtype, device="cuda")
@@ -116,8 +117,8 @@ def test_gaussian_stream_on_the_gpu_is_the_philox_reference(backend, dtype):
 
 def test_numba_and_cupy_streams_agree():
     pytest.importorskip("cupy")
-    a = dispatch.get("gaussian_stream", "cuda", "numba")(np.random.SeedSequence(4))
-    b = dispatch.get("gaussian_stream", "cuda", "cupy")(np.random.SeedSequence(4))
+    a = registry.get("gaussian_stream", "cuda", "numba")(np.random.SeedSequence(4))
+    b = registry.get("gaussian_stream", "cuda", "cupy")(np.random.SeedSequence(4))
     x, y = torch.zeros(4097, device="cuda"), torch.zeros(4097, device="cuda")
     a.add_(x, 1.0)
     b.add_(y, 1.0)
@@ -135,7 +136,7 @@ def test_kernels_run_on_torchs_current_stream(backend):
             a = torch.tanh(a @ a * 1e-3)
         out = a[:, :1024] - 0.0  # ready only after the chain
         grad = torch.ones(2048, 1024, device="cuda")
-        dispatch.get("relu_backward", "cuda", backend)(grad, out)
+        registry.get("relu_backward", "cuda", backend)(grad, out)
         want = (out > 0).float()
         same = bool(torch.equal(grad, want))
     side.synchronize()
@@ -143,7 +144,7 @@ def test_kernels_run_on_torchs_current_stream(backend):
 
 
 def test_numba_views_are_zero_copy():
-    from kernels.numba_cuda_launch import array
+    from kernels.numba_cuda.launch import array
 
     t = torch.zeros(10, 3, device="cuda")
     assert array(t).device_ctypes_pointer.value == t.data_ptr()

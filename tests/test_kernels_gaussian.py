@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.gaussian_numba import ziggurat_tables, seed_state, sfc64_raw
+from kernels import registry
+from kernels.numba_cpu.gaussian import ziggurat_tables, seed_state, sfc64_raw
 from normality import assert_standard_normal
 
 
@@ -30,7 +30,7 @@ def test_ziggurat_tables_close_the_recursion():
 def test_samples_are_standard_normal(backend):
     """KS test, moments and the tail beyond the ziggurat's base (seeded: no flakes;
     a wrong table or a biased path fails by hundreds of standard errors)."""
-    stream = dispatch.get("gaussian_stream", "cpu", backend)(np.random.SeedSequence(7))
+    stream = registry.get("gaussian_stream", "cpu", backend)(np.random.SeedSequence(7))
     x = torch.zeros(2_000_000, dtype=torch.float64)
     stream.add_(x, 1.0)
     assert_standard_normal(x.numpy(), tail_at=3.6541528853610088)  # the ziggurat's tail
@@ -38,7 +38,7 @@ def test_samples_are_standard_normal(backend):
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
 def test_add_scales_adds_and_restores_state(backend):
-    make = dispatch.get("gaussian_stream", "cpu", backend)
+    make = registry.get("gaussian_stream", "cpu", backend)
     a, b = make(np.random.SeedSequence(3)), make(np.random.SeedSequence(3))
     base = torch.arange(1001, dtype=torch.float32)
     x, y = base.clone(), torch.zeros(1001)
@@ -60,7 +60,7 @@ def test_add_scales_adds_and_restores_state(backend):
 def test_numba_noise_does_not_depend_on_the_thread_count():
     import numba
 
-    make = dispatch.get("gaussian_stream", "cpu", "numba")
+    make = registry.get("gaussian_stream", "cpu", "numba")
     before = numba.get_num_threads()
     out = []
     for threads in (1, numba.config.NUMBA_NUM_THREADS):

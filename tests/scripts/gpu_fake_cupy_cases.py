@@ -28,7 +28,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cuda_sources, dispatch, philox
+from kernels import registry
+from kernels.common import philox
+from kernels.cupy import sources as cuda_sources
 
 # ---------------------------------------------------------------- the fake CuPy
 C_TYPES = {"long long": np.int64, "unsigned long long": np.uint64, "int": np.int32,
@@ -181,10 +183,10 @@ cupy.cuda = types.SimpleNamespace(
     Device=lambda index=0: _Context("device", index))
 sys.modules["cupy"] = cupy
 
-import kernels.clip_rows_cuda  # noqa: E402,F401  (Numba first: the preference must not care)
-import kernels.cupy_launch  # noqa: E402  (after the fake is in place)
+import kernels.numba_cuda.clip_rows  # noqa: E402,F401  (Numba first: the preference must not care)
+import kernels.cupy.launch  # noqa: E402  (after the fake is in place)
 
-kernels.cupy_launch.HOST_TENSORS_FOR_TESTS = True
+kernels.cupy.launch.HOST_TENSORS_FOR_TESTS = True
 
 
 # ---------------------------------------------------------------------- tests
@@ -196,7 +198,7 @@ def tol(dtype):
 
 
 def cupy_kernel(op):
-    fn = dispatch.get(op, "cuda")
+    fn = registry.get(op, "cuda")
     assert fn.backend == "cupy", "the CuPy kernels come first on 'cuda'"
     return fn
 
@@ -227,7 +229,7 @@ def test_clip_rows(dtype, k, C, launches):
     cpu = [x.clone() for x in grads]
     f, f_cpu = torch.full((k + 1,), -1.0, dtype=dtype), torch.full((k + 1,), -1.0, dtype=dtype)
     n = cupy_kernel("clip_rows")(acts, grads, C, f)
-    assert n == dispatch.get("clip_rows", "cpu", "numba")(acts, cpu, C, f_cpu)
+    assert n == registry.get("clip_rows", "cpu", "numba")(acts, cpu, C, f_cpu)
     assert f[k] == -1.0
     assert torch.allclose(f, f_cpu, **tol(dtype))
     assert all(torch.allclose(a, b, **tol(dtype)) for a, b in zip(grads, cpu))
@@ -246,7 +248,7 @@ def test_relu_backward_on_a_strided_view(dtype, k, d):
     grad = torch.randn(k, d, generator=g, dtype=dtype)
     a, b = grad.clone(), grad.clone()
     cupy_kernel("relu_backward")(a, full[:, :d])
-    dispatch.get("relu_backward", "cpu", "numba")(b, full[:, :d])
+    registry.get("relu_backward", "cpu", "numba")(b, full[:, :d])
     assert torch.equal(a, b)
 
 
@@ -264,7 +266,7 @@ def test_softmax_xent(dtype, k, classes):
     labels = torch.randint(0, classes, (k,), generator=g)
     grad, cpu_grad = torch.empty(k, classes, dtype=dtype), torch.empty(k, classes, dtype=dtype)
     loss = cupy_kernel("softmax_xent")(logits, labels, grad)
-    cpu_loss = dispatch.get("softmax_xent", "cpu", "numba")(logits, labels, cpu_grad)
+    cpu_loss = registry.get("softmax_xent", "cpu", "numba")(logits, labels, cpu_grad)
     assert loss == pytest.approx(cpu_loss, rel=1e-5, abs=1e-6)
     assert torch.allclose(grad, cpu_grad, rtol=1e-5, atol=1e-6)
 
@@ -286,7 +288,7 @@ def test_gaussian_stream(dtype):
 def test_cupy_wins_whatever_the_import_order():
     import importlib
 
-    importlib.import_module("kernels.clip_rows_cuda")  # Numba's kernel imported first
-    for op in dispatch.OPS:
-        want = ["torch"] if op in dispatch.GENERIC_ON_GPU else ["cupy", "numba", "torch"]
-        assert dispatch.backends(op, "cuda") == want
+    importlib.import_module("kernels.numba_cuda.clip_rows")  # Numba's kernel imported first
+    for op in registry.OPS:
+        want = ["torch"] if op in registry.GENERIC_ON_GPU else ["cupy", "numba", "torch"]
+        assert registry.backends(op, "cuda") == want

@@ -3,7 +3,7 @@
 Run by tests/test_gpu_kernels.py in a subprocess with the simulator on (it
 must never leak into other tests; compile checks need it off). Not collected
 by the normal suite. Shapes are tiny: every simulated thread is a Python
-thread. The kernels are called through the dispatcher, exactly as the engine
+thread. The kernels are called through the registry, exactly as the engine
 calls them on a GPU, with CPU tensors standing in for device memory.
 """
 import io
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from kernel_inputs import random_layers  # tests/, on PYTHONPATH (test_gpu_kernels.py)
-from kernels import dispatch, philox
+from kernels import registry
+from kernels.common import philox
 
 assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
 assert numba.config.ENABLE_CUDASIM
@@ -28,8 +29,8 @@ def tol(dtype):
 
 
 def cuda_kernel(op):
-    fn = dispatch.get(op, "cuda", "numba")
-    assert fn.__module__.endswith("_cuda"), fn.__module__
+    fn = registry.get(op, "cuda", "numba")
+    assert fn.__module__.startswith("kernels.numba_cuda."), fn.__module__
     return fn
 
 
@@ -45,12 +46,12 @@ def _naive_clip(acts, grads, C):
 
 
 def test_the_cuda_registry_under_the_simulator_is_numba():
-    for op in dispatch.OPS:
-        assert dispatch.backends(op, "cuda")[-1] == "torch"
-        if op in dispatch.GENERIC_ON_GPU:
-            assert dispatch.backends(op, "cuda") == ["torch"]
+    for op in registry.OPS:
+        assert registry.backends(op, "cuda")[-1] == "torch"
+        if op in registry.GENERIC_ON_GPU:
+            assert registry.backends(op, "cuda") == ["torch"]
         else:
-            assert "numba" in dispatch.backends(op, "cuda")
+            assert "numba" in registry.backends(op, "cuda")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -62,7 +63,7 @@ def test_clip_rows_matches_cpu_and_the_naive_loop(dtype, k, C):
     factors = torch.full((k + 2,), -1.0, dtype=dtype)
     cpu_factors = factors.clone()
     n = cuda_kernel("clip_rows")(acts, grads, C, factors)
-    n_cpu = dispatch.get("clip_rows", "cpu", "numba")(acts, cpu_grads, C, cpu_factors)
+    n_cpu = registry.get("clip_rows", "cpu", "numba")(acts, cpu_grads, C, cpu_factors)
     assert n == n_cpu
     assert torch.equal(factors[k:], torch.full((2,), -1.0, dtype=dtype))  # untouched
     if k == 0:
@@ -78,7 +79,7 @@ def test_clip_rows_matches_cpu_and_the_naive_loop(dtype, k, C):
 def test_clip_kernels_stride_when_rows_outnumber_threads():
     """Launches smaller than the data (as for widths > 256 or grids past 65535 rows):
     every column, row and factor is still covered."""
-    from kernels.clip_rows_cuda import KERNELS
+    from kernels.numba_cuda.clip_rows import KERNELS
 
     kern = KERNELS[np.dtype(np.float32)]
     rng = np.random.default_rng(0)
@@ -106,7 +107,7 @@ def test_relu_backward_equals_cpu_and_the_mask(dtype, k):
     grad = torch.randn(k, 9, generator=g, dtype=dtype)
     a, b = grad.clone(), grad.clone()
     cuda_kernel("relu_backward")(a, full[:, :9])  # a strided view, as in the engine
-    dispatch.get("relu_backward", "cpu", "numba")(b, full[:, :9])
+    registry.get("relu_backward", "cpu", "numba")(b, full[:, :9])
     assert torch.equal(a, b)
     assert torch.equal(a, torch.where(full[:, :9] > 0, grad, 0.0))
 
@@ -124,7 +125,7 @@ def test_softmax_xent_matches_cpu_and_autograd(dtype, k, classes):
     want_loss = float(want_loss.detach())
     grad, cpu_grad = torch.empty(k, classes, dtype=dtype), torch.empty(k, classes, dtype=dtype)
     loss = cuda_kernel("softmax_xent")(logits, labels, grad)
-    cpu_loss = dispatch.get("softmax_xent", "cpu", "numba")(logits, labels, cpu_grad)
+    cpu_loss = registry.get("softmax_xent", "cpu", "numba")(logits, labels, cpu_grad)
     rel = 1e-5 if dtype == torch.float32 else 1e-12
     assert loss == pytest.approx(cpu_loss, rel=rel, abs=rel)
     assert loss == pytest.approx(want_loss, rel=rel, abs=rel)
@@ -163,7 +164,7 @@ def test_gaussian_stream_state_round_trip_and_other_layouts():
     third = torch.zeros(7)
     other.add_(third, 1.0)
     assert not torch.equal(first, third)
-    cpu_state = dispatch.get("gaussian_stream", "cpu", "numba")(np.random.SeedSequence(2))
+    cpu_state = registry.get("gaussian_stream", "cpu", "numba")(np.random.SeedSequence(2))
     with pytest.raises(ValueError):
         a.set_state(cpu_state.get_state())  # a checkpoint of the CPU stream
 
@@ -207,17 +208,17 @@ def test_training_on_the_device_path_with_every_kernel_simulated(tmp_path, monke
     path = synthetic_h5.write(tmp_path / "d.h5", rows=60, features=3, test_rows=10, seed=1)
     monkeypatch.setattr("engine.trainer.select_device",
                         lambda kind, comm: Placement(torch.device("cpu"), host_buffer=False))
-    original = dispatch.get
+    original = registry.get
     runs = {}
     for mode in ("simulated", "cpu kernels"):
         def get(op, device="cpu", backend=None, mode=mode):
-            if op in dispatch.GENERIC_ON_GPU:
+            if op in registry.GENERIC_ON_GPU:
                 return original(op, device, backend)
             if op == "gaussian_stream" or mode == "simulated":
                 return original(op, "cuda", "numba")
             return original(op, device, backend)
 
-        monkeypatch.setattr(dispatch, "get", get)
+        monkeypatch.setattr(registry, "get", get)
         cfg = TrainConfig(data=str(path), epochs=1, batch_size=12, hidden=(4,),
                           noise_multiplier=0.5, max_grad_norm=0.1, seed=3, progress=False)
         cfg.validate()
@@ -225,8 +226,8 @@ def test_training_on_the_device_path_with_every_kernel_simulated(tmp_path, monke
         assert trainer.run() == 0
         runs[mode] = trainer
     sim, cpu = runs["simulated"], runs["cpu kernels"]
-    assert sim.engine.clip_rows.__module__ == "kernels.clip_rows_cuda"
-    assert cpu.engine.clip_rows.__module__ == "kernels.clip_rows_numba"
+    assert sim.engine.clip_rows.__module__ == "kernels.numba_cuda.clip_rows"
+    assert cpu.engine.clip_rows.__module__ == "kernels.numba_cpu.clip_rows"
     assert sim.noise.stream.get_state() == cpu.noise.stream.get_state()
     assert sim.noise.stream.get_state()[2] > 0  # the Philox counter moved
     assert sim.history[0]["clipped_fraction"] == cpu.history[0]["clipped_fraction"] > 0

@@ -1,0 +1,67 @@
+"""``clip_rows`` as one Numba CPU kernel: norms, clip factors and scaling fused.
+
+One pass per example row over every layer's activations and output
+gradients (contract in :mod:`kernels`), instead of about five torch
+ops per layer. Squared norms are accumulated in float64.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numba
+import torch
+
+from kernels.registry import register
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def _clip_rows(acts, grads, max_norm, factors):
+    k = factors.shape[0]
+    clipped = 0
+    for i in numba.prange(k):
+        sq = 0.0
+        for layer in range(len(acts)):
+            a = acts[layer]
+            g = grads[layer]
+            sa = 0.0
+            for j in range(a.shape[1]):
+                sa += a[i, j] * a[i, j]
+            sg = 0.0
+            for j in range(g.shape[1]):
+                sg += g[i, j] * g[i, j]
+            sq += sa * sg
+        norm = math.sqrt(sq)
+        if norm > max_norm:
+            c = max_norm / norm
+            clipped += 1
+            for layer in range(len(grads)):
+                g = grads[layer]
+                cg = g.dtype.type(c)
+                for j in range(g.shape[1]):
+                    g[i, j] *= cg
+        else:
+            c = 1.0
+        factors[i] = c
+    return clipped
+
+
+@register("clip_rows", backend="numba_cpu")
+def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
+              factors: torch.Tensor) -> int:
+    """Book-keeping per-example clipping (contract in :mod:`kernels`)."""
+    return _bind(acts, grads, factors)(max_norm)
+
+
+def _bind(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], factors: torch.Tensor):
+    """``clip_rows`` on these buffers: numpy views made once (``registry.bind``)."""
+    k = grads[0].shape[0] if grads else 0
+    if k == 0:
+        return lambda max_norm: 0
+    a = tuple(t.numpy() for t in acts)
+    g = tuple(t.numpy() for t in grads)
+    f = factors.numpy()[:k]
+    return lambda max_norm: int(_clip_rows(a, g, float(max_norm), f))
+
+
+clip_rows.bind = _bind

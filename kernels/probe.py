@@ -1,0 +1,88 @@
+"""Which kernel back-ends this process can use, and why not when it cannot.
+
+For ``mpidp info``: local probes that compile and launch nothing, and import
+an optional back-end only inside its own probe. They report; they do not
+choose (the registry, :mod:`kernels.registry`, does).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Availability:
+    """One kernel back-end: its name, whether it is usable, and a detail."""
+
+    name: str
+    usable: bool
+    detail: str
+
+
+def _version(module_name: str) -> str | None:
+    try:
+        module = importlib.import_module(module_name)
+    except Exception:  # noqa: BLE001 - any import failure means "absent"
+        return None
+    return getattr(module, "__version__", "unknown")
+
+
+def cuda_simulator_enabled() -> bool:
+    """True when Numba's CUDA simulator replaces the GPU (``NUMBA_ENABLE_CUDASIM=1``)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def numba_cpu() -> Availability:
+    version = _version("numba")
+    if version is None:
+        return Availability("numba-cpu", False, "numba is not installed")
+    import numba
+
+    return Availability("numba-cpu", True,
+                        f"numba {version}, {numba.config.NUMBA_NUM_THREADS} threads, "
+                        f"threading layer '{numba.config.THREADING_LAYER}'")
+
+
+def numba_cuda() -> Availability:
+    if _version("numba") is None:
+        return Availability("numba-cuda", False, "numba is not installed")
+    if cuda_simulator_enabled():
+        return Availability("numba-cuda", False, "replaced by the CUDA simulator "
+                            "(NUMBA_ENABLE_CUDASIM=1)")
+    try:
+        from numba import cuda  # here, not at the top: only this probe needs the CUDA target
+
+        if cuda.is_available():
+            return Availability("numba-cuda", True, f"{len(cuda.gpus)} GPU(s)")
+        return Availability("numba-cuda", False, "no CUDA driver or GPU found")
+    except Exception as exc:  # noqa: BLE001 - report, never crash the probe
+        return Availability("numba-cuda", False, f"{type(exc).__name__}: {exc}")
+
+
+def cuda_simulator() -> Availability:
+    if _version("numba") is None:
+        return Availability("cuda-simulator", False, "numba is not installed")
+    if cuda_simulator_enabled():
+        return Availability("cuda-simulator", True, "NUMBA_ENABLE_CUDASIM=1 (tests only: slow)")
+    return Availability("cuda-simulator", False, "off (set NUMBA_ENABLE_CUDASIM=1 to enable)")
+
+
+def cupy() -> Availability:
+    version = _version("cupy")
+    if version is None:
+        return Availability("cupy", False, "cupy is not installed (extra: mpidp[cuda12])")
+    import cupy as cp  # here, not at the top: CuPy is optional (mpidp[cuda12])
+
+    try:
+        if cp.is_available():
+            return Availability("cupy", True,
+                                f"cupy {version}, {cp.cuda.runtime.getDeviceCount()} GPU(s)")
+    except Exception as exc:  # noqa: BLE001
+        return Availability("cupy", False, f"cupy {version}: {type(exc).__name__}: {exc}")
+    return Availability("cupy", False, f"cupy {version}: no usable GPU")
+
+
+def probe_all() -> list[Availability]:
+    """Every back-end, CPU first."""
+    return [numba_cpu(), numba_cuda(), cuda_simulator(), cupy()]

@@ -1,0 +1,154 @@
+"""The kernel registry, and every CPU kernel against the generic torch one."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernel_inputs import random_layers
+from kernels import registry
+
+
+def test_every_op_has_a_generic_and_a_cpu_kernel():
+    for op in registry.OPS:
+        impls = registry.implementations(op)
+        assert "any" in impls and impls["any"].backend == "torch"
+        assert registry.get(op, "cpu").backend == "numba"
+        assert registry.get(op, torch.device("cpu"), backend="torch") is impls["any"]
+
+
+def test_unknown_device_falls_back_to_torch_and_unknown_backend_fails():
+    assert registry.get("clip_rows", "xpu").backend == "torch"  # nothing device-specific
+    assert registry.backends("clip_rows", "cuda")[-1] == "torch"  # after the CUDA kernels
+    with pytest.raises(registry.UnknownKernel):
+        registry.get("clip_rows", "cpu", backend="cupy")
+    with pytest.raises(ValueError):
+        registry.register("no_such_op", backend="numba_cpu")
+    with pytest.raises(ValueError):
+        registry.register("clip_rows", backend="no_such_backend")
+    with pytest.raises(ValueError, match="twice"):
+        registry.register("clip_rows", backend="numba_cpu")(lambda *args: 0)
+
+
+def test_each_kernel_lives_in_its_back_ends_folder():
+    """kernels/<back-end>/<module>.py holds that back-end's kernel and no other's."""
+    for name, backend in registry.BACKENDS.items():
+        for op, fn in registry.kernels_of(name).items():
+            assert fn.__module__ == f"kernels.{name}.{registry.MODULES[op]}"
+            assert fn.backend == backend.family
+
+
+def test_ops_generic_on_gpu_have_no_cuda_kernel_module():
+    """GENERIC_ON_GPU is what the folders say (checked without importing CuPy)."""
+    root = Path(registry.__file__).parent
+    for name, backend in registry.BACKENDS.items():
+        for op, module in registry.MODULES.items():
+            if backend.device == "cuda":
+                has_kernel = (root / name / f"{module}.py").exists()
+                assert has_kernel == (op not in registry.GENERIC_ON_GPU), (name, op)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [0, 1, 50])
+@pytest.mark.parametrize("C", [1e-3, 2.0, 1e6])
+def test_clip_rows_numba_equals_torch(dtype, k, C):
+    outs = {}
+    for backend in ("numba", "torch"):
+        acts, grads = random_layers(k, (5, 7, 3), dtype, seed=k)
+        factors = torch.full((k + 2,), -1.0, dtype=dtype)
+        n = registry.get("clip_rows", "cpu", backend)(acts, grads, C, factors)
+        outs[backend] = (n, factors[:k], grads)
+    (n1, f1, g1), (n2, f2, g2) = outs["numba"], outs["torch"]
+    assert n1 == n2
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-12, atol=0)
+    assert torch.allclose(f1, f2, **tol)
+    assert all(torch.allclose(a, b, **tol) for a, b in zip(g1, g2))
+    assert bool((f1 <= 1).all()) and bool((f1 > 0).all())
+
+
+def test_clip_rows_reference_values():
+    """One example, one layer, by hand: |g| = |a| |b| = sqrt(2) * 5."""
+    acts = [torch.tensor([[1.0, 1.0]], dtype=torch.float64)]  # ones column included
+    grads = [torch.tensor([[3.0, 4.0]], dtype=torch.float64)]
+    factors = torch.empty(1, dtype=torch.float64)
+    for backend in ("numba", "torch"):
+        g = [grads[0].clone()]
+        assert registry.get("clip_rows", "cpu", backend)(acts, g, 1.0, factors) == 1
+        assert factors[0].item() == pytest.approx(1 / (5 * 2 ** 0.5), rel=1e-14)
+
+
+@pytest.mark.parametrize("k", [0, 3, 40])
+def test_relu_backward_numba_equals_torch(k):
+    g = torch.Generator().manual_seed(k)
+    out_full = torch.randn(k, 9, generator=g).clamp_min(0)
+    grad = torch.randn(k, 8, generator=g)
+    a, b = grad.clone(), grad.clone()
+    registry.get("relu_backward", "cpu", "numba")(a, out_full[:, :8])
+    registry.get("relu_backward", "cpu", "torch")(b, out_full[:, :8])
+    assert torch.equal(a, b)
+    assert torch.equal(a, grad * (out_full[:, :8] > 0))
+
+
+@pytest.mark.parametrize("classes", [2, 5])
+@pytest.mark.parametrize("k", [0, 1, 30])
+def test_softmax_xent_numba_equals_torch_and_autograd(classes, k):
+    g = torch.Generator().manual_seed(classes * 100 + k)
+    logits = torch.randn(k, classes, generator=g, dtype=torch.float64) * 5
+    labels = torch.randint(0, classes, (k,), generator=g)
+    z = logits.clone().requires_grad_()
+    want_loss = torch.nn.functional.cross_entropy(z, labels, reduction="sum")
+    want_grad = torch.autograd.grad(want_loss, z)[0] if k else torch.zeros(0, classes)
+    for backend in ("numba", "torch"):
+        grad = torch.empty(k, classes, dtype=torch.float64)
+        loss = registry.get("softmax_xent", "cpu", backend)(logits, labels, grad)
+        assert loss == pytest.approx(float(want_loss.detach()), rel=1e-12, abs=1e-12)
+        assert torch.allclose(grad, want_grad.to(grad.dtype), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sgd_update_numba_equals_torch(dtype):
+    g = torch.Generator().manual_seed(3)
+    p0, v0 = torch.randn(1001, generator=g, dtype=dtype), torch.randn(1001, generator=g, dtype=dtype)
+    grad = torch.randn(1001, generator=g, dtype=dtype)
+    out = {}
+    for backend in ("numba", "torch"):
+        p, v = p0.clone(), v0.clone()
+        registry.get("sgd_update", "cpu", backend)(p, v, grad, 0.25, 0.1, 0.9)
+        out[backend] = (p, v)
+    want_v = 0.9 * v0.double() + 0.25 * grad.double()
+    want_p = p0.double() - 0.1 * want_v
+    tol = 1e-6 if dtype == torch.float32 else 1e-14
+    for p, v in out.values():
+        assert torch.allclose(v.double(), want_v, rtol=tol, atol=tol)
+        assert torch.allclose(p.double(), want_p, rtol=tol, atol=tol)
+    assert torch.allclose(out["numba"][0], out["torch"][0], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("k", [0, 7])
+def test_bound_kernels_equal_direct_calls(backend, k):
+    """registry.bind fixes the buffers once; calls then match the plain kernel on
+    the same inputs, and see the buffers' new contents every call."""
+    assert hasattr(registry.get("clip_rows", "cpu", "numba"), "bind")  # views made once
+    acts, grads = random_layers(k, (6, 5, 3), torch.float64, seed=k)
+    for op, buffers, rest in (
+            ("clip_rows", {"acts": acts, "grads": grads, "factors": torch.zeros(k + 2,
+                                                                              dtype=torch.float64)},
+             {"max_norm": 0.5}),
+            ("relu_backward", {"grad": grads[0], "out": acts[1][:, :-1]}, {}),
+            ("softmax_xent", {"logits": grads[-1], "labels": torch.arange(k) % 3,
+                              "grad": torch.empty(k, 3, dtype=torch.float64)}, {}),
+            ("sgd_update", {"params": torch.linspace(-1, 1, 3, dtype=torch.float64),
+                            "velocity": torch.ones(3, dtype=torch.float64),
+                            "grad": torch.full((3,), 2.0, dtype=torch.float64)},
+             {"scale": 0.5, "lr": 0.1, "momentum": 0.9})):
+        kernel = registry.get(op, "cpu", backend)
+        twin = {name: ([t.clone() for t in b] if isinstance(b, (list, tuple)) else b.clone())
+                for name, b in buffers.items()}
+        bound = registry.bind(kernel, **buffers)
+        for _ in range(2):  # the second call sees what the first one wrote
+            got, want = bound(**rest), kernel(**twin, **rest)
+            assert got == want
+            for name, b in buffers.items():
+                for x, y in zip(b if isinstance(b, (list, tuple)) else [b],
+                                twin[name] if isinstance(b, (list, tuple)) else [twin[name]]):
+                    assert torch.equal(x, y), (op, name)
