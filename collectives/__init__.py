@@ -29,8 +29,10 @@ from collectives.describe import describe  # noqa: E402
 from collectives.dispatch import algorithm_for, allreduce, forget  # noqa: E402
 from collectives.errors import (AllreduceError, AllreduceMismatch, UnknownAlgorithm,  # noqa: E402
                                 UnknownOp, UnsupportedBuffer)
+from collectives.failures import abort_on_error  # noqa: E402
 from collectives.registry import get, names  # noqa: E402
 
-__all__ = ["MPI", "allreduce", "algorithm_for", "describe", "names", "get", "forget",
+__all__ = ["MPI", "allreduce", "algorithm_for", "abort_on_error", "describe", "names", "get",
+           "forget",
            "AllreduceError", "AllreduceMismatch", "UnknownAlgorithm", "UnknownOp",
            "UnsupportedBuffer"]

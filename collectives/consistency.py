@@ -50,6 +50,80 @@ _MAGIC = 0x6D706964  # "mpid"
 RECORD_FIELDS = ("magic", "length", "dtype", "op", "algorithm", "runs", "segment", "tag")
 #: Seconds a rank waits for its peers' records before it says so on stderr.
 WARN_AFTER = float(os.environ.get("MPIDP_ALLREDUCE_WAIT_WARNING", "60"))
+#: int64 words of a rank's blind-call record, readable by its peers:
+#: ``[blind calls entered, tag of the last one, tag of the last even call,
+#: tag of the last odd call]``.
+BLIND_WORDS = 4
+
+
+def make_enter(words: memoryview, tag: int) -> Callable[[], int]:
+    """``enter() -> call number``: count a blind call of ``tag`` in ``words``.
+
+    The call's tag is stored in the slot of its parity before the count, so a
+    peer that sees the count sees the tag.
+    """
+
+    def enter() -> int:
+        call = words[0] + 1
+        words[2 + (call & 1)] = tag
+        words[1] = tag
+        words[0] = call
+        return call
+
+    return enter
+
+
+def make_verify(peers: list[memoryview], tag: int, rank: int, ranks: list[int],
+                describe: str, explain: Callable[[int], str]) -> Callable[[int], None]:
+    """``verify(call)``: after blind call number ``call`` of ``tag`` completed,
+    check that every peer's call of that number had the same tag (point 4).
+
+    ``peers`` are the peers' blind-call words (shared memory), ``ranks`` their
+    ranks. A peer cannot be two blind calls ahead (its next call needs this
+    rank), so the parity slot still holds its tag of ``call``. Raises
+    :class:`AllreduceMismatch` on every rank (each sees a peer that differs).
+    """
+    if not peers:
+        return lambda call: None
+
+    def verify(call: int) -> None:
+        slot = 2 + (call & 1)
+        for words, q in zip(peers, ranks):
+            if words[slot] != tag:
+                raise AllreduceMismatch(
+                    f"rank {rank}: allreduce of {describe} went through MPI_Allreduce "
+                    f"together with rank {q}'s call of {explain(words[slot])}: the ranks "
+                    "called allreduce in a different order, with buffers of the same byte "
+                    "count, which MPI cannot tell apart. The buffer holds no valid result. "
+                    "Every rank must make the same sequence of calls.", collective=True)
+
+    return verify
+
+
+def make_verify_mpi(comm: "MPI.Intracomm", tag: int, rank: int, describe: str
+                    ) -> Callable[[int], None]:
+    """Point 4 where the ranks do not share memory (``MPIDP_ALLREDUCE_VERIFY=1``):
+    one more 16-byte ``MPI_Allreduce`` (MAX of tag and -tag) per call."""
+    words = np.zeros(2, dtype=np.int64)
+    allreduce, in_place, spec = comm.Allreduce, MPI.IN_PLACE, [words, MPI.INT64_T]
+
+    def verify(call: int) -> None:
+        words[0], words[1] = tag, -tag
+        allreduce(in_place, spec, MPI.MAX)
+        if words[0] != tag or words[1] != -tag:
+            raise AllreduceMismatch(
+                f"rank {rank}: allreduce of {describe} went through MPI_Allreduce while "
+                "another rank made a different call of the same byte count (checked with "
+                "MPIDP_ALLREDUCE_VERIFY=1). The buffer holds no valid result. Every rank must "
+                "make the same sequence of calls.", collective=True)
+
+    return verify
+
+
+def verify_everywhere() -> bool:
+    """``MPIDP_ALLREDUCE_VERIFY=1``: check native calls with an extra all-reduce
+    where the ranks do not share memory."""
+    return os.environ.get("MPIDP_ALLREDUCE_VERIFY", "").strip() == "1"
 
 
 def _crc(text: str) -> int:

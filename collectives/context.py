@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives.combine import Combine, canonicalize, host_combiner
 from collectives.errors import AllreduceMismatch
 from collectives.runtime import MPI
 
@@ -28,27 +29,22 @@ OPS: dict[str, tuple[Any, str]] = {
     "min": (MPI.MIN, "minimum"),
 }
 
-#: ``combine(a, b, out)``: ``out = a (op) b`` element-wise; ``out`` may alias ``a`` or ``b``.
-Combine = Callable[[Any, Any, Any], Any]
 
 
 class HostSpace:
-    """Host memory: numpy temporaries and ufuncs, MPI specs over ``MPI.buffer``."""
+    """Host memory: numpy temporaries, the combines of :mod:`collectives.combine`,
+    MPI specs over ``MPI.buffer``."""
 
     name = "host"
 
     def empty(self, n: int, dtype: np.dtype) -> np.ndarray:
         return np.empty(n, dtype)
 
-    def combiner(self, op: str) -> Combine:
-        if op == "sum":
-            return np.add  # positional ``out``: the cheapest call for tiny arrays
-        ufunc = getattr(np, OPS[op][1])
+    def combiner(self, op: str, dtype: np.dtype) -> Combine:
+        return host_combiner(op, dtype)
 
-        def combine(a, b, out):  # numpy deprecates a positional ``out`` for max/min
-            ufunc(a, b, out=out)
-
-        return combine
+    def canonicalize(self, view: np.ndarray) -> None:
+        canonicalize(view)
 
     def spec(self, view: np.ndarray, mpi_type: "MPI.Datatype") -> list:
         # A prebuilt [buffer, datatype] spec skips mpi4py's per-call
@@ -75,10 +71,15 @@ class PlanContext:
         space: the array space (:data:`HOST`, or a device space).
         explain: ``explain(tag) -> str`` describes the call a tag belongs to.
         description: the signature in words, for error messages.
-        blind_calls: int64 memoryview ``[blind calls entered, tag of the last
-            one]``, readable by the peers (:mod:`collectives.consistency`). A
-            *blind* call waits where point-to-point messages cannot reach it:
-            ``MPI_Allreduce``, or a shared-memory channel's wait.
+        enter_blind: ``enter() -> call number``: count this rank into a
+            *blind* call of this signature, one that waits where
+            point-to-point messages cannot reach it (``MPI_Allreduce``, or a
+            shared-memory channel's wait); peers read the count
+            (:mod:`collectives.consistency`).
+        verify_blind: ``verify(call number)``: after a blind call of
+            ``MPI_Allreduce``, check that the peers made the same call.
+        on_release: functions to call when the plan is dropped (e.g. to free
+            a user-defined MPI operation).
         blocked: ``blocked(peer, tag, first) -> reason | None``: is ``peer``
             unable to join this rank's current blind call of ``tag``?
             (``first``: the first probe of a wait; see ``CommState.peer_blocked``)
@@ -97,8 +98,10 @@ class PlanContext:
     space: Any = HOST
     explain: Callable[[int], str] = field(default=lambda tag: f"tag {tag}")
     description: str = ""
-    blind_calls: Any = None
+    enter_blind: Callable[[], int] = field(default=lambda: 0)
+    verify_blind: Callable[[int], None] = field(default=lambda call: None)
     blocked: Any = None
+    on_release: list = field(default_factory=list)
 
     def empty(self, n: int) -> Any:
         """A temporary of ``n`` elements of this dtype in the array space."""
@@ -106,8 +109,9 @@ class PlanContext:
 
     @property
     def combine(self) -> Combine:
-        """``combine(a, b, out)``: ``out = a (op) b``; on a device, finished when it returns."""
-        return self.space.combiner(self.op)
+        """``combine(a, b, out)``: ``out = a (op) b`` with the special-value rule of
+        :mod:`collectives.combine`; on a device, finished when it returns."""
+        return self.space.combiner(self.op, self.dtype)
 
     def piece_count(self, longest: int) -> int:
         """Pieces needed so that none is longer than the segment (at least 1)."""

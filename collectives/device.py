@@ -133,6 +133,18 @@ def staged_runner(ops: DeviceOps, buf: Any, host: np.ndarray, run: Runner) -> Ru
     return run_staged
 
 
+#: CUDA C bodies of the element-wise rules of :mod:`collectives.combine`
+#: (``nan("")`` is the canonical quiet NaN, converted to ``T``).
+DEVICE_RULES = {
+    "sum": "T v = a + b; out = (v != v) ? (T)nan(\"\") : v;",
+    "max": "out = (a != a || b != b) ? (T)nan(\"\") : (a > b) ? a : (b > a) ? b "
+           ": (a == (T)0) ? (T)(a + b) : a;",
+    "min": "out = (a != a || b != b) ? (T)nan(\"\") : (a < b) ? a : (b < a) ? b "
+           ": (a == (T)0) ? (T)(-((-a) + (-b))) : a;",
+    "canonical": "out = (a != a) ? (T)nan(\"\") : a;",
+}
+
+
 class CupySpace:
     """Device temporaries and combines with CuPy (for CUDA-aware MPI)."""
 
@@ -144,15 +156,33 @@ class CupySpace:
     def empty(self, n: int, dtype: np.dtype) -> Any:
         return self.cupy.empty(n, dtype)
 
-    def combiner(self, op: str) -> Callable[[Any, Any, Any], None]:
-        ufunc = getattr(self.cupy, OPS[op][1])
-        current_stream = self.cupy.cuda.get_current_stream
+    def combiner(self, op: str, dtype: np.dtype) -> Callable[[Any, Any, Any], None]:
+        """The rule of :mod:`collectives.combine` as one CuPy element-wise kernel
+        (integers: CuPy's ufunc)."""
+        cupy = self.cupy
+        if dtype.kind == "f":
+            kernel = cupy.ElementwiseKernel("T a, T b", "T out", DEVICE_RULES[op],
+                                            f"mpidp_{op}_rule")
+        else:
+            ufunc = getattr(cupy, OPS[op][1])
+
+            def kernel(a, b, out):
+                ufunc(a, b, out=out)
+        current_stream = cupy.cuda.get_current_stream
 
         def combine(a, b, out):
-            ufunc(a, b, out=out)
+            kernel(a, b, out)
             current_stream().synchronize()  # MPI reads ``out`` next
 
         return combine
+
+    def canonicalize(self, view: Any) -> None:
+        """Every NaN of ``view`` becomes the canonical quiet NaN (floats; in place)."""
+        if view.dtype.kind == "f":
+            kernel = self.cupy.ElementwiseKernel("T a, T b", "T out", DEVICE_RULES["canonical"],
+                                                 "mpidp_canonical_rule")
+            kernel(view, view, view)
+            self.cupy.cuda.get_current_stream().synchronize()
 
     def spec(self, view: Any, mpi_type: Any) -> list:
         return [view, mpi_type]  # mpi4py passes the device pointer on

@@ -2,78 +2,125 @@
 
 The trainer reduces the same buffer with the same arguments on every step,
 so :func:`allreduce` first compares the call with the previous one (object
-identity of buffer and communicator, the algorithm and op strings, the
-dtype) and, when nothing changed, runs the runner bound last time: no
-allocation, no collective, a few hundred nanoseconds of Python. Anything
-else takes :func:`allreduce_slow`: check the buffer, find or make the
-checked plan of the signature (collective the first time, see
-:mod:`collectives.consistency`), bind it to the buffer, remember the call.
+identity of buffer and communicator, the algorithm and op, the dtype, the
+shape, and that the array is still writeable) and, when nothing changed,
+runs the runner bound last time: no allocation, no collective, well under a
+microsecond of Python. Anything else takes the slow path: check the buffer,
+find or make the checked plan of the signature (collective the first time,
+see :mod:`collectives.consistency`), bind it to the buffer, remember the
+call.
+
+A numpy array bound to a plan is held by a weak reference, which makes
+numpy refuse to resize it in place (``ndarray.resize`` raises, even with
+``refcheck=False``): the bound runner can never write into memory the array
+no longer owns. :func:`forget` releases the bindings. A torch or device
+buffer is re-checked by its data pointer on every call instead.
+
+What happens when a call fails is the subject of :mod:`collectives.failures`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from collectives import device, plans
+from collectives import device, failures, plans
 from collectives.context import OPS, SUPPORTED_DTYPES
 from collectives.errors import UnknownOp, UnsupportedBuffer
-from collectives.registry import get
+from collectives.registry import Algorithm, get
 from collectives.runtime import MPI, mpi_cuda_support
 
 Runner = Callable[[], None]
 _NOTHING = object()
-#: (buffer, comm argument, algorithm, op, buffer dtype, runner) of the last call.
-_hot: tuple = (_NOTHING, _NOTHING, None, None, None, None)
+#: The last call: (buffer, comm argument, algorithm, op argument, dtype, shape,
+#: skip the writeable check (not a numpy array), runner).
+_EMPTY = (_NOTHING, _NOTHING, None, None, None, None, True, None)
+_hot: tuple = _EMPTY
 
 
 def allreduce(buf: Any, comm: "MPI.Intracomm | None" = None, algorithm: str = "auto",
-              op: str = "sum") -> Any:
+              op: "str | MPI.Op" = "sum") -> Any:
     """Reduce ``buf`` in place over ``comm`` (default ``COMM_WORLD``); returns ``buf``.
 
+    Every rank of ``comm`` must make the same sequence of calls, with
+    buffers of the same length and dtype and the same algorithm and op.
+
     Args:
-        buf: a contiguous 1-D buffer of float16, float32, float64, int32 or
-            int64: a numpy array, a torch CPU tensor (reduced in place, no
-            copy), or a device array exposing ``__cuda_array_interface__``
-            (CuPy, torch CUDA): passed to MPI directly when MPI is CUDA-aware,
-            else staged through a reused host buffer.
-        comm: the intracommunicator; every rank of it must make the same call.
+        buf: a contiguous, writeable 1-D buffer of float16, float32, float64,
+            int32 or int64: a numpy array, a torch CPU tensor (reduced in
+            place, no copy), or a device array exposing
+            ``__cuda_array_interface__`` (CuPy, torch CUDA): passed to MPI
+            directly when MPI is CUDA-aware, else staged through a reused host
+            buffer. A numpy array cannot be resized in place while a plan
+            holds it (see the module docstring).
+        comm: the intracommunicator.
         algorithm: a name from :func:`collectives.names` (``auto`` picks by
-            size and number of ranks).
-        op: ``"sum"``, ``"max"`` or ``"min"``.
+            size and placement).
+        op: ``"sum"``, ``"max"`` or ``"min"`` (or ``MPI.SUM``, ``MPI.MAX``,
+            ``MPI.MIN``). Floats follow the special-value rule of
+            :mod:`collectives.combine` (one answer for NaN, inf and -0.0 on
+            every rank and with every algorithm).
 
     Returns:
         ``buf``, now holding the reduction of every rank's buffer,
         bit-identical on every rank.
 
     Raises:
-        UnknownAlgorithm, UnknownOp, UnsupportedBuffer: bad arguments (this rank).
+        UnknownAlgorithm, UnknownOp, UnsupportedBuffer, AllreduceError: bad
+            arguments on this rank.
         AllreduceMismatch: the ranks passed different lengths, dtypes, ops or
-            algorithms (every rank on a first call; else the detecting rank).
+            algorithms, or made their calls in a different order.
+
+    An error raised on every rank alike (``collective = True``) leaves the
+    communicator usable. Any other error on a job of several ranks ends the
+    job (``MPI_Abort``) after printing it, unless
+    :func:`collectives.abort_on_error` was turned off; see
+    :mod:`collectives.failures`.
     """
     hot = _hot
     if (buf is hot[0] and comm is hot[1] and algorithm == hot[2] and op == hot[3]
-            and buf.dtype is hot[4]):
-        hot[5]()
+            and buf.dtype is hot[4] and buf.shape == hot[5]
+            and (hot[6] or buf.flags.writeable)):
+        try:
+            hot[7]()
+        except BaseException as error:
+            forget()
+            failures.handle(error, comm, midway=True)
+            raise
         return buf
-    return allreduce_slow(buf, comm, algorithm, op)
+    return _allreduce_slow(buf, comm, algorithm, op)
 
 
 def forget(comm: "MPI.Intracomm | None" = None) -> None:
     """Drop the remembered last call; with ``comm``, also its plans and buffers.
 
     Plans hold temporaries and references to the buffers they were bound
-    to; forgetting them releases that memory. With ``comm`` every rank of it
-    must call this (the next call of a forgotten signature is checked
-    again, collectively); without, it is local.
+    to; forgetting them releases that memory (and lets those arrays be
+    resized again). With ``comm`` every rank of it must call this (the next
+    call of a forgotten signature is checked again, collectively); without,
+    it is local.
     """
     global _hot
-    _hot = (_NOTHING, _NOTHING, None, None, None, None)
+    _hot = _EMPTY
     if comm is not None:
         plans.forget_plans(comm)
 
 
 plans.ON_FREE.append(forget)
+
+
+def op_name(op: Any) -> str:
+    """``"sum"``/``"max"``/``"min"`` for a name or an ``MPI.Op``; raises :class:`UnknownOp`."""
+    if isinstance(op, str):
+        if op in OPS:
+            return op
+    elif isinstance(op, MPI.Op):
+        for name, (mpi_op, _) in OPS.items():
+            if op == mpi_op:
+                return name
+    raise UnknownOp(f"unknown op {op!r}; allreduce supports sum, max and min (as strings or "
+                    "MPI.SUM, MPI.MAX, MPI.MIN)")
 
 
 def _host_view(buf: np.ndarray) -> np.ndarray:
@@ -84,7 +131,8 @@ def _host_view(buf: np.ndarray) -> np.ndarray:
         raise UnsupportedBuffer("allreduce needs a contiguous array (it reduces in place); "
                                 "pass np.ascontiguousarray(x) and use the result")
     if not buf.flags.writeable:
-        raise UnsupportedBuffer("allreduce reduces in place but the array is read-only")
+        raise UnsupportedBuffer("allreduce reduces in place but the array is read-only "
+                                "(flags.writeable is False); pass a writeable copy")
     if buf.dtype not in SUPPORTED_DTYPES or not buf.dtype.isnative:
         raise UnsupportedBuffer(f"allreduce does not support dtype {buf.dtype}; use one of "
                                 f"{', '.join(map(str, SUPPORTED_DTYPES))} (native byte order)")
@@ -97,9 +145,13 @@ def _is_torch_tensor(buf: Any) -> bool:
 
 
 def _torch_view(tensor: Any) -> np.ndarray:
-    if tensor.dim() != 1 or not tensor.is_contiguous():
-        raise UnsupportedBuffer(f"allreduce needs a contiguous 1-D tensor, got shape "
-                                f"{tuple(tensor.shape)}; pass a flat contiguous view")
+    if tensor.dim() != 1:
+        raise UnsupportedBuffer(f"allreduce needs a 1-D tensor, got shape {tuple(tensor.shape)}; "
+                                "pass a flat view (x.view(-1) of a contiguous tensor)")
+    if not tensor.is_contiguous():
+        raise UnsupportedBuffer(f"allreduce needs a contiguous tensor (it reduces in place), "
+                                f"got strides {tuple(tensor.stride())}; pass x.contiguous() "
+                                "and use the result")
     try:
         view = tensor.detach().numpy()
     except (RuntimeError, TypeError) as error:
@@ -152,13 +204,35 @@ def _device_runner(buf: Any, comm_state: plans.CommState, plan: plans.Plan,
     return run_checked
 
 
-def allreduce_slow(buf: Any, comm: "MPI.Intracomm | None", algorithm: str, op: str) -> Any:
+class _Checked(NamedTuple):
+    """A call whose arguments passed the checks."""
+
+    kind: str  # "host", "torch" or "device"
+    view: Any  # the numpy view to reduce (None for a device buffer)
+    n: int
+    dtype: np.dtype
+    op: str
+    algorithm: Algorithm
+    state: plans.CommState
+
+
+def _allreduce_slow(buf: Any, comm: "MPI.Intracomm | None", algorithm: str, op: Any) -> Any:
     """:func:`allreduce` for a call that differs from the previous one."""
-    global _hot
-    if op not in OPS:
-        raise UnknownOp(f"unknown op {op!r}; choose from {', '.join(OPS)}")
-    get(algorithm)  # UnknownAlgorithm before any communication
-    user_comm = MPI.COMM_WORLD if comm is None else comm
+    midway = False
+    try:
+        call = _check(buf, comm, algorithm, op)
+        midway = True
+        return _bind_and_run(buf, comm, algorithm, op, call)
+    except BaseException as error:
+        forget()
+        failures.handle(error, comm, midway)
+        raise
+
+
+def _check(buf: Any, comm: Any, algorithm: str, op: Any) -> _Checked:
+    """Check the call's arguments (rule 1 of :mod:`collectives.failures`)."""
+    name = op_name(op)
+    chosen = get(algorithm)  # UnknownAlgorithm before any communication
     if isinstance(buf, np.ndarray):
         kind, view = "host", _host_view(buf)
         n, dtype = view.size, view.dtype
@@ -172,18 +246,25 @@ def allreduce_slow(buf: Any, comm: "MPI.Intracomm | None", algorithm: str, op: s
         raise UnsupportedBuffer(
             f"allreduce cannot reduce a {type(buf).__name__}; pass a numpy array, a torch "
             "tensor or a device array (__cuda_array_interface__)")
-    state = plans.comm_state(user_comm)
-    plan = state.plan(n, dtype, op, algorithm)
-    if kind == "host":
-        run = plan.runner(buf, view)
-    elif kind == "torch":
-        inner = plan.runner(buf, view, extra=(buf.data_ptr(), n))
-        run = _torch_runner(buf, view, inner,
-                            lambda: allreduce_slow(buf, comm, algorithm, op))
+    state = plans.comm_state(MPI.COMM_WORLD if comm is None else comm)
+    state.check_usable()
+    return _Checked(kind, view, n, dtype, name, chosen, state)
+
+
+def _bind_and_run(buf: Any, comm: Any, algorithm: str, op: Any, call: _Checked) -> Any:
+    """Find or make the plan (collective the first time), bind it, remember, run."""
+    global _hot
+    plan = call.state.plan(call.n, call.dtype, call.op, call.algorithm)
+    if call.kind == "host":
+        run = plan.runner(buf, call.view, hold=weakref.ref(buf))
+    elif call.kind == "torch":
+        inner = plan.runner(buf, call.view, extra=(buf.data_ptr(), call.n))
+        run = _torch_runner(buf, call.view, inner,
+                            lambda: _allreduce_slow(buf, comm, algorithm, op))
     else:
-        run = _device_runner(buf, state, plan, lambda: allreduce_slow(buf, comm, algorithm, op))
-    if getattr(buf, "dtype", _NOTHING) is not _NOTHING:
-        _hot = (buf, comm, algorithm, op, buf.dtype, run)
+        run = _device_runner(buf, call.state, plan,
+                             lambda: _allreduce_slow(buf, comm, algorithm, op))
+    _hot = (buf, comm, algorithm, op, buf.dtype, buf.shape, call.kind != "host", run)
     run()
     return buf
 

@@ -11,7 +11,6 @@ to the last few buffers it reduced, so a repeated call allocates nothing.
 """
 from __future__ import annotations
 
-import atexit
 import os
 from collections import OrderedDict
 from dataclasses import replace
@@ -20,6 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from collectives import consistency
+from collectives.consistency import BLIND_WORDS, make_enter, make_verify, make_verify_mpi, \
+    verify_everywhere
 from collectives.channels import KINDS, futex
 from collectives.context import OPS, PlanContext
 from collectives.errors import AllreduceError, AllreduceMismatch
@@ -72,7 +73,16 @@ class Plan:
         self.channel = channel
         self.binders: dict[str, Callable[[Any], Runner]] = {}
         self.bindings: OrderedDict[tuple, tuple[Any, Runner]] = OrderedDict()
-        self.host_only = bool(channel is not None and channel.host_only)
+        if channel is not None:
+            self.host_only = bool(channel.host_only)
+        else:
+            self.host_only = bool(runs.host_only is not None and runs.host_only(ctx))
+
+    def release(self) -> None:
+        """Free what the plan's binders allocated outside Python (local)."""
+        for free in self.ctx.on_release:
+            free()
+        self.ctx.on_release.clear()
 
     def _binder(self, ctx: PlanContext) -> Callable[[Any], Runner]:
         if self.channel is None:
@@ -80,9 +90,12 @@ class Plan:
         schedule, rank, size = self.runs.schedule, ctx.rank, ctx.size
         return self.channel.plan(ctx, lambda n: schedule(rank, size, n))
 
-    def runner(self, key_obj: Any, view: Any, space: Any = None, extra: Any = None) -> Runner:
+    def runner(self, key_obj: Any, view: Any, space: Any = None, extra: Any = None,
+               hold: Any = None) -> Runner:
         """The runner reducing ``view``, kept per ``key_obj`` (the user's buffer)
-        and ``extra`` (what else identifies its memory, e.g. a data pointer)."""
+        and ``extra`` (what else identifies its memory, e.g. a data pointer);
+        ``hold`` is kept with it (a weak reference that stops numpy resizing
+        the array while it is bound)."""
         key = (id(key_obj), extra)
         entry = self.bindings.get(key)
         if entry is not None and entry[0] is key_obj:
@@ -94,7 +107,7 @@ class Plan:
             ctx = self.ctx if space is None else replace(self.ctx, space=space)
             binder = self.binders[space_name] = self._binder(ctx)
         run = binder(view)
-        self.bindings[key] = (key_obj, run)
+        self.bindings[key] = (key_obj, run, hold)
         while len(self.bindings) > MAX_BINDINGS:
             self.bindings.popitem(last=False)
         return run
@@ -115,23 +128,29 @@ class CommState:
         #: The channels this communicator has, in order of preference (each
         #: kind's creation is collective; a kind that cannot work here is absent).
         self.channels = [c for c in (kind.create(self.comm) for kind in KINDS) if c is not None]
-        # [blind calls entered, tag of the last one], readable by the peers
-        # (collectives.consistency, point 3): for ranks all on one node in
-        # their shared window (plain loads: a one-sided Get would wait for
-        # the peer to enter MPI, which a shared-memory wait never does),
-        # otherwise in a window read with one-sided MPI.
+        # The blind-call words, readable by the peers (collectives.consistency):
+        # for ranks all on one node in their shared window (plain loads: a
+        # one-sided Get would wait for the peer to enter MPI, which a
+        # shared-memory wait never does), otherwise in a window read with
+        # one-sided MPI.
         self.window = None
         self.shared = next((c for c in self.channels if c.blind_calls is not None), None)
+        nbytes = 8 * BLIND_WORDS
         if self.shared is not None:
             self.blind_calls = self.shared.blind_calls
         else:
-            self.blind_calls = memoryview(bytearray(16)).cast("q")
+            self.blind_calls = memoryview(bytearray(nbytes)).cast("q")
+        if self.shared is None and self.size > 1:
             try:
-                self.window = MPI.Win.Allocate(16, 8, comm=self.comm)
+                self.window = MPI.Win.Allocate(nbytes, 8, comm=self.comm)
                 self.blind_calls = memoryview(self.window.tomemory()).cast("B").cast("q")
             except MPI.Exception:
                 self.window = None
-        self.blind_calls[0] = self.blind_calls[1] = 0
+        for i in range(BLIND_WORDS):
+            self.blind_calls[i] = 0
+        #: Set when a call failed on this rank in the middle of its messages:
+        #: the ranks may be out of step, so later calls refuse (see :meth:`check_usable`).
+        self.broken: str | None = None
         self._suspects: dict[int, tuple[int, int]] = {}
         # One verdict for the whole communicator (also the barrier after the
         # windows' initialisation): thresholds and segments must agree.
@@ -167,8 +186,8 @@ class CommState:
             _STATES.remove(self)
         for hook in ON_FREE:
             hook()
-        self.plans.clear()  # their runners hold views of the windows
-        self.blind_calls = memoryview(bytearray(16)).cast("q")
+        self.drop_plans()  # their runners hold views of the windows
+        self.blind_calls = memoryview(bytearray(8 * BLIND_WORDS)).cast("q")
         if self.window is not None:
             self.window.Free()
             self.window = None
@@ -193,9 +212,10 @@ class CommState:
         state (a peer that progresses changes it).
         """
         if self.shared is not None:
-            count, their_tag = self.shared.peer_blind(peer)
+            words = self.shared.peer_blind(peer)
+            count, their_tag = words[0], words[1]
         elif self.window is not None:
-            theirs = np.zeros(2, dtype=np.int64)
+            theirs = np.zeros(BLIND_WORDS, dtype=np.int64)
             try:
                 self.window.Lock(peer, MPI.LOCK_SHARED)
                 self.window.Get([theirs, MPI.INT64_T], peer)
@@ -216,22 +236,36 @@ class CommState:
                 f"({self.explain(their_tag)}: MPI_Allreduce or a shared-memory exchange) "
                 f"while this rank is at {expected}")
 
-    def plan(self, n: int, dtype: np.dtype, op: str, algorithm: str) -> Plan:
+    def plan(self, n: int, dtype: np.dtype, op: str, chosen: Algorithm) -> Plan:
         """The checked plan of a signature (collective on first use)."""
-        key = (n, dtype, op, algorithm)
+        key = (n, dtype, op, chosen.name)
         plan = self.plans.get(key)
         if plan is not None:
             self.plans.move_to_end(key)
             return plan
-        plan = self._new_plan(n, dtype, op, algorithm)
+        plan = self._new_plan(n, dtype, op, chosen)
         self.plans[key] = plan
         while len(self.plans) > MAX_PLANS:
-            self.plans.popitem(last=False)
+            self.plans.popitem(last=False)[1].release()
         return plan
 
-    def _new_plan(self, n: int, dtype: np.dtype, op: str, algorithm: str) -> Plan:
-        chosen = get(algorithm)
-        runs = chosen
+    def drop_plans(self) -> None:
+        """Forget every plan (local)."""
+        for plan in self.plans.values():
+            plan.release()
+        self.plans.clear()
+
+    def check_usable(self) -> None:
+        """Raise :class:`AllreduceError` if an earlier call broke this communicator."""
+        if self.broken is not None:
+            raise AllreduceError(
+                f"rank {self.rank}: an earlier allreduce on this communicator failed in the "
+                f"middle of its messages ({self.broken}), so the ranks may be out of step "
+                "and messages of that call may still arrive; use a new communicator "
+                "(comm.Dup() on every rank) for further all-reduces.")
+
+    def _new_plan(self, n: int, dtype: np.dtype, op: str, chosen: Algorithm) -> Plan:
+        algorithm, runs = chosen.name, chosen
         if chosen.choose is not None:
             runs = get(chosen.choose(n * dtype.itemsize, self.placement))
         segment = segment_bytes(self.oversubscribed)
@@ -251,13 +285,24 @@ class CommState:
             comm=self.comm, rank=self.rank, size=self.size, n=n, dtype=dtype, op=op,
             mpi_type=MPI.Datatype.fromcode(dtype.char), mpi_op=mpi_op, tag=tag,
             segment=max(1, segment // dtype.itemsize), explain=self.explain,
-            description=description, blind_calls=self.blind_calls,
+            description=description, enter_blind=make_enter(self.blind_calls, tag),
+            verify_blind=self._verifier(tag, description),
             blocked=self._blocked_in_call)
         channel = None
         if runs.schedule is not None:
             channel = self.channel_for(runs.schedule(self.rank, self.size, n))
         return Plan(ctx, algorithm, runs, channel)
 
+
+    def _verifier(self, tag: int, description: str) -> Callable[[int], None]:
+        """Point 4 of :mod:`collectives.consistency` for this signature."""
+        peers = [q for q in range(self.size) if q != self.rank]
+        if self.shared is not None:
+            return make_verify([self.shared.peer_blind(q) for q in peers], tag, self.rank,
+                               peers, description, self.explain)
+        if self.size > 1 and verify_everywhere():
+            return make_verify_mpi(self.comm, tag, self.rank, description)
+        return lambda call: None
 
     def _blocked_in_call(self, peer: int, tag: int, first: bool) -> str | None:
         if first:  # a new wait: no suspicion carried over from an earlier one
@@ -276,24 +321,55 @@ def placement_of(size: int, oversubscribed: bool, pair: bool, group: bool) -> st
 
 
 def _delete_state(comm, keyval, state: CommState) -> None:
+    # MPI calls this when the user frees the communicator: a collective call
+    # of theirs, so freeing ours here is collective too.
     try:
-        if not MPI.Is_finalized():
+        if state in _STATES:
+            _STATES.remove(state)
             state.free()
     except Exception:  # noqa: BLE001 - never fail inside MPI's attribute callback
         pass
 
 
+def _at_finalize(comm, keyval, value) -> None:
+    # MPI calls this first thing in MPI_Finalize (COMM_SELF's attributes are
+    # deleted before anything else), when every rank finalizes: the windows
+    # are freed there, collectively, before MPI tears down. A job that is
+    # aborted never gets here, so a failing rank never waits in a collective
+    # free (collectives.failures, rule 5); the OS reclaims its windows.
+    for state in list(_STATES):
+        try:
+            state.free()
+        except Exception:  # noqa: BLE001 - never fail inside MPI's attribute callback
+            pass
+    _STATES.clear()
+
+
 _KEYVAL: int | None = None
+#: States still attached to a communicator, in creation order (the same on
+#: every rank of each communicator: creation is collective).
 _STATES: list[CommState] = []
 
 
 def comm_state(comm: "MPI.Intracomm") -> CommState:
-    """The state attached to ``comm``, created collectively on first use."""
+    """The state attached to ``comm``, created collectively on first use.
+
+    Raises:
+        AllreduceError: ``comm`` is not a usable intracommunicator.
+    """
     global _KEYVAL
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise AllreduceError(f"allreduce needs an mpi4py intracommunicator, got {comm!r}")
+    if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
+        raise AllreduceError("allreduce got MPI.COMM_NULL: the communicator was freed (or is "
+                             "the result of a Split that left this rank out); pass a live "
+                             "communicator")
+    if not isinstance(comm, MPI.Intracomm):
+        kind = "an intercommunicator" if isinstance(comm, MPI.Comm) else \
+            f"a {type(comm).__name__}"
+        raise AllreduceError(f"allreduce needs an mpi4py intracommunicator (e.g. "
+                             f"MPI.COMM_WORLD or comm.Dup()), got {kind}")
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_state)
+        MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_at_finalize), True)
     state = comm.Get_attr(_KEYVAL)
     if state is None:
         state = CommState(comm)
@@ -302,23 +378,22 @@ def comm_state(comm: "MPI.Intracomm") -> CommState:
     return state
 
 
+def existing_state(comm: "MPI.Intracomm | None") -> "CommState | None":
+    """The state attached to ``comm`` (``None``: ``COMM_WORLD``), or None (local)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if _KEYVAL is None or not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        return None
+    try:
+        return comm.Get_attr(_KEYVAL)
+    except MPI.Exception:
+        return None
+
+
 def forget_plans(comm: "MPI.Intracomm") -> None:
     """Drop the plans, bindings and staging buffers kept for ``comm`` (local)."""
     if _KEYVAL is None:
         return
     state = comm.Get_attr(_KEYVAL)
     if state is not None:
-        state.plans.clear()
+        state.drop_plans()
         state.staging.clear()
-
-
-@atexit.register
-def _free_all() -> None:
-    # Windows must be freed before MPI_Finalize (UCX warns otherwise). Python
-    # runs this before mpi4py finalizes MPI.
-    if MPI.Is_initialized() and not MPI.Is_finalized():
-        for state in list(_STATES):
-            try:
-                state.free()
-            except Exception:  # noqa: BLE001
-                pass

@@ -46,6 +46,9 @@ class Algorithm:
     schedule: Scheduler | None = None
     plan: Planner | None = None
     choose: Selector | None = None
+    #: ``host_only(ctx)`` of a library collective: its plan needs host memory
+    #: (device buffers are staged even with a CUDA-aware MPI).
+    host_only: Callable[["PlanContext"], bool] | None = None
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}
@@ -73,12 +76,13 @@ def register(name: str, *, summary: str, messages: str) -> Callable[[Scheduler],
     return decorate
 
 
-def register_library(name: str, *, summary: str, messages: str
+def register_library(name: str, *, summary: str, messages: str,
+                     host_only: Callable[["PlanContext"], bool] | None = None
                      ) -> Callable[[Planner], Planner]:
     """Decorator: ``algorithm=name`` runs the planner (a library collective)."""
 
     def decorate(plan: Planner) -> Planner:
-        _add(Algorithm(name, summary, messages, plan=plan))
+        _add(Algorithm(name, summary, messages, plan=plan, host_only=host_only))
         return plan
 
     return decorate

@@ -64,18 +64,22 @@ def test_first_call_mismatch_is_an_error_on_every_rank(fresh, differ):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("other_length", [11, 1000], ids=["shorter", "truncated"])
 def test_cached_signatures_called_out_of_order_raise(pair, other_length):
-    """Both signatures were checked before; the tags tell the calls apart."""
+    """Both signatures were checked before; the tags tell the calls apart. The
+    communicator then refuses further calls (ranks may be out of step)."""
     if pair is None:
         pytest.skip("ranks 0 and 1 only")
     for algorithm in P2P_ALGORITHMS:
+        comm = pair.Dup()
         a, b = np.ones(10, np.float32), np.ones(other_length, np.float32)
-        collectives.allreduce(a, pair, algorithm)
-        collectives.allreduce(b, pair, algorithm)
-        mine = a if pair.Get_rank() == 0 else b
+        collectives.allreduce(a, comm, algorithm)
+        collectives.allreduce(b, comm, algorithm)
+        mine = a if comm.Get_rank() == 0 else b
         with pytest.raises(AllreduceMismatch, match="every rank must make the same sequence") \
                 as caught:
-            collectives.allreduce(mine, pair, algorithm)
+            collectives.allreduce(mine, comm, algorithm)
         assert not caught.value.collective, algorithm  # found by this rank alone
+        with pytest.raises(collectives.AllreduceError, match="use a new communicator"):
+            collectives.allreduce(a, comm, algorithm)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -83,15 +87,18 @@ def test_new_signature_while_the_peer_waits_in_native(pair):
     """MPI_Allreduce cannot see our check; the one-sided counter can."""
     if pair is None:
         pytest.skip("ranks 0 and 1 only")
+    from collectives.plans import comm_state
+
     cached = np.ones(10, np.float32)
     collectives.allreduce(cached, pair, "native")
     if pair.Get_rank() == 0:
         with pytest.raises(AllreduceMismatch, match="blocked in blind call"):
             collectives.allreduce(np.ones(12, np.float32), pair, "native")
-        collectives.allreduce(cached, pair, "native")  # releases rank 1
-    else:
-        collectives.allreduce(cached, pair, "native")
-        assert (cached == 4).all()  # 1 + 1, then 2 + 2 with rank 0's rescuing call
+        # Only MPI can release rank 1 (by default the job would be aborted here).
+        comm_state(pair).comm.Allreduce(MPI.IN_PLACE, cached)
+    else:  # released by a call that is not its own: the order check says so
+        with pytest.raises(AllreduceMismatch, match="in a different order"):
+            collectives.allreduce(cached, pair, "native")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -110,8 +117,8 @@ def test_repeated_call_takes_the_fast_path(comm, monkeypatch):
     buf = np.ones(1000, np.float32)
     collectives.allreduce(buf, comm, "ring")
     slow_calls = []
-    real_slow = dispatch.allreduce_slow
-    monkeypatch.setattr(dispatch, "allreduce_slow",
+    real_slow = dispatch._allreduce_slow
+    monkeypatch.setattr(dispatch, "_allreduce_slow",
                         lambda *a: slow_calls.append(a) or real_slow(*a))
     for _ in range(5):
         collectives.allreduce(buf, comm, "ring")
@@ -175,8 +182,12 @@ def test_read_only_buffer_is_refused():
 
 
 def test_unknown_op_and_algorithm():
-    with pytest.raises(UnknownOp, match="sum, max, min"):
+    with pytest.raises(UnknownOp, match="sum, max and min"):
         collectives.allreduce(np.ones(3), MPI.COMM_SELF, op="prod")
+    with pytest.raises(UnknownOp, match="MPI.SUM, MPI.MAX, MPI.MIN"):
+        collectives.allreduce(np.ones(3), MPI.COMM_SELF, op=MPI.PROD)
+    buf = np.ones(3)
+    assert collectives.allreduce(buf, MPI.COMM_SELF, op=MPI.MAX) is buf  # MPI ops by value
     with pytest.raises(UnknownAlgorithm, match="choose from"):
         collectives.allreduce(np.ones(3), MPI.COMM_SELF, algorithm="butterfly")
 
@@ -201,9 +212,13 @@ def test_forget_releases_plans_and_the_next_call_is_checked_again(fresh, monkeyp
 
 
 def test_a_communicator_that_cannot_be_used():
-    with pytest.raises(collectives.AllreduceError, match="intracommunicator"):
+    with pytest.raises(collectives.AllreduceError, match="COMM_NULL: the communicator was freed"):
         collectives.allreduce(np.ones(3), MPI.COMM_NULL)
-    with pytest.raises(collectives.AllreduceError, match="intracommunicator"):
+    freed = MPI.COMM_SELF.Dup()
+    freed.Free()
+    with pytest.raises(collectives.AllreduceError, match="was freed"):
+        collectives.allreduce(np.ones(3), freed)
+    with pytest.raises(collectives.AllreduceError, match="intracommunicator .* got a str"):
         collectives.allreduce(np.ones(3), "world")
 
 
@@ -218,7 +233,7 @@ def test_two_ranks_on_one_node_exchange_small_buffers_through_shared_memory(pair
     state = comm_state(pair)
     channel = state.channel_named("shm-pair")
     assert channel is not None  # mpiexec on one machine
-    plan = state.plan(100, np.dtype(np.float64), "max", "recursive_doubling")
+    plan = state.plan(100, np.dtype(np.float64), "max", collectives.get("recursive_doubling"))
     assert plan.host_only and plan.channel is channel and channel.seq == 1
     np.testing.assert_array_equal(buf, np.arange(100) * 2.0)
 
@@ -240,15 +255,19 @@ def test_new_signature_while_the_peer_waits_in_shared_memory(pair):
 def test_shared_memory_exchange_while_the_peer_waits_in_native(pair):
     if pair is None:
         pytest.skip("ranks 0 and 1 only")
+    from collectives.plans import comm_state
+
     small, other = np.ones(10, np.float32), np.ones(20, np.float32)
     collectives.allreduce(small, pair, "recursive_doubling")
     collectives.allreduce(other, pair, "native")
     if pair.Get_rank() == 0:
         with pytest.raises(AllreduceMismatch, match="blocked in blind call"):
             collectives.allreduce(small, pair, "recursive_doubling")
-        collectives.allreduce(other, pair, "native")  # releases rank 1
-    else:
-        collectives.allreduce(other, pair, "native")
+        # Only MPI can release rank 1 (by default the job would be aborted here).
+        comm_state(pair).comm.Allreduce(MPI.IN_PLACE, other)
+    else:  # released by a call that is not its own: the order check says so
+        with pytest.raises(AllreduceMismatch, match="in a different order"):
+            collectives.allreduce(other, pair, "native")
 
 
 @pytest.mark.mpi(min_size=3)
@@ -280,6 +299,8 @@ def test_ring_in_the_shared_group_while_a_peer_waits_in_native(fresh):
     through the shared window: rank 1 sees rank 0 in another blind call and
     raises, marking itself failed, which rank 2 sees, and so on around the
     ring; each then joins the native call, which releases rank 0."""
+    from collectives.plans import comm_state
+
     rank, size = fresh.Get_rank(), fresh.Get_size()
     ring_buf, native_buf = np.ones(10, np.float32), np.ones(20, np.float32)
     collectives.allreduce(ring_buf, fresh, "ring")
@@ -289,8 +310,13 @@ def test_ring_in_the_shared_group_while_a_peer_waits_in_native(fresh):
             "blocked in blind call|left the call after an error"
         with pytest.raises(AllreduceMismatch, match=why):
             collectives.allreduce(ring_buf, fresh, "ring")
-    collectives.allreduce(native_buf, fresh, "native")
-    assert (native_buf == size * size).all()
+        # Only MPI can release rank 0 (by default the job would be aborted here).
+        comm_state(fresh).comm.Allreduce(MPI.IN_PLACE, native_buf)
+        with pytest.raises(collectives.AllreduceError, match="use a new communicator"):
+            collectives.allreduce(native_buf, fresh, "native")
+    else:  # released by calls that are not the others' own: the order check says so
+        with pytest.raises(AllreduceMismatch, match="in a different order"):
+            collectives.allreduce(native_buf, fresh, "native")
 
 
 @pytest.mark.mpi(min_size=3)
@@ -306,7 +332,7 @@ def test_a_message_from_a_rank_past_the_call_is_left_for_its_own_call(fresh):
 
     state = comm_state(fresh)
     group, rank = state.channel_named("shm-group"), fresh.Get_rank()
-    ctx = state.plan(8, np.dtype(np.float32), "sum", "ring").ctx  # collective: checked
+    ctx = state.plan(8, np.dtype(np.float32), "sum", collectives.get("ring")).ctx  # checked
     group.blind_calls[0], group.blind_calls[1] = 1, ctx.tag  # all "inside" one ring call
     end = 1000
     for finished, waited in ((True, 1), (False, 2)):

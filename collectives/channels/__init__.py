@@ -19,9 +19,9 @@ communicator has and that serves the schedule. A channel provides:
   ``schedule_of(n)`` is the algorithm's schedule for ``n`` elements (a
   channel may run the schedule segment by segment) and ``bind(view) ->
   run`` binds the plan to a buffer;
-* ``blind_calls`` (this rank's ``[blind calls, tag of the last]`` words in
-  shared memory, or None) and ``peer_blind(peer)`` (a peer's, or None), read
-  by :mod:`collectives.consistency`;
+* ``blind_calls`` (this rank's blind-call words in shared memory, or None)
+  and ``peer_blind(peer)`` (a peer's, read with plain loads, or None), see
+  :mod:`collectives.consistency`;
 * ``free()`` (collective).
 
 Adding a channel means a module here and an entry in :data:`KINDS`; no

@@ -32,7 +32,7 @@ from collectives.errors import AllreduceError
 
 CACHED, STREAMING = 0, 1
 #: Index of rank 0's decision word in the pair's header (:mod:`collectives.channels.shm_pair`).
-DECISION = 5
+DECISION = 3
 SETTINGS = ("auto", "on", "off")
 
 

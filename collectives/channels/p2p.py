@@ -40,7 +40,7 @@ class PointToPoint:
     #: Waiting happens inside MPI.
     sleep = False
     #: No shared memory: the communicator's state keeps the blind-call
-    #: counters in an MPI window instead (:mod:`collectives.plans`).
+    #: words in an MPI window instead (:mod:`collectives.plans`).
     blind_calls = None
 
     @classmethod

@@ -9,9 +9,9 @@ oversubscribed node a waiting rank sleeps in the kernel
 (:mod:`collectives.channels.futex`) until its neighbour publishes, instead
 of polling through MPICH's yield loop.
 
-Layout per rank: a header of int64 words ``[steps published, blind calls
-entered, tag of the last blind call, failed, tag of slot 0, ..., tag of
-slot k-1]`` and ``k = min(p + 1, MAX_SLOTS)`` slots of ``slot_bytes``. Every
+Layout per rank: a header of int64 words ``[steps published, failed,
+blind-call words (:data:`collectives.consistency.BLIND_WORDS`), tag of slot
+0, ..., tag of slot k-1]`` and ``k = min(p + 1, MAX_SLOTS)`` slots of ``slot_bytes``. Every
 rank numbers the rounds it publishes, across calls: round ``g`` goes to
 slot ``g mod k``, its slot tag is written, then the counter (x86 keeps
 stores in order, so a reader that sees the counter sees the data and tag).
@@ -46,6 +46,7 @@ import numpy as np
 
 from collectives.channels import futex
 from collectives.channels.shm_window import shared_window, wait_until
+from collectives.consistency import BLIND_WORDS
 from collectives.context import PlanContext
 from collectives.errors import AllreduceError
 from collectives.runtime import MPI
@@ -56,8 +57,9 @@ from collectives.schedule import COPY, REDUCE_INCOMING_FIRST, REDUCTIONS, Round,
 SEGMENT_BYTES = 4 * 1024 * 1024
 #: Most slots per rank (p + 1 below that): bounds the window on big nodes.
 MAX_SLOTS = 9
-_FIXED_WORDS = 4  # steps, blind calls, tag of the last blind call, failed
-FAILED = 3  #: header word: 1 once this rank raised inside a call
+FAILED = 1  #: header word: 1 once this rank raised inside a call
+_BLIND = 2  # first blind-call word
+_FIXED_WORDS = _BLIND + BLIND_WORDS  # steps, failed, the blind-call words
 #: What a round does with what it receives (see :func:`_program`).
 _COPY, _REDUCE, _REDUCE_FORWARD = 0, 1, 2
 
@@ -124,12 +126,12 @@ class SharedGroup:
     # ------------------------------------------------------------ blind calls
     @property
     def blind_calls(self) -> memoryview:
-        """This rank's ``[blind calls entered, tag of the last one]`` (see PlanContext)."""
-        return self.heads[self.rank][1:3]
+        """This rank's blind-call words (:mod:`collectives.consistency`)."""
+        return self.heads[self.rank][_BLIND:_FIXED_WORDS]
 
-    def peer_blind(self, peer: int) -> tuple[int, int]:
-        """Rank ``peer``'s ``(blind calls entered, tag of the last one)``."""
-        return self.heads[peer][1], self.heads[peer][2]
+    def peer_blind(self, peer: int) -> memoryview:
+        """Rank ``peer``'s blind-call words (plain loads: shared memory)."""
+        return self.heads[peer][_BLIND:_FIXED_WORDS]
 
     def slot_tags(self, q: int) -> memoryview:
         """Rank ``q``'s tag of each slot's current content."""
@@ -183,7 +185,7 @@ class SharedGroup:
         mine, theirs = self.typed_slots(r, ctx.dtype), self.typed_slots(left, ctx.dtype)
         head, right_head, left_head = self.heads[r], self.heads[right], self.heads[left]
         my_tags, left_tags = self.slot_tags(r), self.slot_tags(left)
-        combine, tag, calls, wait, fail = ctx.combine, ctx.tag, ctx.blind_calls, self.wait, ctx.fail
+        combine, tag, enter, wait, fail = ctx.combine, ctx.tag, ctx.enter_blind, self.wait, ctx.fail
         wake, address = futex.wake, self.addresses[r]
         sleeping = self.sleep
 
@@ -222,8 +224,7 @@ class SharedGroup:
 
             def steps(g: int) -> None:
                 end = g + rounds_per_call
-                calls[1] = tag  # a blind call: peers may look (collectives.consistency)
-                calls[0] += 1
+                enter()  # a blind call: peers may look (collectives.consistency)
                 for prefilled, send, kind, incoming_first, target in program:
                     if not prefilled:
                         reserve(g, end)

@@ -10,8 +10,9 @@ its own slot, publishes a sequence number, waits for the peer's, and
 combines (or copies) straight from the peer's slot.
 
 Layout per rank: a 64-byte header of int64 ``[sequence, tag of even calls,
-tag of odd calls, blind calls entered, tag of the last, copy mode]`` (the
-last: rank 0's decision, :mod:`collectives.channels.copy_mode`) and two
+tag of odd calls, copy mode, blind-call words]`` (the copy mode: rank 0's
+decision, :mod:`collectives.channels.copy_mode`; the blind-call words:
+:data:`collectives.consistency.BLIND_WORDS`) and two
 slots, used by alternate exchanges, so a rank may publish exchange s+1 while
 its peer still reads exchange s; it cannot reach s+2 before the peer has
 published s+1, i.e. finished reading s. On x86 (total store order) the data
@@ -46,6 +47,7 @@ import numpy as np
 from collectives.channels import copy_mode, futex, streaming
 from collectives.channels.copy_mode import DECISION, PairChoices, PairCopyMode
 from collectives.channels.shm_window import shared_window, wait_until
+from collectives.consistency import BLIND_WORDS
 from collectives.context import PlanContext
 from collectives.runtime import MPI
 from collectives.schedule import COPY, REDUCE_INCOMING_FIRST, REDUCTIONS, Round, Schedule, split
@@ -61,6 +63,7 @@ PIPELINED_PIECE_BYTES = 1 << 19
 #: microseconds either way.
 STREAMING_MIN_PIECE_BYTES = 64 * 1024
 _HEADER = 64
+_BLIND = 4  # first blind-call word of the header
 
 Runner = Callable[[], None]
 
@@ -118,12 +121,12 @@ class SharedPair:
     # ------------------------------------------------------------ blind calls
     @property
     def blind_calls(self) -> memoryview:
-        """This rank's ``[blind calls entered, tag of the last one]`` (see PlanContext)."""
-        return self.my_head[3:5]
+        """This rank's blind-call words (:mod:`collectives.consistency`)."""
+        return self.my_head[_BLIND:_BLIND + BLIND_WORDS]
 
-    def peer_blind(self, peer: int) -> tuple[int, int]:
-        """The peer's ``(blind calls entered, tag of the last one)``."""
-        return self.their_head[3], self.their_head[4]
+    def peer_blind(self, peer: int) -> memoryview:
+        """The peer's blind-call words (plain loads: shared memory)."""
+        return self.their_head[_BLIND:_BLIND + BLIND_WORDS]
 
     # ----------------------------------------------------------------- plans
     def serves(self, schedule: Schedule) -> bool:
@@ -247,7 +250,7 @@ def exchange_step(pair: SharedPair, ctx: PlanContext, send: np.ndarray, receive:
     tag = ctx.tag
     head, their_head = pair.my_head, pair.their_head
     sleeping, wake, address = pair.sleep, futex.wake, pair.my_address
-    calls, wait, fail = ctx.blind_calls, pair.wait, ctx.fail
+    enter, wait, fail = ctx.enter_blind, pair.wait, ctx.fail
     nbytes = send.size * send.itemsize
     mine = [s[:nbytes].view(send.dtype) for s in pair.my_slots]
     theirs = [s[:receive * send.itemsize].view(send.dtype) for s in pair.their_slots]
@@ -275,8 +278,7 @@ def exchange_step(pair: SharedPair, ctx: PlanContext, send: np.ndarray, receive:
         if sleeping:
             wake(address)
         if first:
-            calls[1] = tag  # a blind call: peers may look (collectives.consistency)
-            calls[0] += 1
+            enter()  # a blind call: peers may look (collectives.consistency)
         if their_head[0] < seq:
             wait(seq, tag, ctx)
         if their_head[1 + parity] != tag:

@@ -1,0 +1,155 @@
+"""Combining two buffers element-wise, with one rule for special values.
+
+Every algorithm combines with these kernels, and ``native`` applies the same
+rule to what ``MPI_Allreduce`` returns, so a given input gives the same bits
+whatever the algorithm, on every rank:
+
+* ``sum``: IEEE addition, then any NaN becomes the canonical quiet NaN
+  (``np.nan``: sign clear, payload zero). Without this, NaN payloads and
+  signs depend on operand order (``inf + -inf`` gives a negative NaN on
+  x86, ``NaN_a + NaN_b`` keeps the first payload), which differs between
+  algorithms and, inside MPI, between ranks.
+* ``max`` / ``min``: NaN propagates (as numpy's ``maximum``), as the
+  canonical NaN; ``max(-0.0, +0.0)`` is ``+0.0`` and ``min`` of them
+  ``-0.0`` (IEEE 754-2019 ``maximum`` / ``minimum``). MPI's ``MPI_MAX``
+  ignores NaN or not depending on operand order.
+* integers: plain ``+``, ``max``, ``min`` (wrapping on overflow, as MPI).
+
+The float32/float64 kernels are Numba loops that apply the rule while they
+combine, at the speed of ``np.add`` (one pass, no temporaries); float16
+goes through numpy and a second pass. Combines never emit numpy's
+``RuntimeWarning`` on overflow or ``inf - inf``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+
+#: ``combine(a, b, out)``: ``out = a (op) b`` element-wise; ``out`` may alias ``a`` or ``b``.
+Combine = Callable[[Any, Any, Any], Any]
+UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels() -> dict[str, Callable] | None:
+    """The Numba kernels (compiled on first use per dtype, cached on disk), or
+    None where Numba cannot be imported (numpy with a second pass instead)."""
+    try:
+        from numba import njit  # deferred: only a plan with a float buffer needs it
+    except Exception:  # noqa: BLE001 - any import failure means "not here"
+        return None
+
+    @njit(cache=True, nogil=True)
+    def add(a, b, out):
+        nan = out.dtype.type(np.nan)
+        for i in range(out.shape[0]):
+            v = a[i] + b[i]
+            out[i] = v if v == v else nan
+
+    @njit(cache=True, nogil=True)
+    def maximum(a, b, out):
+        nan = out.dtype.type(np.nan)
+        for i in range(out.shape[0]):
+            x, y = a[i], b[i]
+            if x != x or y != y:
+                out[i] = nan
+            elif x > y:
+                out[i] = x
+            elif y > x:
+                out[i] = y
+            else:  # equal; for +0/-0, the sum is +0 unless both are -0
+                out[i] = x + y if x == 0 else x
+
+    @njit(cache=True, nogil=True)
+    def minimum(a, b, out):
+        nan = out.dtype.type(np.nan)
+        for i in range(out.shape[0]):
+            x, y = a[i], b[i]
+            if x != x or y != y:
+                out[i] = nan
+            elif x < y:
+                out[i] = x
+            elif y < x:
+                out[i] = y
+            else:  # equal; for +0/-0, -(-x + -y) is -0 unless both are +0
+                out[i] = -((-x) + (-y)) if x == 0 else x
+
+    @njit(cache=True, nogil=True)
+    def canonical(out):
+        nan = out.dtype.type(np.nan)
+        for i in range(out.shape[0]):
+            if out[i] != out[i]:
+                out[i] = nan
+
+    return {"sum": add, "max": maximum, "min": minimum, "canonical": canonical}
+
+
+def _numpy_float(op: str) -> Combine:
+    ufunc = UFUNCS[op]
+
+    def combine(a, b, out):
+        with np.errstate(all="ignore"):
+            zeros = (a == 0) & (b == 0) if op != "sum" else None
+            signs = None if zeros is None else (np.signbit(a) & np.signbit(b) if op == "max"
+                                                else np.signbit(a) | np.signbit(b))
+            ufunc(a, b, out=out)
+        if zeros is not None and zeros.any():
+            out[zeros] = np.where(signs[zeros], -0.0, 0.0)
+        canonicalize(out)
+
+    return combine
+
+
+def host_combiner(op: str, dtype: np.dtype) -> Combine:
+    """The host combine of ``op`` for arrays of ``dtype`` (see the module docstring)."""
+    if dtype.kind != "f":
+        if op == "sum":
+            return np.add  # positional ``out``: the cheapest call for tiny arrays
+        ufunc = UFUNCS[op]
+
+        def combine(a, b, out):  # numpy deprecates a positional ``out`` for max/min
+            ufunc(a, b, out=out)
+
+        return combine
+    kernels = _kernels()
+    if kernels is None or dtype.itemsize < 4:  # float16: numpy, then a second pass
+        return _numpy_float(op)
+    return kernels[op]
+
+
+def canonicalize(out: np.ndarray) -> None:
+    """Every NaN of the float array ``out`` becomes the canonical quiet NaN (in place)."""
+    if out.dtype.kind != "f" or out.size == 0:
+        return
+    kernels = _kernels()
+    if kernels is not None and out.dtype.itemsize >= 4:
+        kernels["canonical"](out)
+        return
+    with np.errstate(all="ignore"):
+        nans = np.isnan(out)
+    if nans.any():
+        out[nans] = np.nan
+
+
+def warm_up(dtype: np.dtype, op: str) -> None:
+    """Compile (or load from Numba's cache) the kernel of ``(dtype, op)`` now,
+    so that no rank compiles inside a timed or waited-on call."""
+    if dtype.kind == "f" and dtype.itemsize >= 4 and _kernels() is not None:
+        x = np.zeros(1, dtype)
+        host_combiner(op, dtype)(x, x, x)
+        canonicalize(x)
+
+
+def mpi_op(op: str, dtype: np.dtype, mpi: Any) -> Any:
+    """A user-defined MPI operation applying :func:`host_combiner` (commutative),
+    for ``native`` max/min on floats; the caller frees it (``Op.Free``)."""
+    combine = host_combiner(op, dtype)
+
+    def apply(inbuf, inoutbuf, datatype):  # MPI: inoutbuf = inbuf (op) inoutbuf
+        a = np.frombuffer(inbuf, dtype=dtype)
+        b = np.frombuffer(inoutbuf, dtype=dtype)
+        combine(a, b, b)
+
+    return mpi.Op.Create(apply, commute=True)
