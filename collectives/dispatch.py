@@ -241,7 +241,9 @@ def _check(buf: Any, comm: Any, algorithm: str, op: Any) -> _Checked:
         n, dtype = view.size, view.dtype
     elif device.is_device_array(buf):
         kind, view = "device", None
-        n, dtype = device.describe(buf.detach() if _is_torch_tensor(buf) else buf)
+        target = buf.detach() if _is_torch_tensor(buf) else buf
+        n, dtype = device.describe(target)
+        device.ops_for(target)  # UnsupportedBuffer without CuPy, before any message
     else:
         raise UnsupportedBuffer(
             f"allreduce cannot reduce a {type(buf).__name__}; pass a numpy array, a torch "
