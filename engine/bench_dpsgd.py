@@ -80,8 +80,8 @@ def _steppers(args, spec, X, y, torch):
     from collectives.runtime import MPI
     from engine.fast_mlp import FastMLP
     from engine.model import init_params, to_module
-    from engine.naive import naive_clipped_sum
-    from engine.noise import GaussianNoise
+    from engine.dp.naive import naive_clipped_sum
+    from engine.dp.noise import GaussianNoise
     from engine.optim import SGD
 
     C, sigma, lr, momentum, B = 1.0, 1.0, 0.05, 0.9, args.batch_size

@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("engine.evaluate", "accuracy and loss of a checkpoint on a prepared file"),
     "audit": ("engine.audit.command",
               "attack a checkpoint: membership inference and model inversion"),
-    "privacy": ("engine.privacy", "epsilon from (q, sigma, steps, delta), or sigma from a "
+    "privacy": ("engine.dp.privacy", "epsilon from (q, sigma, steps, delta), or sigma from a "
                 "target epsilon (offline)"),
     "prep": ("preprocessing.prep",
              "PUMS person files -> cleaned, encoded, shuffled HDF5 (parallel over ranks)"),

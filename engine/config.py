@@ -117,8 +117,8 @@ class TrainConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``mpidp train``."""
-    from engine.accountant import KINDS
-    from engine.noise import SCHEMES
+    from engine.dp.accountant import KINDS
+    from engine.dp.noise import SCHEMES
     from engine.optim import NAMES
     from engine.schedule import SCHEDULES
 

@@ -2,13 +2,13 @@
 
 One step on every rank (:meth:`Trainer._step`):
 
-1. sample this rank's rows (:mod:`engine.sampler`, Poisson at rate q);
+1. sample this rank's rows (:mod:`engine.dp.sampler`, Poisson at rate q);
 2. clipped gradient sum of those rows into the flat buffer (:mod:`engine.fast_mlp`);
-3. this rank's share of the Gaussian noise (:mod:`engine.noise`);
+3. this rank's share of the Gaussian noise (:mod:`engine.dp.noise`);
 4. ONE all-reduce of the preallocated buffer (gradient + one control float
    that carries stop requests) through :func:`collectives.allreduce`;
 5. update with the sum divided by the public expected batch size B = qN
-   (:mod:`engine.optim`); the accountant counts the step (:mod:`engine.accountant`).
+   (:mod:`engine.optim`); the accountant counts the step (:mod:`engine.dp.accountant`).
 
 Every rank takes the same number of steps (N and B are known everywhere);
 an empty local batch is a valid step. Per epoch: train loss (all-reduced),
@@ -30,7 +30,7 @@ import collectives
 from collectives.runtime import MPI, available_cores, launch_info
 from engine import checkpoint as ckpt
 from engine import metrics as metrics_mod
-from engine.accountant import Accountant, calibrate_sigma, epsilon_for
+from engine.dp.accountant import Accountant, calibrate_sigma, epsilon_for
 from engine.config import FIXED_ON_RESUME, TrainConfig
 from engine.device import select as select_device
 from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
@@ -38,9 +38,9 @@ from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
 from engine.evaluate import evaluate_shard
 from engine.fast_mlp import FastMLP
 from engine.model import MLPSpec, init_params
-from engine.noise import GaussianNoise
+from engine.dp.noise import GaussianNoise
 from engine.optim import build as build_optimizer
-from engine.sampler import PoissonSampler, ShuffleSampler
+from engine.dp.sampler import PoissonSampler, ShuffleSampler
 from engine.schedule import learning_rate
 from engine.shard import read_info, read_shard
 from engine.signals import StopRequest

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from engine.accountant import Accountant, calibrate_sigma, epsilon_for
+from engine.dp.accountant import Accountant, calibrate_sigma, epsilon_for
 from engine.errors import PrivacyError
 
 # Abadi et al. MNIST setting; values from dp-accounting as recorded in the notes.

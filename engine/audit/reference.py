@@ -11,7 +11,7 @@ of the sample if it is smaller). It is trained **without** DP: its job is to
 predict how hard a record is, and the target's own noise would only blur that.
 
 The training reuses the engine's pieces: :class:`engine.fast_mlp.FastMLP`
-(forward, backward, gradient sum), :class:`engine.sampler.PoissonSampler`,
+(forward, backward, gradient sum), :class:`engine.dp.sampler.PoissonSampler`,
 :func:`engine.optim.build`, and one all-reduce of the gradient per step. The
 rows come in parts (one per split), each spread over the ranks in
 consecutive blocks. To give the same model whatever the number of ranks,
@@ -80,7 +80,7 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
     from engine.fast_mlp import FastMLP
     from engine.model import init_params
     from engine.optim import build as build_optimizer
-    from engine.sampler import PoissonSampler
+    from engine.dp.sampler import PoissonSampler
 
     n_rows = sum(part.n for part in parts)
     batch, q, steps = training_plan(n_rows, settings.get("batch_size", 256), epochs)

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from collectives.runtime import MPI
-    from engine.accountant import calibrate_sigma, check_delta, epsilon_for
+    from engine.dp.accountant import calibrate_sigma, check_delta, epsilon_for
     from engine.errors import ConfigError, PrivacyError
 
     def fail(message):
