@@ -78,11 +78,11 @@ def _steppers(args, spec, X, y, torch):
     """name -> (one-step function taking a row tensor and returning its batch size)."""
     import collectives
     from collectives.runtime import MPI
-    from engine.fast_mlp import FastMLP
-    from engine.model import init_params, to_module
+    from engine.nn.fast_mlp import FastMLP
+    from engine.nn.model import init_params, to_module
     from engine.dp.naive import naive_clipped_sum
     from engine.dp.noise import GaussianNoise
-    from engine.optim import SGD
+    from engine.nn.optim import SGD
 
     C, sigma, lr, momentum, B = 1.0, 1.0, 0.05, 0.9, args.batch_size
     Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
     from collectives.runtime import MPI
     from engine.errors import ConfigError
-    from engine.model import MLPSpec, parse_hidden
+    from engine.nn.model import MLPSpec, parse_hidden
     from engine.trainer import configure_threads
 
     if MPI.COMM_WORLD.Get_size() > 1:

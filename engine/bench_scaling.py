@@ -177,7 +177,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     settings.privacy_list = _choices(settings.privacy, ("dp", "nodp"), "--privacy")
     settings.algorithms = _choices(settings.allreduce, _algorithm_names(), "--allreduce")
     from engine.errors import ConfigError
-    from engine.model import parse_hidden
+    from engine.nn.model import parse_hidden
 
     try:
         parse_hidden(settings.hidden)

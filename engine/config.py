@@ -119,8 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``mpidp train``."""
     from engine.dp.accountant import KINDS
     from engine.dp.noise import SCHEMES
-    from engine.optim import NAMES
-    from engine.schedule import SCHEDULES
+    from engine.nn.optim import NAMES
+    from engine.nn.schedule import SCHEDULES
 
     d = TrainConfig(data="")
     data = parser.add_argument_group("data and model")
@@ -212,7 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
     """Build and validate the config from parsed arguments."""
-    from engine.model import parse_hidden
+    from engine.nn.model import parse_hidden
 
     cfg = TrainConfig(
         data=args.data, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,

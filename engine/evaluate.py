@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from collectives.runtime import MPI
     from engine import checkpoint as ckpt
     from engine.errors import CheckpointError, DataError, agree
-    from engine.model import MLPSpec, logits
+    from engine.nn.model import MLPSpec, logits
     from engine.shard import read_info, read_shard
 
     comm = MPI.COMM_WORLD

@@ -4,7 +4,7 @@ Rank r of p reads rows ``[r*N//p, (r+1)*N//p)`` of a split as one hyperslab
 (no rank reads the whole file; shards differ in size by at most one row).
 The features land in a float32 array with one extra trailing column of ones:
 the bias "feature" of the first layer in the book-keeping layout
-(:mod:`engine.fast_mlp`), so a sampled batch is one contiguous gather.
+(:mod:`engine.nn.fast_mlp`), so a sampled batch is one contiguous gather.
 
 Checks, each a :class:`~engine.errors.DataError` raised on every rank
 (:func:`engine.errors.agree`): the file exists and is HDF5, ``format`` is

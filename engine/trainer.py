@@ -3,12 +3,12 @@
 One step on every rank (:meth:`Trainer._step`):
 
 1. sample this rank's rows (:mod:`engine.dp.sampler`, Poisson at rate q);
-2. clipped gradient sum of those rows into the flat buffer (:mod:`engine.fast_mlp`);
+2. clipped gradient sum of those rows into the flat buffer (:mod:`engine.nn.fast_mlp`);
 3. this rank's share of the Gaussian noise (:mod:`engine.dp.noise`);
 4. ONE all-reduce of the preallocated buffer (gradient + one control float
    that carries stop requests) through :func:`collectives.allreduce`;
 5. update with the sum divided by the public expected batch size B = qN
-   (:mod:`engine.optim`); the accountant counts the step (:mod:`engine.dp.accountant`).
+   (:mod:`engine.nn.optim`); the accountant counts the step (:mod:`engine.dp.accountant`).
 
 Every rank takes the same number of steps (N and B are known everywhere);
 an empty local batch is a valid step. Per epoch: train loss (all-reduced),
@@ -36,12 +36,12 @@ from engine.device import select as select_device
 from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
                            DivergedError, PrivacyError, agree)
 from engine.evaluate import evaluate_shard
-from engine.fast_mlp import FastMLP
-from engine.model import MLPSpec, init_params
+from engine.nn.fast_mlp import FastMLP
+from engine.nn.model import MLPSpec, init_params
 from engine.dp.noise import GaussianNoise
-from engine.optim import build as build_optimizer
+from engine.nn.optim import build as build_optimizer
 from engine.dp.sampler import PoissonSampler, ShuffleSampler
-from engine.schedule import learning_rate
+from engine.nn.schedule import learning_rate
 from engine.shard import read_info, read_shard
 from engine.signals import StopRequest
 from engine.stopping import stop_reason

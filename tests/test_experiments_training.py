@@ -9,8 +9,8 @@ import torch
 from engine import synthetic_h5
 from engine.config import TrainConfig
 from engine.errors import ConfigError
-from engine.optim import SGD, Adam
-from engine.schedule import learning_rate
+from engine.nn.optim import SGD, Adam
+from engine.nn.schedule import learning_rate
 from engine.stopping import (TARGET_ACCURACY, TIME_BUDGET, accuracy_after_time,
                              stop_reason, time_to_accuracy)
 from engine.trainer import Trainer

@@ -150,8 +150,8 @@ def test_numba_views_are_zero_copy():
 
 
 def test_one_mlp_step_on_the_gpu_equals_the_cpu():
-    from engine.fast_mlp import FastMLP
-    from engine.model import MLPSpec, init_params
+    from engine.nn.fast_mlp import FastMLP
+    from engine.nn.model import MLPSpec, init_params
 
     spec = MLPSpec((20, 64, 64, 3))
     g = torch.Generator().manual_seed(2)

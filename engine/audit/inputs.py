@@ -140,7 +140,7 @@ class Target:
 
     checkpoint: str
     payload: dict
-    spec: object               # engine.model.MLPSpec
+    spec: object               # engine.nn.model.MLPSpec
     params: object             # torch float64 flat vector
     info: object               # engine.shard.DataInfo of the audited file
     notes: list[str] = field(default_factory=list)
@@ -174,7 +174,7 @@ def check_compatible(payload: dict, info, checkpoint: str) -> list[str]:
     Raises:
         AuditMismatch: different task, encoding, shape or split sizes.
     """
-    from engine.model import MLPSpec
+    from engine.nn.model import MLPSpec
 
     spec = MLPSpec.from_dict(payload["model"])
     trained = payload.get("data") or {}
@@ -217,7 +217,7 @@ def load_target(checkpoint: str, data: str, comm) -> Target:
     import torch
 
     from engine import checkpoint as ckpt
-    from engine.model import MLPSpec
+    from engine.nn.model import MLPSpec
     from engine.shard import read_info
 
     error, payload = None, None

@@ -5,14 +5,14 @@ but was trained the way the target was, on data from the same population: its
 loss on a record says how hard the record is for any such model. We train one
 on the population sample (:mod:`engine.audit.inputs`: the odd rows of both
 splits, disjoint from members and non-members) with the target's architecture (the same
-:class:`~engine.model.MLPSpec`), optimizer, learning rate, momentum, expected
+:class:`~engine.nn.model.MLPSpec`), optimizer, learning rate, momentum, expected
 batch size and number of epochs, and on as many rows as the target (or all
 of the sample if it is smaller). It is trained **without** DP: its job is to
 predict how hard a record is, and the target's own noise would only blur that.
 
-The training reuses the engine's pieces: :class:`engine.fast_mlp.FastMLP`
+The training reuses the engine's pieces: :class:`engine.nn.fast_mlp.FastMLP`
 (forward, backward, gradient sum), :class:`engine.dp.sampler.PoissonSampler`,
-:func:`engine.optim.build`, and one all-reduce of the gradient per step. The
+:func:`engine.nn.optim.build`, and one all-reduce of the gradient per step. The
 rows come in parts (one per split), each spread over the ranks in
 consecutive blocks. To give the same model whatever the number of ranks,
 every rank draws the same *global* Poisson sample of each part (a sampler
@@ -60,7 +60,7 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
     """Collective: train the reference model on the rows of ``parts``.
 
     Args:
-        spec: the target's :class:`~engine.model.MLPSpec`.
+        spec: the target's :class:`~engine.nn.model.MLPSpec`.
         settings: the target's training config (``optimizer``, ``lr``,
             ``momentum``, ``batch_size``), as stored in its checkpoint.
         parts: this rank's rows of each part (same number of parts everywhere).
@@ -77,9 +77,9 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
     from tqdm import tqdm
 
     import collectives
-    from engine.fast_mlp import FastMLP
-    from engine.model import init_params
-    from engine.optim import build as build_optimizer
+    from engine.nn.fast_mlp import FastMLP
+    from engine.nn.model import init_params
+    from engine.nn.optim import build as build_optimizer
     from engine.dp.sampler import PoissonSampler
 
     n_rows = sum(part.n for part in parts)

@@ -13,7 +13,7 @@ i, clip factor ``c_i = min(1, max_norm / |grad_i|)``, or ``c_i = 1`` when
 * :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
   grad): for models whose parameters are not all in leaf layers used once.
 
-MLPs built by ``mpidp train`` use the hand-written :mod:`engine.fast_mlp`
+MLPs built by ``mpidp train`` use the hand-written :mod:`engine.nn.fast_mlp`
 instead; all three are tested against the naive loop (:mod:`engine.dp.naive`).
 An empty batch is valid: the sum is zero.
 """

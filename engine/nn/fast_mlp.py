@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model import MLPSpec, layer_views, logits as mlp_logits
+from engine.nn.model import MLPSpec, layer_views, logits as mlp_logits
 from kernels import dispatch
 
 
