@@ -20,7 +20,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["engine", "engine.audit", "engine.dp", "engine.nn", "kernels", "collectives", "preprocessing"],
+    packages=["engine", "engine.audit", "engine.bench", "engine.dp", "engine.nn",
+              "kernels", "collectives", "preprocessing"],
     package_data={"kernels": ["cuda/*.cu"], "preprocessing": ["*.json"]},
     install_requires=[
         "mpi4py>=4.0",

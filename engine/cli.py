@@ -43,11 +43,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "allreduce": ("collectives.bench",
                   "all-reduce algorithms vs MPI_Allreduce, OSU / nccl-tests style"),
-    "dpsgd": ("engine.bench_dpsgd", "DP-SGD vs non-DP, naive per-example loop and Opacus, "
+    "dpsgd": ("engine.bench.dpsgd", "DP-SGD vs non-DP, naive per-example loop and Opacus, "
               "side by side"),
     "prep": ("preprocessing.bench",
              "mpidp prep end to end at 1 and 2 ranks vs a one-process polars pipeline"),
-    "scaling": ("engine.bench_scaling", "mpidp train at several rank counts: time per "
+    "scaling": ("engine.bench.scaling", "mpidp train at several rank counts: time per "
                 "epoch, speed-up, comm/compute, time to accuracy, cost"),
 }
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from engine.bench_scaling import BenchError
+from engine.bench.scaling import BenchError
 from engine.cli import build_parser
 
 

@@ -185,7 +185,7 @@ def test_each_rank_binds_its_own_gpu(comm):
 @pytest.mark.mpi(min_size=1)
 def test_training_on_gpus(comm, shared_tmp):
     """--device cuda end to end: --no-dp close to the CPU run; DP reproducible."""
-    from engine import synthetic_h5
+    from engine.bench import synthetic
     from engine.config import TrainConfig
     from engine.trainer import Trainer
 
@@ -193,7 +193,7 @@ def test_training_on_gpus(comm, shared_tmp):
         pytest.skip(f"{comm.Get_size()} ranks but {torch.cuda.device_count()} GPU(s)")
     path = str(shared_tmp / "d.h5")
     if comm.Get_rank() == 0:
-        synthetic_h5.write(path, rows=2000, features=8, test_rows=200, seed=5)
+        synthetic.write(path, rows=2000, features=8, test_rows=200, seed=5)
     comm.Barrier()
 
     def run(**kw):

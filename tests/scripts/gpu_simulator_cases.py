@@ -199,12 +199,12 @@ def test_training_on_the_device_path_with_every_kernel_simulated(tmp_path, monke
     Philox noise) with every kernel a simulated CUDA kernel, against the same
     path with the CPU clipping/ReLU/softmax kernels: the same model."""
     from collectives.runtime import MPI
-    from engine import synthetic_h5
+    from engine.bench import synthetic
     from engine.config import TrainConfig
     from engine.device import Placement
     from engine.trainer import Trainer
 
-    path = synthetic_h5.write(tmp_path / "d.h5", rows=60, features=3, test_rows=10, seed=1)
+    path = synthetic.write(tmp_path / "d.h5", rows=60, features=3, test_rows=10, seed=1)
     monkeypatch.setattr("engine.trainer.select_device",
                         lambda kind, comm: Placement(torch.device("cpu"), host_buffer=False))
     original = dispatch.get

@@ -58,7 +58,7 @@ def _load(args, torch):
         info = read_info(args.data)
         shard = read_shard(info, "train", MPI.COMM_SELF, min_rows_per_rank=1)
         return shard.X, shard.y, info.n_classes, args.data
-    from engine.synthetic_h5 import _groups, _rows
+    from engine.bench.synthetic import _groups, _rows
 
     rng = np.random.default_rng(args.seed)
     numeric = 2

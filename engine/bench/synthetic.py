@@ -6,7 +6,7 @@ label from a fixed nonlinear rule plus noise, so a model has something to
 learn. Written in chunks, so benchmark-size files (e.g. 790,000 x 100, what
 prep makes of the 1.2-million-row synthetic PUMS file) need little memory::
 
-    python -m engine.synthetic_h5 --rows 790000 --features 100 --out bench.h5
+    python -m engine.bench.synthetic --rows 790000 --features 100 --out bench.h5
 
 :func:`write_dense` writes the other shape benchmarks need: dense rows like
 the PASCAL 2008 "epsilon" set of mlbench's task 2a (400,000 + 100,000 rows,
@@ -14,7 +14,7 @@ the PASCAL 2008 "epsilon" set of mlbench's task 2a (400,000 + 100,000 rows,
 be downloaded here), labels from a logistic model whose best possible test
 accuracy is about 0.91::
 
-    python -m engine.synthetic_h5 --dense --rows 400000 --test-rows 100000 \
+    python -m engine.bench.synthetic --dense --rows 400000 --test-rows 100000 \
         --features 2000 --out epsilon-like.h5
 """
 from __future__ import annotations
@@ -157,7 +157,7 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
                 "encoding_fingerprint": hashlib.sha256(encoding_text.encode()).hexdigest(),
                 "drop_counts": json.dumps({}), "sources": json.dumps([]), "seed": seed,
                 "test_fraction": test_rows / max(1, rows + test_rows),
-                "created_by": "mpidp engine.synthetic_h5"}
+                "created_by": "mpidp engine.bench.synthetic"}
         base.update(attrs or {})
         for key, value in base.items():
             if value is None:

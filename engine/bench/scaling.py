@@ -61,6 +61,7 @@ import time
 from pathlib import Path
 
 from collectives.launch import child_env, launcher_argv, launcher_words
+from engine.bench import synthetic
 
 #: Preset values for options left unset on the command line.
 PRESETS: dict[str, dict] = {
@@ -284,22 +285,18 @@ def ensure_data(settings: argparse.Namespace) -> str:
         if not os.path.isfile(settings.data):
             raise BenchError(f"--data {settings.data}: no such file")
         return settings.data
-    from engine.synthetic_h5 import DENSE_DECAY
-
-    kind = f"dense-decay{DENSE_DECAY:g}" if settings.dense else "synth"
+    kind = f"dense-decay{synthetic.DENSE_DECAY:g}" if settings.dense else "synth"
     path = Path(settings.cache) / (f"{kind}-{settings.rows}x{settings.features}-"
                                    f"{settings.test_rows}-seed0.h5")
     if not path.exists():
-        from engine import synthetic_h5
-
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"writing {path} (once) ...", file=sys.stderr, flush=True)
         if settings.dense:
-            synthetic_h5.write_dense(path, rows=settings.rows, features=settings.features,
-                                     test_rows=settings.test_rows, seed=0)
+            synthetic.write_dense(path, rows=settings.rows, features=settings.features,
+                                  test_rows=settings.test_rows, seed=0)
         else:
-            synthetic_h5.write(path, rows=settings.rows, features=settings.features,
-                               test_rows=settings.test_rows, seed=0)
+            synthetic.write(path, rows=settings.rows, features=settings.features,
+                            test_rows=settings.test_rows, seed=0)
     return str(path)
 
 
@@ -408,7 +405,7 @@ def _load() -> list[float] | None:
 # ------------------------------------------------------------ command
 def run(args: argparse.Namespace) -> int:
     from collectives.runtime import MPI, available_cores
-    from engine import scaling_report as report
+    from engine.bench import scaling_report as report
 
     if MPI.COMM_WORLD.Get_size() > 1:
         raise BenchError("run the benchmark as one process (`mpidp bench scaling`); it "
@@ -482,7 +479,7 @@ def run(args: argparse.Namespace) -> int:
             json.dump(document, handle, indent=1)
         os.replace(tmp, args.json)
     if args.plot:
-        from engine.scaling_plot import plot
+        from engine.bench.scaling_plot import plot
 
         plot(summaries, args.plot, f"mpidp bench scaling on {where['host']} "
              f"({where['cores']} cores): {os.path.basename(source)}")
