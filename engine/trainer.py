@@ -43,8 +43,7 @@ from engine.nn.optim import build as build_optimizer
 from engine.dp.sampler import PoissonSampler, ShuffleSampler
 from engine.nn.schedule import learning_rate
 from engine.shard import read_info, read_shard
-from engine.signals import StopRequest
-from engine.stopping import stop_reason
+from engine.stopping import StopRequest, stop_reason
 
 #: Steps between progress-bar updates and between finiteness checks.
 PROGRESS_EVERY = 32
