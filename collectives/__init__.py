@@ -22,6 +22,7 @@ from collectives.dispatch import algorithm_for, allreduce, forget
 from collectives.errors import (AllreduceError, AllreduceMismatch, UnknownAlgorithm,
                                 UnknownOp, UnsupportedBuffer)
 from collectives.registry import get, names
+from collectives.runtime import MPI
 
-__all__ = ["allreduce", "algorithm_for", "names", "get", "forget", "AllreduceError",
+__all__ = ["MPI", "allreduce", "algorithm_for", "names", "get", "forget", "AllreduceError",
            "AllreduceMismatch", "UnknownAlgorithm", "UnknownOp", "UnsupportedBuffer"]

@@ -58,6 +58,24 @@ def _rows(rng: np.random.Generator, n: int, numeric: int, groups: list[int],
     return X, y
 
 
+def rows_in_memory(rows: int, features: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` two-class rows of the kind :func:`write` makes (2 numeric columns,
+    the rest one-hot groups), in memory and in a shard's layout (:mod:`engine.shard`):
+    X float32 ``[rows, features + 1]`` whose last column is 1, y int64 ``[rows]``."""
+    rng = np.random.default_rng(seed)
+    numeric = 2
+    weights = rng.standard_normal((2, features)).astype(np.float32)
+    X = np.empty((rows, features + 1), dtype=np.float32)
+    y = np.empty(rows, dtype=np.int64)
+    X[:, -1] = 1.0
+    for start in range(0, rows, CHUNK):
+        xb, yb = _rows(rng, min(CHUNK, rows - start), numeric, _groups(features, numeric),
+                       weights, 2)
+        X[start:start + len(yb), :-1] = xb
+        y[start:start + len(yb)] = yb
+    return X, y
+
+
 def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
           test_rows: int | None = None, n_classes: int = 2, seed: int = 0,
           numeric: int = 2, attrs: dict | None = None) -> str:
