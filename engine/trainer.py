@@ -186,17 +186,11 @@ class Trainer:
                                           cfg.accountant)
             self.accountant = Accountant(q=self.q, sigma=sigma, delta=cfg.delta,
                                          kind=cfg.accountant)
-        planned = self.accountant.epsilon(self.total_steps)
-        if planned > self.budget * (1 + 1e-6):
-            fits = self.accountant.steps // self.steps_per_epoch
-            while fits < self.cfg.epochs and self.accountant.epsilon(
-                    (fits + 1) * self.steps_per_epoch) <= self.budget * (1 + 1e-6):
-                fits += 1
-            raise PrivacyError(
-                f"{cfg.epochs} epochs would spend epsilon={planned:.3f}, more than this "
-                f"run's budget epsilon={self.budget:.3f} (delta={cfg.delta:g}); at most "
-                f"{fits} epochs fit. A resumed run cannot raise its budget: start a new run "
-                "in a new --checkpoint-dir to train longer", collective=True)
+        try:
+            self.accountant.check_plan(self.budget, cfg.epochs, self.steps_per_epoch)
+        except PrivacyError as exc:
+            exc.collective = True
+            raise
 
     def _build_state(self, payload: dict | None) -> None:
         cfg, spec = self.cfg, self.spec

@@ -20,6 +20,9 @@ from engine.errors import PrivacyError
 
 KINDS = ("rdp", "pld")
 _SIGMA_BRACKET = (1e-2, 1e3)
+#: Relative slack of budget checks: :func:`calibrate_sigma` stops within a
+#: tolerance, so a calibrated run may spend a hair more than its target.
+BUDGET_SLACK = 1e-6
 
 
 def _quiet_absl() -> None:
@@ -104,6 +107,41 @@ class Accountant:
         """Epsilon at ``delta`` after ``steps`` (default: the steps taken)."""
         return epsilon_for(self.q, self.sigma, self.steps if steps is None else steps,
                            self.delta, kind or self.kind)
+
+    def fits(self, budget: float, steps: int) -> bool:
+        """Whether a run of ``steps`` steps in total spends at most ``budget``
+        (up to :data:`BUDGET_SLACK`)."""
+        return self.epsilon(steps) <= budget * (1 + BUDGET_SLACK)
+
+    def epochs_within(self, budget: float, steps_per_epoch: int, epochs: int) -> int:
+        """The most epochs, at most ``epochs``, whose steps stay within ``budget``.
+
+        Counts up from the epochs already taken (``steps // steps_per_epoch``),
+        which are spent whatever the answer.
+        """
+        fits = self.steps // steps_per_epoch
+        while fits < epochs and self.fits(budget, (fits + 1) * steps_per_epoch):
+            fits += 1
+        return fits
+
+    def check_plan(self, budget: float, epochs: int, steps_per_epoch: int) -> None:
+        """Refuse a run of ``epochs`` epochs that would spend more than ``budget``.
+
+        Every rank may call it: the answer is deterministic.
+
+        Raises:
+            PrivacyError: the planned epsilon exceeds the budget; the message
+                says how many epochs fit.
+        """
+        total = epochs * steps_per_epoch
+        if self.fits(budget, total):
+            return
+        raise PrivacyError(
+            f"{epochs} epochs would spend epsilon={self.epsilon(total):.3f}, more than this "
+            f"run's budget epsilon={budget:.3f} (delta={self.delta:g}); at most "
+            f"{self.epochs_within(budget, steps_per_epoch, epochs)} epochs fit. A resumed "
+            "run cannot raise its budget: start a new run in a new --checkpoint-dir to "
+            "train longer")
 
     def state_dict(self) -> dict:
         return {"q": self.q, "sigma": self.sigma, "delta": self.delta, "kind": self.kind,
