@@ -17,7 +17,7 @@ import importlib
 import sys
 from typing import Sequence
 
-from engine._version import __version__
+from engine import __version__
 
 #: Commands that run even when MPI's size disagrees with the launcher's (they
 #: diagnose it); every other command refuses to run (``LaunchError``).

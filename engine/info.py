@@ -18,7 +18,7 @@ import platform
 import socket
 import sys
 
-from engine._version import __version__
+from engine import __version__
 
 #: Environment variables that change threading or MPI behaviour.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",

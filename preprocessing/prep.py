@@ -16,6 +16,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 
 
@@ -134,6 +135,14 @@ def make_settings(args: argparse.Namespace):
                     check_fields=args.check_fields)
 
 
+def _version() -> str:
+    """mpidp's version from the installed metadata (written into ``created_by``)."""
+    try:
+        return importlib.metadata.version("mpidp")
+    except importlib.metadata.PackageNotFoundError:  # a source tree never installed
+        return "0+unknown"
+
+
 def _threads_per_rank(comm) -> int:
     from collectives.runtime import MPI, available_cores
 
@@ -165,12 +174,11 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("POLARS_MAX_THREADS", str(threads))
     _reuse_freed_memory()
 
-    from engine._version import __version__
     from preprocessing.pipeline import agree, prepare
 
     settings = agree(comm, lambda: make_settings(args) if comm.Get_rank() == 0 else None)
     settings = comm.bcast(settings, root=0)
-    report = prepare(comm, settings, threads=threads, version=__version__)
+    report = prepare(comm, settings, threads=threads, version=_version())
     if comm.Get_rank() == 0 and not args.quiet:
         print(summary(report, settings, comm.Get_size()), flush=True)
     if comm.Get_rank() == 0 and args.timings:

@@ -172,7 +172,7 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
     """
     import numpy as np
 
-    from engine._version import __version__
+    from engine import __version__
     from engine.audit import inversion, membership, report as report_mod
     from engine.audit.inputs import (MIN_ROWS, SplitTooSmall, load_target, local_rows,
                                      plan_rows, reference_rows)
