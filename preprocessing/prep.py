@@ -61,6 +61,7 @@ def _read_like(path: str) -> tuple[str, str]:
     """(task name, encoding JSON) of a prepared file."""
     import h5py
 
+    from preprocessing import h5format
     from preprocessing.errors import PrepError
 
     if not os.path.exists(path):
@@ -68,7 +69,7 @@ def _read_like(path: str) -> tuple[str, str]:
     try:
         with h5py.File(path, "r") as handle:
             attrs = handle.attrs
-            if attrs.get("format") != "mpidp":
+            if attrs.get("format") != h5format.FORMAT:
                 raise PrepError(f"{path}: not a file written by mpidp prep (no "
                                 "format='mpidp' attribute); --like needs one")
             return str(attrs["task"]), str(attrs["encoding"])

@@ -20,12 +20,14 @@ accuracy is about 0.91::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 
 import numpy as np
 
+from preprocessing import h5format
+
+#: Rows generated and written at a time.
 CHUNK = 65536
 
 
@@ -153,8 +155,9 @@ def write_dense(path: str | os.PathLike, rows: int = 400_000, features: int = 20
 def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
            n_classes: int, seed: int, task: str, make_rows, attrs: dict | None) -> str:
     """Both splits, chunk by chunk from ``make_rows(n) -> (X, y)``, then the
-    attributes; written under a temporary name and renamed."""
-    import h5py
+    attributes (layout: :mod:`preprocessing.h5format`); written under a
+    temporary name and renamed."""
+    import h5py  # deferred: keeps `mpidp bench --help` fast (bench scaling imports this module)
 
     features = len(names)
     encoding_text = json.dumps(encoding)
@@ -162,25 +165,23 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
     with h5py.File(tmp, "w") as f:
         for split, n in (("train", rows), ("test", test_rows)):
             chunk_rows = max(1, min(n, 4096, (1 << 22) // max(1, features)))
-            X = f.create_dataset(f"{split}/X", (n, features), dtype=np.float32,
+            X = f.create_dataset(h5format.x_name(split), (n, features),
+                                 dtype=h5format.X_DTYPE,
                                  chunks=(chunk_rows, features) if n else None)
-            y = f.create_dataset(f"{split}/y", (n,), dtype=np.int8)
+            y = f.create_dataset(h5format.y_name(split), (n,), dtype=h5format.Y_DTYPE)
             for start in range(0, n, CHUNK):
                 xb, yb = make_rows(min(CHUNK, n - start))
                 X[start:start + len(yb)] = xb
                 y[start:start + len(yb)] = yb
-        base = {"format": "mpidp", "format_version": 1, "task": task,
+        base = {**h5format.identity(), "task": task,
                 "n_classes": n_classes, "feature_names": json.dumps(names),
                 "encoding": encoding_text,
-                "encoding_fingerprint": hashlib.sha256(encoding_text.encode()).hexdigest(),
+                "encoding_fingerprint": h5format.fingerprint(encoding_text),
                 "drop_counts": json.dumps({}), "sources": json.dumps([]), "seed": seed,
                 "test_fraction": test_rows / max(1, rows + test_rows),
                 "created_by": "mpidp engine.bench.synthetic"}
         base.update(attrs or {})
-        for key, value in base.items():
-            if value is None:
-                continue
-            f.attrs[key] = value
+        h5format.write_attributes(f.attrs, base)  # None values: left out (bad files)
     os.replace(tmp, path)
     return str(path)
 
