@@ -28,14 +28,12 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
+from collectives import MPI
 from engine.errors import ConfigError, MpidpError, agree
-
-if TYPE_CHECKING:
-    from collectives.runtime import MPI
 
 DEVICES = ("cpu", "cuda")
 
@@ -123,13 +121,13 @@ class TorchCudaInventory:
     def bind(self, index: int) -> None:
         torch.cuda.set_device(index)
         try:
-            import cupy
+            import cupy  # optional (the cuda extras): deferred, and absent on most machines
         except ImportError:
             pass
         else:
             cupy.cuda.Device(index).use()
         try:
-            from numba import cuda
+            from numba import cuda  # optional (numba-cuda): deferred, imported only on GPUs
         except ImportError:
             return
         if cuda.is_available():
@@ -179,8 +177,6 @@ def assign(views: list[list[str]], host: str = "this node") -> list[int]:
 
 def node_split(comm: "MPI.Intracomm") -> "MPI.Intracomm":
     """Collective: the ranks of ``comm`` that share this node's memory (free it after use)."""
-    from collectives.runtime import MPI
-
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 

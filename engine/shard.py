@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from collectives import MPI
 from engine.errors import DataError, agree
 from preprocessing import h5format
 from preprocessing.h5format import DataInfo
-
-if TYPE_CHECKING:
-    from collectives import MPI
 
 
 def shard_range(n: int, size: int, rank: int) -> tuple[int, int]:
@@ -53,7 +50,7 @@ class Shard:
         return int(self.y.shape[0])
 
 
-def read_info(path: str, comm: "MPI.Comm | None" = None) -> DataInfo:
+def read_info(path: str, comm: MPI.Comm | None = None) -> DataInfo:
     """Open ``path`` and check its layout (:func:`preprocessing.h5format.read_info`);
     collective when ``comm`` is given.
 
@@ -107,7 +104,7 @@ def _read_rows(path: str, split: str, lo: int, hi: int, n_features: int) -> tupl
     return X, y
 
 
-def read_shard(info: DataInfo, split: str, comm: "MPI.Comm",
+def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
                min_rows_per_rank: int = 0) -> Shard:
     """Collective over ``comm``: this rank's rows of ``split``, checked.
 

@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Callable
 
-from collectives.runtime import MPI
+from collectives import MPI
 
 EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 130

@@ -26,16 +26,13 @@ allocates nothing of its own: it is the hot loop of training.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 import collectives
-
-if TYPE_CHECKING:
-    from collectives import MPI
-    from engine.dp.noise import GaussianNoise
-    from engine.nn.fast_mlp import FastMLP
+from collectives import MPI
+from engine.dp.noise import GaussianNoise
+from engine.nn.fast_mlp import FastMLP
 
 #: Breakdown of a step's time, in the order of the step; the keys of ``times``
 #: (the trainer's metrics and the scaling report read them by these names).
@@ -64,9 +61,9 @@ class DPStep:
         algorithm: all-reduce algorithm name (:func:`collectives.names`).
     """
 
-    def __init__(self, engine: "FastMLP", X: torch.Tensor, y: torch.Tensor, buffer,
-                 grad: torch.Tensor, optimizer, inv_batch: float, comm: "MPI.Comm", *,
-                 max_norm: float | None, noise: "GaussianNoise | None" = None,
+    def __init__(self, engine: FastMLP, X: torch.Tensor, y: torch.Tensor, buffer,
+                 grad: torch.Tensor, optimizer, inv_batch: float, comm: MPI.Comm, *,
+                 max_norm: float | None, noise: GaussianNoise | None = None,
                  algorithm: str = "auto") -> None:
         if engine.grad.data_ptr() != grad.data_ptr():
             raise ValueError("the engine must write its sums into grad")

@@ -21,11 +21,14 @@ import secrets
 import sys
 import time
 
+import numba
 import numpy as np
 import torch
+from tqdm import tqdm
 
 import collectives
-from collectives.runtime import MPI, available_cores, launch_info
+from collectives import MPI
+from collectives.runtime import available_cores, launch_info
 from engine import checkpoint as ckpt
 from engine import metrics as metrics_mod
 from engine.dp.accountant import Accountant, calibrate_sigma, epsilon_for
@@ -55,8 +58,6 @@ def configure_threads(requested: int | None) -> tuple[int, int]:
     Applies to torch and Numba, and turns on flush-to-zero for denormals.
     Returns (threads, ranks on this node).
     """
-    import numba
-
     local = launch_info().local_ranks or 1
     threads = requested or max(1, available_cores() // local)
     torch.set_num_threads(threads)
@@ -356,8 +357,6 @@ class Trainer:
                       f"{self.steps_per_epoch} steps/epoch")
 
     def _run(self, stop: StopRequest) -> int:
-        from tqdm import tqdm
-
         cfg = self.cfg
         self.setup()
         self._describe()

@@ -28,6 +28,7 @@ from typing import Iterator
 
 import numpy as np
 
+from collectives import MPI
 from preprocessing import atomic, encoding as enc, h5format, h5write, shuffle
 from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
@@ -255,7 +256,6 @@ def count_reasons(comm, settings: Settings, parsed: list[Parsed],
             if firsts[p.piece.file] is None or found < firsts[p.piece.file]:
                 firsts[p.piece.file] = found
     total = np.zeros_like(counts)
-    from collectives.runtime import MPI
     comm.Allreduce(counts, total, op=MPI.SUM)
     merged: list = [None] * len(settings.inputs)
     for theirs in comm.allgather(firsts):
@@ -506,8 +506,6 @@ def split_and_shuffle(comm, records: np.ndarray) -> dict[str, tuple]:
         ``"train"``/``"test"`` -> (this rank's records of the split in final
         order, the global row of the first of them, the split's global size).
     """
-    from collectives.runtime import MPI
-
     received, order = shuffle.sort_across_ranks(records, "__key", comm)
     in_test = received["__test"][order]
     splits = {}

@@ -16,21 +16,26 @@ examples:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.metadata
 import os
 
+from collectives import MPI
+from collectives.runtime import available_cores
+from preprocessing import atomic, dictionary, encoding, h5format, h5write, inputs, tasks
+from preprocessing.errors import PrepError
+from preprocessing.pipeline import Settings, agree, prepare
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from preprocessing.tasks import TASKS
-
     parser.add_argument("inputs", nargs="+", metavar="FILE_OR_ZIP",
                         help="PUMS person files (.csv) or the Census zips holding them")
     parser.add_argument("--out", required=True, metavar="FILE.h5",
                         help="the HDF5 file to write (replaced atomically if it exists)")
-    parser.add_argument("--task", choices=sorted(TASKS), default=None,
+    parser.add_argument("--task", choices=sorted(tasks.TASKS), default=None,
                         help="what to predict (default: employment, or the task of "
                         "--like); " + "; ".join(f"{t.name}: {t.description}"
-                                                for t in TASKS.values()))
+                                                for t in tasks.TASKS.values()))
     parser.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
                         help="share of households in the test split (default: 0.2)")
     parser.add_argument("--seed", type=int, default=0,
@@ -59,10 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _read_like(path: str) -> tuple[str, str]:
     """(task name, encoding JSON) of a prepared file."""
-    import h5py
-
-    from preprocessing import h5format
-    from preprocessing.errors import PrepError
+    import h5py  # deferred: keeps `mpidp prep --help` fast
 
     if not os.path.exists(path):
         raise PrepError(f"{path}: no such file (given to --like)")
@@ -83,10 +85,6 @@ def make_settings(args: argparse.Namespace):
     Raises:
         PrepError: anything the user must fix before a record is parsed.
     """
-    from preprocessing import atomic, dictionary, encoding, h5write, inputs, tasks
-    from preprocessing.errors import PrepError
-    from preprocessing.pipeline import Settings
-
     if not 0.0 <= args.test_fraction < 1.0:
         raise PrepError(f"--test-fraction {args.test_fraction}: must be in [0, 1)")
     if not 0.0 <= args.max_invalid_share <= 1.0:
@@ -145,8 +143,7 @@ def _version() -> str:
 
 
 def _threads_per_rank(comm) -> int:
-    from collectives.runtime import MPI, available_cores
-
+    """Parser threads per rank: this node's cores shared by the ranks on it."""
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ranks_here = local.Get_size()
     local.Free()
@@ -158,8 +155,6 @@ def _reuse_freed_memory() -> None:
     on these VMs touching fresh pages costs ~2.5 s/GiB (notes/prep.md), and
     the parser allocates a new block of text for every 32 MiB it reads."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
         libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
@@ -168,15 +163,16 @@ def _reuse_freed_memory() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collectives.runtime import MPI
+    """Collective: prepare the file on every rank of COMM_WORLD; rank 0 prints.
 
+    Raises:
+        PrepError: bad input or settings (on every rank).
+    """
     comm = MPI.COMM_WORLD
     threads = _threads_per_rank(comm)
+    # Before polars' first import (the parser's): polars reads it once.
     os.environ.setdefault("POLARS_MAX_THREADS", str(threads))
     _reuse_freed_memory()
-
-    from preprocessing.pipeline import agree, prepare
-
     settings = agree(comm, lambda: make_settings(args) if comm.Get_rank() == 0 else None)
     settings = comm.bcast(settings, root=0)
     report = prepare(comm, settings, threads=threads, version=_version())

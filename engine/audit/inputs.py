@@ -39,8 +39,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from engine import checkpoint as ckpt
 from engine.errors import CheckpointError, DataError, agree
+from engine.nn.model import MLPSpec
+from engine.shard import read_info
 
 #: Fewest members (and non-members) an audit accepts.
 MIN_ROWS = 20
@@ -174,8 +178,6 @@ def check_compatible(payload: dict, info, checkpoint: str) -> list[str]:
     Raises:
         AuditMismatch: different task, encoding, shape or split sizes.
     """
-    from engine.nn.model import MLPSpec
-
     spec = MLPSpec.from_dict(payload["model"])
     trained = payload.get("data") or {}
     where = trained.get("path") or "its training file"
@@ -214,12 +216,6 @@ def load_target(checkpoint: str, data: str, comm) -> Target:
 
     Raises (on every rank of ``comm``): CheckpointError, DataError, AuditMismatch.
     """
-    import torch
-
-    from engine import checkpoint as ckpt
-    from engine.nn.model import MLPSpec
-    from engine.shard import read_info
-
     error, payload = None, None
     try:
         payload = ckpt.load_file(checkpoint)

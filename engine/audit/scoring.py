@@ -20,6 +20,9 @@ Example::
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from engine.nn.model import logits
 
 #: Rows per forward pass.
 CHUNK_ROWS = 16384
@@ -34,8 +37,6 @@ def _loss(z, y):
     Written as ``softplus(logsumexp_{j != y} z_j - z_y)`` it keeps its
     relative precision down to about 1e-300.
     """
-    import torch
-
     z_y = z.gather(1, y[:, None])[:, 0]
     others = z.scatter(1, y[:, None], float("-inf"))
     return torch.nn.functional.softplus(torch.logsumexp(others, dim=1) - z_y)
@@ -44,10 +45,6 @@ def _loss(z, y):
 def score_rows(spec, params, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(``log p(y_i | x_i)`` float64 ``[n]``, whether the model's top class is
     ``y_i``: bool ``[n]``); arguments as :func:`label_log_probs`."""
-    import torch
-
-    from engine.nn.model import logits
-
     logp = np.empty(y.shape[0], dtype=np.float64)
     correct = np.empty(y.shape[0], dtype=bool)
     with torch.no_grad():

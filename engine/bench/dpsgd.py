@@ -13,7 +13,9 @@ Prints examples/s, the time an epoch would take, and ratios; ``--json FILE``
 writes examples/s per method, ``dp_over_nondp`` (DP time per example over
 non-DP time per example, the median of its per-round values) and the
 speed-ups. Methods are interleaved over ``--repeats`` short rounds and the
-median is reported, so a load change on the machine hits all of them alike. Run it on one rank (``mpidp bench dpsgd``).
+median is reported, so a load change on the machine hits all of them alike.
+Run it on one rank (``mpidp bench dpsgd``). The ``mpidp-*`` methods run
+:class:`engine.step.DPStep`, the step ``mpidp train`` runs.
 """
 from __future__ import annotations
 
