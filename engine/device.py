@@ -166,12 +166,40 @@ def assign(views: list[list[str]], host: str = "this node") -> list[int]:
     for r in sorted(range(len(views)), key=lambda r: (len(views[r]), r)):
         free = [i for i, gpu in enumerate(views[r]) if gpu not in taken]
         if not free:
+            # The greedy choice can block a rank that a different choice would
+            # serve ([B, C], [A, B], [A, B]): look for any complete assignment.
+            matched = _matching(views)
+            if matched is not None:
+                return matched
             raise DeviceError(
                 f"--device cuda: local rank {r} on {host} sees only GPU(s) {views[r]}, "
                 "all taken by other ranks of the node; bind one distinct GPU per rank "
                 "(srun --gpus-per-task=1 --gpu-bind=single:1) or let every rank see all GPUs")
         index[r] = free[0]
         taken.add(views[r][free[0]])
+    return index
+
+
+def _matching(views: list[list[str]]) -> list[int] | None:
+    """A distinct GPU for every rank (augmenting paths, Kuhn's method), as device
+    indices in each rank's own numbering; None if no such assignment exists."""
+    owner: dict[str, int] = {}  # GPU identity -> rank holding it
+
+    def place(r: int, visited: set[str]) -> bool:
+        for gpu in views[r]:
+            if gpu in visited:
+                continue
+            visited.add(gpu)
+            if gpu not in owner or place(owner[gpu], visited):
+                owner[gpu] = r
+                return True
+        return False
+
+    if not all(place(r, set()) for r in range(len(views))):
+        return None
+    index = [-1] * len(views)
+    for gpu, r in owner.items():
+        index[r] = views[r].index(gpu)
     return index
 
 
