@@ -63,8 +63,7 @@ def configure_threads(requested: int | None) -> tuple[int, int]:
     torch.set_num_threads(threads)
     # Flush denormals to zero: once a model fits well, softmax gradients of
     # confident examples underflow into the denormal range, where x86 float
-    # arithmetic is many times slower (measured: a converged non-DP epoch
-    # took 1.8x as long as a DP one). Values below 1.2e-38 change nothing.
+    # arithmetic is many times slower. Values below 1.2e-38 change nothing.
     torch.set_flush_denormal(True)
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     return threads, local

@@ -152,8 +152,8 @@ def _threads_per_rank(comm) -> int:
 
 def _reuse_freed_memory() -> None:
     """Keep freed blocks in the heap instead of returning them to the kernel:
-    on these VMs touching fresh pages costs ~2.5 s/GiB (notes/prep.md), and
-    the parser allocates a new block of text for every 32 MiB it reads."""
+    touching fresh pages is slow on virtual machines, and the parser allocates
+    a new block of text for every 32 MiB it reads."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD

@@ -84,7 +84,7 @@ def bucket_of(keys: np.ndarray, size: int) -> np.ndarray:
 
 def take(records: np.ndarray, index: np.ndarray) -> np.ndarray:
     """``records[index]``, moving whole rows (numpy gathers a structured array
-    field by field, ~5x slower for the ~30-byte records here)."""
+    field by field, much slower for the ~30-byte records here)."""
     if records.dtype.names is None:
         return records[index]
     rows = records.view(np.dtype((np.void, records.dtype.itemsize)))

@@ -18,9 +18,7 @@ Why both splits feed the population sample: people of one household are
 alike (and their employment is correlated) and a household lies wholly in
 ``/train`` or wholly in ``/test``. A reference model trained on test rows
 only would have seen household mates of the non-members but of no member,
-fit the non-members better, and so inflate the calibrated attack (measured
-on 2,000 training rows cut from the real file: its loss was 2.85 on
-non-members vs 3.47 on members). Taking
+fit the non-members better, and so inflate the calibrated attack. Taking
 the same share (half) of each split exposes members and non-members to the
 same expected share of their household mates.
 

@@ -8,7 +8,11 @@ numbers in the checkpoint and a resumed run continues from the steps already
 spent. ``rdp`` (Mironov 2017, and the subsampled-Gaussian bound of Mironov,
 Talwar & Zhang 2019) is fast and an upper bound; ``pld`` (privacy loss
 distributions, Koskela et al. 2020, Doroshenko et al. 2022) is tighter and
-slower (about a second per evaluation).
+slower.
+
+The budget's arithmetic lives here too (:meth:`Accountant.fits`,
+:meth:`Accountant.epochs_within`, :meth:`Accountant.check_plan`), so the
+training loop asks questions instead of computing epsilons itself.
 """
 from __future__ import annotations
 
