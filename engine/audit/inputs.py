@@ -43,6 +43,7 @@ from engine import checkpoint as ckpt
 from engine.errors import CheckpointError, DataError, agree
 from engine.nn.model import MLPSpec
 from engine.shard import read_info
+from preprocessing.h5format import DataInfo
 
 #: Fewest members (and non-members) an audit accepts.
 MIN_ROWS = 20
@@ -142,9 +143,9 @@ class Target:
 
     checkpoint: str
     payload: dict
-    spec: object               # engine.nn.model.MLPSpec
-    params: object             # torch float64 flat vector
-    info: object               # engine.shard.DataInfo of the audited file
+    spec: MLPSpec
+    params: torch.Tensor       # float64 flat vector
+    info: DataInfo             # of the audited file
     notes: list[str] = field(default_factory=list)
 
     @property
