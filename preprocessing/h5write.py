@@ -96,7 +96,7 @@ def create(path: str, counts: dict[str, int], n_features: int, attrs: dict,
         attrs: root attributes (str, int, float; dicts/lists are stored as JSON:
             :func:`preprocessing.h5format.write_attributes`).
     """
-    import h5py
+    import h5py  # deferred: keeps `mpidp prep --help` fast
 
     rows = chunk_rows_for(n_features)
     specs = dataset_specs(counts, n_features)
@@ -164,7 +164,7 @@ def compress_chunk(data: np.ndarray, chunk_rows: int, level: int) -> bytes:
 
 def write_chunks(path: str, name: str, chunks: list[tuple[int, bytes]], chunk_rows: int) -> None:
     """Store compressed chunks ``(chunk index, bytes)`` of dataset ``name``; rank 0."""
-    import h5py
+    import h5py  # deferred: keeps `mpidp prep --help` fast
 
     with h5py.File(path, "r+") as handle:
         dataset = handle[name]

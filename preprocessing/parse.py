@@ -113,7 +113,7 @@ class BlockParser:
 
     def __init__(self, header: tuple[str, ...], int_columns: list[str], serial: str,
                  check_fields: bool = False) -> None:
-        import polars as pl
+        import polars as pl  # deferred: after prep set POLARS_MAX_THREADS (read at import)
 
         self.pl = pl
         self.header = header

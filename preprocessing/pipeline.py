@@ -466,7 +466,7 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
         def finish():
             if rank != 0:
                 return 0
-            import h5py
+            import h5py  # deferred: keeps `mpidp prep --help` fast
 
             try:
                 with h5py.File(temporary, "r+") as handle:
@@ -559,7 +559,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     reading: list[float] = []  # this rank: seconds finishing the sha256, reading; bytes
     progress = None
     if rank == 0 and not settings.quiet and sys.stderr.isatty():
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: only a terminal shows a bar
 
         progress = tqdm(total=sum(p.end - p.start for p in mine), unit="B", unit_scale=True,
                         desc="parsing (rank 0)", leave=False)

@@ -30,7 +30,7 @@ from preprocessing.tasks import EMPLOYMENT as task
 
 def prepare(path: str, out: str, seed: int = 0, test_fraction: float = 0.2) -> int:
     """Run the reference pipeline; returns the number of rows written."""
-    import h5py
+    import h5py  # deferred: as the real pipeline's
     import polars as pl
 
     digest = {}

@@ -270,7 +270,7 @@ class Generator:
     # -- text -----------------------------------------------------------------------
     def lines(self, v: dict[str, np.ndarray]):
         """The CSV lines of a batch, as a polars String Series."""
-        import polars as pl
+        import polars as pl  # deferred: keeps `mpidp synth --help` fast
 
         n = len(v["AGEP"])
         band = self.band_of_age[v["AGEP"]]
@@ -290,7 +290,7 @@ class Generator:
             pl.concat_str(exprs, separator=",").alias("line")).get_column("line")
 
     def _column_text(self, name: str, v: dict, n: int):
-        import polars as pl
+        import polars as pl  # deferred: keeps `mpidp synth --help` fast
 
         if name == "RT":
             return pl.repeat("P", n, eager=True, dtype=pl.String)
@@ -310,7 +310,7 @@ class Generator:
 
     def corrupt(self, lines, fraction: float):
         """Damage a random share of the lines; returns (lines, damaged count)."""
-        import polars as pl
+        import polars as pl  # deferred: keeps `mpidp synth --help` fast
 
         if fraction <= 0:
             return lines, 0
@@ -353,7 +353,7 @@ def write(path: str, rows: int, seed: int = 0, corrupt_fraction: float = 0.0,
     temporary = atomic.temporary_name(path)
     bar = None
     if progress:
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: only a terminal shows a bar
 
         bar = tqdm(total=rows, unit="rows", unit_scale=True, desc="synth", leave=False)
     damaged = 0

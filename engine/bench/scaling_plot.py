@@ -12,7 +12,7 @@ from engine.bench.scaling_report import describe_series, series_key
 
 def plot(summaries: list[dict], path: str, title: str) -> None:
     """Write the figure to ``path`` (PNG; matplotlib with the Agg back-end)."""
-    import matplotlib
+    import matplotlib  # deferred: only --plot needs matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

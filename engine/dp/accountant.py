@@ -35,13 +35,13 @@ def _quiet_absl() -> None:
 
 
 def _event(q: float, sigma: float):
-    import dp_accounting
+    import dp_accounting  # deferred: slow to load; keeps `mpidp train --help` fast
 
     return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
 
 
 def _fresh(kind: str):
-    from dp_accounting import pld, rdp
+    from dp_accounting import pld, rdp  # deferred: as in _event
 
     if kind == "rdp":
         return rdp.RdpAccountant()
@@ -69,7 +69,7 @@ def calibrate_sigma(q: float, steps: int, target_epsilon: float, delta: float,
     Raises:
         PrivacyError: the target is impossible with sigma up to 1000, or invalid.
     """
-    import dp_accounting
+    import dp_accounting  # deferred: as in _event
 
     _quiet_absl()
     if not target_epsilon > 0:

@@ -144,6 +144,7 @@ class FuncClipper(_FlatGradient):
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
                     max_norm: float | None) -> tuple[float, int]:
         """Same contract as :meth:`LayerClipper.clipped_sum`."""
+        # deferred: only FuncClipper needs torch.func
         from torch.func import functional_call, grad_and_value, vmap
 
         self.grad.zero_()
