@@ -14,11 +14,13 @@ The training reuses the engine's pieces: the trainer's step
 (:class:`engine.step.DPStep`, without clipping or noise: forward, backward,
 gradient sum, one all-reduce, update), :class:`engine.dp.sampler.PoissonSampler`
 and :func:`engine.nn.optim.build`. The rows come in parts (one per split),
-each spread over the ranks in consecutive blocks. To give the same model whatever the number of ranks,
-every rank draws the same *global* Poisson sample of each part (a sampler
-per part, seeded by the audit's seed and the part's number alone) and keeps
-the rows it holds; the union of the parts' samples is a Poisson sample of
-all rows. The sums are float64, so ranks change only the last bits.
+each spread over the ranks in consecutive blocks. To give the same model
+whatever the number of ranks, every rank draws the same *global* Poisson
+sample of each part (a sampler per part, seeded by the audit's seed and the
+part's number alone) and keeps the rows it holds (sampling stays outside
+the step: the step takes the rows); the union of the parts' samples is a
+Poisson sample of all rows. The sums are float64, so ranks change only the
+last bits.
 """
 from __future__ import annotations
 
