@@ -8,12 +8,10 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
-VERSION = {}
-exec((HERE / "engine" / "_version.py").read_text(), VERSION)
 
 setup(
     name="mpidp",
-    version=VERSION["__version__"],
+    version="0.1.0",  # the one place; engine.__version__ reads it from the metadata
     description="MPI-based engine for differentially private training (DP-SGD) "
     "on census microdata",
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),

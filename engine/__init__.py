@@ -1,4 +1,16 @@
-"""mpidp engine: the SPMD trainer, its command line and its run-time helpers."""
-from engine._version import __version__
+"""mpidp engine: the SPMD trainer, its command line and its run-time helpers.
+
+Layout: the DP components in :mod:`engine.dp`, the model and its optimizers
+in :mod:`engine.nn`, the one DP-SGD step that composes them in
+:mod:`engine.step`, the loop around it in :mod:`engine.trainer`; benchmarks
+in :mod:`engine.bench`, attacks in :mod:`engine.audit`.
+"""
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    # The version lives in setup.py only; an installed copy knows it.
+    __version__ = version("mpidp")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = ["__version__"]

@@ -1,14 +1,19 @@
 """The ``mpidp`` command: one SPMD program with subcommands.
 
 Every rank parses the same command line and runs the same subcommand
-(``mpiexec -n 4 mpidp train ...``). Each subcommand lives in the package that
-owns its work and is named here in :data:`COMMANDS` as a module that provides
+(``mpiexec -n 4 mpidp train ...``). Each package registers its own
+subcommands in a table ``name -> (module, one-line help)``: the engine's
+are :data:`ENGINE_COMMANDS` and :data:`ENGINE_BENCHMARKS` below,
+preprocessing's are in :mod:`preprocessing.commands`, collectives' in
+:mod:`collectives.commands`; this module composes them. A command's module
+provides
 
 * ``add_arguments(parser: argparse.ArgumentParser) -> None`` and
-* ``run(args: argparse.Namespace) -> int | None``.
+* ``run(args: argparse.Namespace) -> int | None``,
 
-Those modules import only argparse-level things at the top, so ``mpidp
---help`` stays fast; the heavy imports (torch, h5py) happen inside ``run``.
+and is imported only when its command is chosen, so ``mpidp --help`` lists
+the commands without importing any of them; command modules keep their
+heavy imports (torch, h5py) inside ``run`` for the same reason.
 """
 from __future__ import annotations
 
@@ -17,39 +22,58 @@ import importlib
 import sys
 from typing import Sequence
 
-from engine._version import __version__
+import collectives.commands
+import preprocessing.commands
+from collectives import MPI
+from collectives.runtime import check_launch
+from engine import __version__
+from engine.spmd import run_spmd
 
 #: Commands that run even when MPI's size disagrees with the launcher's (they
 #: diagnose it); every other command refuses to run (``LaunchError``).
 DIAGNOSTIC_COMMANDS = {"info"}
 
-#: name -> (module, one-line help). ``bench`` groups the benchmarks.
-COMMANDS: dict[str, tuple[str, str]] = {
+#: The engine's commands: name -> (module, one-line help).
+ENGINE_COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("engine.info",
              "versions, MPI library, ranks, kernels, threads (paste into bug reports)"),
     "train": ("engine.train", "train a model with DP-SGD (or --no-dp) over MPI ranks"),
     "eval": ("engine.evaluate", "accuracy and loss of a checkpoint on a prepared file"),
     "audit": ("engine.audit.command",
               "attack a checkpoint: membership inference and model inversion"),
-    "privacy": ("engine.privacy", "epsilon from (q, sigma, steps, delta), or sigma from a "
+    "privacy": ("engine.dp.privacy", "epsilon from (q, sigma, steps, delta), or sigma from a "
                 "target epsilon (offline)"),
-    "prep": ("preprocessing.prep",
-             "PUMS person files -> cleaned, encoded, shuffled HDF5 (parallel over ranks)"),
-    "synth": ("preprocessing.synth",
-              "write a synthetic PUMS person file (official 2018 header) for demos/benchmarks"),
 }
 
-#: mpidp bench <name>: benchmarks that print ratios measured side by side.
-BENCHMARKS: dict[str, tuple[str, str]] = {
-    "allreduce": ("collectives.bench",
-                  "all-reduce algorithms vs MPI_Allreduce, OSU / nccl-tests style"),
-    "dpsgd": ("engine.bench_dpsgd", "DP-SGD vs non-DP, naive per-example loop and Opacus, "
+#: The engine's benchmarks (``mpidp bench <name>``).
+ENGINE_BENCHMARKS: dict[str, tuple[str, str]] = {
+    "dpsgd": ("engine.bench.dpsgd", "DP-SGD vs non-DP, naive per-example loop and Opacus, "
               "side by side"),
-    "prep": ("preprocessing.bench",
-             "mpidp prep end to end at 1 and 2 ranks vs a one-process polars pipeline"),
-    "scaling": ("engine.bench_scaling", "mpidp train at several rank counts: time per "
+    "scaling": ("engine.bench.scaling", "mpidp train at several rank counts: time per "
                 "epoch, speed-up, comm/compute, time to accuracy, cost"),
 }
+
+
+def _compose(*tables: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """One table from the packages' tables, in order; a name registered twice
+    is a programming error."""
+    merged: dict[str, tuple[str, str]] = {}
+    for table in tables:
+        for name, entry in table.items():
+            if name in merged:
+                raise ValueError(f"mpidp command {name!r} registered by {merged[name][0]} "
+                                 f"and by {entry[0]}")
+            merged[name] = entry
+    return merged
+
+
+#: Every ``mpidp <name>`` command.
+COMMANDS = _compose(ENGINE_COMMANDS, preprocessing.commands.COMMANDS,
+                    collectives.commands.COMMANDS)
+#: Every ``mpidp bench <name>`` benchmark (they print ratios measured side by side),
+#: in alphabetical order.
+BENCHMARKS = dict(sorted(_compose(ENGINE_BENCHMARKS, preprocessing.commands.BENCHMARKS,
+                                  collectives.commands.BENCHMARKS).items()))
 
 
 class _RankZeroParser(argparse.ArgumentParser):
@@ -60,8 +84,6 @@ class _RankZeroParser(argparse.ArgumentParser):
     """
 
     def _print_message(self, message, file=None):
-        from collectives.runtime import MPI
-
         if MPI.COMM_WORLD.Get_rank() == 0:
             super()._print_message(message, file)
 
@@ -77,8 +99,14 @@ def _add_command(subparsers, name: str, module_name: str, help_text: str):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full argument parser (every subcommand registered); with ``only``,
-    the modules of the other commands are not imported (start-up time)."""
+    """The argument parser of ``mpidp``.
+
+    Args:
+        only: None registers every command in full (importing every command's
+            module); a command's name (or ``"bench"``) imports that command's
+            module(s) only; any other word imports none. Commands not imported
+            are listed by name and help, so ``mpidp --help`` reads the same.
+    """
     parser = _RankZeroParser(
         prog="mpidp",
         description="MPI-based engine for differentially private training (DP-SGD) "
@@ -93,9 +121,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             _add_command(subparsers, name, module_name, help_text)
         else:  # listed by name only: its module (maybe torch) is not imported
             subparsers.add_parser(name, help=help_text)
-    if BENCHMARKS and only in (None, "bench"):
+    if BENCHMARKS:
+        bench_help = "benchmarks: " + ", ".join(BENCHMARKS)
+        if only not in (None, "bench"):
+            subparsers.add_parser("bench", help=bench_help)
+            return parser
         bench = subparsers.add_parser(
-            "bench", help="benchmarks: " + ", ".join(BENCHMARKS),
+            "bench", help=bench_help,
             description="Benchmarks. Each prints ratios measured side by side in "
             "one run (ours against a reference), never absolute claims alone.")
         bench_sub = bench.add_subparsers(title="benchmarks", metavar="BENCHMARK")
@@ -107,13 +139,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mpidp`` console script (every rank calls it)."""
-    from engine.spmd import run_spmd
-
     # Parsing is collective by nature (same argv everywhere), so a usage
     # error exits every rank with code 2 without aborting the job.
     words = list(sys.argv[1:] if argv is None else argv)
     chosen = next((w for w in words if not w.startswith("-")), None)
-    parser = build_parser(only=chosen if chosen in COMMANDS or chosen == "bench" else None)
+    known = chosen in COMMANDS or chosen == "bench"
+    parser = build_parser(only=chosen if known else "")
     args = parser.parse_args(words)
     if not hasattr(args, "_run"):
         parser.print_help()
@@ -121,8 +152,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def command() -> int | None:
         if args._command not in DIAGNOSTIC_COMMANDS:
-            from collectives.runtime import check_launch
-
             check_launch()  # N singletons would all "succeed" on 1/N of the work
         return args._run(args)
 

@@ -12,7 +12,13 @@ import argparse
 import math
 from dataclasses import asdict, dataclass, field
 
+import collectives
+from engine.dp.accountant import KINDS
+from engine.dp.noise import SCHEMES
 from engine.errors import ConfigError
+from engine.nn.model import parse_hidden
+from engine.nn.optim import NAMES
+from engine.nn.schedule import SCHEDULES
 
 #: Options a resume must repeat unchanged (they define the run and its privacy).
 FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
@@ -67,8 +73,6 @@ class TrainConfig:
 
         if self.epochs < 1:
             fail(f"--epochs {self.epochs} must be at least 1")
-        import collectives
-
         if self.allreduce not in collectives.names():
             fail(f"--allreduce {self.allreduce!r}: choose from {', '.join(collectives.names())}")
         if self.batch_size < 1:
@@ -117,11 +121,6 @@ class TrainConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``mpidp train``."""
-    from engine.accountant import KINDS
-    from engine.noise import SCHEMES
-    from engine.optim import NAMES
-    from engine.schedule import SCHEDULES
-
     d = TrainConfig(data="")
     data = parser.add_argument_group("data and model")
     data.add_argument("--data", required=True, help="prepared HDF5 file (mpidp prep)")
@@ -211,9 +210,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
-    """Build and validate the config from parsed arguments."""
-    from engine.model import parse_hidden
+    """Build and validate the config from parsed arguments.
 
+    Raises:
+        ConfigError: impossible settings (collective: every rank parsed the same line).
+    """
     cfg = TrainConfig(
         data=args.data, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         optimizer=args.optimizer, momentum=args.momentum,

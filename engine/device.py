@@ -28,14 +28,12 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
+from collectives import MPI
 from engine.errors import ConfigError, MpidpError, agree
-
-if TYPE_CHECKING:
-    from collectives.runtime import MPI
 
 DEVICES = ("cpu", "cuda")
 
@@ -123,13 +121,13 @@ class TorchCudaInventory:
     def bind(self, index: int) -> None:
         torch.cuda.set_device(index)
         try:
-            import cupy
+            import cupy  # optional (the cuda extras): deferred, and absent on most machines
         except ImportError:
             pass
         else:
             cupy.cuda.Device(index).use()
         try:
-            from numba import cuda
+            from numba import cuda  # optional (numba-cuda): deferred, imported only on GPUs
         except ImportError:
             return
         if cuda.is_available():
@@ -168,6 +166,11 @@ def assign(views: list[list[str]], host: str = "this node") -> list[int]:
     for r in sorted(range(len(views)), key=lambda r: (len(views[r]), r)):
         free = [i for i, gpu in enumerate(views[r]) if gpu not in taken]
         if not free:
+            # The greedy choice can block a rank that a different choice would
+            # serve ([B, C], [A, B], [A, B]): look for any complete assignment.
+            matched = _matching(views)
+            if matched is not None:
+                return matched
             raise DeviceError(
                 f"--device cuda: local rank {r} on {host} sees only GPU(s) {views[r]}, "
                 "all taken by other ranks of the node; bind one distinct GPU per rank "
@@ -177,10 +180,31 @@ def assign(views: list[list[str]], host: str = "this node") -> list[int]:
     return index
 
 
+def _matching(views: list[list[str]]) -> list[int] | None:
+    """A distinct GPU for every rank (augmenting paths, Kuhn's method), as device
+    indices in each rank's own numbering; None if no such assignment exists."""
+    owner: dict[str, int] = {}  # GPU identity -> rank holding it
+
+    def place(r: int, visited: set[str]) -> bool:
+        for gpu in views[r]:
+            if gpu in visited:
+                continue
+            visited.add(gpu)
+            if gpu not in owner or place(owner[gpu], visited):
+                owner[gpu] = r
+                return True
+        return False
+
+    if not all(place(r, set()) for r in range(len(views))):
+        return None
+    index = [-1] * len(views)
+    for gpu, r in owner.items():
+        index[r] = views[r].index(gpu)
+    return index
+
+
 def node_split(comm: "MPI.Intracomm") -> "MPI.Intracomm":
     """Collective: the ranks of ``comm`` that share this node's memory (free it after use)."""
-    from collectives.runtime import MPI
-
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 

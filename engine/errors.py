@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collectives.runtime import MPI
+    from collectives import MPI
 
 #: Exit codes of ``mpidp train`` (also in the README).
 EXIT_USER_ERROR = 2

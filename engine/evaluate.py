@@ -12,6 +12,13 @@ import argparse
 import json
 from typing import Callable
 
+import numpy as np
+
+import collectives
+from collectives import MPI
+from engine.errors import CheckpointError, DataError, agree
+from engine.shard import read_info, read_shard
+
 CHUNK_ROWS = 65536
 
 
@@ -38,10 +45,7 @@ def evaluate_shard(logits_fn: Callable, X, y, comm, algorithm: str = "auto") -> 
         ``{"accuracy", "loss", "rows", "correct"}`` (same on every rank);
         accuracy and loss are NaN when no rank has a row.
     """
-    import numpy as np
-    import torch
-
-    import collectives
+    import torch  # deferred: keeps `mpidp eval --help` fast
 
     correct, loss_sum = 0, 0.0
     with torch.no_grad():
@@ -62,13 +66,16 @@ def evaluate_shard(logits_fn: Callable, X, y, comm, algorithm: str = "auto") -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    """Collective: score the checkpoint on ``--split`` of ``--data``; rank 0 prints.
+
+    Raises:
+        CheckpointError, DataError: on every rank (a model that does not fit the file).
+    """
+    # deferred: torch, kept out of `mpidp eval --help`
     import torch
 
-    from collectives.runtime import MPI
     from engine import checkpoint as ckpt
-    from engine.errors import CheckpointError, DataError, agree
-    from engine.model import MLPSpec, logits
-    from engine.shard import read_info, read_shard
+    from engine.nn.model import MLPSpec, logits
 
     comm = MPI.COMM_WORLD
     error, payload = None, None

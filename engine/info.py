@@ -18,7 +18,11 @@ import platform
 import socket
 import sys
 
-from engine._version import __version__
+import collectives
+from collectives import MPI
+from collectives.runtime import launch_info, mpi_cuda_support
+from engine import __version__
+from kernels.probe import probe_all
 
 #: Environment variables that change threading or MPI behaviour.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -40,9 +44,7 @@ def _distribution_version(name: str) -> str:
 
 def versions() -> dict[str, str]:
     """Versions of Python and every library mpidp uses (absent ones said so)."""
-    import h5py
-
-    from collectives.runtime import MPI
+    import h5py  # deferred: keeps `mpidp info --help` fast
 
     vendor, vendor_version = MPI.get_vendor()
     library = MPI.Get_library_version().strip().splitlines()[0]
@@ -70,10 +72,9 @@ def versions() -> dict[str, str]:
 
 def rank_facts() -> dict:
     """Facts about this rank (local, no communication)."""
+    # deferred: keeps `mpidp info --help` fast
     import numba
     import torch
-
-    from collectives.runtime import MPI, launch_info
 
     launch = launch_info()
     levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
@@ -96,9 +97,6 @@ def rank_facts() -> dict:
 
 def collect() -> dict | None:
     """Gather the report on rank 0 (collective over COMM_WORLD); None elsewhere."""
-    from collectives.runtime import MPI, mpi_cuda_support
-    from kernels.probe import probe_all
-
     comm = MPI.COMM_WORLD
     ranks = comm.gather(rank_facts(), root=0)
     reduce_facts = allreduce_facts(comm)  # collective
@@ -121,8 +119,6 @@ def collect() -> dict | None:
 def allreduce_facts(comm) -> dict:
     """How ``collectives.allreduce`` runs on ``comm`` (:func:`collectives.describe`;
     collective: the first call sets up the communicator's state)."""
-    import collectives
-
     return collectives.describe(comm)
 
 

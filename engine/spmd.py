@@ -22,7 +22,9 @@ import time
 import traceback
 from typing import Callable
 
-from collectives.runtime import MPI
+import collectives
+from collectives import MPI
+from collectives.failures import ABORT_GRACE_S, remove_shm_files
 
 EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -42,17 +44,11 @@ def _emit(text: str) -> None:
     sys.stderr.flush()
 
 
-#: Seconds between printing the failure and MPI_Abort. The launcher reads the
-#: rank's output pipe asynchronously; aborting at once let it tear the job
-#: down before forwarding the message (seen once under load in CI: empty
-#: stderr, exit code 2).
-ABORT_GRACE_S = 0.25
-
-
 def _end_job(code: int, comm: "MPI.Comm") -> "None":
     sys.stdout.flush()
     sys.stderr.flush()
     if comm.Get_size() > 1:
+        remove_shm_files()  # MPICH's files in /dev/shm would outlive the aborted job
         time.sleep(ABORT_GRACE_S)
         comm.Abort(code)
     raise SystemExit(code)
@@ -73,6 +69,7 @@ def run_spmd(main: Callable[[], int | None], comm: "MPI.Comm | None" = None) -> 
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
+    collectives.abort_on_error(False)  # errors end the job here, printed as mpidp's
     try:
         code = main()
         return 0 if code is None else int(code)

@@ -1,7 +1,17 @@
-"""When a run stops early: mlbench's time-to-accuracy and accuracy-after-time rules.
+"""When a run stops before its last epoch: on a signal, or by mlbench's rules.
 
-Checked at epoch boundaries on the per-epoch records of
-:class:`engine.trainer.Trainer` (``--target-accuracy``, ``--time-budget``):
+**Signals** (:class:`StopRequest`): SIGTERM / SIGUSR1 stop the run at the
+next step boundary (and checkpoint). The handler only records the request;
+the training loop carries it in the step's all-reduce buffer (one extra
+float), so every rank learns of a signal received by any rank in the same
+step and all stop after that step's update, together. Slurm sends SIGTERM at
+the time limit (or SIGUSR1 with ``--signal=USR1@120``); mpiexec forwards both
+to the ranks.
+
+**Early-stop rules** (:func:`stop_reason`): mlbench's time-to-accuracy and
+accuracy-after-time rules, checked at epoch boundaries on the per-epoch
+records of :class:`engine.trainer.Trainer` (``--target-accuracy``,
+``--time-budget``):
 
 * **target accuracy**: stop after the first evaluated epoch whose test
   accuracy is at least the target (time to accuracy, mlbench's main metric);
@@ -17,6 +27,11 @@ all-reduce that leaves the same bits on every rank, so every rank takes the
 same decision at the same step without another message.
 """
 from __future__ import annotations
+
+import signal
+
+#: The signals that request a stop at the next step boundary.
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 TARGET_ACCURACY = "target_accuracy"
 TIME_BUDGET = "time_budget"
@@ -58,3 +73,36 @@ def accuracy_after_time(history: list[dict], budget: float) -> tuple[float, floa
         if accuracy is not None and record["train_time_s"] <= budget:
             best = (float(accuracy), float(record["train_time_s"]))
     return best
+
+
+class StopRequest:
+    """Records SIGTERM/SIGUSR1 while installed (a context manager).
+
+    Install it on every rank from the main thread (elsewhere the handlers
+    cannot be set and the request is never recorded); ``requested`` turns
+    true when this rank received one of :data:`SIGNALS`.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handler(self, signum, frame) -> None:
+        self.signum = signum
+
+    def __enter__(self) -> "StopRequest":
+        for sig in SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import argparse
 
+from engine import config
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from engine.config import add_arguments as add
-
-    add(parser)
+    """The options of ``mpidp train`` (:func:`engine.config.add_arguments`)."""
+    config.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.config import from_args
+    """Collective: train; returns the exit code (module docstring)."""
+    # deferred: the trainer's kernels and Numba, kept out of `mpidp train --help`
     from engine.trainer import Trainer
 
-    return Trainer(from_args(args)).run()
+    return Trainer(config.from_args(args)).run()

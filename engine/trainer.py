@@ -1,14 +1,12 @@
 """The DP-SGD training loop: it wires the modules together and holds no DP math.
 
-One step on every rank (:meth:`Trainer._step`):
-
-1. sample this rank's rows (:mod:`engine.sampler`, Poisson at rate q);
-2. clipped gradient sum of those rows into the flat buffer (:mod:`engine.fast_mlp`);
-3. this rank's share of the Gaussian noise (:mod:`engine.noise`);
-4. ONE all-reduce of the preallocated buffer (gradient + one control float
-   that carries stop requests) through :func:`collectives.allreduce`;
-5. update with the sum divided by the public expected batch size B = qN
-   (:mod:`engine.optim`); the accountant counts the step (:mod:`engine.accountant`).
+One step on every rank: sample this rank's rows (:mod:`engine.dp.sampler`,
+Poisson at rate q), then :class:`engine.step.DPStep`: clipped gradient sum
+of those rows into the flat buffer, this rank's share of the Gaussian noise,
+ONE all-reduce of the preallocated buffer (gradient + one control float
+that carries stop requests), update with the sum divided by the public
+expected batch size B = qN. The accountant counts the step
+(:mod:`engine.dp.accountant`).
 
 Every rank takes the same number of steps (N and B are known everywhere);
 an empty local batch is a valid step. Per epoch: train loss (all-reduced),
@@ -23,34 +21,35 @@ import secrets
 import sys
 import time
 
+import numba
 import numpy as np
 import torch
+from tqdm import tqdm
 
 import collectives
-from collectives.runtime import MPI, available_cores, launch_info
+from collectives import MPI
+from collectives.runtime import available_cores, launch_info
 from engine import checkpoint as ckpt
 from engine import metrics as metrics_mod
-from engine.accountant import Accountant, calibrate_sigma, epsilon_for
+from engine.dp.accountant import Accountant, calibrate_sigma, epsilon_for
 from engine.config import FIXED_ON_RESUME, TrainConfig
 from engine.device import select as select_device
 from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
                            DivergedError, PrivacyError, agree)
 from engine.evaluate import evaluate_shard
-from engine.fast_mlp import FastMLP
-from engine.model import MLPSpec, init_params
-from engine.noise import GaussianNoise
-from engine.optim import build as build_optimizer
-from engine.sampler import PoissonSampler, ShuffleSampler
-from engine.schedule import learning_rate
+from engine.nn.fast_mlp import FastMLP
+from engine.nn.model import MLPSpec, init_params
+from engine.dp.noise import GaussianNoise
+from engine.nn.optim import build as build_optimizer
+from engine.dp.sampler import PoissonSampler, ShuffleSampler
+from engine.nn.schedule import learning_rate
 from engine.shard import read_info, read_shard
-from engine.signals import StopRequest
-from engine.stopping import stop_reason
+from engine.step import PHASES, DPStep
+from engine.stopping import StopRequest, stop_reason
 
 #: Steps between progress-bar updates and between finiteness checks.
 PROGRESS_EVERY = 32
 FINITE_CHECK_EVERY = 256
-#: Breakdown of a step's time, in the order of the step.
-PHASES = ("sample_s", "clip_s", "noise_s", "comm_s", "update_s")
 
 
 def configure_threads(requested: int | None) -> tuple[int, int]:
@@ -59,15 +58,12 @@ def configure_threads(requested: int | None) -> tuple[int, int]:
     Applies to torch and Numba, and turns on flush-to-zero for denormals.
     Returns (threads, ranks on this node).
     """
-    import numba
-
     local = launch_info().local_ranks or 1
     threads = requested or max(1, available_cores() // local)
     torch.set_num_threads(threads)
     # Flush denormals to zero: once a model fits well, softmax gradients of
     # confident examples underflow into the denormal range, where x86 float
-    # arithmetic is many times slower (measured: a converged non-DP epoch
-    # took 1.8x as long as a DP one). Values below 1.2e-38 change nothing.
+    # arithmetic is many times slower. Values below 1.2e-38 change nothing.
     torch.set_flush_denormal(True)
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     return threads, local
@@ -190,17 +186,11 @@ class Trainer:
                                           cfg.accountant)
             self.accountant = Accountant(q=self.q, sigma=sigma, delta=cfg.delta,
                                          kind=cfg.accountant)
-        planned = self.accountant.epsilon(self.total_steps)
-        if planned > self.budget * (1 + 1e-6):
-            fits = self.accountant.steps // self.steps_per_epoch
-            while fits < self.cfg.epochs and self.accountant.epsilon(
-                    (fits + 1) * self.steps_per_epoch) <= self.budget * (1 + 1e-6):
-                fits += 1
-            raise PrivacyError(
-                f"{cfg.epochs} epochs would spend epsilon={planned:.3f}, more than this "
-                f"run's budget epsilon={self.budget:.3f} (delta={cfg.delta:g}); at most "
-                f"{fits} epochs fit. A resumed run cannot raise its budget: start a new run "
-                "in a new --checkpoint-dir to train longer", collective=True)
+        try:
+            self.accountant.check_plan(self.budget, cfg.epochs, self.steps_per_epoch)
+        except PrivacyError as exc:
+            exc.collective = True
+            raise
 
     def _build_state(self, payload: dict | None) -> None:
         cfg, spec = self.cfg, self.spec
@@ -256,6 +246,10 @@ class Trainer:
         # The shard moves to the device once; a step gathers its rows there.
         self.X = torch.from_numpy(self.train.X).to(device)
         self.y = torch.from_numpy(self.train.y).to(device)
+        self.dp_step = DPStep(self.engine, self.X, self.y, self.buffer, self.grad,
+                              self.optimizer, 1.0 / cfg.batch_size, self.comm,
+                              max_norm=cfg.max_grad_norm if cfg.dp else None,
+                              noise=self.noise, algorithm=cfg.allreduce)
 
     # ------------------------------------------------------------ checkpoints
     def _epsilon(self) -> float | None:
@@ -362,8 +356,6 @@ class Trainer:
                       f"{self.steps_per_epoch} steps/epoch")
 
     def _run(self, stop: StopRequest) -> int:
-        from tqdm import tqdm
-
         cfg = self.cfg
         self.setup()
         self._describe()
@@ -377,12 +369,10 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", disable=not show,
                    dynamic_ncols=True, leave=False)
         self._say(metrics_mod.header())
-        start_step, C = self.step, (cfg.max_grad_norm if cfg.dp else None)
-        inv_b = 1.0 / cfg.batch_size
+        start_step = self.step
         scheduled = cfg.lr_schedule != "constant"
-        sampler, engine, noise, opt = self.sampler, self.engine, self.noise, self.optimizer
-        X, y, buffer, grad, control = self.X, self.y, self.buffer, self.grad, self.control
-        comm, algorithm, pc = self.comm, cfg.allreduce, time.perf_counter
+        sampler, dp_step, opt, control = self.sampler, self.dp_step, self.optimizer, self.control
+        pc, from_numpy = time.perf_counter, torch.from_numpy
         local = self.local
         code = 0
         try:
@@ -391,27 +381,12 @@ class Trainer:
                 times = dict.fromkeys(PHASES, 0.0)
                 t_epoch = pc()
                 for _ in range(first, self.steps_per_epoch):
-                    t0 = pc()
-                    rows = torch.from_numpy(sampler.sample(self.step))
-                    k = engine.load(X, y, rows)
-                    t1 = pc()
-                    loss, clipped = engine.clipped_sum(k, C)
-                    t2 = pc()
-                    if noise is not None:
-                        noise.add_(grad)
                     control[0] = 1.0 if stop.requested else 0.0
-                    t3 = pc()
-                    collectives.allreduce(buffer, comm, algorithm=algorithm)
-                    t4 = pc()
                     if scheduled:
                         opt.lr = learning_rate(cfg.lr_schedule, cfg.lr, self.step + 1)
-                    opt.step(grad, inv_b)
-                    t5 = pc()
-                    times["sample_s"] += t1 - t0
-                    times["clip_s"] += t2 - t1
-                    times["noise_s"] += t3 - t2
-                    times["comm_s"] += t4 - t3
-                    times["update_s"] += t5 - t4
+                    t0 = pc()
+                    rows = from_numpy(sampler.sample(self.step))
+                    k, loss, clipped = dp_step(rows, times, t0)
                     self.step += 1
                     if self.accountant is not None:
                         self.accountant.step()

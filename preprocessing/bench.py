@@ -24,7 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from collectives import MPI
 from collectives.launch import child_env, find_tool
+from preprocessing.errors import PrepError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,8 +63,6 @@ def _shown(argv: list[str]) -> str:
 
 def _checked(argv: list[str]) -> subprocess.CompletedProcess:
     """Run a child command; its failure is a one-line error with its last words."""
-    from preprocessing.errors import PrepError
-
     result = subprocess.run(argv, capture_output=True, text=True, env=child_env())
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
@@ -72,8 +72,6 @@ def _checked(argv: list[str]) -> subprocess.CompletedProcess:
 
 
 def _rank_counts(text: str) -> list[int]:
-    from preprocessing.errors import PrepError
-
     try:
         ranks = [int(r) for r in text.split(",") if r.strip()]
     except ValueError:
@@ -98,9 +96,6 @@ def _records(path: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collectives.runtime import MPI
-    from preprocessing.errors import PrepError
-
     if MPI.COMM_WORLD.Get_size() > 1:
         raise PrepError("run the benchmark as one process (`mpidp bench prep`); it "
                         "starts mpiexec itself", collective=True)

@@ -20,12 +20,13 @@ renamed into place when every rank has succeeded (:mod:`preprocessing.atomic`).
 """
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from preprocessing import h5format
 
 #: Target bytes of one chunk of ``X`` (rows per chunk = this / (4 F)).
 CHUNK_BYTES = 1 << 20
@@ -77,11 +78,12 @@ def chunk_rows_for(n_features: int) -> int:
 
 
 def dataset_specs(counts: dict[str, int], n_features: int) -> dict[str, tuple[tuple, str]]:
-    """``/train/X`` etc. -> (shape, dtype) for splits with ``counts`` rows."""
+    """``/train/X`` etc. -> (shape, dtype) for splits with ``counts`` rows
+    (:mod:`preprocessing.h5format`)."""
     specs = {}
     for split, n in counts.items():
-        specs[f"{split}/X"] = ((n, n_features), "float32")
-        specs[f"{split}/y"] = ((n,), "int8")
+        specs[h5format.x_name(split)] = ((n, n_features), h5format.X_DTYPE)
+        specs[h5format.y_name(split)] = ((n,), h5format.Y_DTYPE)
     return specs
 
 
@@ -91,18 +93,17 @@ def create(path: str, counts: dict[str, int], n_features: int, attrs: dict,
 
     Args:
         counts: split name (``"train"``, ``"test"``) -> rows.
-        attrs: root attributes (str, int, float; dicts/lists are stored as JSON).
+        attrs: root attributes (str, int, float; dicts/lists are stored as JSON:
+            :func:`preprocessing.h5format.write_attributes`).
     """
-    import h5py
+    import h5py  # deferred: keeps `mpidp prep --help` fast
 
     rows = chunk_rows_for(n_features)
     specs = dataset_specs(counts, n_features)
     layout = Layout(chunk_rows=rows, shapes={k: s for k, (s, _) in specs.items()},
                     row_bytes={})
     with h5py.File(path, "w", libver=("v108", "latest"), track_order=True) as handle:
-        for key, value in attrs.items():
-            handle.attrs[key] = (json.dumps(value, separators=(",", ":"))
-                                 if isinstance(value, (dict, list)) else value)
+        h5format.write_attributes(handle.attrs, attrs)
         for name, (shape, dtype) in specs.items():
             chunks = (rows,) + shape[1:]
             kwargs = dict(shape=shape, dtype=dtype, chunks=chunks,
@@ -163,7 +164,7 @@ def compress_chunk(data: np.ndarray, chunk_rows: int, level: int) -> bytes:
 
 def write_chunks(path: str, name: str, chunks: list[tuple[int, bytes]], chunk_rows: int) -> None:
     """Store compressed chunks ``(chunk index, bytes)`` of dataset ``name``; rank 0."""
-    import h5py
+    import h5py  # deferred: keeps `mpidp prep --help` fast
 
     with h5py.File(path, "r+") as handle:
         dataset = handle[name]

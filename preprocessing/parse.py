@@ -14,7 +14,7 @@ by a lost newline, a line cut short or padded) cannot be trusted: its values
 may sit in the wrong columns. polars does not see it when the needed columns
 parse: it stops reading a line after the last needed column, which is what
 makes parsing fast. With ``check_fields`` every block's commas and newlines
-are counted (``bytes.count``; +40-70% prep time on 2 cores, hence opt-in),
+are counted (``bytes.count``: a large share of prep's time, hence opt-in),
 a block whose totals do not add up is split into lines to flag the wrong
 ones (``Columns.wrong_fields``, dropped first of all by the cleaning step),
 and a block that polars cannot parse because of such lines is parsed again
@@ -113,7 +113,7 @@ class BlockParser:
 
     def __init__(self, header: tuple[str, ...], int_columns: list[str], serial: str,
                  check_fields: bool = False) -> None:
-        import polars as pl
+        import polars as pl  # deferred: after prep set POLARS_MAX_THREADS (read at import)
 
         self.pl = pl
         self.header = header

@@ -28,7 +28,8 @@ from typing import Iterator
 
 import numpy as np
 
-from preprocessing import atomic, encoding as enc, h5write, shuffle
+from collectives import MPI
+from preprocessing import atomic, encoding as enc, h5format, h5write, shuffle
 from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
@@ -255,7 +256,6 @@ def count_reasons(comm, settings: Settings, parsed: list[Parsed],
             if firsts[p.piece.file] is None or found < firsts[p.piece.file]:
                 firsts[p.piece.file] = found
     total = np.zeros_like(counts)
-    from collectives.runtime import MPI
     comm.Allreduce(counts, total, op=MPI.SUM)
     merged: list = [None] * len(settings.inputs)
     for theirs in comm.allgather(firsts):
@@ -378,8 +378,8 @@ def _encode_and_write(fd: int, layout, encoder, split: str, records: np.ndarray,
         part = records[start:start + ENCODE_ROWS]
         rows = buffer[:len(part)]
         encoder.encode({name: part[name] for name in part.dtype.names}, rows)
-        h5write.write_rows(fd, layout, f"{split}/X", offset + start, rows)
-        h5write.write_rows(fd, layout, f"{split}/y", offset + start, part["__y"])
+        h5write.write_rows(fd, layout, h5format.x_name(split), offset + start, rows)
+        h5write.write_rows(fd, layout, h5format.y_name(split), offset + start, part["__y"])
 
 
 def _write_compressed(comm, settings, layout, encoder, split: str, records, offset: int,
@@ -404,10 +404,10 @@ def _write_compressed(comm, settings, layout, encoder, split: str, records, offs
     every_x = comm.gather(x_chunks, root=0)
     every_y = comm.gather(y_chunks, root=0)
     if rank == 0:
-        h5write.write_chunks(temporary, f"{split}/X", [c for p in every_x for c in p],
-                             rows_per_chunk)
-        h5write.write_chunks(temporary, f"{split}/y", [c for p in every_y for c in p],
-                             rows_per_chunk)
+        h5write.write_chunks(temporary, h5format.x_name(split),
+                             [c for p in every_x for c in p], rows_per_chunk)
+        h5write.write_chunks(temporary, h5format.y_name(split),
+                             [c for p in every_y for c in p], rows_per_chunk)
 
 
 def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
@@ -420,8 +420,6 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
         attrs_later: called on every rank after the rows are written; returns
             the root attributes (rank 0 stores them).
     """
-    import json as _json
-
     rank = comm.Get_rank()
     encoding = enc.Encoding.from_json(encoding_text)
     encoder = enc.Encoder(encoding, settings.task, settings.codebook)
@@ -468,13 +466,11 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
         def finish():
             if rank != 0:
                 return 0
-            import h5py
+            import h5py  # deferred: keeps `mpidp prep --help` fast
 
             try:
                 with h5py.File(temporary, "r+") as handle:
-                    for key, value in attrs.items():
-                        handle.attrs[key] = (_json.dumps(value, separators=(",", ":"))
-                                             if isinstance(value, (dict, list)) else value)
+                    h5format.write_attributes(handle.attrs, attrs)
                 atomic.commit(temporary, settings.out)
             except OSError as exc:
                 raise PrepError(f"{settings.out}: cannot write the output: {exc}") from None
@@ -510,8 +506,6 @@ def split_and_shuffle(comm, records: np.ndarray) -> dict[str, tuple]:
         ``"train"``/``"test"`` -> (this rank's records of the split in final
         order, the global row of the first of them, the split's global size).
     """
-    from collectives.runtime import MPI
-
     received, order = shuffle.sort_across_ranks(records, "__key", comm)
     in_test = received["__test"][order]
     splits = {}
@@ -531,10 +525,9 @@ def attributes(settings: Settings, encoding_text: str, drop_counts: dict,
     task = settings.task
     encoding = enc.Encoding.from_json(encoding_text)
     return {
-        "format": "mpidp", "format_version": 1, "task": task.name,
+        **h5format.identity(), "task": task.name,
         "n_classes": task.n_classes, "feature_names": encoding.feature_names,
-        "encoding": encoding_text,
-        "encoding_fingerprint": hashlib.sha256(encoding_text.encode()).hexdigest(),
+        "encoding": encoding_text, "encoding_fingerprint": h5format.fingerprint(encoding_text),
         "drop_counts": drop_counts,
         "sources": [{"file": os.path.basename(inp.path), "member": inp.member,
                      "sha256": digests[inp.path], "rows": int(rows_per_file[inp.index])}
@@ -566,7 +559,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     reading: list[float] = []  # this rank: seconds finishing the sha256, reading; bytes
     progress = None
     if rank == 0 and not settings.quiet and sys.stderr.isatty():
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: only a terminal shows a bar
 
         progress = tqdm(total=sum(p.end - p.start for p in mine), unit="B", unit_scale=True,
                         desc="parsing (rank 0)", leave=False)

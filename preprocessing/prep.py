@@ -16,20 +16,26 @@ examples:
 from __future__ import annotations
 
 import argparse
+import ctypes
+import importlib.metadata
 import os
+
+from collectives import MPI
+from collectives.runtime import available_cores
+from preprocessing import atomic, dictionary, encoding, h5format, h5write, inputs, tasks
+from preprocessing.errors import PrepError
+from preprocessing.pipeline import Settings, agree, prepare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from preprocessing.tasks import TASKS
-
     parser.add_argument("inputs", nargs="+", metavar="FILE_OR_ZIP",
                         help="PUMS person files (.csv) or the Census zips holding them")
     parser.add_argument("--out", required=True, metavar="FILE.h5",
                         help="the HDF5 file to write (replaced atomically if it exists)")
-    parser.add_argument("--task", choices=sorted(TASKS), default=None,
+    parser.add_argument("--task", choices=sorted(tasks.TASKS), default=None,
                         help="what to predict (default: employment, or the task of "
                         "--like); " + "; ".join(f"{t.name}: {t.description}"
-                                                for t in TASKS.values()))
+                                                for t in tasks.TASKS.values()))
     parser.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
                         help="share of households in the test split (default: 0.2)")
     parser.add_argument("--seed", type=int, default=0,
@@ -58,16 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _read_like(path: str) -> tuple[str, str]:
     """(task name, encoding JSON) of a prepared file."""
-    import h5py
-
-    from preprocessing.errors import PrepError
+    import h5py  # deferred: keeps `mpidp prep --help` fast
 
     if not os.path.exists(path):
         raise PrepError(f"{path}: no such file (given to --like)")
     try:
         with h5py.File(path, "r") as handle:
             attrs = handle.attrs
-            if attrs.get("format") != "mpidp":
+            if attrs.get("format") != h5format.FORMAT:
                 raise PrepError(f"{path}: not a file written by mpidp prep (no "
                                 "format='mpidp' attribute); --like needs one")
             return str(attrs["task"]), str(attrs["encoding"])
@@ -81,10 +85,6 @@ def make_settings(args: argparse.Namespace):
     Raises:
         PrepError: anything the user must fix before a record is parsed.
     """
-    from preprocessing import atomic, dictionary, encoding, h5write, inputs, tasks
-    from preprocessing.errors import PrepError
-    from preprocessing.pipeline import Settings
-
     if not 0.0 <= args.test_fraction < 1.0:
         raise PrepError(f"--test-fraction {args.test_fraction}: must be in [0, 1)")
     if not 0.0 <= args.max_invalid_share <= 1.0:
@@ -134,9 +134,16 @@ def make_settings(args: argparse.Namespace):
                     check_fields=args.check_fields)
 
 
-def _threads_per_rank(comm) -> int:
-    from collectives.runtime import MPI, available_cores
+def _version() -> str:
+    """mpidp's version from the installed metadata (written into ``created_by``)."""
+    try:
+        return importlib.metadata.version("mpidp")
+    except importlib.metadata.PackageNotFoundError:  # a source tree never installed
+        return "0+unknown"
 
+
+def _threads_per_rank(comm) -> int:
+    """Parser threads per rank: this node's cores shared by the ranks on it."""
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ranks_here = local.Get_size()
     local.Free()
@@ -145,11 +152,9 @@ def _threads_per_rank(comm) -> int:
 
 def _reuse_freed_memory() -> None:
     """Keep freed blocks in the heap instead of returning them to the kernel:
-    on these VMs touching fresh pages costs ~2.5 s/GiB (notes/prep.md), and
-    the parser allocates a new block of text for every 32 MiB it reads."""
+    touching fresh pages is slow on virtual machines, and the parser allocates
+    a new block of text for every 32 MiB it reads."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
         libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
@@ -158,19 +163,19 @@ def _reuse_freed_memory() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collectives.runtime import MPI
+    """Collective: prepare the file on every rank of COMM_WORLD; rank 0 prints.
 
+    Raises:
+        PrepError: bad input or settings (on every rank).
+    """
     comm = MPI.COMM_WORLD
     threads = _threads_per_rank(comm)
+    # Before polars' first import (the parser's): polars reads it once.
     os.environ.setdefault("POLARS_MAX_THREADS", str(threads))
     _reuse_freed_memory()
-
-    from engine._version import __version__
-    from preprocessing.pipeline import agree, prepare
-
     settings = agree(comm, lambda: make_settings(args) if comm.Get_rank() == 0 else None)
     settings = comm.bcast(settings, root=0)
-    report = prepare(comm, settings, threads=threads, version=__version__)
+    report = prepare(comm, settings, threads=threads, version=_version())
     if comm.Get_rank() == 0 and not args.quiet:
         print(summary(report, settings, comm.Get_size()), flush=True)
     if comm.Get_rank() == 0 and args.timings:

@@ -23,15 +23,15 @@ import time
 
 import numpy as np
 
+from preprocessing import dictionary
+from preprocessing.cleaning import category_codes, category_names
+from preprocessing.tasks import EMPLOYMENT as task
+
 
 def prepare(path: str, out: str, seed: int = 0, test_fraction: float = 0.2) -> int:
     """Run the reference pipeline; returns the number of rows written."""
-    import h5py
+    import h5py  # deferred: as the real pipeline's
     import polars as pl
-
-    from preprocessing import dictionary
-    from preprocessing.cleaning import category_codes, category_names
-    from preprocessing.tasks import EMPLOYMENT as task
 
     digest = {}
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from collectives import MPI
+
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -82,7 +84,7 @@ def bucket_of(keys: np.ndarray, size: int) -> np.ndarray:
 
 def take(records: np.ndarray, index: np.ndarray) -> np.ndarray:
     """``records[index]``, moving whole rows (numpy gathers a structured array
-    field by field, ~5x slower for the ~30-byte records here)."""
+    field by field, much slower for the ~30-byte records here)."""
     if records.dtype.names is None:
         return records[index]
     rows = records.view(np.dtype((np.void, records.dtype.itemsize)))
@@ -100,8 +102,6 @@ def exchange(records: np.ndarray, dest: np.ndarray, comm) -> np.ndarray:
         The records this rank received, grouped by source rank in rank order
         (within a source, in the sender's order); ``records`` itself on one rank.
     """
-    from collectives.runtime import MPI
-
     size = comm.Get_size()
     if size == 1:
         return records

@@ -28,8 +28,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
+
+from collectives import MPI
+from preprocessing import atomic, dictionary, synth_tables
+from preprocessing.errors import PrepError
 
 #: Columns generated with their own logic (every other column is filler).
 GENERATED = ["RT", "SERIALNO", "DIVISION", "SPORDER", "PUMA", "REGION", "ST", "ADJINC",
@@ -80,8 +85,6 @@ class Generator:
     """Draws person records batch by batch (one random stream per seed)."""
 
     def __init__(self, seed: int) -> None:
-        from preprocessing import dictionary, synth_tables
-
         self.codebook = dictionary.load()
         self.t = synth_tables.load()
         self.rng = np.random.default_rng(seed)
@@ -267,7 +270,7 @@ class Generator:
     # -- text -----------------------------------------------------------------------
     def lines(self, v: dict[str, np.ndarray]):
         """The CSV lines of a batch, as a polars String Series."""
-        import polars as pl
+        import polars as pl  # deferred: keeps `mpidp synth --help` fast
 
         n = len(v["AGEP"])
         band = self.band_of_age[v["AGEP"]]
@@ -287,7 +290,7 @@ class Generator:
             pl.concat_str(exprs, separator=",").alias("line")).get_column("line")
 
     def _column_text(self, name: str, v: dict, n: int):
-        import polars as pl
+        import polars as pl  # deferred: keeps `mpidp synth --help` fast
 
         if name == "RT":
             return pl.repeat("P", n, eager=True, dtype=pl.String)
@@ -307,7 +310,7 @@ class Generator:
 
     def corrupt(self, lines, fraction: float):
         """Damage a random share of the lines; returns (lines, damaged count)."""
-        import polars as pl
+        import polars as pl  # deferred: keeps `mpidp synth --help` fast
 
         if fraction <= 0:
             return lines, 0
@@ -344,15 +347,13 @@ def write(path: str, rows: int, seed: int = 0, corrupt_fraction: float = 0.0,
     Returns:
         The number of lines damaged on purpose.
     """
-    import polars as pl
-
-    from preprocessing import atomic
+    import polars as pl  # deferred: keeps `mpidp synth --help` fast
 
     generator = Generator(seed)
     temporary = atomic.temporary_name(path)
     bar = None
     if progress:
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: only a terminal shows a bar
 
         bar = tqdm(total=rows, unit="rows", unit_scale=True, desc="synth", leave=False)
     damaged = 0
@@ -381,12 +382,11 @@ def write(path: str, rows: int, seed: int = 0, corrupt_fraction: float = 0.0,
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
+    """Rank 0 writes the file; the other ranks wait for its verdict.
 
-    from collectives.runtime import MPI
-    from preprocessing import atomic
-    from preprocessing.errors import PrepError
-
+    Raises:
+        PrepError: bad options or an output that cannot be written (collective).
+    """
     comm = MPI.COMM_WORLD
     if args.rows < 0:
         raise PrepError(f"--rows {args.rows}: must be >= 0", collective=True)

@@ -61,7 +61,7 @@ def fit(paths: list[str]) -> dict:
     import io
     import zipfile
 
-    import polars as pl
+    import polars as pl  # deferred: keeps `mpidp synth --help` fast
 
     frames = []
     for path in paths:

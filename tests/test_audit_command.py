@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from collectives.runtime import MPI
-from engine import synthetic_h5
+from engine.bench import synthetic
 from engine.audit.command import AuditConfig, run_audit
 from engine.audit.inputs import AuditMismatch, SplitTooSmall
 from engine.audit.inversion import AttributeNotFound
@@ -34,7 +34,7 @@ class _Null:
 
 def _random_labels_file(path, rows=400, test_rows=400, seed=2, **attrs):
     """A contract file whose labels are coin flips: a model can only memorise them."""
-    synthetic_h5.write(path, rows=rows, features=12, test_rows=test_rows, seed=seed,
+    synthetic.write(path, rows=rows, features=12, test_rows=test_rows, seed=seed,
                        numeric=4, attrs=attrs or None)
     rng = np.random.default_rng(seed)
     with h5py.File(path, "r+") as f:

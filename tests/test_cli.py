@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from engine._version import __version__
+from engine import __version__
 from engine.cli import BENCHMARKS, COMMANDS, build_parser
 
 

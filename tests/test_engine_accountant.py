@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from engine.accountant import Accountant, calibrate_sigma, epsilon_for
+from engine.dp.accountant import Accountant, calibrate_sigma, epsilon_for
 from engine.errors import PrivacyError
 
 # Abadi et al. MNIST setting; values from dp-accounting as recorded in the notes.
@@ -39,6 +39,27 @@ def test_accountant_state_round_trip():
     b = Accountant.from_state(a.state_dict())
     assert b.steps == STEPS and b.epsilon() == a.epsilon()
     assert a.epsilon(0) == 0.0
+
+
+def test_budget_arithmetic_counts_the_epochs_that_fit():
+    steps_per_epoch, epochs = 100, 10
+    a = Accountant(q=0.01, sigma=1.0, delta=1e-5)
+    budget = epsilon_for(0.01, 1.0, 4 * steps_per_epoch, 1e-5)  # exactly 4 epochs' worth
+    assert a.fits(budget, 4 * steps_per_epoch) and not a.fits(budget, 5 * steps_per_epoch)
+    assert a.fits(budget * (1 + 1e-7), 4 * steps_per_epoch)  # within the slack
+    assert a.epochs_within(budget, steps_per_epoch, epochs) == 4
+    assert a.epochs_within(budget, steps_per_epoch, 3) == 3  # never more than asked
+    assert a.epochs_within(10 * budget, steps_per_epoch, epochs) == epochs
+    a.step(6 * steps_per_epoch)  # epochs already spent count whatever the budget says
+    assert a.epochs_within(budget, steps_per_epoch, epochs) == 6
+    a.check_plan(budget, 4, steps_per_epoch)  # within: no error
+    with pytest.raises(PrivacyError, match=r"5 epochs would spend epsilon=[\d.]+, more than "
+                       r"this run's budget epsilon=[\d.]+ \(delta=1e-05\); at most 6 "
+                       "epochs fit"):
+        a.check_plan(budget, 5, steps_per_epoch)
+    fresh = Accountant(q=0.01, sigma=1.0, delta=1e-5)
+    with pytest.raises(PrivacyError, match="at most 4 epochs fit"):
+        fresh.check_plan(budget, epochs, steps_per_epoch)
 
 
 def test_privacy_command():

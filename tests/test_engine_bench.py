@@ -1,10 +1,22 @@
-"""mpidp bench dpsgd runs every method on tiny data and writes its JSON (no timing asserted)."""
+"""mpidp bench dpsgd runs every method on tiny data and writes its JSON (no timing asserted).
+
+The bench's clock is replaced by one that advances by exactly one per reading,
+so a round's "examples/s" is the number of examples it counted: the test can
+then check the numbers against the batches that were actually stepped.
+"""
 import json
+import re
+import statistics
+import types
 
 import pytest
 
+import engine.step
+from engine.bench import dpsgd
 from engine.cli import build_parser
 from engine.errors import ConfigError
+
+ROWS, STEPS, REPEATS, WARM_UP = 3000, 3, 2, 3
 
 
 def _run(*argv):
@@ -12,18 +24,68 @@ def _run(*argv):
     return args._run(args)
 
 
-def test_bench_dpsgd_runs_and_reports_ratios(tmp_path, capsys):
+@pytest.fixture
+def stepped(monkeypatch):
+    """Every DPStep call the bench makes: (the step object, rows given, k returned)."""
+    calls = []
+    original = engine.step.DPStep.__call__
+
+    def counted(self, rows, times=None, started=None):
+        k, loss, clipped = original(self, rows, times, started)
+        calls.append((self, int(rows.shape[0]), k))
+        return k, loss, clipped
+
+    monkeypatch.setattr(engine.step.DPStep, "__call__", counted)
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(dpsgd, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    return calls
+
+
+def test_bench_dpsgd_runs_the_trainers_step_and_reports_what_it_counted(tmp_path, capsys,
+                                                                          stepped):
     out = tmp_path / "b.json"
-    assert _run("--rows", "3000", "--features", "12", "--hidden", "16", "--batch-size", "64",
-                "--steps", "3", "--repeats", "1", "--naive-steps", "1", "--threads", "1",
-                "--methods", "mpidp-dp,mpidp-nondp,naive", "--json", str(out)) == 0
+    assert _run("--rows", str(ROWS), "--features", "12", "--hidden", "16", "--batch-size",
+                "64", "--steps", str(STEPS), "--repeats", str(REPEATS), "--naive-steps", "1",
+                "--threads", "1", "--methods", "mpidp-dp,mpidp-nondp,naive",
+                "--json", str(out)) == 0
     data = json.loads(out.read_text())
-    rates = data["examples_per_s"]
+    rates, rounds = data["examples_per_s"], data["all_rounds"]
+    # Both mpidp methods ran engine.step.DPStep: warm-up, then STEPS per round.
+    steps = {}
+    for step, n_rows, k in stepped:
+        assert k == n_rows  # every sampled row was stepped
+        steps.setdefault(step, []).append(k)
+    by_kind = {("dp" if s.max_norm is not None else "nondp"): (s, ks) for s, ks in steps.items()}
+    assert set(by_kind) == {"dp", "nondp"}
+    dp_step, nondp_step = by_kind["dp"][0], by_kind["nondp"][0]
+    assert dp_step.max_norm == 1.0 and dp_step.noise is not None
+    assert nondp_step.noise is None
+    for kind, method in (("dp", "mpidp-dp"), ("nondp", "mpidp-nondp")):
+        ks = by_kind[kind][1]
+        assert len(ks) == WARM_UP + STEPS * REPEATS
+        timed = ks[WARM_UP:]
+        # One tick per round: a round's rate is the examples it stepped.
+        assert rounds[method] == [sum(timed[i * STEPS:(i + 1) * STEPS])
+                                  for i in range(REPEATS)]
+        assert all(r > 0 for r in rounds[method])
     for method in ("mpidp-dp", "mpidp-nondp", "naive"):  # torch.optim/Opacus import slowly
-        assert rates[method] > 0
-    assert data["dp_over_nondp"] > 0
+        assert len(rounds[method]) == REPEATS
+        assert rates[method] == statistics.median(rounds[method])
+        assert data["speedup"][method] == pytest.approx(rates["mpidp-dp"] / rates[method])
     assert data["speedup"]["mpidp-dp"] == 1.0
-    assert "DP / non-DP time per example" in capsys.readouterr().out
+    assert data["dp_over_nondp"] == pytest.approx(statistics.median(
+        nd / dp for nd, dp in zip(rounds["mpidp-nondp"], rounds["mpidp-dp"])))
+    assert data["rows"] == ROWS and data["steps"] == STEPS and data["repeats"] == REPEATS
+    text = capsys.readouterr().out
+    assert f"DP / non-DP time per example: {data['dp_over_nondp']:.3f}" in text
+    # The table's s/epoch and ratio columns follow from examples/s.
+    for method, rate in rates.items():
+        line = re.search(rf"^{re.escape(method)}\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)x$", text,
+                         re.MULTILINE)
+        assert line, f"no table row for {method}"
+        assert line.group(1) == f"{rate:,.0f}"
+        assert line.group(2) == f"{ROWS / rate:.2f}"
+        assert line.group(3) == f"{rates['mpidp-dp'] / rate:.2f}"
 
 
 def test_bench_refuses_unknown_methods():

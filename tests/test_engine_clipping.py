@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from engine.clipping import FuncClipper, LayerClipper
-from engine.fast_mlp import FastMLP
-from engine.grad_samplers import has_fast_rule
-from engine.model import MLPSpec, flat_from_module, init_params, to_module
-from engine.naive import naive_clipped_sum
+from engine.dp.clipping import FuncClipper, LayerClipper
+from engine.nn.fast_mlp import FastMLP
+from engine.dp.grad_samplers import has_fast_rule
+from engine.nn.model import MLPSpec, flat_from_module, init_params, to_module
+from engine.dp.naive import naive_clipped_sum
 
 RTOL, ATOL = 1e-10, 1e-12
 SETTINGS = settings(max_examples=12, deadline=None)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import collectives
-from engine.noise import GaussianNoise
+from engine.dp.noise import GaussianNoise
 
 D = 200_000
 

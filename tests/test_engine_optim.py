@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.optim import SGD, Adam
+from engine.nn.optim import SGD, Adam
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from engine.sampler import PoissonSampler, ShuffleSampler
+from engine.dp.sampler import PoissonSampler, ShuffleSampler
 
 
 def test_batch_sizes_are_binomial_and_rows_valid():

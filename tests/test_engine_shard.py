@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from engine import synthetic_h5
+from engine.bench import synthetic
 from engine.errors import DataError
 from engine.shard import _rows_buffer, read_info, read_shard, shard_range
 
@@ -56,7 +56,7 @@ def test_shards_concatenate_to_the_file(comm, shared_tmp):
 
     path = str(shared_tmp / "d.h5")
     if comm.Get_rank() == 0:
-        synthetic_h5.write(path, rows=103, features=7, test_rows=5, seed=3)
+        synthetic.write(path, rows=103, features=7, test_rows=5, seed=3)
     comm.Barrier()
     info = read_info(path, comm)
     shard = read_shard(info, "train", comm, min_rows_per_rank=1)
@@ -71,7 +71,7 @@ def test_shards_concatenate_to_the_file(comm, shared_tmp):
 
 
 def _bad(tmp_path, **kw):
-    return synthetic_h5.write(tmp_path / "bad.h5", rows=20, features=4, **kw)
+    return synthetic.write(tmp_path / "bad.h5", rows=20, features=4, **kw)
 
 
 def test_bad_files_are_clear_errors(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import checkpoint as ckpt
-from engine import synthetic_h5
+from engine.bench import synthetic
 from engine.config import TrainConfig
 from engine.errors import (CheckpointError, ConfigError, DataError, DivergedError,
                            PrivacyError)
@@ -41,7 +41,7 @@ def _train(cfg, comm):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "tiny.h5"
-    return synthetic_h5.write(path, rows=600, features=6, test_rows=100, seed=1)
+    return synthetic.write(path, rows=600, features=6, test_rows=100, seed=1)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -50,7 +50,7 @@ def test_resume_is_bit_identical(comm, shared_tmp):
     as an uninterrupted run, to the bit."""
     path = str(shared_tmp / "d.h5")
     if comm.Get_rank() == 0:
-        synthetic_h5.write(path, rows=500, features=5, test_rows=60, seed=2)
+        synthetic.write(path, rows=500, features=5, test_rows=60, seed=2)
     comm.Barrier()
     base = dict(epochs=3, optimizer="adam", lr=0.01)
     whole, code = _train(_cfg(path, checkpoint_dir=str(shared_tmp / "a"), **base), comm)
@@ -73,7 +73,7 @@ def test_resume_is_bit_identical(comm, shared_tmp):
 def test_every_rank_takes_the_same_steps_and_the_same_model(comm, shared_tmp):
     path = str(shared_tmp / "d.h5")
     if comm.Get_rank() == 0:
-        synthetic_h5.write(path, rows=300, features=4, test_rows=40, seed=4)
+        synthetic.write(path, rows=300, features=4, test_rows=40, seed=4)
     comm.Barrier()
     trainer, code = _train(_cfg(path, epochs=1, batch_size=8), comm)
     assert code == 0
@@ -146,7 +146,7 @@ def test_checkpoint_guards_the_budget(tiny, tmp_path):
 
 def test_errors_exit_nonzero_on_all_ranks(tmp_path):
     """A collective user error: one message, exit code 2 from every rank (no abort)."""
-    path = synthetic_h5.write(tmp_path / "two.h5", rows=2, features=3, test_rows=1)
+    path = synthetic.write(tmp_path / "two.h5", rows=2, features=3, test_rows=1)
     result = mpidp(3, "train", "--data", path, "--noise-multiplier", "1", "--batch-size", "1",
                    timeout=120)
     assert result.returncode == 2, result.stderr
@@ -157,7 +157,7 @@ def test_errors_exit_nonzero_on_all_ranks(tmp_path):
 def test_signal_checkpoints_and_resume_finishes(tmp_path):
     """SIGUSR1 to mpiexec -> every rank stops at a step boundary, checkpoint, exit 75;
     resume continues from that step to the end."""
-    path = synthetic_h5.write(tmp_path / "d.h5", rows=4000, features=8, test_rows=100)
+    path = synthetic.write(tmp_path / "d.h5", rows=4000, features=8, test_rows=100)
     d = str(tmp_path / "ck")
     args = [sys.executable, "-m", "engine.cli", "train", "--data", path, "--epochs", "400",
             "--batch-size", "16", "--hidden", "8", "--noise-multiplier", "1", "--seed", "1",
@@ -206,14 +206,14 @@ def test_eval_command_scores_a_checkpoint(tiny, tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["accuracy"] == pytest.approx(trainer.history[-1]["test_accuracy"], abs=1e-12)
     assert result["rows"] == 100
-    other = synthetic_h5.write(tmp_path / "other.h5", rows=50, features=6, seed=9,
+    other = synthetic.write(tmp_path / "other.h5", rows=50, features=6, seed=9,
                                attrs={"encoding_fingerprint": "something-else"})
     with pytest.raises(DataError, match="encoded differently"):
         run("--checkpoint", d, "--data", other)
-    other_task = synthetic_h5.write(tmp_path / "income.h5", rows=50, features=6, seed=9,
+    other_task = synthetic.write(tmp_path / "income.h5", rows=50, features=6, seed=9,
                                     attrs={"task": "income"})
     with pytest.raises(DataError, match="holds task 'income'"):
         run("--checkpoint", d, "--data", other_task)
-    wider = synthetic_h5.write(tmp_path / "wider.h5", rows=50, features=7)
+    wider = synthetic.write(tmp_path / "wider.h5", rows=50, features=7)
     with pytest.raises(DataError, match="expects 6"):
         run("--checkpoint", d, "--data", wider)

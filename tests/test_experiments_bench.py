@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from engine.bench_scaling import BenchError
+from engine.bench.scaling import BenchError
 from engine.cli import build_parser
+from engine.dp.accountant import epsilon_for
 
 
 def _run(*argv):
@@ -25,14 +26,32 @@ def test_bench_scaling_runs_one_launch_per_rank_count(tmp_path, capsys):
     doc = json.loads(out.read_text())
     one, two = sorted(doc["summaries"], key=lambda s: s["ranks"])
     assert (one["ranks"], two["ranks"]) == (1, 2) and one["speedup"] == 1.0
+    assert two["speedup"] == pytest.approx(one["epoch_avg_s"] / two["epoch_avg_s"])
     assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    runs = {r["ranks"]: r for r in doc["runs"]}
+    assert sorted(runs) == [1, 2]
+    steps_per_epoch = round(1500 / 100)
     for s in (one, two):
+        epochs = runs[s["ranks"]]["epochs"]
+        first, last = epochs[0], epochs[-1]
         # --time-budget given: the runs went on past the target, read off the history.
-        assert s["epochs_run"] == 2 and s["tta_epochs"] == 1 and s["epsilon"] > 0
-        assert s["first_epoch_s"] > 0 and s["steady_epochs"] == 1
+        assert s["epochs_run"] == len(epochs) == 2 and s["steady_epochs"] == 1
+        assert s["first_epoch_s"] == first["epoch_time_s"]
+        assert s["epoch_avg_s"] == last["epoch_time_s"]
+        assert s["train_time_s"] == pytest.approx(first["epoch_time_s"] + last["epoch_time_s"])
+        assert s["tta_epochs"] == 1 and s["tta_s"] == pytest.approx(first["epoch_time_s"])
+        assert s["cost"] == pytest.approx(s["train_time_s"] / 3600)  # 1 node at price 1
+        # Epsilon is the accountant's for the steps taken, whatever the rank count.
+        assert last["step"] == 2 * steps_per_epoch and last["ranks"] == s["ranks"]
+        assert s["epsilon"] == last["epsilon"] == pytest.approx(epsilon_for(
+            100 / 1500, last["noise_multiplier"], last["step"], 1e-5), rel=1e-9)
+        for e in epochs:
+            assert e["examples_per_s"] == pytest.approx(e["train_examples"] / e["epoch_time_s"])
+            assert e["comm_s"] + e["compute_s"] == pytest.approx(e["epoch_time_s"])
+            assert sum(e["step_breakdown_s"].values()) <= e["epoch_time_s"]
+            assert e["step_breakdown_s"]["comm_s"] == pytest.approx(e["comm_s"])
         assert s["command"].startswith(f"mpiexec -n {s['ranks']} mpidp train --data ")
-    assert [len(r["epochs"]) for r in doc["runs"]] == [2, 2]
-    assert doc["runs"][1]["epochs"][-1]["ranks"] == 2
+    assert one["epsilon"] == pytest.approx(two["epsilon"], rel=1e-12)
     assert len(list((tmp_path / "runs").glob("*.jsonl"))) == 2
 
 

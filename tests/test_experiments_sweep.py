@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import synthetic_h5
+from engine.bench import synthetic
 from slurm_cluster import started_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def cluster(tmp_path_factory):
 
 @pytest.mark.timeout(300)
 def test_tiny_sweep_under_slurm_collects_one_table(cluster, tmp_path):
-    data = synthetic_h5.write(tmp_path / "d.h5", rows=1200, features=6, test_rows=200)
+    data = synthetic.write(tmp_path / "d.h5", rows=1200, features=6, test_rows=200)
     env = cluster.env(
         DATA=data, MPIDP_VENV=sys.prefix, SWEEP_POLL_SECONDS="0.3",
         NUMBA_CACHE_DIR=os.environ.get("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache")),

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine import synthetic_h5
+from engine.bench import synthetic
 from engine.config import TrainConfig
 from engine.errors import ConfigError
-from engine.optim import SGD, Adam
-from engine.schedule import learning_rate
+from engine.nn.optim import SGD, Adam
+from engine.nn.schedule import learning_rate
 from engine.stopping import (TARGET_ACCURACY, TIME_BUDGET, accuracy_after_time,
                              stop_reason, time_to_accuracy)
 from engine.trainer import Trainer
@@ -82,7 +82,7 @@ def test_bad_stopping_and_l2_options_are_user_errors():
 def test_dense_generator_rows_and_labels(tmp_path):
     import h5py
 
-    path = synthetic_h5.write_dense(tmp_path / "d.h5", rows=3000, features=50, seed=2)
+    path = synthetic.write_dense(tmp_path / "d.h5", rows=3000, features=50, seed=2)
     with h5py.File(path) as f:
         X, y = f["train/X"][:], f["train/y"][:]
         assert f["test/X"].shape == (750, 50) and f.attrs["n_classes"] == 2
@@ -112,7 +112,7 @@ def test_trainer_stops_every_rank_at_the_same_step(comm, shared_tmp):
     at the same step; a tiny budget stops after one epoch; inv-sqrt reaches lr/sqrt(t)."""
     path = str(shared_tmp / "d.h5")
     if comm.Get_rank() == 0:
-        synthetic_h5.write(path, rows=400, features=4, test_rows=80, seed=4)
+        synthetic.write(path, rows=400, features=4, test_rows=80, seed=4)
     comm.Barrier()
     base = dict(data=path, epochs=6, batch_size=20, hidden=(), dp=False, seed=3,
                 progress=False, momentum=0.0, lr=0.5, lr_schedule="inv-sqrt",

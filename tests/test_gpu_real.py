@@ -151,8 +151,8 @@ def test_numba_views_are_zero_copy():
 
 
 def test_one_mlp_step_on_the_gpu_equals_the_cpu():
-    from engine.fast_mlp import FastMLP
-    from engine.model import MLPSpec, init_params
+    from engine.nn.fast_mlp import FastMLP
+    from engine.nn.model import MLPSpec, init_params
 
     spec = MLPSpec((20, 64, 64, 3))
     g = torch.Generator().manual_seed(2)
@@ -186,7 +186,7 @@ def test_each_rank_binds_its_own_gpu(comm):
 @pytest.mark.mpi(min_size=1)
 def test_training_on_gpus(comm, shared_tmp):
     """--device cuda end to end: --no-dp close to the CPU run; DP reproducible."""
-    from engine import synthetic_h5
+    from engine.bench import synthetic
     from engine.config import TrainConfig
     from engine.trainer import Trainer
 
@@ -194,7 +194,7 @@ def test_training_on_gpus(comm, shared_tmp):
         pytest.skip(f"{comm.Get_size()} ranks but {torch.cuda.device_count()} GPU(s)")
     path = str(shared_tmp / "d.h5")
     if comm.Get_rank() == 0:
-        synthetic_h5.write(path, rows=2000, features=8, test_rows=200, seed=5)
+        synthetic.write(path, rows=2000, features=8, test_rows=200, seed=5)
     comm.Barrier()
 
     def run(**kw):

@@ -43,6 +43,14 @@ import os
 import sys
 from dataclasses import dataclass
 
+import numpy as np
+
+from collectives import MPI
+from engine import __version__
+from engine.audit import membership, report as report_mod
+from engine.errors import ConfigError, DataError, agree
+from engine.shard import read_shard
+
 ATTACK_GROUPS = ("membership", "inversion")
 
 
@@ -65,8 +73,6 @@ class AuditConfig:
     progress: bool | None = None
 
     def validate(self) -> None:
-        from engine.errors import ConfigError
-
         def fail(message: str):
             raise ConfigError(message, collective=True)
 
@@ -134,8 +140,6 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
 def _finite(value):
     """JSON-safe plain types: NaN and infinities become None, numpy becomes
     Python, recursively."""
-    import numpy as np
-
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if isinstance(value, np.generic):
@@ -170,16 +174,12 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
     Raises (on every rank): CheckpointError, DataError (AuditMismatch,
     SplitTooSmall, AttributeNotFound), ConfigError, DivergedError.
     """
-    import numpy as np
-
-    from engine._version import __version__
-    from engine.audit import inversion, membership, report as report_mod
+    # deferred: torch, Numba and the trainer, kept out of `mpidp audit --help`
+    from engine.audit import inversion
     from engine.audit.inputs import (MIN_ROWS, SplitTooSmall, load_target, local_rows,
                                      plan_rows, reference_rows)
     from engine.audit.reference import Part, train_reference, training_plan
     from engine.audit.scoring import allgather_rows, score_rows
-    from engine.errors import DataError, agree
-    from engine.shard import read_shard
     from engine.trainer import configure_threads
 
     out = sys.stdout if out is None else out
@@ -279,7 +279,6 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collectives.runtime import MPI
-
+    """Collective: ``mpidp audit`` on every rank of COMM_WORLD."""
     run_audit(config_from_args(args), MPI.COMM_WORLD)
     return 0

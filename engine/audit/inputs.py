@@ -18,9 +18,7 @@ Why both splits feed the population sample: people of one household are
 alike (and their employment is correlated) and a household lies wholly in
 ``/train`` or wholly in ``/test``. A reference model trained on test rows
 only would have seen household mates of the non-members but of no member,
-fit the non-members better, and so inflate the calibrated attack (measured
-on 2,000 training rows cut from the real file: its loss was 2.85 on
-non-members vs 3.47 on members). Taking
+fit the non-members better, and so inflate the calibrated attack. Taking
 the same share (half) of each split exposes members and non-members to the
 same expected share of their household mates.
 
@@ -39,8 +37,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from engine import checkpoint as ckpt
 from engine.errors import CheckpointError, DataError, agree
+from engine.nn.model import MLPSpec
+from engine.shard import read_info
+from preprocessing.h5format import DataInfo
 
 #: Fewest members (and non-members) an audit accepts.
 MIN_ROWS = 20
@@ -140,9 +143,9 @@ class Target:
 
     checkpoint: str
     payload: dict
-    spec: object               # engine.model.MLPSpec
-    params: object             # torch float64 flat vector
-    info: object               # engine.shard.DataInfo of the audited file
+    spec: MLPSpec
+    params: torch.Tensor       # float64 flat vector
+    info: DataInfo             # of the audited file
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -174,8 +177,6 @@ def check_compatible(payload: dict, info, checkpoint: str) -> list[str]:
     Raises:
         AuditMismatch: different task, encoding, shape or split sizes.
     """
-    from engine.model import MLPSpec
-
     spec = MLPSpec.from_dict(payload["model"])
     trained = payload.get("data") or {}
     where = trained.get("path") or "its training file"
@@ -214,12 +215,6 @@ def load_target(checkpoint: str, data: str, comm) -> Target:
 
     Raises (on every rank of ``comm``): CheckpointError, DataError, AuditMismatch.
     """
-    import torch
-
-    from engine import checkpoint as ckpt
-    from engine.model import MLPSpec
-    from engine.shard import read_info
-
     error, payload = None, None
     try:
         payload = ckpt.load_file(checkpoint)

@@ -25,7 +25,7 @@ intervals.
 Example (a logistic model whose label is the attribute itself)::
 
     >>> import numpy as np, torch
-    >>> from engine.model import MLPSpec
+    >>> from engine.nn.model import MLPSpec
     >>> from engine.audit import inversion
     >>> spec = MLPSpec.build(2, (), 2)     # features S=a, S=b; class logits (4 S=a, 4 S=b)
     >>> params = torch.tensor([4., 0., 0., 0., 4., 0.], dtype=torch.float64)
@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import numpy as np
 
+import collectives
 from engine.audit import stats
+from engine.audit.scoring import CHUNK_ROWS, label_log_probs
 from engine.errors import DataError
 
 NAME = "inversion"
@@ -94,8 +96,6 @@ def candidate_log_likelihoods(spec, params, X: np.ndarray, y: np.ndarray,
 
     X has the trailing ones column; ``cols`` are the attribute's k columns.
     """
-    from engine.audit.scoring import CHUNK_ROWS, label_log_probs
-
     cols = np.asarray(cols, dtype=np.int64)
     out = np.empty((y.shape[0], cols.size), dtype=np.float64)
     for start in range(0, y.shape[0], CHUNK_ROWS):
@@ -149,8 +149,6 @@ def attack(spec, params, cols: np.ndarray, values: list[str], groups: dict[str, 
         name: {"rows", "accuracy", "accuracy_ci", "baseline_accuracy",
         "baseline_ci", "advantage", ...}}``, the same on every rank.
     """
-    import collectives
-
     k = len(values)
     counts = np.bincount(population_values, minlength=k).astype(np.float64)
     collectives.allreduce(counts, comm)

@@ -50,7 +50,7 @@ def evaluate(attack, observed: Observations, comm, resamples: int = 1000,
          "ci": {stat: [low, high]}, "confidence": c, "resamples": R,
          "p_values": {"auc_p_value", "advantage_p_value"}}   (stats.no_leak_tests)
     """
-    from tqdm import tqdm
+    from tqdm import tqdm  # deferred: keeps `mpidp audit --help` fast
 
     members, nonmembers = attack.scores(observed)
     estimate = attack.statistic(members, nonmembers)

@@ -5,20 +5,22 @@ but was trained the way the target was, on data from the same population: its
 loss on a record says how hard the record is for any such model. We train one
 on the population sample (:mod:`engine.audit.inputs`: the odd rows of both
 splits, disjoint from members and non-members) with the target's architecture (the same
-:class:`~engine.model.MLPSpec`), optimizer, learning rate, momentum, expected
+:class:`~engine.nn.model.MLPSpec`), optimizer, learning rate, momentum, expected
 batch size and number of epochs, and on as many rows as the target (or all
 of the sample if it is smaller). It is trained **without** DP: its job is to
 predict how hard a record is, and the target's own noise would only blur that.
 
-The training reuses the engine's pieces: :class:`engine.fast_mlp.FastMLP`
-(forward, backward, gradient sum), :class:`engine.sampler.PoissonSampler`,
-:func:`engine.optim.build`, and one all-reduce of the gradient per step. The
-rows come in parts (one per split), each spread over the ranks in
-consecutive blocks. To give the same model whatever the number of ranks,
-every rank draws the same *global* Poisson sample of each part (a sampler
-per part, seeded by the audit's seed and the part's number alone) and keeps
-the rows it holds; the union of the parts' samples is a Poisson sample of
-all rows. The sums are float64, so ranks change only the last bits.
+The training reuses the engine's pieces: the trainer's step
+(:class:`engine.step.DPStep`, without clipping or noise: forward, backward,
+gradient sum, one all-reduce, update), :class:`engine.dp.sampler.PoissonSampler`
+and :func:`engine.nn.optim.build`. The rows come in parts (one per split),
+each spread over the ranks in consecutive blocks. To give the same model
+whatever the number of ranks, every rank draws the same *global* Poisson
+sample of each part (a sampler per part, seeded by the audit's seed and the
+part's number alone) and keeps the rows it holds (sampling stays outside
+the step: the step takes the rows); the union of the parts' samples is a
+Poisson sample of all rows. The sums are float64, so ranks change only the
+last bits.
 """
 from __future__ import annotations
 
@@ -26,8 +28,16 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
+import collectives
+from engine.dp.sampler import PoissonSampler
 from engine.errors import DivergedError
+from engine.nn.fast_mlp import FastMLP
+from engine.nn.model import init_params
+from engine.nn.optim import build as build_optimizer
+from engine.step import DPStep
 
 #: Stream id of the reference model's seed (kept apart from the target's streams).
 REFERENCE_STREAM = 7
@@ -60,7 +70,7 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
     """Collective: train the reference model on the rows of ``parts``.
 
     Args:
-        spec: the target's :class:`~engine.model.MLPSpec`.
+        spec: the target's :class:`~engine.nn.model.MLPSpec`.
         settings: the target's training config (``optimizer``, ``lr``,
             ``momentum``, ``batch_size``), as stored in its checkpoint.
         parts: this rank's rows of each part (same number of parts everywhere).
@@ -73,15 +83,6 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
     Raises:
         DivergedError: the loss became NaN or infinite (collective).
     """
-    import torch
-    from tqdm import tqdm
-
-    import collectives
-    from engine.fast_mlp import FastMLP
-    from engine.model import init_params
-    from engine.optim import build as build_optimizer
-    from engine.sampler import PoissonSampler
-
     n_rows = sum(part.n for part in parts)
     batch, q, steps = training_plan(n_rows, settings.get("batch_size", 256), epochs)
     own_seed = int(np.random.SeedSequence(int(seed), spawn_key=(REFERENCE_STREAM,))
@@ -100,6 +101,8 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
     bases = np.cumsum([0] + [part.y.shape[0] for part in parts])
     X = torch.from_numpy(np.concatenate([np.asarray(p.X, dtype=np.float64) for p in parts]))
     y = torch.from_numpy(np.concatenate([np.asarray(p.y, dtype=np.int64) for p in parts]))
+    # No clipping and no noise: the reference model is trained without DP.
+    dp_step = DPStep(engine, X, y, buffer, grad, optimizer, 1.0 / batch, comm, max_norm=None)
     bar = tqdm(total=steps, unit="step", desc="reference model", leave=False,
                disable=not progress)
     loss_sum = 0.0
@@ -111,11 +114,8 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
             rows = sampler.sample(step)
             lo, hi = part.offset, part.offset + part.y.shape[0]
             mine.append(rows[np.searchsorted(rows, lo):np.searchsorted(rows, hi)] - lo + base)
-        k = engine.load(X, y, torch.from_numpy(np.concatenate(mine or [np.empty(0, np.int64)])))
-        loss, _ = engine.clipped_sum(k, None)
+        _, loss, _ = dp_step(torch.from_numpy(np.concatenate(mine or [np.empty(0, np.int64)])))
         loss_sum += loss
-        collectives.allreduce(buffer, comm)
-        optimizer.step(grad, 1.0 / batch)
         bar.update()
     bar.close()
     finite = np.array([float(bool(torch.isfinite(params).all())), loss_sum])

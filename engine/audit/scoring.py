@@ -1,7 +1,7 @@
 """What the attacks observe: the model's log-probability of each record's label.
 
 Every rank scores the rows of its own shard (:mod:`engine.shard`) with the
-model of the checkpoint (:func:`engine.model.logits`), in float64 so that a
+model of the checkpoint (:func:`engine.nn.model.logits`), in float64 so that a
 row's score does not depend on how the rows are cut between ranks or
 chunks. Scores that a statistic needs all at once are gathered in rank
 order, i.e. in global row order (:func:`allgather_rows`).
@@ -9,7 +9,7 @@ order, i.e. in global row order (:func:`allgather_rows`).
 Example::
 
     >>> import torch, numpy as np
-    >>> from engine.model import MLPSpec
+    >>> from engine.nn.model import MLPSpec
     >>> from engine.audit.scoring import label_log_probs
     >>> spec = MLPSpec.build(1, (), 2)              # logistic regression, 1 feature
     >>> params = torch.tensor([0., 0., 1., 0.], dtype=torch.float64)  # logits (0, x)
@@ -20,6 +20,9 @@ Example::
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from engine.nn.model import logits
 
 #: Rows per forward pass.
 CHUNK_ROWS = 16384
@@ -34,8 +37,6 @@ def _loss(z, y):
     Written as ``softplus(logsumexp_{j != y} z_j - z_y)`` it keeps its
     relative precision down to about 1e-300.
     """
-    import torch
-
     z_y = z.gather(1, y[:, None])[:, 0]
     others = z.scatter(1, y[:, None], float("-inf"))
     return torch.nn.functional.softplus(torch.logsumexp(others, dim=1) - z_y)
@@ -44,10 +45,6 @@ def _loss(z, y):
 def score_rows(spec, params, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(``log p(y_i | x_i)`` float64 ``[n]``, whether the model's top class is
     ``y_i``: bool ``[n]``); arguments as :func:`label_log_probs`."""
-    import torch
-
-    from engine.model import logits
-
     logp = np.empty(y.shape[0], dtype=np.float64)
     correct = np.empty(y.shape[0], dtype=bool)
     with torch.no_grad():
@@ -66,7 +63,7 @@ def label_log_probs(spec, params, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``log p(y_i | x_i)`` under the model: float64 ``[n]`` (the loss is its negative).
 
     Args:
-        spec: :class:`engine.model.MLPSpec`; params: its flat float64 vector.
+        spec: :class:`engine.nn.model.MLPSpec`; params: its flat float64 vector.
         X: rows ``[n, F+1]`` with the trailing ones column (as :mod:`engine.shard`
             reads them); y: int labels ``[n]``.
     """

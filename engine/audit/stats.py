@@ -139,6 +139,7 @@ def no_leak_tests(members, nonmembers) -> dict[str, float]:
       about ``sqrt((m + n) / (m n))`` (the KS noise level); this p-value says
       whether it exceeds that.
     """
+    # deferred: scipy loads slowly; keeps `mpidp audit --help` fast
     from scipy.stats import ks_2samp, mannwhitneyu
 
     pos, neg = _scores(members, "members"), _scores(nonmembers, "nonmembers")
@@ -192,7 +193,7 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tu
     """
     if trials <= 0:
         return float("nan"), float("nan")
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # deferred: scipy loads slowly
 
     ci = binomtest(int(successes), int(trials)).proportion_ci(confidence_level=confidence,
                                                              method="exact")

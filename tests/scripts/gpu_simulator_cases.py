@@ -171,8 +171,8 @@ def test_gaussian_stream_state_round_trip_and_other_layouts():
 
 def test_one_mlp_step_through_the_cuda_kernels_equals_the_cpu_step():
     """FastMLP's whole clipped step with every kernel taken from the 'cuda' registry."""
-    from engine.fast_mlp import FastMLP
-    from engine.model import MLPSpec, init_params
+    from engine.nn.fast_mlp import FastMLP
+    from engine.nn.model import MLPSpec, init_params
 
     spec = MLPSpec((4, 5, 3))
     g = torch.Generator().manual_seed(1)
@@ -200,12 +200,12 @@ def test_training_on_the_device_path_with_every_kernel_simulated(tmp_path, monke
     Philox noise) with every kernel a simulated CUDA kernel, against the same
     path with the CPU clipping/ReLU/softmax kernels: the same model."""
     from collectives.runtime import MPI
-    from engine import synthetic_h5
+    from engine.bench import synthetic
     from engine.config import TrainConfig
     from engine.device import Placement
     from engine.trainer import Trainer
 
-    path = synthetic_h5.write(tmp_path / "d.h5", rows=60, features=3, test_rows=10, seed=1)
+    path = synthetic.write(tmp_path / "d.h5", rows=60, features=3, test_rows=10, seed=1)
     monkeypatch.setattr("engine.trainer.select_device",
                         lambda kind, comm: Placement(torch.device("cpu"), host_buffer=False))
     original = registry.get

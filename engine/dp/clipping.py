@@ -8,13 +8,13 @@ i, clip factor ``c_i = min(1, max_norm / |grad_i|)``, or ``c_i = 1`` when
 * :class:`LayerClipper` — per layer: one forward with hooks that keep each
   parameterised layer's input, one ``torch.autograd.grad`` to the layer
   outputs only (so autograd never computes weight gradients that would be
-  thrown away), then each layer's rule (:mod:`engine.grad_samplers`): the
+  thrown away), then each layer's rule (:mod:`engine.dp.grad_samplers`): the
   book-keeping GEMMs for Linear, ``torch.func`` for anything else.
 * :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
   grad): for models whose parameters are not all in leaf layers used once.
 
-MLPs built by ``mpidp train`` use the hand-written :mod:`engine.fast_mlp`
-instead; all three are tested against the naive loop (:mod:`engine.naive`).
+MLPs built by ``mpidp train`` use the hand-written :mod:`engine.nn.fast_mlp`
+instead; all three are tested against the naive loop (:mod:`engine.dp.naive`).
 An empty batch is valid: the sum is zero.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.grad_samplers import rule_for
+from engine.dp.grad_samplers import rule_for
 
 
 def clip_factors(sq_norms: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -144,6 +144,7 @@ class FuncClipper(_FlatGradient):
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
                     max_norm: float | None) -> tuple[float, int]:
         """Same contract as :meth:`LayerClipper.clipped_sum`."""
+        # deferred: only FuncClipper needs torch.func
         from torch.func import functional_call, grad_and_value, vmap
 
         self.grad.zero_()

@@ -13,7 +13,7 @@ rank would inflate it p-fold). Two schemes:
   sum of p independent draws has variance sigma^2 C^2.
 
 Each rank draws from its own stream (seeded from the run's seed and the
-rank, :func:`engine.sampler.seed_sequence`), reproducible and checkpointed.
+rank, :func:`engine.dp.streams.seed_sequence`), reproducible and checkpointed.
 The Gaussian kernel comes from :mod:`kernels.registry` for the buffer's
 device.
 """
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from engine.sampler import STREAM_NOISE, seed_sequence
+from engine.dp.streams import STREAM_NOISE, seed_sequence
 from kernels import registry
 
 SCHEMES = ("partition", "split")

@@ -1,18 +1,18 @@
 """The scaling figure: speed-up (with the ideal line), time per epoch, comm/compute.
 
-One PNG, one line per series (:func:`engine.scaling_report.series_key`);
+One PNG, one line per series (:func:`engine.bench.scaling_report.series_key`);
 oversubscribed points are drawn hollow. With a target accuracy, a fourth
 panel shows the time to accuracy against the number of ranks (mlbench's
 task 2a figure).
 """
 from __future__ import annotations
 
-from engine.scaling_report import describe_series, series_key
+from engine.bench.scaling_report import describe_series, series_key
 
 
 def plot(summaries: list[dict], path: str, title: str) -> None:
     """Write the figure to ``path`` (PNG; matplotlib with the Agg back-end)."""
-    import matplotlib
+    import matplotlib  # deferred: only --plot needs matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

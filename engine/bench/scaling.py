@@ -54,13 +54,20 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import collectives
+from collectives import MPI
 from collectives.launch import child_env, launcher_argv, launcher_words
+from collectives.runtime import available_cores
+from engine.bench import scaling_report as report, synthetic
+from engine.bench.scaling_plot import plot
+from engine.errors import ConfigError
 
 #: Preset values for options left unset on the command line.
 PRESETS: dict[str, dict] = {
@@ -161,8 +168,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------ settings
 def _algorithm_names() -> tuple[str, ...]:
-    import collectives
-
     return tuple(collectives.names())
 
 
@@ -176,8 +181,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     settings.modes = _choices(settings.scaling, ("strong", "weak"), "--scaling")
     settings.privacy_list = _choices(settings.privacy, ("dp", "nodp"), "--privacy")
     settings.algorithms = _choices(settings.allreduce, _algorithm_names(), "--allreduce")
-    from engine.errors import ConfigError
-    from engine.model import parse_hidden
+    from engine.nn.model import parse_hidden  # deferred: torch, kept out of `mpidp bench --help`
 
     try:
         parse_hidden(settings.hidden)
@@ -284,22 +288,18 @@ def ensure_data(settings: argparse.Namespace) -> str:
         if not os.path.isfile(settings.data):
             raise BenchError(f"--data {settings.data}: no such file")
         return settings.data
-    from engine.synthetic_h5 import DENSE_DECAY
-
-    kind = f"dense-decay{DENSE_DECAY:g}" if settings.dense else "synth"
+    kind = f"dense-decay{synthetic.DENSE_DECAY:g}" if settings.dense else "synth"
     path = Path(settings.cache) / (f"{kind}-{settings.rows}x{settings.features}-"
                                    f"{settings.test_rows}-seed0.h5")
     if not path.exists():
-        from engine import synthetic_h5
-
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"writing {path} (once) ...", file=sys.stderr, flush=True)
         if settings.dense:
-            synthetic_h5.write_dense(path, rows=settings.rows, features=settings.features,
-                                     test_rows=settings.test_rows, seed=0)
+            synthetic.write_dense(path, rows=settings.rows, features=settings.features,
+                                  test_rows=settings.test_rows, seed=0)
         else:
-            synthetic_h5.write(path, rows=settings.rows, features=settings.features,
-                               test_rows=settings.test_rows, seed=0)
+            synthetic.write(path, rows=settings.rows, features=settings.features,
+                            test_rows=settings.test_rows, seed=0)
     return str(path)
 
 
@@ -338,6 +338,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 def collect(directories: list[str]) -> list[dict]:
     """Runs from job directories (``metrics.jsonl`` + optional ``sweep-point.json``)."""
+    # deferred: torch, kept out of `mpidp bench --help`
     from engine.config import add_arguments as train_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -376,8 +377,6 @@ def collect(directories: list[str]) -> list[dict]:
 # ------------------------------------------------------------ machine
 def machine() -> dict:
     """Where the benchmark ran (for the JSON and the header)."""
-    from collectives.runtime import MPI, available_cores
-
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -407,9 +406,12 @@ def _load() -> list[float] | None:
 
 # ------------------------------------------------------------ command
 def run(args: argparse.Namespace) -> int:
-    from collectives.runtime import MPI, available_cores
-    from engine import scaling_report as report
+    """One process: launch ``mpidp train`` per configuration (or --collect job
+    directories), then print the tables and write --json / --plot.
 
+    Raises:
+        BenchError: bad settings, a missing file, or a run that failed.
+    """
     if MPI.COMM_WORLD.Get_size() > 1:
         raise BenchError("run the benchmark as one process (`mpidp bench scaling`); it "
                          "starts one mpiexec per configuration itself")
@@ -452,8 +454,6 @@ def run(args: argparse.Namespace) -> int:
                       f"({run_['launch_s']:.1f} s)", file=sys.stderr, flush=True)
                 runs.append(run_)
         if not keep:
-            import shutil
-
             shutil.rmtree(workdir, ignore_errors=True)
         source = data
     target = settings.target_accuracy
@@ -482,8 +482,6 @@ def run(args: argparse.Namespace) -> int:
             json.dump(document, handle, indent=1)
         os.replace(tmp, args.json)
     if args.plot:
-        from engine.scaling_plot import plot
-
         plot(summaries, args.plot, f"mpidp bench scaling on {where['host']} "
              f"({where['cores']} cores): {os.path.basename(source)}")
     return 0

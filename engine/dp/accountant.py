@@ -8,7 +8,11 @@ numbers in the checkpoint and a resumed run continues from the steps already
 spent. ``rdp`` (Mironov 2017, and the subsampled-Gaussian bound of Mironov,
 Talwar & Zhang 2019) is fast and an upper bound; ``pld`` (privacy loss
 distributions, Koskela et al. 2020, Doroshenko et al. 2022) is tighter and
-slower (about a second per evaluation).
+slower.
+
+The budget's arithmetic lives here too (:meth:`Accountant.fits`,
+:meth:`Accountant.epochs_within`, :meth:`Accountant.check_plan`), so the
+training loop asks questions instead of computing epsilons itself.
 """
 from __future__ import annotations
 
@@ -20,6 +24,9 @@ from engine.errors import PrivacyError
 
 KINDS = ("rdp", "pld")
 _SIGMA_BRACKET = (1e-2, 1e3)
+#: Relative slack of budget checks: :func:`calibrate_sigma` stops within a
+#: tolerance, so a calibrated run may spend a hair more than its target.
+BUDGET_SLACK = 1e-6
 
 
 def _quiet_absl() -> None:
@@ -28,13 +35,13 @@ def _quiet_absl() -> None:
 
 
 def _event(q: float, sigma: float):
-    import dp_accounting
+    import dp_accounting  # deferred: slow to load; keeps `mpidp train --help` fast
 
     return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
 
 
 def _fresh(kind: str):
-    from dp_accounting import pld, rdp
+    from dp_accounting import pld, rdp  # deferred: as in _event
 
     if kind == "rdp":
         return rdp.RdpAccountant()
@@ -62,7 +69,7 @@ def calibrate_sigma(q: float, steps: int, target_epsilon: float, delta: float,
     Raises:
         PrivacyError: the target is impossible with sigma up to 1000, or invalid.
     """
-    import dp_accounting
+    import dp_accounting  # deferred: as in _event
 
     _quiet_absl()
     if not target_epsilon > 0:
@@ -104,6 +111,41 @@ class Accountant:
         """Epsilon at ``delta`` after ``steps`` (default: the steps taken)."""
         return epsilon_for(self.q, self.sigma, self.steps if steps is None else steps,
                            self.delta, kind or self.kind)
+
+    def fits(self, budget: float, steps: int) -> bool:
+        """Whether a run of ``steps`` steps in total spends at most ``budget``
+        (up to :data:`BUDGET_SLACK`)."""
+        return self.epsilon(steps) <= budget * (1 + BUDGET_SLACK)
+
+    def epochs_within(self, budget: float, steps_per_epoch: int, epochs: int) -> int:
+        """The most epochs, at most ``epochs``, whose steps stay within ``budget``.
+
+        Counts up from the epochs already taken (``steps // steps_per_epoch``),
+        which are spent whatever the answer.
+        """
+        fits = self.steps // steps_per_epoch
+        while fits < epochs and self.fits(budget, (fits + 1) * steps_per_epoch):
+            fits += 1
+        return fits
+
+    def check_plan(self, budget: float, epochs: int, steps_per_epoch: int) -> None:
+        """Refuse a run of ``epochs`` epochs that would spend more than ``budget``.
+
+        Every rank may call it: the answer is deterministic.
+
+        Raises:
+            PrivacyError: the planned epsilon exceeds the budget; the message
+                says how many epochs fit.
+        """
+        total = epochs * steps_per_epoch
+        if self.fits(budget, total):
+            return
+        raise PrivacyError(
+            f"{epochs} epochs would spend epsilon={self.epsilon(total):.3f}, more than this "
+            f"run's budget epsilon={budget:.3f} (delta={self.delta:g}); at most "
+            f"{self.epochs_within(budget, steps_per_epoch, epochs)} epochs fit. A resumed "
+            "run cannot raise its budget: start a new run in a new --checkpoint-dir to "
+            "train longer")
 
     def state_dict(self) -> dict:
         return {"q": self.q, "sigma": self.sigma, "delta": self.delta, "kind": self.kind,

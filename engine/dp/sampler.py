@@ -17,14 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Stream identifiers for seeding (rank, purpose) sub-streams of the run's seed.
-STREAM_SAMPLER, STREAM_NOISE, STREAM_SHUFFLE = 0, 1, 2
-
-
-def seed_sequence(seed: int, rank: int, stream: int, *extra: int) -> np.random.SeedSequence:
-    """The independent seed of one rank's stream (``numpy.random.SeedSequence`` spawning)."""
-    return np.random.SeedSequence(entropy=int(seed), spawn_key=(int(rank), int(stream),
-                                                                *map(int, extra)))
+from engine.dp.streams import STREAM_SAMPLER, STREAM_SHUFFLE, seed_sequence
 
 
 class PoissonSampler:

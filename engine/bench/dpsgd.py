@@ -13,7 +13,9 @@ Prints examples/s, the time an epoch would take, and ratios; ``--json FILE``
 writes examples/s per method, ``dp_over_nondp`` (DP time per example over
 non-DP time per example, the median of its per-round values) and the
 speed-ups. Methods are interleaved over ``--repeats`` short rounds and the
-median is reported, so a load change on the machine hits all of them alike. Run it on one rank (``mpidp bench dpsgd``).
+median is reported, so a load change on the machine hits all of them alike.
+Run it on one rank (``mpidp bench dpsgd``). The ``mpidp-*`` methods run
+:class:`engine.step.DPStep`, the step ``mpidp train`` runs.
 """
 from __future__ import annotations
 
@@ -21,6 +23,14 @@ import argparse
 import json
 import statistics
 import time
+import warnings
+
+import numpy as np
+
+from collectives import MPI
+from engine.bench import synthetic
+from engine.errors import ConfigError
+from engine.shard import read_info, read_shard
 
 METHODS = ("mpidp-dp", "mpidp-nondp", "torch-sgd", "naive", "opacus-hooks", "opacus-ghost")
 
@@ -48,41 +58,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")
 
 
-def _load(args, torch):
-    import numpy as np
-
+def _load(args) -> tuple[np.ndarray, np.ndarray, int, str]:
+    """(X with the ones column, y, classes, description) of --data or of synthetic rows."""
     if args.data:
-        from collectives.runtime import MPI
-        from engine.shard import read_info, read_shard
-
         info = read_info(args.data)
         shard = read_shard(info, "train", MPI.COMM_SELF, min_rows_per_rank=1)
         return shard.X, shard.y, info.n_classes, args.data
-    from engine.synthetic_h5 import _groups, _rows
-
-    rng = np.random.default_rng(args.seed)
-    numeric = 2
-    weights = rng.standard_normal((2, args.features)).astype(np.float32)
-    X = np.empty((args.rows, args.features + 1), dtype=np.float32)
-    y = np.empty(args.rows, dtype=np.int64)
-    X[:, -1] = 1.0
-    for start in range(0, args.rows, 65536):
-        xb, yb = _rows(rng, min(65536, args.rows - start), numeric,
-                       _groups(args.features, numeric), weights, 2)
-        X[start:start + len(yb), :-1] = xb
-        y[start:start + len(yb)] = yb
+    X, y = synthetic.rows_in_memory(args.rows, args.features, args.seed)
     return X, y, 2, f"synthetic {args.rows}x{args.features}"
 
 
-def _steppers(args, spec, X, y, torch):
+def _steppers(args, spec, X, y):
     """name -> (one-step function taking a row tensor and returning its batch size)."""
-    import collectives
-    from collectives.runtime import MPI
-    from engine.fast_mlp import FastMLP
-    from engine.model import init_params, to_module
-    from engine.naive import naive_clipped_sum
-    from engine.noise import GaussianNoise
-    from engine.optim import SGD
+    # deferred: torch, kept out of `mpidp bench --help`
+    import torch
+
+    from engine.dp.naive import naive_clipped_sum
+    from engine.dp.noise import GaussianNoise
+    from engine.nn.fast_mlp import FastMLP
+    from engine.nn.model import init_params, to_module
+    from engine.nn.optim import SGD
+    from engine.step import PHASES, DPStep
 
     C, sigma, lr, momentum, B = 1.0, 1.0, 0.05, 0.9, args.batch_size
     Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
@@ -91,23 +87,19 @@ def _steppers(args, spec, X, y, torch):
     steps = {}
 
     def ours(dp: bool):
-        import numpy as np
-
+        # The trainer's step (engine.step), on the trainer's buffer layout:
+        # gradient + one control float, numpy on the CPU.
         buffer = np.zeros(spec.n_params + 1, dtype=np.float32)
         grad = torch.from_numpy(buffer[:spec.n_params])
         params = init_params(spec, args.seed)
         engine = FastMLP(spec, params, grad, capacity=2 * B)
         noise = GaussianNoise(spec.n_params, sigma * C, 1, 0, args.seed) if dp else None
-        opt = SGD(params, lr, momentum)
+        dp_step = DPStep(engine, Xt, yt, buffer, grad, SGD(params, lr, momentum), 1.0 / B,
+                         MPI.COMM_SELF, max_norm=C if dp else None, noise=noise)
+        times = dict.fromkeys(PHASES, 0.0)  # timed as in the trainer, read by nobody
 
         def step(rows):
-            k = engine.load(Xt, yt, rows)
-            engine.clipped_sum(k, C if dp else None)
-            if noise is not None:
-                noise.add_(grad)
-            collectives.allreduce(buffer, MPI.COMM_SELF)
-            opt.step(grad, 1.0 / B)
-            return k
+            return dp_step(rows, times)[0]
         return step
 
     if "mpidp-dp" in wanted:
@@ -142,7 +134,7 @@ def _steppers(args, spec, X, y, torch):
     have_opacus = not wanted & {"opacus-hooks", "opacus-ghost"}  # "missing" only if asked
     if not have_opacus:
         try:
-            import opacus  # noqa: F401  (slow to import: only when asked for)
+            import opacus  # noqa: F401  (optional, and slow to import: only when asked for)
             have_opacus = True
         except ImportError:
             pass
@@ -183,12 +175,11 @@ def _steppers(args, spec, X, y, torch):
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
+    """Rank 0 alone: every method on the same batches; prints the table (and --json)."""
+    # deferred: torch and Numba, kept out of `mpidp bench --help`
     import torch
 
-    from collectives.runtime import MPI
-    from engine.errors import ConfigError
-    from engine.model import MLPSpec, parse_hidden
+    from engine.nn.model import MLPSpec, parse_hidden
     from engine.trainer import configure_threads
 
     if MPI.COMM_WORLD.Get_size() > 1:
@@ -205,17 +196,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown --methods {', '.join(sorted(unknown))}; choose from "
                           f"{', '.join(METHODS)}", collective=True)
     threads, _ = configure_threads(args.threads)
-    import warnings
-
     warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
     warnings.filterwarnings("ignore", module="opacus")
-    X, y, n_classes, source = _load(args, torch)
+    X, y, n_classes, source = _load(args)
     n = y.shape[0]
     if args.batch_size > n:
         raise ConfigError(f"--batch-size {args.batch_size} is more than the {n:,} training rows",
                           collective=True)
     spec = MLPSpec.build(X.shape[1] - 1, parse_hidden(args.hidden), n_classes)
-    steps, have_opacus = _steppers(args, spec, X, y, torch)
+    steps, have_opacus = _steppers(args, spec, X, y)
     q = args.batch_size / n
     rng = np.random.default_rng(args.seed)
 

@@ -3,7 +3,7 @@
 No autograd: the forward keeps every layer's input activations ``a_l`` (with
 a trailing column of ones, so the bias is one more weight column) and the
 backward computes every layer's output gradient ``g_l``; both are exactly
-what per-example clipping needs (:mod:`engine.grad_samplers` explains the
+what per-example clipping needs (:mod:`engine.dp.grad_samplers` explains the
 book-keeping rule). Per step, for L layers:
 
 * forward: L GEMMs ``z_l = a_l [W_l | b_l]^T`` and L-1 ReLUs written straight
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model import MLPSpec, layer_views, logits as mlp_logits
+from engine.nn.model import MLPSpec, layer_views, logits as mlp_logits
 from kernels import registry
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from collectives import MPI
+from engine.dp.accountant import calibrate_sigma, check_delta, epsilon_for
+from engine.errors import ConfigError, PrivacyError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     rate = parser.add_mutually_exclusive_group(required=True)
@@ -32,10 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collectives.runtime import MPI
-    from engine.accountant import calibrate_sigma, check_delta, epsilon_for
-    from engine.errors import ConfigError, PrivacyError
+    """Every rank computes (deterministic); rank 0 prints.
 
+    Raises:
+        ConfigError, PrivacyError: inconsistent options or an impossible target
+            (collective).
+    """
     def fail(message):
         raise ConfigError(message, collective=True)
 

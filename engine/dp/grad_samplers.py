@@ -90,6 +90,7 @@ class FuncRule:
     """
 
     def __init__(self, layer: nn.Module, a: torch.Tensor, b: torch.Tensor):
+        # deferred: only this rule needs torch.func
         from torch.func import functional_call, grad, vmap
 
         params = {name: p.detach() for name, p in layer.named_parameters(recurse=False)}

@@ -6,7 +6,7 @@ label from a fixed nonlinear rule plus noise, so a model has something to
 learn. Written in chunks, so benchmark-size files (e.g. 790,000 x 100, what
 prep makes of the 1.2-million-row synthetic PUMS file) need little memory::
 
-    python -m engine.synthetic_h5 --rows 790000 --features 100 --out bench.h5
+    python -m engine.bench.synthetic --rows 790000 --features 100 --out bench.h5
 
 :func:`write_dense` writes the other shape benchmarks need: dense rows like
 the PASCAL 2008 "epsilon" set of mlbench's task 2a (400,000 + 100,000 rows,
@@ -14,18 +14,20 @@ the PASCAL 2008 "epsilon" set of mlbench's task 2a (400,000 + 100,000 rows,
 be downloaded here), labels from a logistic model whose best possible test
 accuracy is about 0.91::
 
-    python -m engine.synthetic_h5 --dense --rows 400000 --test-rows 100000 \
+    python -m engine.bench.synthetic --dense --rows 400000 --test-rows 100000 \
         --features 2000 --out epsilon-like.h5
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 
 import numpy as np
 
+from preprocessing import h5format
+
+#: Rows generated and written at a time.
 CHUNK = 65536
 
 
@@ -55,6 +57,24 @@ def _rows(rng: np.random.Generator, n: int, numeric: int, groups: list[int],
     else:
         edges = np.quantile(score, np.linspace(0, 1, n_classes + 1)[1:-1]) if n else []
         y = np.searchsorted(edges, score).astype(np.int8)
+    return X, y
+
+
+def rows_in_memory(rows: int, features: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` two-class rows of the kind :func:`write` makes (2 numeric columns,
+    the rest one-hot groups), in memory and in a shard's layout (:mod:`engine.shard`):
+    X float32 ``[rows, features + 1]`` whose last column is 1, y int64 ``[rows]``."""
+    rng = np.random.default_rng(seed)
+    numeric = 2
+    weights = rng.standard_normal((2, features)).astype(np.float32)
+    X = np.empty((rows, features + 1), dtype=np.float32)
+    y = np.empty(rows, dtype=np.int64)
+    X[:, -1] = 1.0
+    for start in range(0, rows, CHUNK):
+        xb, yb = _rows(rng, min(CHUNK, rows - start), numeric, _groups(features, numeric),
+                       weights, 2)
+        X[start:start + len(yb), :-1] = xb
+        y[start:start + len(yb)] = yb
     return X, y
 
 
@@ -135,8 +155,9 @@ def write_dense(path: str | os.PathLike, rows: int = 400_000, features: int = 20
 def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
            n_classes: int, seed: int, task: str, make_rows, attrs: dict | None) -> str:
     """Both splits, chunk by chunk from ``make_rows(n) -> (X, y)``, then the
-    attributes; written under a temporary name and renamed."""
-    import h5py
+    attributes (layout: :mod:`preprocessing.h5format`); written under a
+    temporary name and renamed."""
+    import h5py  # deferred: keeps `mpidp bench --help` fast (bench scaling imports this module)
 
     features = len(names)
     encoding_text = json.dumps(encoding)
@@ -144,25 +165,23 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
     with h5py.File(tmp, "w") as f:
         for split, n in (("train", rows), ("test", test_rows)):
             chunk_rows = max(1, min(n, 4096, (1 << 22) // max(1, features)))
-            X = f.create_dataset(f"{split}/X", (n, features), dtype=np.float32,
+            X = f.create_dataset(h5format.x_name(split), (n, features),
+                                 dtype=h5format.X_DTYPE,
                                  chunks=(chunk_rows, features) if n else None)
-            y = f.create_dataset(f"{split}/y", (n,), dtype=np.int8)
+            y = f.create_dataset(h5format.y_name(split), (n,), dtype=h5format.Y_DTYPE)
             for start in range(0, n, CHUNK):
                 xb, yb = make_rows(min(CHUNK, n - start))
                 X[start:start + len(yb)] = xb
                 y[start:start + len(yb)] = yb
-        base = {"format": "mpidp", "format_version": 1, "task": task,
+        base = {**h5format.identity(), "task": task,
                 "n_classes": n_classes, "feature_names": json.dumps(names),
                 "encoding": encoding_text,
-                "encoding_fingerprint": hashlib.sha256(encoding_text.encode()).hexdigest(),
+                "encoding_fingerprint": h5format.fingerprint(encoding_text),
                 "drop_counts": json.dumps({}), "sources": json.dumps([]), "seed": seed,
                 "test_fraction": test_rows / max(1, rows + test_rows),
-                "created_by": "mpidp engine.synthetic_h5"}
+                "created_by": "mpidp engine.bench.synthetic"}
         base.update(attrs or {})
-        for key, value in base.items():
-            if value is None:
-                continue
-            f.attrs[key] = value
+        h5format.write_attributes(f.attrs, base)  # None values: left out (bad files)
     os.replace(tmp, path)
     return str(path)
 

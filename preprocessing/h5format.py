@@ -1,0 +1,190 @@
+"""The prepared HDF5 file: the one owner of its contract (README, "The prepared HDF5 file").
+
+``mpidp prep`` writes the file (:mod:`preprocessing.pipeline` through
+:mod:`preprocessing.h5write`), the synthetic files of tests and benchmarks
+are written in the same layout (:mod:`engine.bench.synthetic`), and the
+engine reads it (:mod:`engine.shard`). All of them take the names, types
+and attribute encoding from here, and readers check a file with
+:func:`read_info`, so the layout is defined once.
+
+Datasets, per split ``s`` in :data:`SPLITS`:
+
+* ``/s/X``: float32 ``[N, F]`` (any float type is read), encoded features,
+  rows in a global random order; F is the same in every split;
+* ``/s/y``: int8 ``[N]`` (any integer type is read), labels ``0 .. n_classes-1``.
+
+Root attributes are :data:`ATTRIBUTES`; dicts and lists are stored as JSON
+strings (:func:`attribute_value`). Only :data:`REQUIRED` ones are needed to
+train on a file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from preprocessing.errors import PrepError
+
+#: The ``format`` attribute of every prepared file.
+FORMAT = "mpidp"
+#: The ``format_version`` writers write, and the versions readers accept.
+FORMAT_VERSION = 1
+FORMAT_VERSIONS = (1,)
+#: The splits, in the order they are written.
+SPLITS = ("train", "test")
+#: Element types writers use for ``X`` and ``y``.
+X_DTYPE = "float32"
+Y_DTYPE = "int8"
+
+#: Root attributes: name -> what it holds (README, "The prepared HDF5 file").
+ATTRIBUTES: dict[str, str] = {
+    "format": f"{FORMAT!r}: identifies the layout",
+    "format_version": f"{FORMAT_VERSION}",
+    "task": "task name, e.g. 'employment'",
+    "n_classes": "number of classes (an integer >= 2)",
+    "feature_names": "JSON list of the F column names",
+    "encoding": "JSON: per source variable its kind, categories or mean/std, in column order",
+    "encoding_fingerprint": "sha256 hex digest of the encoding attribute",
+    "drop_counts": "JSON: records dropped, per reason",
+    "sources": "JSON list: file name, sha256, rows read",
+    "seed": "seed of the split and the shuffle",
+    "test_fraction": "share of households in the test split",
+    "created_by": "'mpidp <version>' or the writer's name",
+    "label": "prep only: the label's definition",
+    "universe": "prep only: the records kept",
+    "like": "prep only: the file whose encoding was reused (--like), or ''",
+}
+#: Attributes a reader needs (the others describe how the file was made).
+REQUIRED = ("format", "format_version", "n_classes")
+
+
+class FormatError(PrepError):
+    """A file that is not a readable prepared file (missing, not HDF5, wrong layout)."""
+
+
+def x_name(split: str) -> str:
+    """Path of the features of ``split`` (``"train/X"``)."""
+    return f"{split}/X"
+
+
+def y_name(split: str) -> str:
+    """Path of the labels of ``split`` (``"train/y"``)."""
+    return f"{split}/y"
+
+
+def fingerprint(encoding_text: str) -> str:
+    """The ``encoding_fingerprint`` of an ``encoding`` attribute (sha256 hex)."""
+    return hashlib.sha256(encoding_text.encode()).hexdigest()
+
+
+def identity() -> dict:
+    """The attributes that make a file a prepared file of this version."""
+    return {"format": FORMAT, "format_version": FORMAT_VERSION}
+
+
+def attribute_value(value):
+    """How ``value`` is stored: dicts and lists as compact JSON, anything else as is."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return value
+
+
+def write_attributes(attrs, values: dict) -> None:
+    """Store ``values`` in an h5py attribute manager (None values are left out)."""
+    for key, value in values.items():
+        if value is not None:
+            attrs[key] = attribute_value(value)
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a prepared file says about itself (read from its attributes and shapes)."""
+
+    path: str
+    n_features: int
+    n_classes: int
+    rows: dict[str, int]
+    feature_names: list[str] = field(default_factory=list)
+    task: str = ""
+    fingerprint: str = ""
+
+    def summary(self) -> dict:
+        return {"path": self.path, "n_features": self.n_features,
+                "n_classes": self.n_classes, "rows": dict(self.rows), "task": self.task,
+                "fingerprint": self.fingerprint}
+
+
+def _attr(attrs, name, default=None):
+    value = attrs.get(name, default)
+    if isinstance(value, bytes):
+        value = value.decode()
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value
+
+
+def read_info(path: str) -> DataInfo:
+    """Open ``path`` and check its layout and attributes; reads no rows.
+
+    Raises:
+        FormatError: the file is missing, not HDF5, not of format ``"mpidp"``
+            with a supported version, misses a split or has datasets of the
+            wrong shape or type, or bad ``n_classes`` / ``feature_names``.
+    """
+    import h5py  # deferred: keeps `mpidp --help` fast (command modules import this one)
+
+    if not os.path.exists(path):
+        raise FormatError(f"data file {path} does not exist (make one with `mpidp prep`)")
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as exc:
+        raise FormatError(f"{path} is not a readable HDF5 file ({exc}); make it with "
+                          "`mpidp prep`") from None
+    with handle as f:
+        fmt = _attr(f.attrs, "format")
+        if fmt != FORMAT:
+            raise FormatError(f"{path}: attribute format={fmt!r}, expected {FORMAT!r}; "
+                              "this is not a file written by `mpidp prep`")
+        version = _attr(f.attrs, "format_version")
+        if version not in FORMAT_VERSIONS:
+            raise FormatError(f"{path}: format_version={version!r} is not supported "
+                              f"(supported: {FORMAT_VERSIONS}); re-run `mpidp prep`")
+        rows: dict[str, int] = {}
+        n_features = None
+        for split in SPLITS:
+            if x_name(split) not in f or y_name(split) not in f:
+                raise FormatError(f"{path}: missing /{split}/X or /{split}/y")
+            X, y = f[x_name(split)], f[y_name(split)]
+            if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0]:
+                raise FormatError(f"{path}: /{split}/X must be [N, F] and /{split}/y [N]; "
+                                  f"found {X.shape} and {y.shape}")
+            if X.dtype.kind != "f" or y.dtype.kind not in "iu":
+                raise FormatError(f"{path}: /{split}/X must be float and /{split}/y "
+                                  f"integer; found {X.dtype} and {y.dtype}")
+            if n_features is not None and X.shape[1] != n_features:
+                raise FormatError(f"{path}: /train/X has {n_features} features but "
+                                  f"/{split}/X has {X.shape[1]}")
+            n_features = int(X.shape[1])
+            rows[split] = int(X.shape[0])
+        n_classes = _attr(f.attrs, "n_classes")
+        if not isinstance(n_classes, int) or n_classes < 2:
+            raise FormatError(f"{path}: attribute n_classes={n_classes!r} must be an "
+                              "integer >= 2")
+        names_text = _attr(f.attrs, "feature_names", "[]")
+        try:
+            names = json.loads(names_text) if isinstance(names_text, str) else list(names_text)
+        except ValueError:
+            raise FormatError(f"{path}: attribute feature_names is not a JSON list") from None
+        if names and len(names) != n_features:
+            raise FormatError(f"{path}: {len(names)} feature_names for {n_features} "
+                              "feature columns")
+        encoding_fingerprint = _attr(f.attrs, "encoding_fingerprint", "") or ""
+        if not encoding_fingerprint and names:
+            encoding_fingerprint = "names:" + hashlib.sha256(
+                json.dumps(names).encode()).hexdigest()
+        return DataInfo(path=path, n_features=n_features, n_classes=n_classes, rows=rows,
+                        feature_names=names, task=str(_attr(f.attrs, "task", "") or ""),
+                        fingerprint=encoding_fingerprint)

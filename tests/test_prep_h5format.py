@@ -1,0 +1,45 @@
+"""preprocessing.h5format, the prepared file's contract: what writers store and what
+the reader accepts (the engine's DataError messages are tested in test_engine_shard.py)."""
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from engine.bench import synthetic
+from preprocessing import h5format
+from preprocessing.errors import PrepError
+
+
+def test_attributes_are_stored_as_the_contract_says(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        h5format.write_attributes(f.attrs, {**h5format.identity(), "sources": [{"a": 1}],
+                                            "drop_counts": {"x": 2}, "seed": 7, "like": None})
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        assert f.attrs["format"] == h5format.FORMAT
+        assert f.attrs["format_version"] == h5format.FORMAT_VERSION
+        assert f.attrs["sources"] == '[{"a":1}]' and json.loads(f.attrs["drop_counts"]) == {"x": 2}
+        assert f.attrs["seed"] == 7 and "like" not in f.attrs  # None: left out
+    assert set(h5format.REQUIRED) <= set(h5format.ATTRIBUTES)
+
+
+def test_the_reader_describes_a_written_file(tmp_path):
+    path = synthetic.write(tmp_path / "d.h5", rows=40, features=5, test_rows=10, n_classes=3)
+    info = h5format.read_info(path)
+    assert info.rows == {"train": 40, "test": 10}
+    assert (info.n_features, info.n_classes, info.task) == (5, 3, "synthetic")
+    assert len(info.feature_names) == 5
+    with h5py.File(path, "r") as f:
+        assert info.fingerprint == h5format.fingerprint(f.attrs["encoding"])
+        for split in h5format.SPLITS:
+            assert f[h5format.x_name(split)].dtype == np.dtype(h5format.X_DTYPE)
+            assert f[h5format.y_name(split)].dtype == np.dtype(h5format.Y_DTYPE)
+
+
+def test_a_bad_file_is_a_format_error_a_user_can_act_on(tmp_path):
+    with pytest.raises(h5format.FormatError, match="does not exist") as missing:
+        h5format.read_info(str(tmp_path / "missing.h5"))
+    assert isinstance(missing.value, PrepError) and missing.value.exit_code == 2
+    bad = synthetic.write(tmp_path / "v.h5", rows=8, features=3, attrs={"format_version": 9})
+    with pytest.raises(h5format.FormatError, match=r"format_version=9 is not supported"):
+        h5format.read_info(bad)
