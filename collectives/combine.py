@@ -133,6 +133,15 @@ def canonicalize(out: np.ndarray) -> None:
         out[nans] = np.nan
 
 
+def canonicalizer(dtype: np.dtype) -> Callable[[np.ndarray], None] | None:
+    """The fastest :func:`canonicalize` for arrays of ``dtype`` (the Numba kernel
+    itself where there is one); None for integers, which have no NaN."""
+    if dtype.kind != "f":
+        return None
+    kernels = _kernels()
+    return kernels["canonical"] if kernels is not None and dtype.itemsize >= 4 else canonicalize
+
+
 def warm_up(dtype: np.dtype, op: str) -> None:
     """Compile (or load from Numba's cache) the kernel of ``(dtype, op)`` now,
     so that no rank compiles inside a timed or waited-on call."""

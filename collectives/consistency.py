@@ -86,16 +86,30 @@ def make_verify(peers: list[memoryview], tag: int, rank: int, ranks: list[int],
     if not peers:
         return lambda call: None
 
+    def fail(call: int) -> None:
+        slot = 2 + (call & 1)
+        q, words = next((q, w) for q, w in zip(ranks, peers) if w[slot] != tag)
+        raise AllreduceMismatch(
+            f"rank {rank}: allreduce of {describe} went through MPI_Allreduce "
+            f"together with rank {q}'s call of {explain(words[slot])}: the ranks "
+            "called allreduce in a different order, with buffers of the same byte "
+            "count, which MPI cannot tell apart. The buffer holds no valid result. "
+            "Every rank must make the same sequence of calls.", collective=True)
+
+    if len(peers) == 1:  # the common case, without a loop
+        (only,) = peers
+
+        def verify_one(call: int) -> None:
+            if only[2 + (call & 1)] != tag:
+                fail(call)
+
+        return verify_one
+
     def verify(call: int) -> None:
         slot = 2 + (call & 1)
-        for words, q in zip(peers, ranks):
+        for words in peers:
             if words[slot] != tag:
-                raise AllreduceMismatch(
-                    f"rank {rank}: allreduce of {describe} went through MPI_Allreduce "
-                    f"together with rank {q}'s call of {explain(words[slot])}: the ranks "
-                    "called allreduce in a different order, with buffers of the same byte "
-                    "count, which MPI cannot tell apart. The buffer holds no valid result. "
-                    "Every rank must make the same sequence of calls.", collective=True)
+                fail(call)
 
     return verify
 

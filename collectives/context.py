@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.combine import Combine, canonicalize, host_combiner
+from collectives.combine import Combine, canonicalizer, host_combiner
 from collectives.errors import AllreduceMismatch
 from collectives.runtime import MPI
 
@@ -43,8 +43,9 @@ class HostSpace:
     def combiner(self, op: str, dtype: np.dtype) -> Combine:
         return host_combiner(op, dtype)
 
-    def canonicalize(self, view: np.ndarray) -> None:
-        canonicalize(view)
+    def canonicalizer(self, dtype: np.dtype) -> Callable[[np.ndarray], None] | None:
+        """``fix(view)``: NaNs of ``view`` made canonical; None for integers."""
+        return canonicalizer(dtype)
 
     def spec(self, view: np.ndarray, mpi_type: "MPI.Datatype") -> list:
         # A prebuilt [buffer, datatype] spec skips mpi4py's per-call
@@ -101,6 +102,13 @@ class PlanContext:
     enter_blind: Callable[[], int] = field(default=lambda: 0)
     verify_blind: Callable[[int], None] = field(default=lambda call: None)
     blocked: Any = None
+    #: ``watch(peer, first) -> reason | None`` for waits outside blind calls
+    #: (point-to-point messages): is ``peer`` blocked in a blind call this
+    #: rank is not making? None where the peers' words cannot be read with
+    #: plain loads (ranks on several nodes): such waits stay inside MPI.
+    watch: Any = None
+    #: Waiting ranks give their core away (the node is oversubscribed).
+    yielding: bool = False
     on_release: list = field(default_factory=list)
 
     def empty(self, n: int) -> Any:

@@ -176,13 +176,19 @@ class CupySpace:
 
         return combine
 
-    def canonicalize(self, view: Any) -> None:
-        """Every NaN of ``view`` becomes the canonical quiet NaN (floats; in place)."""
-        if view.dtype.kind == "f":
-            kernel = self.cupy.ElementwiseKernel("T a, T b", "T out", DEVICE_RULES["canonical"],
-                                                 "mpidp_canonical_rule")
+    def canonicalizer(self, dtype: np.dtype) -> Callable[[Any], None] | None:
+        """``fix(view)``: NaNs of ``view`` made canonical on the device; None for integers."""
+        if dtype.kind != "f":
+            return None
+        kernel = self.cupy.ElementwiseKernel("T a, T b", "T out", DEVICE_RULES["canonical"],
+                                             "mpidp_canonical_rule")
+        current_stream = self.cupy.cuda.get_current_stream
+
+        def fix(view: Any) -> None:
             kernel(view, view, view)
-            self.cupy.cuda.get_current_stream().synchronize()
+            current_stream().synchronize()
+
+        return fix
 
     def spec(self, view: Any, mpi_type: Any) -> list:
         return [view, mpi_type]  # mpi4py passes the device pointer on

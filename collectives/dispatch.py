@@ -2,8 +2,8 @@
 
 The trainer reduces the same buffer with the same arguments on every step,
 so :func:`allreduce` first compares the call with the previous one (object
-identity of buffer and communicator, the algorithm and op, the dtype, the
-shape, and that the array is still writeable) and, when nothing changed,
+identity of buffer and communicator, the algorithm and op, the dtype, that
+the array is still 1-D and writeable) and, when nothing changed,
 runs the runner bound last time: no allocation, no collective, well under a
 microsecond of Python. Anything else takes the slow path: check the buffer,
 find or make the checked plan of the signature (collective the first time,
@@ -12,9 +12,11 @@ call.
 
 A numpy array bound to a plan is held by a weak reference, which makes
 numpy refuse to resize it in place (``ndarray.resize`` raises, even with
-``refcheck=False``): the bound runner can never write into memory the array
-no longer owns. :func:`forget` releases the bindings. A torch or device
-buffer is re-checked by its data pointer on every call instead.
+``refcheck=False``): its size and memory cannot change, so the bound runner
+can never write into memory the array no longer owns (re-reading its data
+pointer would cost as much as the rest of the fast path). :func:`forget`
+releases the bindings. A torch or device buffer is re-checked by its data
+pointer and length on every call instead.
 
 What happens when a call fails is the subject of :mod:`collectives.failures`.
 """
@@ -33,9 +35,9 @@ from collectives.runtime import MPI, mpi_cuda_support
 
 Runner = Callable[[], None]
 _NOTHING = object()
-#: The last call: (buffer, comm argument, algorithm, op argument, dtype, shape,
+#: The last call: (buffer, comm argument, algorithm, op argument, dtype,
 #: skip the writeable check (not a numpy array), runner).
-_EMPTY = (_NOTHING, _NOTHING, None, None, None, None, True, None)
+_EMPTY = (_NOTHING, _NOTHING, None, None, None, True, None)
 _hot: tuple = _EMPTY
 
 
@@ -80,10 +82,10 @@ def allreduce(buf: Any, comm: "MPI.Intracomm | None" = None, algorithm: str = "a
     """
     hot = _hot
     if (buf is hot[0] and comm is hot[1] and algorithm == hot[2] and op == hot[3]
-            and buf.dtype is hot[4] and buf.shape == hot[5]
-            and (hot[6] or buf.flags.writeable)):
+            and buf.dtype is hot[4] and buf.ndim == 1
+            and (hot[5] or buf.flags.writeable)):
         try:
-            hot[7]()
+            hot[6]()
         except BaseException as error:
             forget()
             failures.handle(error, comm, midway=True)
@@ -266,7 +268,7 @@ def _bind_and_run(buf: Any, comm: Any, algorithm: str, op: Any, call: _Checked) 
     else:
         run = _device_runner(buf, call.state, plan,
                              lambda: _allreduce_slow(buf, comm, algorithm, op))
-    _hot = (buf, comm, algorithm, op, buf.dtype, buf.shape, call.kind != "host", run)
+    _hot = (buf, comm, algorithm, op, buf.dtype, call.kind != "host", run)
     run()
     return buf
 

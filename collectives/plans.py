@@ -22,6 +22,7 @@ from collectives import consistency
 from collectives.consistency import BLIND_WORDS, make_enter, make_verify, make_verify_mpi, \
     verify_everywhere
 from collectives.channels import KINDS, futex
+from collectives.combine import warm_up
 from collectives.context import OPS, PlanContext
 from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
@@ -287,7 +288,10 @@ class CommState:
             segment=max(1, segment // dtype.itemsize), explain=self.explain,
             description=description, enter_blind=make_enter(self.blind_calls, tag),
             verify_blind=self._verifier(tag, description),
-            blocked=self._blocked_in_call)
+            blocked=self._blocked_in_call,
+            watch=self._watcher(tag) if self.shared is not None else None,
+            yielding=self.oversubscribed)
+        warm_up(dtype, op)  # compile the combine now, not inside the first call's waits
         channel = None
         if runs.schedule is not None:
             channel = self.channel_for(runs.schedule(self.rank, self.size, n))
@@ -303,6 +307,14 @@ class CommState:
         if self.size > 1 and verify_everywhere():
             return make_verify_mpi(self.comm, tag, self.rank, description)
         return lambda call: None
+
+    def _watcher(self, tag: int) -> Callable[[int, bool], str | None]:
+        def watch(peer: int, first: bool) -> str | None:
+            if first:
+                self._suspects.clear()
+            return self.peer_blocked(peer, tag)
+
+        return watch
 
     def _blocked_in_call(self, peer: int, tag: int, first: bool) -> str | None:
         if first:  # a new wait: no suspicion carried over from an earlier one

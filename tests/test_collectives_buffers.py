@@ -100,6 +100,7 @@ class FakeDeviceArray:
     dtype = property(lambda self: self.memory.dtype)
     shape = property(lambda self: self.memory.shape)
     size = property(lambda self: self.memory.size)
+    ndim = property(lambda self: self.memory.ndim)
 
     def __len__(self):
         return len(self.memory)

@@ -41,7 +41,7 @@ def plan_native(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
     operation = mpi_op(ctx.op, ctx.dtype, MPI) if _user_op(ctx) else ctx.mpi_op
     if _user_op(ctx):
         ctx.on_release.append(operation.Free)
-    canonical = ctx.space.canonicalize if ctx.dtype.kind == "f" and ctx.op == "sum" else None
+    canonical = ctx.space.canonicalizer(ctx.dtype) if ctx.op == "sum" else None
     enter, verify = ctx.enter_blind, ctx.verify_blind
 
     def bind(view: Any) -> Callable[[], None]:

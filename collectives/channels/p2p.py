@@ -11,6 +11,15 @@ of another call then always lands as a clean error (wrong tag, or
 truncation), never as a partial element, which MPICH treats as an internal
 error.
 
+Where the ranks share a node (their blind-call words are plain memory),
+every wait is a loop over non-blocking calls that also looks, every few
+milliseconds, whether the awaited rank sits in ``MPI_Allreduce`` of another
+call (which no message reaches): then :class:`AllreduceMismatch` instead of
+two ranks blocked in MPI for ever. Across nodes the waits stay inside MPI
+(cheaper; a rank of a point-to-point schedule and a peer in another call's
+``MPI_Allreduce`` can then wait for each other: see
+:mod:`collectives.failures`).
+
 A message longer than the segment (``MPIDP_ALLREDUCE_SEGMENT``, see
 :mod:`collectives.plans`) is sent in pieces, so that a received piece is
 combined right after it arrives, while it is still in cache; both ends cut
@@ -21,8 +30,11 @@ space supplies temporaries, combines and message specs.
 """
 from __future__ import annotations
 
+import os
+import time
 from typing import Any, Callable
 
+from collectives.channels import shm_window
 from collectives.context import PlanContext
 from collectives.runtime import MPI
 from collectives.schedule import (COPY, REDUCE_INCOMING_FIRST, REDUCTIONS, STASH, Round,
@@ -90,7 +102,11 @@ class Messages:
     def __init__(self, ctx: PlanContext) -> None:
         self.ctx = ctx
         self.combine = ctx.combine
-        self.exchange, self.send, self.recv = make_exchange(ctx), make_send(ctx), make_recv(ctx)
+        if ctx.watch is not None:
+            self.exchange, self.send, self.recv = watchful(ctx)
+        else:
+            self.exchange, self.send, self.recv = (make_exchange(ctx), make_send(ctx),
+                                                   make_recv(ctx))
 
     def spec(self, view: Any) -> list:
         return self.ctx.space.spec(view, MPI.BYTE)
@@ -136,7 +152,8 @@ class Messages:
         sends = [(spec(view[s.lo:s.hi]), s.peer) for s in rnd.sends]
         sources = [peer for _, peer in recvs]
         statuses = [MPI.Status() for _ in range(len(recvs) + len(sends))]
-        isend, irecv, waitall = ctx.comm.Isend, ctx.comm.Irecv, MPI.Request.Waitall
+        isend, irecv = ctx.comm.Isend, ctx.comm.Irecv
+        waitall = MPI.Request.Waitall if ctx.watch is None else _watched_wait(ctx, sources)
         tag, any_tag = ctx.tag, MPI.ANY_TAG
 
         def run() -> None:
@@ -175,7 +192,8 @@ class Messages:
         """One runner for the ops; the hot case (one exchange, one combine) inlined."""
         if not ops:
             return lambda: None
-        if len(ops) == 2 and ops[0][0] is self.exchange and ops[1][0] is self.combine:
+        if len(ops) == 2 and ops[0][0] is self.exchange and ops[1][0] is self.combine \
+                and self.ctx.watch is None:
             return self._exchange_and_combine(ops[0][1], ops[1][1])
 
         def run() -> None:
@@ -242,6 +260,77 @@ def make_recv(ctx: PlanContext) -> Callable[[Any, int], None]:
             fail(source, status.tag)
 
     return receive
+
+
+def _watched_wait(ctx: PlanContext, peers: list[int]) -> Callable[[list, list], None]:
+    """``wait(requests, statuses)``: Testall in a loop that spins (or yields the
+    core when the node is oversubscribed) and, every ``CHECK_EVERY`` seconds,
+    asks ``ctx.watch`` whether an awaited peer is blocked elsewhere."""
+    testall, fail_blocked, watch = MPI.Request.Testall, ctx.fail_blocked, ctx.watch
+    yielding = ctx.yielding
+
+    def wait(requests: list, statuses: list) -> None:
+        for _ in range(shm_window.SPINS):
+            if testall(requests, statuses):
+                return
+            if yielding:
+                os.sched_yield()
+        first, next_check = True, time.monotonic() + shm_window.CHECK_EVERY
+        while not testall(requests, statuses):
+            if yielding:
+                os.sched_yield()
+            now = time.monotonic()
+            if now < next_check:
+                continue
+            next_check = now + shm_window.CHECK_EVERY
+            for peer in peers:
+                reason = watch(peer, first)
+                if reason:
+                    fail_blocked(peer, reason)
+            first = False
+
+    return wait
+
+
+def watchful(ctx: PlanContext) -> tuple[Callable, Callable, Callable]:
+    """``exchange``, ``send`` and ``recv`` as :func:`make_exchange` & co., over
+    non-blocking calls whose waits watch the peers (see the module docstring)."""
+    comm, tag, any_tag, fail = ctx.comm, ctx.tag, MPI.ANY_TAG, ctx.fail
+    isend, irecv = comm.Isend, comm.Irecv
+    waits: dict[tuple, Callable] = {}
+
+    def waiter(*peers: int) -> Callable:
+        wait = waits.get(peers)
+        if wait is None:
+            wait = waits[peers] = _watched_wait(ctx, list(dict.fromkeys(peers)))
+        return wait
+
+    def exchange(send, dest, recv, source):
+        statuses = [MPI.Status(), MPI.Status()]
+        try:
+            waiter(source, dest)([irecv(recv, source, any_tag), isend(send, dest, tag)],
+                                 statuses)
+        except MPI.Exception as error:
+            fail(source, None, error)
+        if statuses[0].tag != tag:
+            fail(source, statuses[0].tag)
+
+    def send_tagged(spec, dest):
+        try:
+            waiter(dest)([isend(spec, dest, tag)], [MPI.Status()])
+        except MPI.Exception as error:
+            fail(dest, None, error)
+
+    def receive(spec, source):
+        statuses = [MPI.Status()]
+        try:
+            waiter(source)([irecv(spec, source, any_tag)], statuses)
+        except MPI.Exception as error:
+            fail(source, None, error)
+        if statuses[0].tag != tag:
+            fail(source, statuses[0].tag)
+
+    return exchange, send_tagged, receive
 
 
 def check_statuses(ctx: PlanContext, statuses: list, sources: list[int]) -> None:
