@@ -1,0 +1,133 @@
+"""A user's own mpi4py program around collectives.allreduce, one scenario per run.
+
+``mpiexec -n N python [-m mpi4py] user_allreduce.py SCENARIO [ALGORITHM]``;
+tests/test_collectives_failures.py runs it with a timeout (a hang is a
+failure) and reads the exit code and the lines it prints:
+
+* ``raise-after``: one all-reduce, then rank 1 raises its own ValueError while
+  the others wait in a barrier (run under ``python -m mpi4py``).
+* ``swap``: two signatures checked, then rank 0 calls them in the other order.
+* ``swap-same-bytes``: the same with float32[16] and int32[16] (equal byte
+  counts, which MPI cannot tell apart).
+* ``bad-first-call``: on a fresh communicator, rank 1 passes a bad algorithm name.
+* ``buffers``: resized, reshaped and read-only arrays after a first call.
+* ``specials``: NaN, inf and -0.0 on different ranks, every op and algorithm.
+
+An AllreduceMismatch raised on every rank alike is caught and reported as
+``COLLECTIVE-ERROR``; a result that is wrong without an error prints
+``WRONG``.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import collectives
+from collectives import MPI
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+scenario = sys.argv[1]
+algorithm = sys.argv[2] if len(sys.argv) > 2 else "auto"
+
+
+def check(buf: np.ndarray, expected: np.ndarray, what: str) -> None:
+    if not np.array_equal(buf, expected):
+        print(f"WRONG rank {rank}: {what}: {buf[:4]} instead of {expected[:4]}", flush=True)
+
+
+def raise_after() -> None:
+    buf = np.ones(1000, np.float32)
+    collectives.allreduce(buf, comm, algorithm)
+    if rank == 1:
+        raise ValueError("an ordinary bug of the user's, on rank 1")
+    comm.Barrier()
+
+
+def swap(first: np.ndarray, second: np.ndarray) -> None:
+    a, b = first.copy(), second.copy()
+    collectives.allreduce(a, comm, algorithm)
+    collectives.allreduce(b, comm, algorithm)
+    order = [first, second] if rank else [second, first]
+    try:
+        for template in order:
+            buf = template.copy()
+            collectives.allreduce(buf, comm, algorithm)
+            check(buf, template * size, f"{template.dtype}[{template.size}]")
+    except collectives.AllreduceMismatch as error:
+        if not error.collective:
+            raise
+        print(f"COLLECTIVE-ERROR rank {rank}: {error}", flush=True)
+        return
+    print(f"DONE rank {rank}", flush=True)
+
+
+def bad_first_call() -> None:
+    fresh = comm.Dup()
+    name = "butterfly" if rank == 1 else algorithm
+    collectives.allreduce(np.ones(10, np.float32), fresh, name)
+
+
+def buffers() -> None:
+    collectives.abort_on_error(False)  # every rank makes the same mistakes here
+    a = np.ones(1000, np.float64)
+    collectives.allreduce(a, comm, algorithm)
+    try:
+        a.resize(3000, refcheck=False)
+        print(f"RESIZED rank {rank}", flush=True)
+    except ValueError:
+        print(f"RESIZE-REFUSED rank {rank}", flush=True)
+    collectives.forget(comm)  # releases the array: now it may be resized
+    a.resize(3000, refcheck=False)
+    a[:] = 1
+    collectives.allreduce(a, comm, algorithm)
+    check(a, np.full(3000, float(size)), "resized after forget")
+    b = np.ones(12, np.float32)
+    collectives.allreduce(b, comm, algorithm)
+    b.shape = (3, 4)
+    for what, buf in (("2-D", b), ("read-only", None)):
+        if buf is None:
+            buf = np.ones(12, np.float32)
+            collectives.allreduce(buf, comm, algorithm)
+            buf.flags.writeable = False
+        try:
+            collectives.allreduce(buf, comm, algorithm)
+            print(f"ACCEPTED {what} rank {rank}", flush=True)
+        except collectives.UnsupportedBuffer as error:
+            print(f"REFUSED {what} rank {rank}: {error}", flush=True)
+    print(f"DONE rank {rank}", flush=True)
+
+
+def specials() -> None:
+    values = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 1.0], np.float64)
+    results = []
+    for dtype in (np.float16, np.float32, np.float64):
+        for op in ("sum", "max", "min"):
+            answers = set()
+            for name in collectives.names():
+                # Every rank holds a rotation of the special values, so each
+                # position meets different ones on different ranks.
+                buf = np.roll(values, rank).astype(dtype)
+                collectives.allreduce(buf, comm, name, op)
+                everyone = comm.allgather(buf.tobytes())
+                if len(set(everyone)) != 1:
+                    print(f"DIFFERENT-RANKS {name} {op} {np.dtype(dtype)}", flush=True)
+                answers.add(buf.tobytes())
+            if len(answers) != 1:
+                print(f"DIFFERENT-ALGORITHMS {op} {np.dtype(dtype)}", flush=True)
+            results.append(len(answers))
+    print(f"DONE rank {rank}", flush=True)
+
+
+SCENARIOS = {
+    "raise-after": raise_after,
+    "swap": lambda: swap(np.ones(10, np.float32), np.ones(11, np.float32)),
+    "swap-same-bytes": lambda: swap(np.ones(16, np.float32), np.ones(16, np.int32)),
+    "bad-first-call": bad_first_call,
+    "buffers": buffers,
+    "specials": specials,
+}
+
+if __name__ == "__main__":
+    SCENARIOS[scenario]()

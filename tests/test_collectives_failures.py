@@ -1,0 +1,139 @@
+"""Failure modes of collectives.allreduce in a user's own mpi4py program.
+
+Each test starts a user-style program (tests/scripts/user_allreduce.py,
+tests/scripts/fuzz_allreduce.py) under mpiexec with a timeout, so a hang is a
+failure and not a stuck suite, and reads its exit code and output. The rules
+checked are those of :mod:`collectives.failures`: an error seen by some ranks
+ends the job promptly (exit code 2, the error printed); an error seen by
+every rank alike is raised everywhere; never a hang, a crash or a wrong
+number.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher import SCRIPTS, run_mpi
+
+USER = str(SCRIPTS / "user_allreduce.py")
+FUZZ = str(SCRIPTS / "fuzz_allreduce.py")
+ALGORITHMS = ["naive", "recursive_doubling", "ring", "rabenseifner", "native", "auto"]
+#: A job that fails must end within this many seconds (start-up included).
+PROMPT_S = 20
+
+
+def run(n: int, *argv: str, mpi4py: bool = False) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    prefix = [sys.executable, "-m", "mpi4py"] if mpi4py else [sys.executable]
+    try:
+        result = run_mpi(n, [*prefix, *argv], timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"mpiexec -n {n} {' '.join(argv)}: no exit within 60 s (a hang)")
+    return result, time.monotonic() - start
+
+
+def count(text: str, marker: str) -> int:
+    return text.count(marker)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_rank_failing_after_an_allreduce_ends_the_job(algorithm, n):
+    """Rank 1 raises its own ValueError after one all-reduce while the others
+    wait in a barrier: under python -m mpi4py the job ends as a plain mpi4py
+    program does (nothing collective happens at exit)."""
+    result, seconds = run(n, USER, "raise-after", algorithm, mpi4py=True)
+    assert result.returncode != 0
+    assert "ValueError: an ordinary bug" in result.stderr
+    assert seconds < PROMPT_S, f"took {seconds:.1f} s"
+
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "rabenseifner", "ring", "naive",
+                                       "auto"])
+@pytest.mark.parametrize("n", [3, 4])
+def test_checked_signatures_called_out_of_order_end_the_job(algorithm, n):
+    """Rank 0 calls two checked signatures in the other order: the ranks that
+    see it print the mismatch and the job ends (no rank is left waiting)."""
+    result, seconds = run(n, USER, "swap", algorithm)
+    out = result.stdout + result.stderr
+    assert count(out, "WRONG") == 0
+    assert result.returncode == 2, out[-2000:]
+    assert "AllreduceMismatch" in result.stderr and "same sequence of calls" in result.stderr
+    assert "ending the job" in result.stderr
+    assert seconds < PROMPT_S
+
+
+@pytest.mark.parametrize("algorithm", ["native", "auto"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_equal_byte_counts_out_of_order_raise_on_every_rank(algorithm, n):
+    """float32[16] and int32[16] in the other order: MPI_Allreduce cannot tell
+    them apart; the order check after the call raises on every rank
+    (collective, caught by the program), never a wrong number."""
+    result, _ = run(n, USER, "swap-same-bytes", algorithm)
+    out = result.stdout + result.stderr
+    assert count(out, "WRONG") == 0
+    if result.returncode == 0:
+        assert count(out, "COLLECTIVE-ERROR") == n, out
+        assert "in a different order" in out
+    else:  # auto ran a schedule: the detecting ranks end the job
+        assert result.returncode == 2 and "AllreduceMismatch" in result.stderr, out[-2000:]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_bad_name_on_one_rank_at_first_use_ends_the_job(n):
+    result, seconds = run(n, USER, "bad-first-call", "ring")
+    assert result.returncode == 2
+    assert "[rank 1] UnknownAlgorithm: unknown all-reduce algorithm 'butterfly'" in result.stderr
+    assert seconds < PROMPT_S
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_resized_reshaped_and_read_only_arrays(n):
+    """A bound array cannot be resized until collectives.forget(); made 2-D or
+    read-only after a first call, it is refused like on the first call."""
+    result, _ = run(n, USER, "buffers", "ring")
+    out = result.stdout
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert count(out, "RESIZE-REFUSED") == n and "RESIZED" not in out
+    assert count(out, "REFUSED 2-D") == n and count(out, "REFUSED read-only") == n
+    assert count(out, "DONE") == n and "WRONG" not in out and "ACCEPTED" not in out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_special_values_give_one_answer_on_every_rank_and_algorithm(n):
+    result, _ = run(n, USER, "specials")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "DIFFERENT" not in result.stdout, result.stdout
+    assert count(result.stdout, "DONE") == n
+
+
+#: Seeds of the suite's fuzz runs (rank counts 2, 3, 4 in turn); more with
+#: MPIDP_FUZZ_SEEDS=first:last (README, Testing).
+def _seeds() -> list[int]:
+    import os
+
+    text = os.environ.get("MPIDP_FUZZ_SEEDS", "1:12")
+    first, last = (int(x) for x in text.split(":"))
+    return list(range(first, last + 1))
+
+
+@pytest.mark.parametrize("seed", _seeds())
+def test_fuzzed_call_sequences(seed):
+    """Random algorithm, dtype, op, length and order per rank (seeded): a
+    correct result or an error, never a hang, a crash or a wrong number."""
+    n = 2 + seed % 3
+    result, _ = run(n, FUZZ, str(seed))
+    out = result.stdout + result.stderr
+    assert "WRONG" not in out, out[-2000:]
+    plan = next(line for line in result.stdout.splitlines() if line.startswith("PLAN"))
+    if plan == "PLAN none":
+        assert result.returncode == 0 and count(out, "DONE rank") == n, out[-2000:]
+    elif result.returncode == 0:
+        assert count(out, "COLLECTIVE-ERROR") == n, out[-2000:]
+    elif "Message truncated" in out:
+        pass  # MPICH itself ends the job (MPI_Allreduce of different byte counts)
+    else:
+        assert result.returncode == 2 and "Mismatch" in out, f"{plan}\n{out[-2000:]}"
