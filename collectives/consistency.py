@@ -51,9 +51,15 @@ RECORD_FIELDS = ("magic", "length", "dtype", "op", "algorithm", "runs", "segment
 #: Seconds a rank waits for its peers' records before it says so on stderr.
 WARN_AFTER = float(os.environ.get("MPIDP_ALLREDUCE_WAIT_WARNING", "60"))
 #: int64 words of a rank's blind-call record, readable by its peers:
-#: ``[blind calls entered, tag of the last one, tag of the last even call,
-#: tag of the last odd call]``.
+#: ``[blind calls entered, (unused), tag of the last even call, tag of the
+#: last odd call]``; the tag of the last call is the slot of its parity.
 BLIND_WORDS = 4
+
+
+def last_blind_tag(words) -> tuple[int, int]:
+    """``(blind calls entered, tag of the last one)`` from a rank's words."""
+    count = int(words[0])
+    return count, int(words[2 + (count & 1)])
 
 
 def make_enter(words: memoryview, tag: int) -> Callable[[], int]:
@@ -66,7 +72,6 @@ def make_enter(words: memoryview, tag: int) -> Callable[[], int]:
     def enter() -> int:
         call = words[0] + 1
         words[2 + (call & 1)] = tag
-        words[1] = tag
         words[0] = call
         return call
 

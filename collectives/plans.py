@@ -19,8 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from collectives import consistency
-from collectives.consistency import BLIND_WORDS, make_enter, make_verify, make_verify_mpi, \
-    verify_everywhere
+from collectives.consistency import (BLIND_WORDS, last_blind_tag, make_enter, make_verify,
+                                     make_verify_mpi, verify_everywhere)
 from collectives.channels import KINDS, futex
 from collectives.combine import warm_up
 from collectives.context import OPS, PlanContext
@@ -214,7 +214,7 @@ class CommState:
         """
         if self.shared is not None:
             words = self.shared.peer_blind(peer)
-            count, their_tag = words[0], words[1]
+            count, their_tag = last_blind_tag(words)
         elif self.window is not None:
             theirs = np.zeros(BLIND_WORDS, dtype=np.int64)
             try:
@@ -223,7 +223,7 @@ class CommState:
                 self.window.Unlock(peer)
             except MPI.Exception:
                 return None
-            count, their_tag = int(theirs[0]), int(theirs[1])
+            count, their_tag = last_blind_tag(theirs)
         else:
             return None
         expected = self.blind_calls[0] + (0 if entered else 1)
