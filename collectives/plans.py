@@ -37,7 +37,7 @@ MAX_BINDINGS = 4
 #: Longest message of the point-to-point algorithms (bytes) when the ranks
 #: have a core each: a received piece is combined while still in cache. When
 #: the node is oversubscribed every message costs a trip through the
-#: scheduler, so messages are not cut (see README, "Collectives").
+#: scheduler, so messages are not cut (docs/collectives.md).
 DEFAULT_SEGMENT = 1024 * 1024
 UNLIMITED_SEGMENT = 1 << 62
 

@@ -116,7 +116,7 @@ def test_special_values_give_one_answer_on_every_rank_and_algorithm(n):
 
 
 #: Seeds of the suite's fuzz runs (rank counts 2, 3, 4 in turn); more with
-#: MPIDP_FUZZ_SEEDS=first:last (README, Testing).
+#: MPIDP_FUZZ_SEEDS=first:last (docs/testing.md).
 def _seeds() -> list[int]:
     import os
 
