@@ -41,6 +41,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives.runtime import MPI
+
 #: Candidates, in the order of exploration. ``naive`` (the seed project's
 #: baseline) is never faster than these.
 CANDIDATES = ("native", "recursive_doubling", "ring", "rabenseifner")
@@ -247,8 +249,6 @@ class TunedPlan:
 # ---------------------------------------------------------------- the file
 def machine_key(size: int, nodes: int, placement: str) -> str:
     """Host, CPU model, MPI library and rank layout: what a tuning depends on."""
-    from collectives.runtime import MPI  # deferred: the file part needs no MPI at import
-
     library = MPI.Get_library_version().splitlines()[0].strip()
     return (f"{socket.gethostname()}|{cpu_model()}|{library}|{size} ranks on {nodes} "
             f"node(s)|{placement}")
