@@ -49,3 +49,14 @@ def test_unknown_option_is_named(tmp_path):
         engine.train(str(tmp_path / "x.h5"), epoch_count=3)
     with pytest.raises(ConfigError, match="exactly one of --noise-multiplier"):
         engine.train(str(tmp_path / "x.h5"))
+
+
+def test_no_submodule_shadows_the_api():
+    """Importing a submodule binds its name on the package: a module named like
+    an API function would replace the function once anything imported it."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.walk_packages(engine.__path__, "engine."):
+        importlib.import_module(info.name)
+    assert callable(engine.train) and not isinstance(engine.train, type(engine))
