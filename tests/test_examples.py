@@ -35,3 +35,17 @@ def test_train_api(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "epsilon 1.000 (delta 1e-05), test accuracy" in result.stdout
     assert "Linear(in_features=12, out_features=128" in result.stdout
+
+
+def test_slurm_example_runs_outside_slurm_too():
+    """The batch script falls back to mpiexec off a cluster (jobs/common.sh);
+    tests/test_jobs_slurm.py submits it to a real two-node Slurm."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_"))}
+    env.update(MPIDP_NTASKS="3", MPIDP_VENV=str(Path(sys.executable).parent.parent))
+    result = subprocess.run(["bash", str(EXAMPLES / "slurm_allreduce.sbatch")], env=env,
+                            cwd=EXAMPLES.parent, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "1. 3 ranks summed 30000 floats" in result.stdout and "3. done" in result.stdout
