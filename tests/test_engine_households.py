@@ -329,3 +329,41 @@ def test_household_unit_needs_poisson_sampling():
     with pytest.raises(ConfigError, match="drop --sampling shuffle"):
         TrainConfig(data="x", noise_multiplier=1.0, privacy_unit="household",
                     sampling="shuffle").validate()
+
+
+def test_bench_dpsgd_times_the_household_step_beside_the_person_step(monkeypatch, tmp_path):
+    """mpidp bench dpsgd --methods mpidp-dp,mpidp-household: the household method
+    runs the trainer's step with groups of whole households at the same expected
+    rows per step, and its ratio is the median of the per-round ratios."""
+    import statistics
+    import types
+
+    import engine.step
+    from engine.bench import dpsgd
+    from engine.cli import build_parser
+
+    calls = []
+    original = engine.step.DPStep.__call__
+
+    def counted(self, rows, times=None, started=None, groups=None):
+        result = original(self, rows, times, started, groups)
+        calls.append((int(rows.shape[0]), None if groups is None else groups.numpy().copy()))
+        return result
+
+    monkeypatch.setattr(engine.step.DPStep, "__call__", counted)
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(dpsgd, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    out = tmp_path / "b.json"
+    args = build_parser().parse_args([
+        "bench", "dpsgd", "--rows", "4000", "--features", "6", "--hidden", "8",
+        "--batch-size", "64", "--steps", "4", "--repeats", "3", "--threads", "1",
+        "--methods", "mpidp-dp,mpidp-household", "--json", str(out)])
+    assert args._run(args) == 0
+    data = json.loads(out.read_text())
+    grouped = [(k, g) for k, g in calls if g is not None]
+    assert len(grouped) == 3 + 4 * 3 and len(calls) == 2 * len(grouped)
+    for k, g in grouped:
+        assert g[0] == 0 and g[-1] == k and np.all(np.diff(g) >= 1)
+    rounds = data["all_rounds"]
+    assert data["household_over_person"] == pytest.approx(statistics.median(
+        dp / hh for hh, dp in zip(rounds["mpidp-household"], rounds["mpidp-dp"])))
