@@ -367,3 +367,51 @@ def test_bench_dpsgd_times_the_household_step_beside_the_person_step(monkeypatch
     rounds = data["all_rounds"]
     assert data["household_over_person"] == pytest.approx(statistics.median(
         dp / hh for hh, dp in zip(rounds["mpidp-household"], rounds["mpidp-dp"])))
+
+
+def _module_cases(d, classes):
+    """(name, factory, clipper class): the book-keeping Linear rule, a layer with
+    the torch.func fallback, and the whole-model torch.func clipper."""
+    from engine.dp.clipping import FuncClipper, LayerClipper
+
+    return [
+        ("linear-mlp", lambda: nn.Sequential(nn.Linear(d, 6), nn.ReLU(), nn.Linear(6, classes)),
+         LayerClipper),
+        ("layernorm-fallback", lambda: nn.Sequential(
+            nn.Linear(d, 5), nn.LayerNorm(5), nn.Tanh(), nn.Linear(5, classes, bias=False)),
+         LayerClipper),
+        ("whole-model-func", lambda: nn.Sequential(
+            nn.Linear(d, 5), nn.GELU(), nn.Linear(5, classes)), FuncClipper),
+    ]
+
+
+@pytest.mark.parametrize("case", range(3), ids=[c[0] for c in _module_cases(4, 2)])
+@SETTINGS
+@given(sizes=household_sizes, C=clip_bounds, classes=st.sampled_from([2, 3]),
+       seed=st.integers(0, 10_000))
+def test_module_clippers_clip_households_like_the_loop(case, sizes, C, classes, seed):
+    """LayerClipper / FuncClipper with groups (the library path for any torch
+    model) against the loop over households of naive per-example gradients."""
+    name, factory, clipper_cls = _module_cases(4, classes)[case]
+    torch.manual_seed(seed)
+    model = factory().double()
+    reference = factory().double()
+    reference.load_state_dict(model.state_dict())
+    k = sum(sizes)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(k, 4, generator=g, dtype=torch.float64)
+    y = torch.randint(0, classes, (k,), generator=g)
+    clipper = clipper_cls(model)
+    loss, clipped = clipper.clipped_sum(x, y, C, _offsets(sizes))
+    want = torch.zeros_like(clipper.grad)
+    start, want_clipped = 0, 0
+    for size in sizes:
+        total, _, _ = naive_clipped_sum(reference, x[start:start + size], y[start:start + size],
+                                        None)
+        norm = float(total.norm())
+        if norm > C:
+            want_clipped += size
+        want += min(1.0, C / norm) * total if norm > 0 else total
+        start += size
+    assert torch.allclose(clipper.grad, want, rtol=1e-10, atol=1e-12)
+    assert clipped == want_clipped
