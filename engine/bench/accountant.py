@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,8 +30,11 @@ from engine.errors import ConfigError
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 RATES = (1e-4, 1e-3, 1e-2, 0.1)
 STEPS = (100, 1000, 10_000, 30_000, 100_000)
-#: Opacus' PRV: its epsilon error and calibration tolerance, relative to the target.
-PRV_RELATIVE_ERROR = 2e-3
+#: Opacus' PRV: its epsilon error, relative to the target.
+PRV_RELATIVE_ERROR = 5e-3
+#: A grid point's process is stopped beyond this resident memory (Opacus' PRV
+#: grows to many GiB at small epsilon errors and long runs).
+MAX_POINT_RSS = 4 << 30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,37 +88,92 @@ def point(q: float, steps: int, target: float, delta: float, reference: str) -> 
                                                          found.interval))
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if reference == "opacus" and "sigma" in result:
-        from opacus.accountants import PRVAccountant  # deferred: optional extra
-        from opacus.accountants.utils import get_noise_multiplier
-
         warnings.filterwarnings("ignore")
-        # Relative errors: PRV's default eps_error (0.01, absolute) would be
-        # 10 % at epsilon 0.1 and bias its sigma upwards.
-        error = PRV_RELATIVE_ERROR * target
         t0 = time.perf_counter()
         try:
-            result["sigma_prv"] = float(get_noise_multiplier(
-                target_epsilon=target, target_delta=delta, sample_rate=q, steps=steps,
-                accountant="prv", epsilon_tolerance=error, eps_error=error))
-            prv = PRVAccountant()
-            prv.history = [(result["sigma"], q, steps)]
-            result["epsilon_prv"] = float(prv.get_epsilon(delta=delta, eps_error=error))
+            result.update(_prv(q, steps, target, delta, result["sigma"]))
         except Exception as exc:  # noqa: BLE001 - the reference's own failure, reported
             result["prv_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         result["seconds_prv"] = time.perf_counter() - t0
     return result
 
 
+def _prv(q: float, steps: int, target: float, delta: float, sigma: float) -> dict:
+    """Opacus' PRV accountant: its epsilon at ``sigma``, and its own sigma for
+    ``target`` (the root of its epsilon, to a relative 1e-3, found by secant
+    steps from ``sigma``: a few PRV evaluations where Opacus' bisection from
+    [0, 20] needs twenty)."""
+    from opacus.accountants import PRVAccountant  # deferred: optional extra
+
+    # Relative errors: PRV's default eps_error (0.01, absolute) would be 10 %
+    # at epsilon 0.1 and bias its sigma upwards.
+    error = PRV_RELATIVE_ERROR * target
+
+    def prv_epsilon(s: float) -> float:
+        acct = PRVAccountant()
+        acct.history = [(s, q, steps)]
+        return float(acct.get_epsilon(delta=delta, eps_error=error))
+
+    at_ours = prv_epsilon(sigma)
+    points = [(sigma, math.log(at_ours / target))]
+    x = sigma * (at_ours / target) ** 0.5  # epsilon falls roughly like 1/sigma^2..1/sigma
+    for _ in range(30):
+        points.append((x, math.log(prv_epsilon(x) / target)))
+        below = [p for p in points if p[1] > 0]
+        above = [p for p in points if p[1] <= 0]
+        if below and above:
+            lo, hi = max(below), min(above)
+            if hi[0] / lo[0] - 1 <= 1e-3:
+                return {"epsilon_prv": at_ours, "sigma_prv": hi[0]}
+            # false position inside the bracket, kept off its ends
+            t = lo[1] / (lo[1] - hi[1])
+            x = math.exp(math.log(lo[0]) + min(0.9, max(0.1, t)) * math.log(hi[0] / lo[0]))
+        else:
+            (x0, f0), (x1, f1) = points[-2], points[-1]
+            slope = (f1 - f0) / math.log(x1 / x0) if x1 != x0 and f1 != f0 else -1.0
+            step = min(0.7, max(-0.7, -f1 / slope if slope < 0 else (0.3 if f1 > 0 else -0.3)))
+            x = x1 * math.exp(step)
+    raise RuntimeError("PRV calibration did not converge")
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _in_subprocess(q: float, steps: int, target: float, delta: float, reference: str) -> dict:
+    """:func:`point` in a fresh process, stopped if it grows past MAX_POINT_RSS."""
+    import tempfile
+    import time
+
     code = ("import json, sys; from engine.bench.accountant import point; "
             f"print(json.dumps(point({q!r}, {steps!r}, {target!r}, {delta!r}, {reference!r})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if out.returncode != 0:
-        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
-        return {"epsilon": target, "q": q, "steps": steps, "delta": delta,
-                "error": f"exit {out.returncode}: {tail}"}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        too_big = False
+        while proc.poll() is None:
+            if _rss(proc.pid) > MAX_POINT_RSS:
+                too_big = True
+                proc.kill()
+            time.sleep(0.2)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    base = {"epsilon": target, "q": q, "steps": steps, "delta": delta}
+    if too_big:
+        return {**base, "error": f"stopped: more than {MAX_POINT_RSS >> 30} GiB resident"
+                + (" (the PRV reference)" if reference != "none" else "")}
+    if proc.returncode != 0:
+        tail = (stderr.strip().splitlines() or ["?"])[-1]
+        return {**base, "error": f"exit {proc.returncode}: {tail}"}
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _row(r: dict) -> str:

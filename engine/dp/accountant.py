@@ -63,8 +63,10 @@ _SIGMA_MIN_RDP = 1e-2
 #: the same way, and a hair of rounding must not refuse a calibrated run.
 BUDGET_SLACK = 1e-6
 #: Relative accuracy asked of the PLD: the grid is refined until halving its
-#: interval changes epsilon by less than this (:func:`pld_epsilon`).
-PLD_TOLERANCE = 1e-3
+#: interval changes epsilon by less than this (:func:`pld_grid`).
+PLD_TOLERANCE = 2e-3
+#: What the first guess of the grid aims at (:func:`pld_interval`).
+_GUESS_TOLERANCE = 1e-3
 #: Bounds on the grid's interval.
 PLD_MIN_INTERVAL, PLD_MAX_INTERVAL = 1e-6, 1.0
 #: Halvings of the interval tried at most before accepting the grid.
@@ -77,9 +79,11 @@ _RDP_RTOL = 1e-4
 #: with dp-accounting's FFT composition, memory stays well under 1 GiB.
 MAX_STEP_POINTS = 1 << 20
 #: Longest composed grid (points, predicted by :func:`_composed_width`) before
-#: the interval is coarsened: dp-accounting's FFT then holds a few complex
-#: arrays of this length, some 200 MB.
-MAX_COMPOSED_POINTS = 1 << 21
+#: the interval is coarsened. dp-accounting composes with scipy's FFT, which
+#: holds a few complex arrays of this length and caches the plans (twiddle
+#: factors, 16 bytes a point) of its last 16 lengths, each evaluation's being
+#: new: about 16 x 16 MiB at this cap.
+MAX_COMPOSED_POINTS = 1 << 20
 #: Points per step of the coarse grid that measures the composed width.
 _PROBE_POINTS = 64
 
@@ -115,13 +119,13 @@ def pld_interval(epsilon_scale: float, steps: int) -> float:
 
     The pessimistic grid's error grows with the steps (each one's loss is
     rounded up) and shrinks about quadratically with the interval
-    (connect-the-dots), so ``sqrt(tolerance * epsilon / steps)`` puts it near
-    :data:`PLD_TOLERANCE`; :func:`pld_epsilon` then checks the grid and refines
+    (connect-the-dots), so ``sqrt(1e-3 * epsilon / steps)`` puts it near
+    :data:`PLD_TOLERANCE`; :func:`pld_grid` then checks the grid and refines
     it where the guess was too coarse. Deterministic: every rank picks the same.
     """
     if not (math.isfinite(epsilon_scale) and epsilon_scale > 0):
         return PLD_MAX_INTERVAL
-    guess = math.sqrt(PLD_TOLERANCE * epsilon_scale / max(1, steps))
+    guess = math.sqrt(_GUESS_TOLERANCE * epsilon_scale / max(1, steps))
     return min(PLD_MAX_INTERVAL, 0.01 * epsilon_scale, max(PLD_MIN_INTERVAL, guess))
 
 
@@ -284,17 +288,18 @@ def epsilon_for(q: float, sigma: float, steps: int, delta: float, kind: str = DE
 # -- calibration -----------------------------------------------------------------
 
 def _bracket(excess: Callable[[float], float], start: float, q: float, steps: int,
-             target: float) -> tuple[float, float, float, float]:
+             target: float, first_step: float = 1.25) -> tuple[float, float, float, float]:
     """``(lo, hi, f_lo, f_hi)`` with ``excess(lo) > 0 >= excess(hi)``, searched from
-    ``start`` by secant steps in (log sigma, excess), each at most a factor 2
-    and at least 3 % beyond the last point, so sigma never strays far below
-    the answer (where the PLD grid is expensive).
+    ``start`` (first a step of ``first_step``, then secant steps in (log sigma,
+    excess), each at most a factor 2 and at least 3 % beyond the last point),
+    so sigma never strays far below the answer (where the PLD grid is
+    expensive).
 
     Raises:
         PrivacyError: the excess stays positive up to :data:`SIGMA_MAX`.
     """
     x0, f0 = start, excess(start)
-    x1 = x0 / 1.25 if f0 <= 0 else min(SIGMA_MAX, x0 * 1.25)
+    x1 = x0 / first_step if f0 <= 0 else min(SIGMA_MAX, x0 * first_step)
     if x1 == x0:
         raise _unreachable(q, steps, target)
     f1 = excess(x1)
@@ -306,7 +311,7 @@ def _bracket(excess: Callable[[float], float], start: float, q: float, steps: in
             guess = math.exp(math.log(x1) - f1 * (math.log(x1) - math.log(x0)) / (f1 - f0))
         else:
             guess = x1 / 2 if down else x1 * 2
-        x2 = (min(max(guess * 0.97, x1 / 2), x1 / 1.03) if down
+        x2 = (min(max(guess / 1.03, x1 / 2), x1 / 1.03) if down
               else min(max(guess * 1.03, x1 * 1.03), x1 * 2, SIGMA_MAX))
         if not down and x1 >= SIGMA_MAX:
             raise _unreachable(q, steps, target)
@@ -385,10 +390,10 @@ def calibrate(q: float, steps: int, target_epsilon: float, delta: float,
     """The smallest noise multiplier (to a relative :data:`CALIBRATION_RTOL`)
     whose run of ``steps`` steps stays within ``(target_epsilon, delta)``.
 
-    RDP: bracketed in [0.01, :data:`SIGMA_MAX`]. PLD: searched on a grid from :func:`pld_interval`, which is then checked
-    at the answer (halving it must change epsilon by less than
-    :data:`PLD_TOLERANCE`) and refined, with a new search, where it was too
-    coarse. Deterministic, so every rank may call it and get the same answer.
+    RDP: bracketed in [0.01, :data:`SIGMA_MAX`]. PLD: searched on a grid
+    from :func:`pld_interval`, which is then checked at the answer (halving
+    it must change epsilon by less than :data:`PLD_TOLERANCE`) and, where it
+    was too coarse, refined with one more search starting at the answer. Deterministic, so every rank may call it and get the same answer.
 
     Raises:
         PrivacyError: an unknown ``kind``, an invalid target, delta, q or
@@ -410,15 +415,17 @@ def calibrate(q: float, steps: int, target_epsilon: float, delta: float,
             raise _unreachable(q, steps, target)
         return Calibration(sigma_rdp, None)
     interval = pld_interval(target, steps)
-    sigma = SIGMA_MAX if sigma_rdp is None else sigma_rdp
-    for _ in range(_MAX_REFINEMENTS + 1):
-        excess = lambda s, iv=interval: _log_excess(  # noqa: E731
-            _pld_epsilon(q, s, steps, delta, iv), target)
-        sigma = _bracketed_root(excess, *_bracket(excess, sigma, q, steps, target),
-                                rtol=CALIBRATION_RTOL)
-        if pld_grid(q, sigma, steps, delta, interval) == interval:
-            break
-        interval /= 2
+
+    def search(grid: float, start: float, first_step: float) -> float:
+        excess = lambda s: _log_excess(_pld_epsilon(q, s, steps, delta, grid), target)  # noqa
+        return _bracketed_root(excess, *_bracket(excess, start, q, steps, target, first_step),
+                               rtol=CALIBRATION_RTOL)
+
+    sigma = search(interval, SIGMA_MAX if sigma_rdp is None else sigma_rdp, 1.25)
+    refined = pld_grid(q, sigma, steps, delta, interval)
+    if refined != interval:  # the answer barely moves: search again from it
+        interval = refined
+        sigma = search(interval, sigma, 1.0 + 4 * CALIBRATION_RTOL)
     return Calibration(sigma, interval)
 
 
