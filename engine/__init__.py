@@ -4,8 +4,25 @@ Layout: the DP components in :mod:`engine.dp`, the model and its optimizers
 in :mod:`engine.nn`, the one DP-SGD step that composes them in
 :mod:`engine.step`, the loop around it in :mod:`engine.trainer`; benchmarks
 in :mod:`engine.bench`, attacks in :mod:`engine.audit`.
+
+The Python API is :func:`train` (what ``mpidp train`` runs), called by every
+rank of an SPMD program::
+
+    import engine
+    run = engine.train("pums.h5", epochs=5, target_epsilon=1.0, seed=0)
+    print(run.epsilon, run.history[-1]["test_accuracy"])   # run.model: a torch MLP
+
+The DP components also stand alone for a loop of your own:
+:class:`engine.dp.sampler.PoissonSampler`, :class:`engine.dp.noise.GaussianNoise`,
+:class:`engine.dp.accountant.Accountant`, per-example clipping rules in
+:mod:`engine.dp.clipping`, and :func:`collectives.allreduce`.
 """
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 try:
     # The version lives in setup.py only; an installed copy knows it.
@@ -13,4 +30,71 @@ try:
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "Run", "train"]
+
+
+@dataclass
+class Run:
+    """What :func:`train` returns, the same on every rank.
+
+    Attributes:
+        model: the trained MLP as a ``torch.nn.Sequential`` on the CPU.
+        epsilon, delta: the privacy spent (None for a non-private run).
+        history: one record per epoch (train loss, test accuracy, epsilon,
+            timings), as ``--metrics`` writes them.
+        exit_code: 0 when done, 75 when stopped with a checkpoint written
+            (``stop_after`` or a signal; continue with ``resume=True``).
+        config: the settings the run used.
+    """
+
+    model: Any
+    epsilon: float | None
+    delta: float | None
+    history: list[dict] = field(default_factory=list)
+    exit_code: int = 0
+    config: Any = None
+
+
+def train(data: str, *, comm: Any = None, quiet: bool = False, **options: Any) -> Run:
+    """Train the MLP on a prepared file with DP-SGD over ``comm``; every rank calls it.
+
+    Args:
+        data: a file written by ``mpidp prep``.
+        comm: an mpi4py intracommunicator (default ``COMM_WORLD``).
+        quiet: print nothing (rank 0 prints the run's table otherwise).
+        **options: the options of ``mpidp train`` by keyword (the fields of
+            :class:`engine.config.TrainConfig`), e.g. ``epochs=5,
+            target_epsilon=1.0, batch_size=256, hidden=(128, 128),
+            checkpoint_dir="runs/a"``; ``dp=False`` for a non-private run. The
+            same checkpoint, resume and budget rules as the command apply.
+
+    Returns:
+        A :class:`Run`.
+
+    Raises:
+        ConfigError, DataError, PrivacyError, CheckpointError (``exit_code`` 2):
+            bad settings or input, raised on every rank alike.
+    """
+    # deferred: torch and the trainer; `import engine` stays light
+    from engine.config import TrainConfig
+    from engine.errors import ConfigError
+    from engine.nn.model import to_module
+    from engine.trainer import Trainer
+
+    known = set(TrainConfig.__dataclass_fields__) - {"data"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"engine.train() got unknown option(s) {', '.join(unknown)}; "
+                          f"choose from {', '.join(sorted(known))}", collective=True)
+    options.setdefault("progress", False)
+    if "hidden" in options:
+        options["hidden"] = tuple(options["hidden"])
+    cfg = TrainConfig(data=str(data), **options)
+    cfg.validate()
+    trainer = Trainer(cfg, comm, out=io.StringIO() if quiet else None)
+    code = trainer.run()
+    accountant = getattr(trainer, "accountant", None)
+    return Run(model=to_module(trainer.spec, trainer.params.detach().cpu()),
+               epsilon=None if accountant is None else accountant.epsilon(),
+               delta=cfg.delta if cfg.dp else None, history=list(trainer.history),
+               exit_code=code, config=cfg)

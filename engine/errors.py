@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collectives import MPI
 
-#: Exit codes of ``mpidp train`` (also in the README).
+#: Exit codes of ``mpidp train`` (also in docs/lifecycle.md).
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: interrupted, checkpoint written; rerun with --resume

@@ -1,4 +1,4 @@
-"""The prepared HDF5 file: the one owner of its contract (README, "The prepared HDF5 file").
+"""The prepared HDF5 file: the one owner of its contract (docs/preprocessing.md).
 
 ``mpidp prep`` writes the file (:mod:`preprocessing.pipeline` through
 :mod:`preprocessing.h5write`), the synthetic files of tests and benchmarks
@@ -55,7 +55,7 @@ HOUSEHOLD_KEY = ("BLAKE2b-64 of the household's SERIALNO, keyed with a 32-byte s
                  "is not stored: random per run of mpidp prep unless --household-secret "
                  "FILE gives one")
 
-#: Root attributes: name -> what it holds (README, "The prepared HDF5 file").
+#: Root attributes: name -> what it holds (docs/preprocessing.md, "The prepared HDF5 file").
 ATTRIBUTES: dict[str, str] = {
     "format": f"{FORMAT!r}: identifies the layout",
     "format_version": f"{FORMAT_VERSION}",

@@ -187,7 +187,7 @@ def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs, secr
         assert len(np.unique(keys)) == len(starts)  # no household split in two
     assert json.loads(attrs["households"]) == {
         "train": len(np.unique(got[4])), "test": len(np.unique(got[5]))}
-    # Attributes of the README contract.
+    # Attributes of the contract (preprocessing/h5format.py).
     assert attrs["format"] == "mpidp" and attrs["format_version"] == 2
     assert attrs["task"] == "employment" and attrs["n_classes"] == 2
     names = json.loads(attrs["feature_names"])
