@@ -109,6 +109,19 @@ def test_a_tiny_sigma_is_answered_on_a_coarser_grid_not_with_a_crash():
     assert accountant._effective_interval(DEMO_Q, 0.01, DEMO_STEPS, 1e-4) > 1e-4
 
 
+def test_a_sigma_too_small_for_the_pld_arithmetic_is_a_one_line_error():
+    """At sigma 0.001 one step's privacy loss overflows dp-accounting's grid
+    arithmetic (math.expm1 of the interval): a PrivacyError naming the way
+    out, from the grid's measurement as from the epsilon itself, never the
+    library's OverflowError."""
+    for q, sigma, steps in [(0.5, 1e-3, 100_000), (1e-4, 1e-4, 1000)]:
+        with pytest.raises(PrivacyError, match=r"PLD accounting failed at noise multiplier "
+                           r".*\(OverflowError: .*\); use --accountant rdp") as exc:
+            epsilon_for(q, sigma, steps, DELTA)
+        assert "\n" not in str(exc.value)
+        assert epsilon_for(q, sigma, steps, DELTA, "rdp") > 1e3
+
+
 def test_impossible_targets_and_bad_inputs_are_one_line_errors():
     for kind in ("pld", "rdp"):
         with pytest.raises(PrivacyError, match="out of reach") as exc:
@@ -232,6 +245,16 @@ def test_privacy_command():
     bad = _privacy("--sample-rate", "1.0", "--target-epsilon", "0.000001", "--steps", "10000")
     assert bad.returncode == 2 and "out of reach" in bad.stderr
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_privacy_command_answers_a_tiny_sigma_in_one_line():
+    out = _privacy("--sample-rate", "0.5", "--noise-multiplier", "0.001", "--steps", "100000")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("mpidp: error: PLD accounting failed at noise multiplier 0.001")
+    assert out.stderr.count("\n") == 1
+    rdp = _privacy("--sample-rate", "0.5", "--noise-multiplier", "0.001", "--steps", "100000",
+                   "--accountant", "rdp")
+    assert rdp.returncode == 0, rdp.stderr
 
 
 def test_privacy_command_calibrates_the_demo_with_both_accountants():

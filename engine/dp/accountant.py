@@ -212,6 +212,21 @@ def _step_pld(q: float, sigma: float, interval: float):
                                        pessimistic_estimate=True)
 
 
+#: What dp-accounting's PLD raises where its arithmetic gives up (a noise
+#: multiplier so small that one step's privacy loss overflows a float, say).
+_PLD_FAILURES = (MemoryError, ValueError, OverflowError, FloatingPointError,
+                 ZeroDivisionError)
+
+
+def _pld_failed(q: float, sigma: float, steps: int, exc: BaseException) -> PrivacyError:
+    """The one-line error for a failure inside dp-accounting's PLD: no
+    traceback from inside the library may reach the user."""
+    reason = (str(exc).splitlines() or [""])[0][:120]
+    return PrivacyError(
+        f"PLD accounting failed at noise multiplier {sigma:.4g}, sampling rate {q:.3g}, "
+        f"{steps} steps ({type(exc).__name__}: {reason}); use --accountant rdp")
+
+
 @lru_cache(maxsize=512)
 def _pld_epsilon(q: float, sigma: float, steps: int, delta: float, interval: float) -> float:
     """The PLD's epsilon on the grid ``interval`` (coarsened where it would be
@@ -222,13 +237,8 @@ def _pld_epsilon(q: float, sigma: float, steps: int, delta: float, interval: flo
         effective = _effective_interval(q, sigma, steps, interval)
         composed = _step_pld(q, sigma, effective).self_compose(int(steps))
         return float(composed.get_epsilon_for_delta(delta))
-    except (MemoryError, ValueError, OverflowError, FloatingPointError) as exc:
-        # The grid is capped, so this is not expected; but no traceback from
-        # inside dp-accounting may reach the user.
-        raise PrivacyError(
-            f"PLD accounting failed at noise multiplier {sigma:.4g}, sampling rate {q:.3g}, "
-            f"{steps} steps ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
-            "use --accountant rdp") from None
+    except _PLD_FAILURES as exc:
+        raise _pld_failed(q, sigma, steps, exc) from None
 
 
 def _refinable(q: float, sigma: float, steps: int, interval: float) -> bool:
@@ -250,7 +260,11 @@ def pld_grid(q: float, sigma: float, steps: int, delta: float,
     if interval is None:
         interval = pld_interval(_rdp_epsilon(q, sigma, steps, delta), steps)
     for _ in range(_MAX_REFINEMENTS):
-        if not _refinable(q, sigma, steps, interval):
+        try:  # measures the composed width with dp-accounting
+            refinable = _refinable(q, sigma, steps, interval)
+        except _PLD_FAILURES as exc:
+            raise _pld_failed(q, sigma, steps, exc) from None
+        if not refinable:
             break
         coarse = _pld_epsilon(q, sigma, steps, delta, interval)
         fine = _pld_epsilon(q, sigma, steps, delta, interval / 2)
