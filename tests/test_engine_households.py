@@ -287,6 +287,8 @@ def test_bad_input_is_one_line_on_every_rank_and_writes_nothing(tmp_path):
          "--privacy-unit 'family': choose person or household"),
         (["--data", new, "--target-epsilon", "1e-9", "--epochs", "1"],
          "is out of reach"),
+        (["--data", new, "--noise-multiplier", "0.001", "--epochs", "2"],
+         "use --accountant rdp"),  # dp-accounting's PLD overflows: one line, not its traceback
     ]
     for argv, message in cases:
         result = _train_cli(2, tmp_path, *argv, *outputs)
@@ -323,6 +325,31 @@ def test_a_resumed_run_keeps_its_unit_and_accountant(tmp_path):
     cfg.validate()
     trainer = Trainer(cfg, MPI.COMM_SELF, out=_Lines())
     assert trainer.run() == 0 and trainer.step == 2 * trainer.steps_per_epoch
+
+
+def test_a_resume_with_another_unit_or_accountant_is_one_line_and_writes_nothing(tmp_path):
+    """The command under mpiexec: exit 2, one line naming the setting and the
+    checkpoint's value, no traceback, checkpoint and metrics untouched."""
+    path = synthetic.write(tmp_path / "d.h5", rows=300, features=4, test_rows=40)
+    run, metrics = tmp_path / "run", tmp_path / "m.jsonl"
+    common = ["--data", path, "--noise-multiplier", "1", "--epochs", "3",
+              "--checkpoint-dir", str(run), "--metrics", str(metrics)]
+    # 300 rows in about 160 households, 8 per step: 20 steps an epoch; stop in epoch 2
+    first = _train_cli(2, tmp_path, *common, "--privacy-unit", "household",
+                       "--stop-after", "25")
+    assert first.returncode == 75, first.stderr
+    before = {p.name: p.read_bytes() for p in (run / "checkpoint.pt", metrics)}
+    assert before["m.jsonl"]  # an epoch's record is there to be kept
+    for extra, named in ((["--privacy-unit", "person"],
+                          "--privacy-unit person (checkpoint: household)"),
+                         (["--privacy-unit", "household", "--accountant", "rdp"],
+                          "--accountant rdp (checkpoint: pld)")):
+        result = _train_cli(2, tmp_path, *common, *extra, "--resume")
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == ("mpidp: error: a resumed run keeps the settings it started "
+                                 f"with; these differ: {named}\n")
+        assert {p.name: p.read_bytes() for p in (run / "checkpoint.pt", metrics)} == before
+        assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"]
 
 
 def test_household_unit_needs_poisson_sampling():
