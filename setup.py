@@ -46,6 +46,9 @@ setup(
             "pytest-mpi>=0.6",
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
+            # The independent accountant the PLD is checked against (its PRV);
+            # needs torch, which the Makefile pins to the CPU wheel.
+            "opacus>=1.5",
         ],
         # Reference implementation compared in `mpidp bench dpsgd` (optional).
         "opacus": ["opacus>=1.5"],

@@ -47,6 +47,8 @@ ENGINE_COMMANDS: dict[str, tuple[str, str]] = {
 
 #: The engine's benchmarks (``mpidp bench <name>``).
 ENGINE_BENCHMARKS: dict[str, tuple[str, str]] = {
+    "accountant": ("engine.bench.accountant", "PLD calibration over a grid of (epsilon, q, "
+                   "steps): seconds, peak memory, Opacus' PRV side by side"),
     "dpsgd": ("engine.bench.dpsgd", "DP-SGD vs non-DP, naive per-example loop and Opacus, "
               "side by side"),
     "scaling": ("engine.bench.scaling", "mpidp train at several rank counts: time per "

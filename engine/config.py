@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import collectives
-from engine.dp.accountant import KINDS
+from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.dp.noise import SCHEMES
 from engine.errors import ConfigError
 from engine.nn.model import parse_hidden
@@ -24,7 +24,9 @@ from engine.nn.schedule import SCHEDULES
 FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
                    "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
                    "sampling", "noise_scheme", "hidden", "seed", "device", "weight_decay",
-                   "lr_schedule")
+                   "lr_schedule", "privacy_unit")
+#: Whose privacy epsilon is about (``--privacy-unit``), the default first.
+PRIVACY_UNITS = ("person", "household")
 
 
 @dataclass
@@ -42,7 +44,8 @@ class TrainConfig:
     target_epsilon: float | None = None
     delta: float = 1e-5
     dp: bool = True
-    accountant: str = "rdp"
+    accountant: str = DEFAULT_KIND
+    privacy_unit: str = "person"
     sampling: str = "poisson"
     noise_scheme: str = "partition"
     allreduce: str = "auto"
@@ -96,6 +99,11 @@ class TrainConfig:
         if self.kernels == "cupy" and self.device != "cuda":
             fail("--kernels cupy runs on GPUs only: add --device cuda (or use --kernels "
                  "numba or torch)")
+        if self.privacy_unit not in PRIVACY_UNITS:
+            fail(f"--privacy-unit {self.privacy_unit!r}: choose person or household")
+        if self.privacy_unit == "household" and self.sampling != "poisson":
+            fail("--privacy-unit household samples households by Poisson sampling; drop "
+                 "--sampling shuffle")
         if self.resume and not self.checkpoint_dir:
             fail("--resume needs --checkpoint-dir (where the checkpoint is)")
         if self.stop_after is not None and not self.checkpoint_dir:
@@ -117,6 +125,9 @@ class TrainConfig:
             fail(f"--target-epsilon {self.target_epsilon} must be positive")
         if not 0 < self.delta < 1:
             fail(f"--delta {self.delta} must be in (0, 1)")
+        if self.accountant not in KINDS:
+            fail(f"--accountant {self.accountant!r} is not an accountant; choose "
+                 f"{' or '.join(KINDS)} (default {DEFAULT_KIND})")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,8 +142,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--epochs", type=int, default=d.epochs,
                        help=f"passes over the training set (default: {d.epochs})")
     train.add_argument("--batch-size", type=int, default=d.batch_size,
-                       help="expected global batch size B; Poisson rate q = B/N "
-                       f"(default: {d.batch_size})")
+                       help="expected global batch size B, in privacy units (rows, or "
+                       "households with --privacy-unit household); Poisson rate q = B/N "
+                       f"for N units (default: {d.batch_size})")
     train.add_argument("--lr", type=float, default=d.lr,
                        help=f"learning rate (default: {d.lr})")
     train.add_argument("--optimizer", choices=NAMES, default=d.optimizer,
@@ -159,9 +171,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="calibrate sigma so the planned epochs spend this epsilon")
     privacy.add_argument("--delta", type=float, default=d.delta,
                          help=f"delta of the (epsilon, delta) guarantee (default: {d.delta})")
-    privacy.add_argument("--accountant", choices=KINDS, default=d.accountant,
-                         help="rdp (fast upper bound) or pld (tighter, slower) "
-                         "(default: rdp)")
+    privacy.add_argument("--accountant", default=d.accountant, metavar="{pld,rdp}",
+                         help="pld: privacy loss distributions, a tight upper bound on "
+                         "epsilon; rdp: Renyi DP, looser (up to twice pld's epsilon), "
+                         "for comparison with older runs (default: pld)")
+    privacy.add_argument("--privacy-unit", default=d.privacy_unit,
+                         metavar="{person,household}",
+                         help="whom epsilon protects. person: any one row (one person); a "
+                         "household of k persons is then protected only at about k times "
+                         "epsilon. household: all the rows of any one household at once "
+                         "(households are sampled, and each one's summed gradient is "
+                         "clipped to C; --batch-size counts households); choose it when "
+                         "the persons of a household share what the model must not reveal "
+                         "(home, income, answers), as in PUMS person files "
+                         "(default: person)")
     privacy.add_argument("--no-dp", dest="dp", action="store_false",
                          help="the same loop without clipping and noise (non-private baseline)")
     privacy.add_argument("--noise-scheme", choices=SCHEMES, default=d.noise_scheme,
@@ -222,7 +245,8 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
         target_accuracy=args.target_accuracy, time_budget=args.time_budget,
         max_grad_norm=args.max_grad_norm,
         noise_multiplier=args.noise_multiplier, target_epsilon=args.target_epsilon,
-        delta=args.delta, dp=args.dp, accountant=args.accountant, sampling=args.sampling,
+        delta=args.delta, dp=args.dp, accountant=args.accountant,
+        privacy_unit=args.privacy_unit, sampling=args.sampling,
         noise_scheme=args.noise_scheme, allreduce=args.allreduce,
         hidden=parse_hidden(args.hidden), seed=args.seed, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume,

@@ -2,6 +2,11 @@
 
 Rank r of p reads rows ``[r*N//p, (r+1)*N//p)`` of a split as one hyperslab
 (no rank reads the whole file; shards differ in size by at most one row).
+With ``unit="household"`` (``mpidp train --privacy-unit household``) each cut
+moves forward to the next household boundary (the first row whose
+household key differs from the row before: prep writes a household's rows
+consecutively), so every household lies whole on one rank, and the shard
+lists where its households start.
 The features land in a float32 array with one extra trailing column of ones:
 the bias "feature" of the first layer in the book-keeping layout
 (:mod:`engine.nn.fast_mlp`), so a sampled batch is one contiguous gather.
@@ -10,8 +15,9 @@ Checks, each a :class:`~engine.errors.DataError` raised on every rank
 (:func:`engine.errors.agree`): the file passes
 :func:`preprocessing.h5format.read_info` (exists, is HDF5, ``format`` and
 ``format_version``, dataset shapes and types), the training split has at
-least as many rows as there are ranks, labels lie in ``0 .. n_classes-1``
-and features are finite.
+least as many rows (households) as there are ranks, labels lie in
+``0 .. n_classes-1`` and features are finite; the household unit needs a
+file with household keys (format version 2).
 """
 from __future__ import annotations
 
@@ -22,6 +28,11 @@ import numpy as np
 
 from collectives import MPI
 from engine.errors import DataError, agree
+
+#: Privacy units a shard can be cut for (``mpidp train --privacy-unit``).
+UNITS = ("person", "household")
+#: Rows of household keys read at a time around a cut.
+_CUT_WINDOW = 256
 from preprocessing import h5format
 from preprocessing.h5format import DataInfo
 
@@ -37,17 +48,28 @@ class Shard:
 
     ``X`` is float32 ``[n_local, F+1]`` whose last column is 1; ``y`` is
     int64 ``[n_local]``; ``offset`` is the first global row; ``n_total`` the
-    split's global row count.
+    split's global row count. For the household unit, ``groups`` is int64
+    ``[H_local + 1]``: household h is local rows ``groups[h] .. groups[h+1]-1``
+    (``groups[0] = 0``, ``groups[-1] = n_local``), and ``units_total`` the
+    split's global number of households; for the person unit ``groups`` is
+    None and ``units_total`` is ``n_total``.
     """
 
     X: np.ndarray
     y: np.ndarray
     offset: int
     n_total: int
+    groups: np.ndarray | None = None
+    units_total: int = 0
 
     @property
     def n_local(self) -> int:
         return int(self.y.shape[0])
+
+    @property
+    def units_local(self) -> int:
+        """Privacy units on this rank (rows, or households)."""
+        return self.n_local if self.groups is None else int(self.groups.shape[0] - 1)
 
 
 def read_info(path: str, comm: MPI.Comm | None = None) -> DataInfo:
@@ -102,8 +124,47 @@ def _read_rows(path: str, split: str, lo: int, hi: int, n_features: int) -> tupl
     return X, y
 
 
+def _household_cut(keys, n: int, cut: int) -> int:
+    """The first row at or after ``cut`` that starts a household (``n`` if none).
+
+    Args:
+        keys: the split's h5py dataset of household keys (read a window at a time).
+    """
+    if cut <= 0 or cut >= n:
+        return max(0, min(cut, n))
+    at, window = cut, _CUT_WINDOW
+    previous = keys[cut - 1]
+    while at < n:
+        chunk = keys[at:min(n, at + window)]
+        change = np.flatnonzero(chunk != previous)
+        if change.size:
+            return at + int(change[0])
+        at += chunk.shape[0]
+        window *= 2
+    return n
+
+
+def household_range(path: str, split: str, n: int, size: int, rank: int
+                    ) -> tuple[int, int, np.ndarray]:
+    """Rows ``[lo, hi)`` of ``split`` that rank ``rank`` of ``size`` owns under the
+    household unit, and the local starts of its households (int64, ending
+    with ``hi - lo``). Every rank computes its own cuts the same way, so the
+    ranges partition the split with no communication."""
+    import h5py  # deferred: as in _read_rows
+
+    with h5py.File(path, "r") as f:
+        keys = f[h5format.household_name(split)]
+        lo_nominal, hi_nominal = shard_range(n, size, rank)
+        lo, hi = _household_cut(keys, n, lo_nominal), _household_cut(keys, n, hi_nominal)
+        mine = keys[lo:hi] if hi > lo else np.zeros(0, dtype=np.uint64)
+    starts = np.flatnonzero(mine[1:] != mine[:-1]) + 1 if mine.size else np.zeros(0, np.int64)
+    groups = np.concatenate([[0], starts, [mine.size]]).astype(np.int64) if mine.size \
+        else np.zeros(1, dtype=np.int64)
+    return lo, hi, groups
+
+
 def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
-               min_rows_per_rank: int = 0) -> Shard:
+               min_rows_per_rank: int = 0, unit: str = "person") -> Shard:
     """Collective over ``comm``: this rank's rows of ``split``, checked.
 
     Args:
@@ -111,21 +172,38 @@ def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
         split: ``"train"`` or ``"test"``.
         comm: every rank of it must call this.
         min_rows_per_rank: 1 for training (every rank needs data to sample
-            from); 0 allows empty shards (evaluation).
+            from: a row, or a household); 0 allows empty shards (evaluation).
+        unit: ``"person"`` (plain row ranges) or ``"household"`` (ranges cut
+            on household boundaries, with the households listed).
 
     Raises:
-        DataError: on every rank, if the split has fewer rows than ranks
-            (when ``min_rows_per_rank`` is 1), or a shard has bad labels or
-            non-finite features.
+        DataError: on every rank, if the split has fewer rows (households)
+            than ranks (when ``min_rows_per_rank`` is 1), the household unit
+            is asked of a file without household keys, or a shard has bad
+            labels or non-finite features.
     """
+    if unit not in UNITS:
+        raise ValueError(f"unit {unit!r} not in {UNITS}")
     size, rank = comm.Get_size(), comm.Get_rank()
     n = info.rows[split]
+    if unit == "household" and not info.households:
+        raise DataError(f"{info.path} has no household keys (prepared by an older mpidp, "
+                        "format_version 1); re-run `mpidp prep` on its CSV files to train "
+                        "with --privacy-unit household", collective=True)
     if min_rows_per_rank and n < size * min_rows_per_rank:
         raise DataError(f"{info.path}: /{split} has {n} rows, fewer than the {size} ranks "
                         "of this job; use fewer ranks or more data", collective=True)
     lo, hi = shard_range(n, size, rank)
-    error, X, y = None, None, None
+    error, X, y, groups = None, None, None, None
     try:
+        if unit == "household":
+            try:
+                lo, hi, groups = household_range(info.path, split, n, size, rank)
+            except OSError as exc:
+                raise DataError(f"{info.path}: cannot read /{split}/household: {exc}") from None
+            if min_rows_per_rank and hi == lo:
+                raise DataError(f"{info.path}: /{split} has too few households for the "
+                                f"{size} ranks of this job; use fewer ranks or more data")
         X, y = _read_rows(info.path, split, lo, hi, info.n_features)
         if y.size and (y.min() < 0 or y.max() >= info.n_classes):
             bad = int(np.flatnonzero((y < 0) | (y >= info.n_classes))[0]) + lo
@@ -139,4 +217,5 @@ def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
     except OSError as exc:
         error = DataError(f"{info.path}: cannot read /{split} rows {lo}..{hi}: {exc}")
     agree(comm, error)
-    return Shard(X=X, y=y, offset=lo, n_total=n)
+    units = n if groups is None else comm.allreduce(int(groups.shape[0] - 1), op=MPI.SUM)
+    return Shard(X=X, y=y, offset=lo, n_total=n, groups=groups, units_total=int(units))

@@ -80,25 +80,30 @@ class DPStep:
         self._update = optimizer.step
 
     def __call__(self, rows: torch.Tensor, times: dict[str, float] | None = None,
-                 started: float | None = None) -> tuple[int, float, int]:
+                 started: float | None = None,
+                 groups: torch.Tensor | None = None) -> tuple[int, float, int]:
         """Collective over ``comm``: one step on this rank's sampled ``rows``.
 
         Args:
             rows: int64 tensor of local row indices into ``X`` (sorted; may be
                 empty: an empty local batch is a valid step).
+            groups: for the household unit, int64 ``[H+1]`` offsets of the
+                sampled households in ``rows`` (each household's summed
+                gradient is clipped as one); None clips per row.
             times: if given, the seconds of each phase are added to its
                 :data:`PHASES` keys.
             started: ``time.perf_counter()`` read before the rows were
                 sampled (default: now), the start of ``sample_s``.
 
         Returns:
-            (k rows used, their summed cross-entropy loss, how many were clipped).
+            (k rows used, their summed cross-entropy loss, how many rows were
+            clipped).
         """
         pc = time.perf_counter
         t0 = pc() if started is None else started
         k = self._load(self.X, self.y, rows)
         t1 = pc()
-        loss, clipped = self._clipped_sum(k, self.max_norm)
+        loss, clipped = self._clipped_sum(k, self.max_norm, groups)
         t2 = pc()
         if self._add_noise is not None:
             self._add_noise(self.grad)

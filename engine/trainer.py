@@ -9,7 +9,10 @@ expected batch size B = qN. The accountant counts the step
 (:mod:`engine.dp.accountant`).
 
 Every rank takes the same number of steps (N and B are known everywhere);
-an empty local batch is a valid step. Per epoch: train loss (all-reduced),
+an empty local batch is a valid step. With ``--privacy-unit household`` the
+units are households: shards end on household boundaries, the sampler draws
+households, each household's summed gradient is clipped as one, and N and B
+count households. Per epoch: train loss (all-reduced),
 test accuracy (evaluated in parallel), epsilon, time split into compute and
 communication; JSON lines and a table on rank 0. Checkpoints are atomic and
 carry everything a bit-identical resume needs (:mod:`engine.checkpoint`).
@@ -31,7 +34,7 @@ from collectives import MPI
 from collectives.runtime import available_cores, launch_info
 from engine import checkpoint as ckpt
 from engine import metrics as metrics_mod
-from engine.dp.accountant import Accountant, calibrate_sigma, epsilon_for
+from engine.dp.accountant import Accountant
 from engine.config import FIXED_ON_RESUME, TrainConfig
 from engine.device import select as select_device
 from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
@@ -41,7 +44,7 @@ from engine.nn.fast_mlp import FastMLP
 from engine.nn.model import MLPSpec, init_params
 from engine.dp.noise import GaussianNoise
 from engine.nn.optim import build as build_optimizer
-from engine.dp.sampler import PoissonSampler, ShuffleSampler
+from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
 from engine.nn.schedule import learning_rate
 from engine.shard import read_info, read_shard
 from engine.step import PHASES, DPStep
@@ -96,11 +99,13 @@ class Trainer:
         self.threads, self.local_ranks = configure_threads(cfg.threads)
         self.placement = select_device(cfg.device, comm)
         self.info = read_info(cfg.data, comm)
-        self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1)
+        self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1,
+                                unit=cfg.privacy_unit)
         self.test = read_shard(self.info, "test", comm, min_rows_per_rank=0)
-        n = self.info.rows["train"]
+        n = self.train.units_total  # rows, or households
         if cfg.batch_size > n:
-            raise ConfigError(f"--batch-size {cfg.batch_size} exceeds the {n} training rows "
+            units = "rows" if cfg.privacy_unit == "person" else "households"
+            raise ConfigError(f"--batch-size {cfg.batch_size} exceeds the {n} training {units} "
                               f"of {cfg.data}", collective=True)
         self.n_train = n
         self.q = cfg.batch_size / n
@@ -170,22 +175,15 @@ class Trainer:
             self.accountant = Accountant.from_state(payload["accountant"])
             self.budget = float(payload["budget_epsilon"])
         else:
-            if cfg.target_epsilon is not None:
-                # Every rank calibrates (deterministic, same answer), so an
-                # impossible target is an error on every rank alike.
-                try:
-                    sigma = calibrate_sigma(self.q, self.total_steps, cfg.target_epsilon,
-                                            cfg.delta, cfg.accountant)
-                except PrivacyError as exc:
-                    exc.collective = True
-                    raise
-                self.budget = float(cfg.target_epsilon)
-            else:
-                sigma = float(cfg.noise_multiplier)
-                self.budget = epsilon_for(self.q, sigma, self.total_steps, cfg.delta,
-                                          cfg.accountant)
-            self.accountant = Accountant(q=self.q, sigma=sigma, delta=cfg.delta,
-                                         kind=cfg.accountant)
+            # Every rank plans (deterministic, same answer), so an impossible
+            # target is an error on every rank alike.
+            try:
+                self.accountant, self.budget = Accountant.plan(
+                    self.q, cfg.delta, self.total_steps, cfg.accountant,
+                    target_epsilon=cfg.target_epsilon, sigma=cfg.noise_multiplier)
+            except PrivacyError as exc:
+                exc.collective = True
+                raise
         try:
             self.accountant.check_plan(self.budget, cfg.epochs, self.steps_per_epoch)
         except PrivacyError as exc:
@@ -210,7 +208,9 @@ class Trainer:
             self.grad = self.buffer[:spec.n_params]
         self.control = self.buffer[spec.n_params:]
         n_local = self.train.n_local
-        if cfg.sampling == "poisson":
+        if self.train.groups is not None:
+            self.sampler = HouseholdSampler(self.train.groups, self.q, self.seed, self.rank)
+        elif cfg.sampling == "poisson":
             self.sampler = PoissonSampler(n_local, self.q, self.seed, self.rank)
         else:
             b = cfg.batch_size
@@ -335,19 +335,26 @@ class Trainer:
 
     def _describe(self) -> None:
         cfg = self.cfg
-        self._say(f"mpidp train: {self.spec.describe()} on {cfg.data} "
-                  f"({self.n_train:,} training rows, {self.info.n_features} features), "
+        unit = ("" if not cfg.dp else "epsilon protects each person (one row); "
+                if cfg.privacy_unit == "person"
+                else "epsilon protects each household (all its rows at once); ")
+        households = ("" if cfg.privacy_unit == "person"
+                      else f" in {self.n_train:,} households")
+        self._say(f"mpidp train: {unit}{self.spec.describe()} on {cfg.data} "
+                  f"({self.info.rows['train']:,} training rows{households}, "
+                  f"{self.info.n_features} features), "
                   f"{self.size} rank(s) x {self.threads} thread(s), kernels "
                   f"{self.engine.backends['clip_rows']}"
                   + ("" if self.placement.device.type == "cpu"
                      else f", rank 0 on {self.placement.describe()}"))
         if cfg.dp:
             acct = self.accountant
+            per = "" if cfg.privacy_unit == "person" else " households"
             self._say(f"DP-SGD: C={cfg.max_grad_norm:g}, sigma={acct.sigma:.4f}, expected "
-                      f"batch {cfg.batch_size} (q={self.q:.3g}, {cfg.sampling}), "
+                      f"batch {cfg.batch_size}{per} (q={self.q:.3g}, {cfg.sampling}), "
                       f"{self.steps_per_epoch} steps/epoch; planned epsilon="
                       f"{acct.epsilon(self.total_steps):.3f} at delta={cfg.delta:g} "
-                      f"({cfg.accountant}), budget {self.budget:.3f}")
+                      f"({acct.describe()}), budget {self.budget:.3f}")
             if not self.sampler.assumption_met:
                 self._say("WARNING: --sampling shuffle is outside the accountant's "
                           "assumption (Poisson sampling): epsilon is NOT a guarantee")
@@ -374,6 +381,7 @@ class Trainer:
         sampler, dp_step, opt, control = self.sampler, self.dp_step, self.optimizer, self.control
         pc, from_numpy = time.perf_counter, torch.from_numpy
         local = self.local
+        grouped = self.train.groups is not None  # households: clipped as one each
         code = 0
         try:
             while self.step < self.total_steps:
@@ -386,7 +394,8 @@ class Trainer:
                         opt.lr = learning_rate(cfg.lr_schedule, cfg.lr, self.step + 1)
                     t0 = pc()
                     rows = from_numpy(sampler.sample(self.step))
-                    k, loss, clipped = dp_step(rows, times, t0)
+                    k, loss, clipped = dp_step(rows, times, t0,
+                                               from_numpy(sampler.groups) if grouped else None)
                     self.step += 1
                     if self.accountant is not None:
                         self.accountant.step()
@@ -442,7 +451,8 @@ class Trainer:
         eps = last.get("epsilon")
         self._say(f"done: {len(self.history)} epochs, test accuracy "
                   f"{last.get('test_accuracy', float('nan')):.4f}, "
-                  + (f"epsilon {eps:.3f} (delta {self.cfg.delta:g}), " if eps is not None
+                  + (f"epsilon {eps:.3f} per {self.cfg.privacy_unit} (delta {self.cfg.delta:g}), "
+                     if eps is not None
                      else "non-private, ")
                   + f"{np.median(times) if times else float('nan'):.2f} s/epoch (median)")
         if last.get("stop_reason") == "target_accuracy":

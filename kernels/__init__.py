@@ -1,6 +1,7 @@
 """Per-example gradient kernels and the SGD update, one package per back-end.
 
-A DP-SGD step of the engine's MLP calls five ops. Each has one contract,
+A DP-SGD step of the engine's MLP calls five of these ops (``clip_groups``
+instead of ``clip_rows`` for the household unit). Each has one contract,
 below, and one kernel in every back-end that implements it:
 
 ``clip_rows(acts, grads, max_norm, factors) -> int``
@@ -12,6 +13,18 @@ below, and one kernel in every back-end that implements it:
     factors ``min(1, max_norm / norm_i)`` into ``factors[:k]``, scales every
     ``grads[l][i]`` by its factor in place and returns how many rows were
     clipped (factor < 1). k = 0 is valid.
+``clip_groups(acts, grads, groups, max_norm, factors) -> int``
+    Per-group clipping (a group is a household: ``mpidp train --privacy-unit
+    household``). ``groups`` is int64 ``[H+1]``, ``groups[0] = 0`` and
+    ``groups[H] = k``: group h is rows ``groups[h] .. groups[h+1]-1``. Its
+    gradient for layer l is ``sum_i grads[l][i]^T acts[l][i]`` over its rows,
+    whose squared norm is ``sum_{i,j} (acts[l][i] . acts[l][j])
+    (grads[l][i] . grads[l][j])`` (the norm of a sum is not the sum of the
+    norms); summed over layers it gives factor ``min(1, max_norm / norm_h)``,
+    written into ``factors[i]`` of each of the group's rows, which are scaled
+    by it in place. Returns how many rows were scaled down (the rows of the
+    groups with factor < 1). H = 0 (k = 0) is valid; with groups of one row
+    it is ``clip_rows``.
 ``relu_backward(grad, out) -> None``
     ``grad[i, j] = 0`` where ``out[i, j] <= 0`` (``out`` is the ReLU output,
     possibly a strided view).

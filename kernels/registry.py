@@ -51,6 +51,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
 #: op -> the module of its kernel in each back-end's package.
 MODULES = {
     "clip_rows": "clip_rows",
+    "clip_groups": "clip_groups",
     "relu_backward": "relu_backward",
     "softmax_xent": "softmax_xent",
     "sgd_update": "sgd_update",
@@ -60,8 +61,9 @@ OPS = tuple(MODULES)
 
 #: Ops without CUDA kernels of their own: on GPUs the generic torch kernel runs
 #: (the SGD update is two element-wise torch ops, one launch each; its Numba
-#: kernel exists to save the CPU's per-op dispatch cost).
-GENERIC_ON_GPU = ("sgd_update",)
+#: kernel exists to save the CPU's per-op dispatch cost; the per-group
+#: clipping's padded batched GEMMs are what a GPU runs well anyway).
+GENERIC_ON_GPU = ("sgd_update", "clip_groups")
 
 #: (op, back-end name) -> kernel.
 _KERNELS: dict[tuple[str, str], Callable] = {}

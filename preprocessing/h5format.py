@@ -11,7 +11,16 @@ Datasets, per split ``s`` in :data:`SPLITS`:
 
 * ``/s/X``: float32 ``[N, F]`` (any float type is read), encoded features,
   rows in a global random order; F is the same in every split;
-* ``/s/y``: int8 ``[N]`` (any integer type is read), labels ``0 .. n_classes-1``.
+* ``/s/y``: int8 ``[N]`` (any integer type is read), labels ``0 .. n_classes-1``;
+* ``/s/household`` (format version 2): uint64 ``[N]``, the row's household
+  key, a keyed hash of its SERIALNO (never the serial itself: see
+  :data:`HOUSEHOLD_KEY`), the same for every person of a household. The
+  persons of a household are consecutive rows, households in a random order,
+  so a reader can cut a split into shards on household boundaries
+  (``mpidp train --privacy-unit household``).
+
+Version 1 files (no household keys, rows in a random order) stay readable;
+only the household privacy unit refuses them (re-run ``mpidp prep``).
 
 Root attributes are :data:`ATTRIBUTES`; dicts and lists are stored as JSON
 strings (:func:`attribute_value`). Only :data:`REQUIRED` ones are needed to
@@ -31,13 +40,20 @@ from preprocessing.errors import PrepError
 #: The ``format`` attribute of every prepared file.
 FORMAT = "mpidp"
 #: The ``format_version`` writers write, and the versions readers accept.
-FORMAT_VERSION = 1
-FORMAT_VERSIONS = (1,)
+FORMAT_VERSION = 2
+FORMAT_VERSIONS = (1, 2)
+#: The first version with household keys.
+HOUSEHOLD_VERSION = 2
 #: The splits, in the order they are written.
 SPLITS = ("train", "test")
 #: Element types writers use for ``X`` and ``y``.
 X_DTYPE = "float32"
 Y_DTYPE = "int8"
+HOUSEHOLD_DTYPE = "uint64"
+#: How ``/s/household`` is made (the ``household_key`` attribute).
+HOUSEHOLD_KEY = ("BLAKE2b-64 of the household's SERIALNO, keyed with a 32-byte secret that "
+                 "is not stored: random per run of mpidp prep unless --household-secret "
+                 "FILE gives one")
 
 #: Root attributes: name -> what it holds (docs/preprocessing.md, "The prepared HDF5 file").
 ATTRIBUTES: dict[str, str] = {
@@ -56,6 +72,8 @@ ATTRIBUTES: dict[str, str] = {
     "label": "prep only: the label's definition",
     "universe": "prep only: the records kept",
     "like": "prep only: the file whose encoding was reused (--like), or ''",
+    "households": "JSON: households per split (version 2)",
+    "household_key": "how /s/household was made (version 2): " + HOUSEHOLD_KEY,
 }
 #: Attributes a reader needs (the others describe how the file was made).
 REQUIRED = ("format", "format_version", "n_classes")
@@ -75,14 +93,20 @@ def y_name(split: str) -> str:
     return f"{split}/y"
 
 
+def household_name(split: str) -> str:
+    """Path of the household keys of ``split`` (``"train/household"``, version 2)."""
+    return f"{split}/household"
+
+
 def fingerprint(encoding_text: str) -> str:
     """The ``encoding_fingerprint`` of an ``encoding`` attribute (sha256 hex)."""
     return hashlib.sha256(encoding_text.encode()).hexdigest()
 
 
-def identity() -> dict:
-    """The attributes that make a file a prepared file of this version."""
-    return {"format": FORMAT, "format_version": FORMAT_VERSION}
+def identity(version: int = FORMAT_VERSION) -> dict:
+    """The attributes that make a file a prepared file of ``version`` (default:
+    the one writers write; tests write version 1 files to check old ones)."""
+    return {"format": FORMAT, "format_version": version}
 
 
 def attribute_value(value):
@@ -110,6 +134,8 @@ class DataInfo:
     feature_names: list[str] = field(default_factory=list)
     task: str = ""
     fingerprint: str = ""
+    #: Whether the file has household keys (format version 2).
+    households: bool = False
 
     def summary(self) -> dict:
         return {"path": self.path, "n_features": self.n_features,
@@ -164,6 +190,15 @@ def read_info(path: str) -> DataInfo:
             if X.dtype.kind != "f" or y.dtype.kind not in "iu":
                 raise FormatError(f"{path}: /{split}/X must be float and /{split}/y "
                                   f"integer; found {X.dtype} and {y.dtype}")
+            if version >= HOUSEHOLD_VERSION:
+                name = household_name(split)
+                if name not in f:
+                    raise FormatError(f"{path}: format_version={version} but /{name} is "
+                                      "missing; re-run `mpidp prep`")
+                keys = f[name]
+                if keys.shape != y.shape or keys.dtype.kind not in "iu":
+                    raise FormatError(f"{path}: /{name} must be integer [N] like /{split}/y; "
+                                      f"found {keys.dtype} {keys.shape}")
             if n_features is not None and X.shape[1] != n_features:
                 raise FormatError(f"{path}: /train/X has {n_features} features but "
                                   f"/{split}/X has {X.shape[1]}")
@@ -187,4 +222,5 @@ def read_info(path: str) -> DataInfo:
                 json.dumps(names).encode()).hexdigest()
         return DataInfo(path=path, n_features=n_features, n_classes=n_classes, rows=rows,
                         feature_names=names, task=str(_attr(f.attrs, "task", "") or ""),
-                        fingerprint=encoding_fingerprint)
+                        fingerprint=encoding_fingerprint,
+                        households=version >= HOUSEHOLD_VERSION)

@@ -84,6 +84,7 @@ def dataset_specs(counts: dict[str, int], n_features: int) -> dict[str, tuple[tu
     for split, n in counts.items():
         specs[h5format.x_name(split)] = ((n, n_features), h5format.X_DTYPE)
         specs[h5format.y_name(split)] = ((n,), h5format.Y_DTYPE)
+        specs[h5format.household_name(split)] = ((n,), h5format.HOUSEHOLD_DTYPE)
     return specs
 
 

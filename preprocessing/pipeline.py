@@ -7,7 +7,9 @@
     number   allgather of piece sizes -> each record's file and line
     clean    drop + count per reason; --max-invalid-share check per file
     split    household hash -> train/test; exact global statistics (allreduce)
-    shuffle  random key per record, distributed bucket sort (Alltoallv)
+    shuffle  random key per household and per record, distributed bucket sort
+             (Alltoallv): households in random order, each one's rows together;
+             keyed hash of each household (the /s/household keys)
     write    rank 0 creates the file; every rank encodes and writes its rows;
              rank 0 adds the attributes and renames the file into place
 
@@ -29,7 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from collectives import MPI
-from preprocessing import atomic, encoding as enc, h5format, h5write, shuffle
+from preprocessing import atomic, encoding as enc, h5format, h5write, households, shuffle
 from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
@@ -59,6 +61,7 @@ class Settings:
     like_encoding: str | None = None
     quiet: bool = False
     check_fields: bool = False  # count every line's fields (--check-fields)
+    household_secret: bytes = b""  # key of the household hash (never written)
 
 
 @dataclass
@@ -284,14 +287,18 @@ def check_invalid_share(settings: Settings, counts: np.ndarray, firsts: list) ->
 
 def record_dtype(task: Task, codebook: Codebook) -> np.dtype:
     """One kept record as it travels between ranks: the compact code of every
-    feature, the label, the split and the shuffle key (~30 bytes)."""
+    feature, the label, the split, the household's shuffle key, the household
+    id, the record's own shuffle key and (filled after the shuffle) the
+    household's keyed hash (~55 bytes)."""
     fields = [(f.name, code_dtype(f, codebook)) for f in task.features]
-    return np.dtype(fields + [("__y", np.int8), ("__test", np.bool_), ("__key", np.uint64)])
+    return np.dtype(fields + [("__y", np.int8), ("__test", np.bool_), ("__key", np.uint64),
+                              ("__hh", np.int64), ("__row", np.uint64),
+                              ("__hkey", np.uint64)])
 
 
 def build_records(settings: Settings, parsed: list[Parsed], offsets,
                   dtype: np.dtype) -> np.ndarray:
-    """This rank's kept records: codes, label, split and shuffle key."""
+    """This rank's kept records: codes, label, split, household and shuffle keys."""
     n = sum(len(part.cleaned.label) for p in parsed for part in p.parts)
     records = np.empty(n, dtype=dtype)
     at = 0
@@ -304,7 +311,10 @@ def build_records(settings: Settings, parsed: list[Parsed], offsets,
         part["__test"] = shuffle.test_households(c.household, settings.seed,
                                                  settings.test_fraction)
         rows = first + np.flatnonzero(c.reason == 0)
-        part["__key"] = shuffle.shuffle_keys(settings.seed, p.piece.file, rows)
+        part["__key"] = shuffle.household_keys(settings.seed, c.household)
+        part["__hh"] = c.household
+        part["__row"] = shuffle.shuffle_keys(settings.seed, p.piece.file, rows)
+        part["__hkey"] = 0
         at += k
     return records
 
@@ -380,6 +390,8 @@ def _encode_and_write(fd: int, layout, encoder, split: str, records: np.ndarray,
         encoder.encode({name: part[name] for name in part.dtype.names}, rows)
         h5write.write_rows(fd, layout, h5format.x_name(split), offset + start, rows)
         h5write.write_rows(fd, layout, h5format.y_name(split), offset + start, part["__y"])
+        h5write.write_rows(fd, layout, h5format.household_name(split), offset + start,
+                           np.ascontiguousarray(part["__hkey"]))
 
 
 def _write_compressed(comm, settings, layout, encoder, split: str, records, offset: int,
@@ -391,7 +403,7 @@ def _write_compressed(comm, settings, layout, encoder, split: str, records, offs
     starts.append(total)
     mine = shuffle.rebalance(records, offset, starts, comm)
     first = starts[rank]
-    x_chunks, y_chunks = [], []
+    x_chunks, y_chunks, h_chunks = [], [], []
     buffer = np.empty((rows_per_chunk, encoder.n_features), dtype=np.float32)
     for at in range(0, len(mine), rows_per_chunk):
         part = mine[at:at + rows_per_chunk]
@@ -401,13 +413,14 @@ def _write_compressed(comm, settings, layout, encoder, split: str, records, offs
         level = settings.compression.level
         x_chunks.append((index, h5write.compress_chunk(rows, rows_per_chunk, level)))
         y_chunks.append((index, h5write.compress_chunk(part["__y"], rows_per_chunk, level)))
-    every_x = comm.gather(x_chunks, root=0)
-    every_y = comm.gather(y_chunks, root=0)
-    if rank == 0:
-        h5write.write_chunks(temporary, h5format.x_name(split),
-                             [c for p in every_x for c in p], rows_per_chunk)
-        h5write.write_chunks(temporary, h5format.y_name(split),
-                             [c for p in every_y for c in p], rows_per_chunk)
+        h_chunks.append((index, h5write.compress_chunk(np.ascontiguousarray(part["__hkey"]),
+                                                       rows_per_chunk, level)))
+    for name, chunks in ((h5format.x_name(split), x_chunks), (h5format.y_name(split), y_chunks),
+                         (h5format.household_name(split), h_chunks)):
+        every = comm.gather(chunks, root=0)
+        if rank == 0:
+            h5write.write_chunks(temporary, name, [c for p in every for c in p],
+                                 rows_per_chunk)
 
 
 def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
@@ -416,14 +429,15 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
 
     Args:
         splits: ``"train"``/``"test"`` -> (this rank's records in final order,
-            their first global row, the split's global row count).
+            their first global row, the split's global row count and
+            household count).
         attrs_later: called on every rank after the rows are written; returns
             the root attributes (rank 0 stores them).
     """
     rank = comm.Get_rank()
     encoding = enc.Encoding.from_json(encoding_text)
     encoder = enc.Encoder(encoding, settings.task, settings.codebook)
-    counts = {name: n for name, (_, _, n) in splits.items()}
+    counts = {name: split[2] for name, split in splits.items()}
 
     def create():
         if rank != 0:
@@ -442,14 +456,14 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
         def fill():
             try:
                 if settings.compression.enabled:
-                    for split, (part, first, n) in splits.items():
+                    for split, (part, first, n, _) in splits.items():
                         _write_compressed(comm, settings, layout, encoder, split, part,
                                           first, n, temporary)
                     return
                 fd = os.open(temporary, os.O_WRONLY)
                 try:
                     buffer = np.empty((ENCODE_ROWS, encoder.n_features), dtype=np.float32)
-                    for split, (part, first, _) in splits.items():
+                    for split, (part, first, _, _) in splits.items():
                         _encode_and_write(fd, layout, encoder, split, part, first, buffer)
                 finally:
                     os.close(fd)
@@ -499,28 +513,35 @@ class _Clock:
         self.last = now
 
 
-def split_and_shuffle(comm, records: np.ndarray) -> dict[str, tuple]:
-    """Distributed sort by shuffle key; collective.
+def split_and_shuffle(comm, records: np.ndarray, secret: bytes) -> dict[str, tuple]:
+    """Distributed sort by (household key, household, record key), then each
+    household's keyed hash (``__hkey``); collective.
 
     Returns:
         ``"train"``/``"test"`` -> (this rank's records of the split in final
-        order, the global row of the first of them, the split's global size).
+        order, the global row of the first of them, the split's global size,
+        the split's global number of households).
     """
-    received, order = shuffle.sort_across_ranks(records, "__key", comm)
+    received, order = shuffle.sort_across_ranks(records, "__key", comm, ties=("__hh", "__row"))
     in_test = received["__test"][order]
     splits = {}
     for name, selection in (("train", order[~in_test]), ("test", order[in_test])):
         part = shuffle.take(received, selection)
-        n = np.array([len(part)], dtype=np.int64)
-        first, total = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+        part["__hkey"] = households.household_keys(part["__hh"], secret)
+        # A household is whole on this rank (one bucket) and consecutive.
+        starts = int(len(part) > 0) + int(np.count_nonzero(part["__hh"][1:] != part["__hh"][:-1]))
+        n = np.array([len(part), starts], dtype=np.int64)
+        first, total = np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64)
         comm.Exscan(n, first, op=MPI.SUM)
         comm.Allreduce(n, total, op=MPI.SUM)
-        splits[name] = (part, int(first[0]) if comm.Get_rank() else 0, int(total[0]))
+        splits[name] = (part, int(first[0]) if comm.Get_rank() else 0, int(total[0]),
+                        int(total[1]))
     return splits
 
 
 def attributes(settings: Settings, encoding_text: str, drop_counts: dict,
-               rows_per_file: np.ndarray, digests: dict[str, str], version: str) -> dict:
+               rows_per_file: np.ndarray, digests: dict[str, str], version: str,
+               household_counts: dict[str, int]) -> dict:
     """The root attributes of the output (:data:`preprocessing.h5format.ATTRIBUTES`)."""
     task = settings.task
     encoding = enc.Encoding.from_json(encoding_text)
@@ -536,6 +557,7 @@ def attributes(settings: Settings, encoding_text: str, drop_counts: dict,
         "created_by": f"mpidp {version}".strip(),
         "label": str(task.label), "universe": ",".join(map(str, task.universe)),
         "like": os.path.basename(settings.like) if settings.like else "",
+        "households": household_counts, "household_key": h5format.HOUSEHOLD_KEY,
     }
 
 
@@ -602,7 +624,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
         sums = global_sums(comm, settings, records)
         encoding_text = enc.build(task, settings.codebook, sums).to_json()
     clock("split+stats")
-    splits = split_and_shuffle(comm, records)
+    splits = split_and_shuffle(comm, records, settings.household_secret)
     del records
     clock("shuffle")
 
@@ -611,7 +633,8 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     out_bytes = write_output(
         comm, settings, encoding_text, splits,
         lambda: attributes(settings, encoding_text, drop_counts, counts.sum(axis=1),
-                           hasher.gather(comm), version), clock)
+                           hasher.gather(comm), version,
+                           {name: split[3] for name, split in splits.items()}), clock)
     return Report(records=int(per_reason.sum()), kept=int(per_reason[0]),
                   train=splits["train"][2], test=splits["test"][2],
                   n_features=enc.Encoding.from_json(encoding_text).n_features,

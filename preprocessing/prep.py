@@ -4,8 +4,12 @@ Reads official person files (psam_pNN.csv, ssYYpXX.csv, or the Census
 Bureau's csv_pXX.zip; one or many states) and writes the HDF5 file that
 `mpidp train` reads (layout: docs/preprocessing.md). Every rank
 parses its own byte range of the inputs; statistics are global; households
-are split into train/test by SERIALNO; the rows are shuffled across ranks.
-The output is the same, row for row and byte for byte, whatever the number
+are split into train/test by SERIALNO; the rows are shuffled across ranks,
+each household's persons kept together. Every row carries a household key,
+a keyed hash of its SERIALNO (never the serial itself), for
+`mpidp train --privacy-unit household`; the hash's secret is random per run
+and not stored, unless --household-secret gives one. With the same secret,
+the output is the same, row for row and byte for byte, whatever the number
 of ranks.
 
 examples:
@@ -22,7 +26,8 @@ import os
 
 from collectives import MPI
 from collectives.runtime import available_cores
-from preprocessing import atomic, dictionary, encoding, h5format, h5write, inputs, tasks
+from preprocessing import (atomic, dictionary, encoding, h5format, h5write, households,
+                           inputs, tasks)
 from preprocessing.errors import PrepError
 from preprocessing.pipeline import Settings, agree, prepare
 
@@ -57,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(two records glued by a lost newline, a padded line): counts "
                         "every comma, +40-70%% prep time on 2 cores. Off by default: polars stops "
                         "reading a line after the last needed column and cannot see them")
+    parser.add_argument("--household-secret", metavar="FILE", default=None,
+                        help="file whose bytes (16 or more) key the hash of SERIALNO into "
+                        "the household keys; give the same file to get the same keys again "
+                        "and keep it as private as the data (default: a random secret per "
+                        "run, never stored)")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
     parser.add_argument("--timings", action="store_true",
                         help="also print the seconds spent in each step (rank 0's clock)")
@@ -117,6 +127,8 @@ def make_settings(args: argparse.Namespace):
         encoding.check_compatible(encoding.Encoding.from_json(like_encoding), task,
                                   codebook, args.like)
     atomic.check_writable(args.out)
+    secret = (households.read_secret(args.household_secret) if args.household_secret
+              else households.new_secret())
     found = inputs.inspect_inputs(args.inputs)
     needed = {"SERIALNO": ("SERIALNO",)}
     for name in task.columns():
@@ -131,7 +143,7 @@ def make_settings(args: argparse.Namespace):
                     out=args.out, seed=args.seed, test_fraction=args.test_fraction,
                     max_invalid_share=args.max_invalid_share, compression=compression,
                     like=args.like, like_encoding=like_encoding, quiet=args.quiet,
-                    check_fields=args.check_fields)
+                    check_fields=args.check_fields, household_secret=secret)
 
 
 def _version() -> str:

@@ -10,12 +10,17 @@ it, so the output cannot depend on how the input was split over the ranks.
 * **Split.** A household goes to the test split when the uniform number
   drawn from ``(seed, household id)`` is below ``test_fraction``: all its
   members land on the same side, with no communication.
-* **Shuffle.** Record ``(file f, row i)`` gets the key ``mix(s + (id + 1) *
-  GAMMA)`` with ``id = f * 2^40 + i``. The keys are distinct (a bijection of
-  distinct ids), so sorting by key is a uniformly random-looking permutation
-  with no ties. The sort is distributed (a bucket sort): rank ``r`` receives
-  the keys in ``[r, r+1) * 2^64 / p`` with one ``Alltoallv``, then sorts them
-  locally, so that rank ``r`` holds one contiguous stretch of the final order.
+* **Shuffle, households kept together.** A household gets the key
+  ``mix(s' + (h + 1) * GAMMA)`` from its id h (:func:`household_keys`), and
+  record ``(file f, row i)`` the key ``mix(s + (id + 1) * GAMMA)`` with
+  ``id = f * 2^40 + i`` (:func:`shuffle_keys`, distinct for distinct
+  records). Records are sorted by (household key, household id, record key):
+  households in a random-looking order, each household's persons
+  consecutive (in a random order among themselves), no ties. The sort is
+  distributed (a bucket sort on the household key): rank ``r`` receives the
+  keys in ``[r, r+1) * 2^64 / p`` with one ``Alltoallv``, so a household
+  lands whole on one rank, then sorts them locally, so that rank ``r`` holds
+  one contiguous stretch of the final order.
 """
 from __future__ import annotations
 
@@ -66,6 +71,11 @@ def test_households(household: np.ndarray, seed: int, test_fraction: float) -> n
         return np.zeros(household.shape, dtype=bool)
     u = to_unit(draw(stream_seed(seed, "split"), household.astype(np.int64).view(np.uint64)))
     return u < test_fraction
+
+
+def household_keys(seed: int, household: np.ndarray) -> np.ndarray:
+    """The sort key of each record's household (uint64; equal within a household)."""
+    return draw(stream_seed(seed, "house"), household.astype(np.int64).view(np.uint64))
 
 
 def shuffle_keys(seed: int, file_index: int, rows: np.ndarray) -> np.ndarray:
@@ -122,16 +132,22 @@ def exchange(records: np.ndarray, dest: np.ndarray, comm) -> np.ndarray:
     return recvbuf
 
 
-def sort_across_ranks(records: np.ndarray, key_field: str, comm) -> tuple[np.ndarray, np.ndarray]:
-    """Sort records by a unique uint64 key across all ranks; collective.
+def sort_across_ranks(records: np.ndarray, key_field: str, comm,
+                      ties: tuple[str, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """Sort records by a uint64 key across all ranks, then by the fields
+    ``ties`` where keys are equal; collective. Records of equal key land on
+    the same rank.
 
     Returns:
         ``(received, order)``: ``received[order]`` is this rank's stretch of
-        the global key order (rank r's keys all precede rank r+1's). The
-        caller applies ``order`` (once, to the columns it needs).
+        the global order (rank r's keys all precede rank r+1's). The caller
+        applies ``order`` (once, to the columns it needs).
     """
     received = exchange(records, bucket_of(records[key_field], comm.Get_size()), comm)
-    return received, np.argsort(received[key_field], kind="stable")
+    if not ties:
+        return received, np.argsort(received[key_field], kind="stable")
+    columns = [received[name] for name in reversed(ties)] + [received[key_field]]
+    return received, np.lexsort(columns)
 
 
 def rebalance(records: np.ndarray, offset: int, starts: list[int], comm) -> np.ndarray:

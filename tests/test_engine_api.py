@@ -44,11 +44,35 @@ def test_non_private_run_has_no_epsilon(data, comm):
     assert [m.out_features for m in run.model if isinstance(m, torch.nn.Linear)] == [8, 2]
 
 
+@pytest.mark.mpi(min_size=1)
+def test_household_unit_and_the_pld_default_through_the_api(data, comm):
+    """The API takes the command's privacy options and defaults: PLD, and
+    households counted as the accountant's N with privacy_unit="household"."""
+    import json
+
+    import h5py
+
+    from engine.dp.accountant import epsilon_for
+
+    run = engine.train(data, comm=comm, epochs=1, batch_size=20, target_epsilon=2.0,
+                       privacy_unit="household", hidden=[4], seed=2, quiet=True)
+    assert run.exit_code == 0 and run.config.accountant == "pld"
+    assert run.config.privacy_unit == "household"
+    households = json.loads(h5py.File(data, "r").attrs["households"])["train"]
+    steps = round(households / 20)
+    sigma = run.history[-1]["noise_multiplier"]
+    assert 1.9 < run.epsilon <= 2.0
+    assert run.epsilon == pytest.approx(epsilon_for(20 / households, sigma, steps, 1e-5,
+                                                    "pld"), rel=1e-3)
+
+
 def test_unknown_option_is_named(tmp_path):
     with pytest.raises(ConfigError, match="unknown option.*epoch_count"):
         engine.train(str(tmp_path / "x.h5"), epoch_count=3)
     with pytest.raises(ConfigError, match="exactly one of --noise-multiplier"):
         engine.train(str(tmp_path / "x.h5"))
+    with pytest.raises(ConfigError, match="--accountant 'prv' is not an accountant"):
+        engine.train(str(tmp_path / "x.h5"), noise_multiplier=1.0, accountant="prv")
 
 
 def test_no_submodule_shadows_the_api():

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from preprocessing import h5write, shuffle
+from preprocessing import h5write, households, shuffle
 from preprocessing.errors import PrepError
 from preprocessing.pipeline import prepare
 from preprocessing.prep import add_arguments, make_settings
@@ -66,6 +66,16 @@ def _dirty_copy(zip_path: Path, out: Path) -> dict[str, int]:
     return expected
 
 
+@pytest.fixture
+def secret_file(comm, shared_tmp) -> str:
+    """A --household-secret file shared by the ranks (the same keys every run)."""
+    path = shared_tmp / "household.secret"
+    if comm.Get_rank() == 0:
+        path.write_bytes(bytes(range(32)))
+    comm.Barrier()
+    return str(path)
+
+
 def _settings(argv: list[str]):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -99,8 +109,10 @@ def _raw_frame(paths: list[str]) -> pl.DataFrame:
     return pl.concat(frames)
 
 
-def _expected(paths, encoding: dict, seed: int, test_fraction: float):
-    """(train X, train y, test X, test y) computed independently from the text."""
+def _expected(paths, encoding: dict, seed: int, test_fraction: float,
+              secret: bytes = bytes(32)):
+    """(train X, train y, test X, test y, train household keys, test household
+    keys) computed independently from the text."""
     raw = _raw_frame(paths)
     age = raw["AGEP"].cast(pl.Int64, strict=False)
     sex_ok = raw["SEX"].is_not_null()
@@ -117,6 +129,8 @@ def _expected(paths, encoding: dict, seed: int, test_fraction: float):
     keys = np.zeros(len(files), dtype=np.uint64)
     for f in np.unique(files):
         keys[files == f] = shuffle.shuffle_keys(seed, int(f), row_numbers[files == f])
+    # households in the order of their keys, each one's persons together
+    house_keys = shuffle.household_keys(seed, household)
     columns = []
     for spec in encoding["features"]:
         name = spec["name"]
@@ -130,26 +144,30 @@ def _expected(paths, encoding: dict, seed: int, test_fraction: float):
                 columns.append(hit.fill_null(False).to_numpy().astype(np.float64))
     X = np.stack(columns, axis=1).astype(np.float32)
     y = (rows["ESR"] == "1").fill_null(False).to_numpy().astype(np.int8)
-    out = []
+    out, hashed = [], []
     for mask in (~in_test, in_test):
-        order = np.flatnonzero(mask)[np.argsort(keys[mask])]
+        chosen = np.flatnonzero(mask)
+        order = chosen[np.lexsort((keys[chosen], household[chosen], house_keys[chosen]))]
         out += [X[order], y[order]]
-    return out, rows, in_test
+        hashed.append(households.household_keys(household[order], secret))
+    return out + hashed, rows, in_test
 
 
 @pytest.mark.mpi(min_size=1)
-def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs):
+def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs, secret_file):
     paths, damaged = inputs
     out = str(shared_tmp / "pums.h5")
-    report = _run(comm, [*paths, "--out", out, "--seed", str(SEED)])
+    report = _run(comm, [*paths, "--out", out, "--seed", str(SEED), "--household-secret",
+                         secret_file])
     if comm.Get_rank() != 0:
         return
     with h5py.File(out, "r") as handle:
         attrs = dict(handle.attrs)
-        got = [handle[k][:] for k in ("train/X", "train/y", "test/X", "test/y")]
+        got = [handle[k][:] for k in ("train/X", "train/y", "test/X", "test/y",
+                                      "train/household", "test/household")]
     encoding = json.loads(attrs["encoding"])
-    (train_x, train_y, test_x, test_y), rows, in_test = _expected(
-        paths, encoding, SEED, 0.2)
+    (train_x, train_y, test_x, test_y, train_h, test_h), rows, in_test = _expected(
+        paths, encoding, SEED, 0.2, bytes(range(32)))
     # Statistics: the training split's mean and population std of AGEP.
     train_age = rows["AGEP"].cast(pl.Float64).to_numpy()[~in_test]
     agep = encoding["features"][0]
@@ -161,8 +179,16 @@ def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs):
     assert np.array_equal(got[1], train_y) and np.array_equal(got[3], test_y)
     assert got[0].dtype == np.float32 and got[1].dtype == np.int8
     assert 0.17 < len(test_y) / (len(test_y) + len(train_y)) < 0.23
+    # Household keys: the keyed hash of each row's SERIALNO, households consecutive.
+    assert np.array_equal(got[4], train_h) and np.array_equal(got[5], test_h)
+    assert got[4].dtype == np.uint64
+    for keys in (got[4], got[5]):
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        assert len(np.unique(keys)) == len(starts)  # no household split in two
+    assert json.loads(attrs["households"]) == {
+        "train": len(np.unique(got[4])), "test": len(np.unique(got[5]))}
     # Attributes of the contract (preprocessing/h5format.py).
-    assert attrs["format"] == "mpidp" and attrs["format_version"] == 1
+    assert attrs["format"] == "mpidp" and attrs["format_version"] == 2
     assert attrs["task"] == "employment" and attrs["n_classes"] == 2
     names = json.loads(attrs["feature_names"])
     assert len(names) == got[0].shape[1] == 99 and names[0] == "AGEP"
@@ -187,12 +213,14 @@ def _sha256(path: str) -> str:
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("check", [[], ["--check-fields"]], ids=["default", "check-fields"])
-def test_same_bytes_for_any_number_of_ranks(comm, shared_tmp, inputs, check):
+def test_same_bytes_for_any_number_of_ranks(comm, shared_tmp, inputs, check, secret_file):
     """The whole job, rank 0 alone and the other ranks together all write
-    byte-identical files (sizes p, 1 and p - 1: 1 to 4 over the suite)."""
+    byte-identical files (sizes p, 1 and p - 1: 1 to 4 over the suite), given
+    the same household secret."""
     paths, _ = inputs
     rank, size = comm.Get_rank(), comm.Get_size()
-    argv = [*paths, "--seed", "3", "--test-fraction", "0.25", *check]
+    argv = [*paths, "--seed", "3", "--test-fraction", "0.25", *check,
+            "--household-secret", secret_file]
     _run(comm, [*argv, "--out", str(shared_tmp / "all.h5")])
     part = comm.Split(0 if rank == 0 else 1, rank)
     name = "alone.h5" if rank == 0 else "others.h5"
@@ -225,17 +253,52 @@ def test_like_reuses_the_encoding(comm, shared_tmp):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_household_keys_are_random_per_run_unless_a_secret_is_given(comm, shared_tmp,
+                                                                    secret_file):
+    """Without --household-secret the keys differ between runs (the secret is
+    drawn and forgotten) and the rows do not; with it, they are the same."""
+    nd = str(pums_zips() / "csv_pnd.zip")
+    names = ("r1.h5", "r2.h5", "s1.h5", "s2.h5")
+    for name in names:
+        extra = ["--household-secret", secret_file] if name.startswith("s") else []
+        _run(comm, [nd, "--out", str(shared_tmp / name), *extra])
+    if comm.Get_rank() != 0:
+        return
+    files = {name: h5py.File(shared_tmp / name, "r") for name in names}
+    try:
+        keys = {name: f["train/household"][:] for name, f in files.items()}
+        assert not np.array_equal(keys["r1.h5"], keys["r2.h5"])
+        assert np.array_equal(keys["s1.h5"], keys["s2.h5"])
+        assert np.array_equal(files["r1.h5"]["train/X"][:], files["s1.h5"]["train/X"][:])
+        # the same grouping of rows whatever the secret
+        for name in names:
+            change = keys[name][1:] != keys[name][:-1]
+            assert np.array_equal(change, keys["s1.h5"][1:] != keys["s1.h5"][:-1])
+        serials = set()
+        for line in _member_text(Path(nd)).decode().splitlines()[1:]:
+            serial = line.split(",")[1]  # e.g. 2018HU0000123 -> the pipeline's id
+            serials.add(int(serial[:4]) * 10**8 + (serial[4:6] == "GQ") * 10**7
+                        + int(serial[6:]))
+        assert not serials & set(keys["s1.h5"].astype(np.int64).tolist())  # not the serial
+    finally:
+        for f in files.values():
+            f.close()
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("compression", ["gzip:1"])
-def test_compressed_output_has_the_same_rows(comm, shared_tmp, compression):
+def test_compressed_output_has_the_same_rows(comm, shared_tmp, compression, secret_file):
     zips = pums_zips()
     plain, packed = str(shared_tmp / "plain.h5"), str(shared_tmp / "packed.h5")
-    argv = [str(zips / "csv_pnd.zip"), str(zips / "csv_pde.zip")]
+    argv = [str(zips / "csv_pnd.zip"), str(zips / "csv_pde.zip"), "--household-secret",
+            secret_file]
     _run(comm, [*argv, "--out", plain])
     _run(comm, [*argv, "--out", packed, "--compression", compression])
     if comm.Get_rank() == 0:
         with h5py.File(plain, "r") as a, h5py.File(packed, "r") as b:
             assert b["train/X"].compression == "gzip"
-            for key in ("train/X", "train/y", "test/X", "test/y"):
+            for key in ("train/X", "train/y", "test/X", "test/y", "train/household",
+                        "test/household"):
                 assert np.array_equal(a[key][:], b[key][:]), key
         assert os.path.getsize(packed) < os.path.getsize(plain) / 5
 

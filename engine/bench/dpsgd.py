@@ -4,6 +4,10 @@ Methods (each runs the same Poisson batches, same MLP, same optimizer):
 
 * ``mpidp-dp``      our DP-SGD step: book-keeping clipping, noise, all-reduce, update;
 * ``mpidp-nondp``   the same loop without clipping and noise (``--no-dp``);
+* ``mpidp-household`` our DP-SGD step with ``--privacy-unit household``: whole
+  households sampled (rate chosen for the same expected rows per step), one
+  clip per household (the file's households with ``--data``, else synthetic
+  PUMS-like ones);
 * ``torch-sgd``     plain PyTorch: nn.Module, autograd, torch.optim.SGD (non-private);
 * ``naive``         the per-example loop (run on ``--naive-steps`` steps, extrapolated);
 * ``opacus-hooks``  Opacus' default mode (per-sample gradients from hooks), when installed;
@@ -32,7 +36,8 @@ from engine.bench import synthetic
 from engine.errors import ConfigError
 from engine.shard import read_info, read_shard
 
-METHODS = ("mpidp-dp", "mpidp-nondp", "torch-sgd", "naive", "opacus-hooks", "opacus-ghost")
+METHODS = ("mpidp-dp", "mpidp-nondp", "mpidp-household", "torch-sgd", "naive",
+           "opacus-hooks", "opacus-ghost")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,23 +63,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")
 
 
-def _load(args) -> tuple[np.ndarray, np.ndarray, int, str]:
-    """(X with the ones column, y, classes, description) of --data or of synthetic rows."""
+def _load(args) -> tuple[np.ndarray, np.ndarray, int, str, np.ndarray | None]:
+    """(X with the ones column, y, classes, description, household starts) of
+    --data or of synthetic rows (starts: None for a file without household keys)."""
     if args.data:
         info = read_info(args.data)
-        shard = read_shard(info, "train", MPI.COMM_SELF, min_rows_per_rank=1)
-        return shard.X, shard.y, info.n_classes, args.data
+        shard = read_shard(info, "train", MPI.COMM_SELF, min_rows_per_rank=1,
+                           unit="household" if info.households else "person")
+        return shard.X, shard.y, info.n_classes, args.data, shard.groups
     X, y = synthetic.rows_in_memory(args.rows, args.features, args.seed)
-    return X, y, 2, f"synthetic {args.rows}x{args.features}"
+    keys = synthetic.household_keys(np.random.default_rng(args.seed), args.rows)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    groups = np.append(starts, args.rows).astype(np.int64)
+    return X, y, 2, f"synthetic {args.rows}x{args.features}", groups
 
 
-def _steppers(args, spec, X, y):
+def _steppers(args, spec, X, y, groups=None):
     """name -> (one-step function taking a row tensor and returning its batch size)."""
     # deferred: torch, kept out of `mpidp bench --help`
     import torch
 
     from engine.dp.naive import naive_clipped_sum
     from engine.dp.noise import GaussianNoise
+    from engine.dp.sampler import HouseholdSampler
     from engine.nn.fast_mlp import FastMLP
     from engine.nn.model import init_params, to_module
     from engine.nn.optim import SGD
@@ -86,7 +97,7 @@ def _steppers(args, spec, X, y):
     wanted = set(args.methods.split(","))
     steps = {}
 
-    def ours(dp: bool):
+    def ours(dp: bool, households: np.ndarray | None = None):
         # The trainer's step (engine.step), on the trainer's buffer layout:
         # gradient + one control float, numpy on the CPU.
         buffer = np.zeros(spec.n_params + 1, dtype=np.float32)
@@ -97,6 +108,16 @@ def _steppers(args, spec, X, y):
         dp_step = DPStep(engine, Xt, yt, buffer, grad, SGD(params, lr, momentum), 1.0 / B,
                          MPI.COMM_SELF, max_norm=C if dp else None, noise=noise)
         times = dict.fromkeys(PHASES, 0.0)  # timed as in the trainer, read by nobody
+        if households is not None:
+            # Households at the rate giving the same expected rows per step; the
+            # rows handed in are the person-level batch, not used here.
+            sampler = HouseholdSampler(households, min(1.0, B / len(yt)), args.seed, 0)
+            count = iter(range(1 << 62))
+
+            def household_step(rows):
+                mine = torch.from_numpy(sampler.sample(next(count)))
+                return dp_step(mine, times, None, torch.from_numpy(sampler.groups))[0]
+            return household_step
 
         def step(rows):
             return dp_step(rows, times)[0]
@@ -106,6 +127,8 @@ def _steppers(args, spec, X, y):
         steps["mpidp-dp"] = ours(True)
     if "mpidp-nondp" in wanted:
         steps["mpidp-nondp"] = ours(False)
+    if "mpidp-household" in wanted and groups is not None:
+        steps["mpidp-household"] = ours(True, groups)
     if "torch-sgd" in wanted:
         model = to_module(spec, init_params(spec, args.seed))
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
@@ -198,13 +221,13 @@ def run(args: argparse.Namespace) -> int:
     threads, _ = configure_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
     warnings.filterwarnings("ignore", module="opacus")
-    X, y, n_classes, source = _load(args)
+    X, y, n_classes, source, groups = _load(args)
     n = y.shape[0]
     if args.batch_size > n:
         raise ConfigError(f"--batch-size {args.batch_size} is more than the {n:,} training rows",
                           collective=True)
     spec = MLPSpec.build(X.shape[1] - 1, parse_hidden(args.hidden), n_classes)
-    steps, have_opacus = _steppers(args, spec, X, y)
+    steps, have_opacus = _steppers(args, spec, X, y, groups)
     q = args.batch_size / n
     rng = np.random.default_rng(args.seed)
 
@@ -233,10 +256,10 @@ def run(args: argparse.Namespace) -> int:
             rates[name].append(examples / (time.perf_counter() - start))
     median = {name: statistics.median(values) for name, values in rates.items()}
     ref = median.get("mpidp-dp")
-    print(f"{'method':<14} {'examples/s':>12} {'s/epoch':>9} {'mpidp-dp is':>12}")
+    print(f"{'method':<16} {'examples/s':>12} {'s/epoch':>9} {'mpidp-dp is':>12}")
     for name, rate in median.items():
         ratio = f"{ref / rate:.2f}x" if ref else "-"
-        print(f"{name:<14} {rate:>12,.0f} {n / rate:>9.2f} {ratio:>12}")
+        print(f"{name:<16} {rate:>12,.0f} {n / rate:>9.2f} {ratio:>12}")
     result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
               "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
               "data": source, "steps": args.steps, "repeats": args.repeats}
@@ -246,6 +269,11 @@ def run(args: argparse.Namespace) -> int:
         result["dp_over_nondp"] = statistics.median(
             nd / dp for nd, dp in zip(rates["mpidp-nondp"], rates["mpidp-dp"]))
         print(f"DP / non-DP time per example: {result['dp_over_nondp']:.3f}")
+    if ref and "mpidp-household" in median:
+        result["household_over_person"] = statistics.median(
+            dp / hh for hh, dp in zip(rates["mpidp-household"], rates["mpidp-dp"]))
+        print(f"household / person DP time per example: "
+              f"{result['household_over_person']:.3f}")
     result["speedup"] = {name: ref / rate for name, rate in median.items()} if ref else {}
     if args.json:
         with open(args.json, "w") as handle:

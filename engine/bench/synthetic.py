@@ -3,8 +3,12 @@
 Not census data: rows with a few standardised numeric columns and one-hot
 categorical groups (the shape of what ``mpidp prep`` writes), and a binary
 label from a fixed nonlinear rule plus noise, so a model has something to
-learn. Written in chunks, so benchmark-size files (e.g. 790,000 x 100, what
-prep makes of the 1.2-million-row synthetic PUMS file) need little memory::
+learn. Rows are grouped into synthetic households of 1-8 consecutive rows
+(sizes drawn like PUMS households'), whose random keys fill ``/s/household``
+(format version 2); ``households=False`` writes a version-1 file without
+them, as an older mpidp did. Written in chunks, so benchmark-size files
+(e.g. 790,000 x 100, what prep makes of the 1.2-million-row synthetic PUMS
+file) need little memory::
 
     python -m engine.bench.synthetic --rows 790000 --features 100 --out bench.h5
 
@@ -29,6 +33,17 @@ from preprocessing import h5format
 
 #: Rows generated and written at a time.
 CHUNK = 65536
+#: Household sizes 1..8 and their shares (about those of PUMS person files).
+HOUSEHOLD_SIZES = np.arange(1, 9)
+HOUSEHOLD_SHARES = np.array([0.28, 0.34, 0.15, 0.13, 0.06, 0.025, 0.01, 0.005])
+
+
+def household_keys(rng: np.random.Generator, n: int) -> np.ndarray:
+    """uint64 keys of ``n`` rows in consecutive synthetic households."""
+    sizes = rng.choice(HOUSEHOLD_SIZES, size=n // 2 + 1,
+                       p=HOUSEHOLD_SHARES / HOUSEHOLD_SHARES.sum())
+    keys = rng.integers(0, np.iinfo(np.int64).max, size=sizes.shape[0], dtype=np.int64)
+    return np.repeat(keys.astype(np.uint64), sizes)[:n]
 
 
 def _groups(features: int, numeric: int) -> list[int]:
@@ -80,13 +95,14 @@ def rows_in_memory(rows: int, features: int, seed: int = 0) -> tuple[np.ndarray,
 
 def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
           test_rows: int | None = None, n_classes: int = 2, seed: int = 0,
-          numeric: int = 2, attrs: dict | None = None) -> str:
+          numeric: int = 2, attrs: dict | None = None, households: bool = True) -> str:
     """Write a contract-format file; returns its path.
 
     Args:
         rows: training rows; test_rows: test rows (default rows // 4).
         features: F; ``numeric`` of them are N(0,1), the rest one-hot groups.
         attrs: root attributes overriding the defaults (to make bad files).
+        households: household keys (version 2), or none (version 1).
     """
     test_rows = rows // 4 if test_rows is None else test_rows
     numeric = min(numeric, features)
@@ -98,7 +114,8 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
         names += [f"CAT{g}={v}" for v in range(size)]
     encoding = {"numeric": names[:numeric], "groups": groups, "synthetic": True}
     return _write(path, rows, test_rows, names, encoding, n_classes, seed, "synthetic",
-                  lambda n: _rows(rng, n, numeric, groups, weights, n_classes), attrs)
+                  lambda n: _rows(rng, n, numeric, groups, weights, n_classes), attrs,
+                  households)
 
 
 #: Logistic slope (in units of the margin's standard deviation) of write_dense:
@@ -149,19 +166,21 @@ def write_dense(path: str | os.PathLike, rows: int = 400_000, features: int = 20
     encoding = {"numeric": names, "groups": [], "synthetic": True, "dense": True,
                 "slope": slope, "decay": decay}
     return _write(path, rows, test_rows, names, encoding, 2, seed, "synthetic-dense",
-                  lambda n: dense_rows(rng, n, weights, slope, scales), None)
+                  lambda n: dense_rows(rng, n, weights, slope, scales), None, True)
 
 
 def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
-           n_classes: int, seed: int, task: str, make_rows, attrs: dict | None) -> str:
-    """Both splits, chunk by chunk from ``make_rows(n) -> (X, y)``, then the
-    attributes (layout: :mod:`preprocessing.h5format`); written under a
-    temporary name and renamed."""
+           n_classes: int, seed: int, task: str, make_rows, attrs: dict | None,
+           households: bool) -> str:
+    """Both splits, chunk by chunk from ``make_rows(n) -> (X, y)``, the
+    household keys, then the attributes (layout: :mod:`preprocessing.h5format`);
+    written under a temporary name and renamed."""
     import h5py  # deferred: keeps `mpidp bench --help` fast (bench scaling imports this module)
 
     features = len(names)
     encoding_text = json.dumps(encoding)
     tmp = f"{path}.tmp{os.getpid()}"
+    counts: dict[str, int] = {}
     with h5py.File(tmp, "w") as f:
         for split, n in (("train", rows), ("test", test_rows)):
             chunk_rows = max(1, min(n, 4096, (1 << 22) // max(1, features)))
@@ -173,13 +192,21 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
                 xb, yb = make_rows(min(CHUNK, n - start))
                 X[start:start + len(yb)] = xb
                 y[start:start + len(yb)] = yb
-        base = {**h5format.identity(), "task": task,
+            if households:
+                keys = household_keys(np.random.default_rng([seed, len(split)]), n)
+                f.create_dataset(h5format.household_name(split), data=keys,
+                                 dtype=h5format.HOUSEHOLD_DTYPE)
+                counts[split] = int(n > 0) + int(np.count_nonzero(keys[1:] != keys[:-1]))
+        version = h5format.FORMAT_VERSION if households else 1
+        base = {**h5format.identity(version), "task": task,
                 "n_classes": n_classes, "feature_names": json.dumps(names),
                 "encoding": encoding_text,
                 "encoding_fingerprint": h5format.fingerprint(encoding_text),
                 "drop_counts": json.dumps({}), "sources": json.dumps([]), "seed": seed,
                 "test_fraction": test_rows / max(1, rows + test_rows),
-                "created_by": "mpidp engine.bench.synthetic"}
+                "created_by": "mpidp engine.bench.synthetic",
+                "households": json.dumps(counts) if households else None,
+                "household_key": "random synthetic keys" if households else None}
         base.update(attrs or {})
         h5format.write_attributes(f.attrs, base)  # None values: left out (bad files)
     os.replace(tmp, path)

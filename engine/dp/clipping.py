@@ -1,9 +1,12 @@
 """Per-example clipping for any torch model: clipped gradient sums, no per-example loop.
 
-Two engines share one contract, ``clipped_sum(x, y, max_norm) -> (loss_sum,
-n_clipped)``: they write ``sum_i c_i * grad_i`` (cross-entropy loss of example
-i, clip factor ``c_i = min(1, max_norm / |grad_i|)``, or ``c_i = 1`` when
-``max_norm`` is None) into the flat buffer ``grad`` that matches ``params``.
+Two engines share one contract, ``clipped_sum(x, y, max_norm, groups=None) ->
+(loss_sum, n_clipped)``: they write ``sum_i c_i * grad_i`` (cross-entropy loss
+of example i, clip factor ``c_i = min(1, max_norm / |grad_i|)``, or ``c_i = 1``
+when ``max_norm`` is None) into the flat buffer ``grad`` that matches
+``params``. With ``groups`` (int64 ``[H+1]`` row offsets: the households of
+``--privacy-unit household``), each group's summed gradient is clipped as
+one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
 
 * :class:`LayerClipper` — per layer: one forward with hooks that keep each
   parameterised layer's input, one ``torch.autograd.grad`` to the layer
@@ -23,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.dp.grad_samplers import rule_for
+from engine.dp.grad_samplers import group_sq_norms_of, rule_for
 
 
 def clip_factors(sq_norms: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -31,6 +34,12 @@ def clip_factors(sq_norms: torch.Tensor, max_norm: float) -> torch.Tensor:
     (exact, and 1 for a zero gradient)."""
     norms = sq_norms.sqrt()
     return max_norm / torch.clamp_min(norms, max_norm)
+
+
+def _row_factors(per_group: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Each row's factor: its group's."""
+    starts = groups.to(torch.int64)
+    return torch.repeat_interleave(per_group, starts[1:] - starts[:-1])
 
 
 class FlatParameters:
@@ -99,13 +108,15 @@ class LayerClipper(_FlatGradient):
         super().__init__(model, grad)
         self.layers = leaf_layers(model)
 
-    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
-                    max_norm: float | None) -> tuple[float, int]:
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor, max_norm: float | None,
+                    groups: torch.Tensor | None = None) -> tuple[float, int]:
         """Write the (clipped) gradient sum of the batch into ``grad``.
 
         Args:
             x: ``[k, ...]`` model inputs; y: ``[k]`` int64 labels; k may be 0.
             max_norm: the clipping bound C, or None for plain summed gradients.
+            groups: int64 ``[H+1]`` row offsets of groups clipped as one
+                (households), or None (each example alone).
 
         Returns:
             (summed loss, number of examples whose gradient was scaled down).
@@ -133,9 +144,13 @@ class LayerClipper(_FlatGradient):
         for (name, m), out, b in zip(self.layers, outs, out_grads):
             b = torch.zeros_like(out) if b is None else b
             terms.append(rule_for(m)(m, records[m][0][0].detach(), b))
-        sq = sum(t.sq_norms for t in terms)
-        factors = (torch.ones_like(sq) if max_norm is None
-                   else clip_factors(sq, max_norm))
+        if groups is not None and max_norm is not None:
+            factors = _row_factors(clip_factors(
+                sum(t.group_sq_norms(groups) for t in terms), max_norm), groups)
+        else:
+            sq = sum(t.sq_norms for t in terms)
+            factors = (torch.ones_like(sq) if max_norm is None
+                       else clip_factors(sq, max_norm))
         for (name, _), term in zip(self.layers, terms):
             prefix = f"{name}." if name else ""
             for pname, value in term.clipped_sum(factors).items():
@@ -147,8 +162,8 @@ class LayerClipper(_FlatGradient):
 class FuncClipper(_FlatGradient):
     """Whole-model per-example gradients with ``torch.func`` (the general fallback)."""
 
-    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
-                    max_norm: float | None) -> tuple[float, int]:
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor, max_norm: float | None,
+                    groups: torch.Tensor | None = None) -> tuple[float, int]:
         """Same contract as :meth:`LayerClipper.clipped_sum`."""
         # deferred: only FuncClipper needs torch.func
         from torch.func import functional_call, grad_and_value, vmap
@@ -164,8 +179,12 @@ class FuncClipper(_FlatGradient):
             return F.cross_entropy(out, y_i.unsqueeze(0), reduction="sum")
 
         grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(params, x, y)
-        sq = sum(g.reshape(k, -1).square().sum(1) for g in grads.values())
-        factors = torch.ones_like(sq) if max_norm is None else clip_factors(sq, max_norm)
+        if groups is not None and max_norm is not None:
+            factors = _row_factors(clip_factors(group_sq_norms_of(grads.values(), groups),
+                                                max_norm), groups)
+        else:
+            sq = sum(g.reshape(k, -1).square().sum(1) for g in grads.values())
+            factors = torch.ones_like(sq) if max_norm is None else clip_factors(sq, max_norm)
         for name, g in grads.items():
             self._grad_views[name].copy_(torch.tensordot(factors, g, dims=([0], [0])))
         clipped = 0 if max_norm is None else int((factors < 1).sum())

@@ -3,7 +3,10 @@ from a target epsilon — without data or MPI work.
 
 The sampling rate is q, or B/N from --batch-size and --train-rows; the
 length is --steps, or --epochs (steps = epochs * round(N/B), as mpidp train
-counts them). Examples:
+counts them). For a run with --privacy-unit household, N and B count
+households. Both accountants are printed by default: pld (privacy loss
+distributions, tight; what mpidp train uses unless told otherwise) and rdp
+(Renyi DP, a looser upper bound). Examples:
 
   mpidp privacy --sample-rate 0.004267 --noise-multiplier 1.1 --steps 14062
   mpidp privacy --batch-size 256 --train-rows 60000 --epochs 60 --target-epsilon 2
@@ -14,7 +17,7 @@ import argparse
 import json
 
 from collectives import MPI
-from engine.dp.accountant import calibrate_sigma, check_delta, epsilon_for
+from engine.dp.accountant import KINDS, calibrate, check_delta, epsilon_for
 from engine.errors import ConfigError, PrivacyError
 
 
@@ -30,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     noise.add_argument("--noise-multiplier", type=float, help="sigma: report epsilon")
     noise.add_argument("--target-epsilon", type=float, help="report the sigma that reaches it")
     parser.add_argument("--delta", type=float, default=1e-5, help="delta (default: 1e-5)")
-    parser.add_argument("--accountant", choices=("rdp", "pld", "both"), default="both",
+    parser.add_argument("--accountant", default="both", metavar="{pld,rdp,both}",
                         help="which accountant(s) to use (default: both)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -45,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     def fail(message):
         raise ConfigError(message, collective=True)
 
+    if args.accountant not in (*KINDS, "both"):
+        fail(f"--accountant {args.accountant!r} is not an accountant; choose pld, rdp or both")
     try:
         check_delta(args.delta)
     except PrivacyError as exc:
@@ -66,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         steps = int(round(args.epochs * max(1, round(args.train_rows / args.batch_size))))
     if steps < 1:
         fail("the run needs at least one step")
-    kinds = ("rdp", "pld") if args.accountant == "both" else (args.accountant,)
+    kinds = KINDS if args.accountant == "both" else (args.accountant,)
     result = {"sample_rate": q, "steps": steps, "delta": args.delta}
     try:
         for kind in kinds:
@@ -78,8 +83,11 @@ def run(args: argparse.Namespace) -> int:
                                                         args.delta, kind)
             else:
                 result["target_epsilon"] = args.target_epsilon
-                result[f"noise_multiplier_{kind}"] = calibrate_sigma(
-                    q, steps, args.target_epsilon, args.delta, kind)
+                found = calibrate(q, steps, args.target_epsilon, args.delta, kind)
+                result[f"noise_multiplier_{kind}"] = found.sigma
+                if kind == "rdp":  # what the looser calibration really spends
+                    result["epsilon_pld_at_rdp_sigma"] = epsilon_for(
+                        q, found.sigma, steps, args.delta, "pld")
     except PrivacyError as exc:
         exc.collective = True
         raise
@@ -93,7 +101,11 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  {kind}: epsilon = {result[f'epsilon_{kind}']:.4f} at noise "
                           f"multiplier {args.noise_multiplier:g}")
                 else:
+                    extra = ""
+                    if kind == "rdp":
+                        extra = (f" (the PLD certifies epsilon = "
+                                 f"{result['epsilon_pld_at_rdp_sigma']:.4f} for it)")
                     print(f"  {kind}: noise multiplier = "
                           f"{result[f'noise_multiplier_{kind}']:.4f} for epsilon "
-                          f"{args.target_epsilon:g}")
+                          f"{args.target_epsilon:g}{extra}")
     return 0

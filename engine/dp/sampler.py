@@ -9,6 +9,13 @@ training set with rate q (the shards partition it). Empty batches happen
 and are valid steps. Each rank's stream is its own (seeded from the run's
 seed and the rank) and its state is checkpointed.
 
+**Households** (``--privacy-unit household``): the same Poisson sampling,
+of the rank's households instead of its rows (each kept with probability q;
+shards end on household boundaries, so the union over ranks is a Poisson
+sample of all households), then every row of each sampled household. The
+batch's households are consecutive runs of rows, whose offsets the step
+needs to clip each household's gradient as one (:attr:`groups`).
+
 **Shuffle** (``--sampling shuffle``): fixed-size batches from a per-epoch
 permutation of the shard. Common and cheap, but *outside the accountant's
 assumption*: the epsilon reported for such a run is not a guarantee.
@@ -68,6 +75,48 @@ class PoissonSampler:
 
     def set_state(self, state: dict) -> None:
         self.rng.bit_generator.state = state
+
+
+class HouseholdSampler:
+    """Poisson sampling of a local shard's households at rate ``q``.
+
+    Args:
+        groups: int64 ``[H+1]`` household starts of the shard
+            (:attr:`engine.shard.Shard.groups`).
+        q, seed, rank: as :class:`PoissonSampler` (its stream, over households).
+    """
+
+    assumption_met = True
+    name = "poisson"
+
+    def __init__(self, groups: np.ndarray, q: float, seed: int, rank: int):
+        self.starts = np.asarray(groups, dtype=np.int64)
+        self.units = PoissonSampler(self.starts.shape[0] - 1, q, seed, rank)
+        self.q = self.units.q
+        #: int64 ``[h+1]`` offsets of the last sample's households in its rows.
+        self.groups = np.zeros(1, dtype=np.int64)
+
+    def expected_local_batch(self) -> float:
+        """Expected rows per step: q times the shard's rows."""
+        return self.q * float(self.starts[-1])
+
+    def sample(self, step: int) -> np.ndarray:
+        """Sorted int64 local rows of this step's households (possibly none);
+        sets :attr:`groups`."""
+        chosen = self.units.sample(step)
+        begins = self.starts[chosen]
+        sizes = self.starts[chosen + 1] - begins
+        offsets = np.zeros(chosen.shape[0] + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        self.groups = offsets
+        # row r of household h: begins[h] + (r - offsets[h])
+        return np.arange(offsets[-1], dtype=np.int64) + np.repeat(begins - offsets[:-1], sizes)
+
+    def get_state(self) -> dict:
+        return self.units.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self.units.set_state(state)
 
 
 class ShuffleSampler:

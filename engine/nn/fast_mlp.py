@@ -12,7 +12,11 @@ book-keeping rule). Per step, for L layers:
 * backward: L-1 GEMMs ``g_{l-1} = g_l W_l`` and ReLU masks;
 * clipping: one fused kernel for all layers: squared norms
   ``sum_l |a_l,i|^2 |g_l,i|^2``, factors ``min(1, C/norm_i)``, rows of every
-  ``g_l`` scaled in place;
+  ``g_l`` scaled in place; for the household unit, one norm per household
+  from the Gram products of its rows, ``sum_l sum_{i,j} (a_l,i . a_l,j)
+  (g_l,i . g_l,j)``, and its factor on all its rows (``clip_groups``: the
+  households are small, so the Gram blocks cost about what the per-row
+  norms do);
 * clipped sums: L GEMMs ``(c g_l)^T a_l`` written straight into the flat
   gradient buffer (the one the all-reduce sends).
 
@@ -56,6 +60,8 @@ class FastMLP:
         self.clip_rows = registry.get("clip_rows", device, backend)
         self.relu_backward = registry.get("relu_backward", device, backend)
         self.softmax_xent = registry.get("softmax_xent", device, backend)
+        self._backend = backend
+        self.clip_groups = None  # looked up on the first grouped call
         self.capacity = 0
         self._allocate(max(1, capacity))
 
@@ -94,7 +100,9 @@ class FastMLP:
                               grad=G[last]),
                 tuple(registry.bind(self.relu_backward, grad=G[i - 1], out=H[i])
                       for i in range(last, 0, -1)),
-                registry.bind(self.clip_rows, acts=A, grads=G, factors=self.factors))
+                registry.bind(self.clip_rows, acts=A, grads=G, factors=self.factors),
+                None if self.clip_groups is None else
+                registry.bind(self.clip_groups, acts=A, grads=G, factors=self.factors))
             views = (A, H, Z, G, self.y[:k], kernels)
             self._views[k] = views
         return views
@@ -116,16 +124,31 @@ class FastMLP:
         torch.index_select(y, 0, rows, out=yk)
         return k
 
-    def clipped_sum(self, k: int, max_norm: float | None) -> tuple[float, int]:
+    def _use_groups(self) -> None:
+        """Look up ``clip_groups`` (the back-end asked for, else the generic one:
+        no CUDA kernel of its own) and forget the bound kernels."""
+        backend = self._backend
+        if backend not in registry.backends("clip_groups", self.device):
+            backend = None
+        self.clip_groups = registry.get("clip_groups", self.device, backend)
+        self._views = {}
+
+    def clipped_sum(self, k: int, max_norm: float | None,
+                    groups: torch.Tensor | None = None) -> tuple[float, int]:
         """Write ``sum_i c_i grad_i`` of the loaded batch of ``k`` rows into ``grad``.
 
-        ``max_norm=None`` gives the plain sum (non-private baseline). Returns
-        (summed cross-entropy loss, number of clipped examples).
+        ``max_norm=None`` gives the plain sum (non-private baseline). With
+        ``groups`` (int64 ``[H+1]`` row offsets, ``groups[-1] = k``: the
+        batch's households), each group's summed gradient is clipped to
+        ``max_norm`` as a whole. Returns (summed cross-entropy loss, number of
+        rows whose gradient was scaled down).
         """
         if k == 0:
             self.grad.zero_()
             return 0.0, 0
-        A, H, Z, G, _, (softmax_xent, relu_backward, clip_rows) = self._slices(k)
+        if groups is not None and self.clip_groups is None:
+            self._use_groups()
+        A, H, Z, G, _, (softmax_xent, relu_backward, clip_rows, clip_groups) = self._slices(k)
         W = self.W
         last = self.spec.n_layers - 1
         for i in range(last + 1):
@@ -137,7 +160,9 @@ class FastMLP:
             torch.mm(G[i], self.W_in[i], out=G[i - 1])
             relu_back()
         clipped = 0
-        if max_norm is not None:
+        if max_norm is not None and groups is not None:
+            clipped = clip_groups(groups=groups, max_norm=float(max_norm))
+        elif max_norm is not None:
             clipped = clip_rows(max_norm=float(max_norm))
         for i in range(last + 1):
             torch.mm(G[i].t(), A[i], out=self.G_out[i])

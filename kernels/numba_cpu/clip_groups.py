@@ -1,0 +1,80 @@
+"""``clip_groups`` as one Numba CPU kernel: per-group norms from Gram products,
+clip factors and scaling fused, one group per iteration of a parallel loop.
+
+A group (a household) is a few consecutive rows; its squared gradient norm
+is ``sum_l sum_{i,j} (a_i . a_j)(g_i . g_j)`` over its rows (contract in
+:mod:`kernels`). The loop visits each unordered pair once (the diagonal is
+``|a_i|^2 |g_i|^2``, as in ``clip_rows``) and accumulates in float64.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numba
+import numpy as np
+import torch
+
+from kernels.registry import register
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def _clip_groups(acts, grads, groups, max_norm, factors):
+    n_groups = groups.shape[0] - 1
+    clipped_rows = np.zeros(max(n_groups, 1), dtype=np.int64)
+    for h in numba.prange(n_groups):
+        lo, hi = groups[h], groups[h + 1]
+        sq = 0.0
+        for layer in range(len(acts)):
+            a = acts[layer]
+            g = grads[layer]
+            for i in range(lo, hi):
+                for j in range(i, hi):
+                    sa = 0.0
+                    for c in range(a.shape[1]):
+                        sa += a[i, c] * a[j, c]
+                    sg = 0.0
+                    for c in range(g.shape[1]):
+                        sg += g[i, c] * g[j, c]
+                    sq += sa * sg if i == j else 2.0 * sa * sg
+        norm = math.sqrt(max(sq, 0.0))
+        c = 1.0
+        if norm > max_norm:
+            c = max_norm / norm
+            clipped_rows[h] = hi - lo
+            for layer in range(len(grads)):
+                g = grads[layer]
+                cg = g.dtype.type(c)
+                for i in range(lo, hi):
+                    for col in range(g.shape[1]):
+                        g[i, col] *= cg
+        for i in range(lo, hi):
+            factors[i] = c
+    return clipped_rows.sum()
+
+
+@register("clip_groups", backend="numba_cpu")
+def clip_groups(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+                groups: torch.Tensor, max_norm: float, factors: torch.Tensor) -> int:
+    """Book-keeping per-group clipping (contract in :mod:`kernels`)."""
+    return _bind(acts, grads, factors)(groups=groups, max_norm=max_norm)
+
+
+def _bind(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], factors: torch.Tensor):
+    """``clip_groups`` on these buffers: numpy views made once (``registry.bind``);
+    the groups change every step and are passed per call."""
+    k = grads[0].shape[0] if grads else 0
+    if k == 0:
+        return lambda groups, max_norm: 0
+    a = tuple(t.numpy() for t in acts)
+    g = tuple(t.numpy() for t in grads)
+    f = factors.numpy()[:k]
+
+    def call(groups, max_norm: float) -> int:
+        starts = groups.numpy() if isinstance(groups, torch.Tensor) else np.asarray(groups)
+        return int(_clip_groups(a, g, starts.astype(np.int64, copy=False), float(max_norm), f))
+
+    return call
+
+
+clip_groups.bind = _bind
