@@ -11,6 +11,7 @@ rank of an SPMD program::
     import engine
     run = engine.train("pums.h5", epochs=5, target_epsilon=1.0, seed=0)
     print(run.epsilon, run.history[-1]["test_accuracy"])   # run.model: a torch MLP
+    run = engine.train("pums.h5", model=my_factory, epochs=5, target_epsilon=1.0)
 
 The DP components also stand alone for a loop of your own:
 :class:`engine.dp.sampler.PoissonSampler`, :class:`engine.dp.noise.GaussianNoise`,
@@ -38,7 +39,8 @@ class Run:
     """What :func:`train` returns, the same on every rank.
 
     Attributes:
-        model: the trained MLP as a ``torch.nn.Sequential`` on the CPU.
+        model: the trained model: the MLP as a ``torch.nn.Sequential`` on the
+            CPU, or the module you gave (trained in place).
         epsilon, delta: the privacy spent (None for a non-private run).
         history: one record per epoch (train loss, test accuracy, epsilon,
             timings), as ``--metrics`` writes them.
@@ -55,11 +57,17 @@ class Run:
     config: Any = None
 
 
-def train(data: str, *, comm: Any = None, quiet: bool = False, **options: Any) -> Run:
-    """Train the MLP on a prepared file with DP-SGD over ``comm``; every rank calls it.
+def train(data: str, *, model: Any = "mlp", comm: Any = None, quiet: bool = False,
+          **options: Any) -> Run:
+    """Train a model on a prepared file with DP-SGD over ``comm``; every rank calls it.
 
     Args:
         data: a file written by ``mpidp prep``.
+        model: ``"mlp"`` (the fused MLP; widths from ``hidden``), ``"logreg"``,
+            ``"MODULE:FACTORY"``, a ``torch.nn.Module`` (trained in place; it
+            must be built identically on every rank, float32, on the run's
+            device), or a factory ``(n_features, n_classes) -> nn.Module``
+            (called after seeding torch with the run's seed).
         comm: an mpi4py intracommunicator (default ``COMM_WORLD``).
         quiet: print nothing (rank 0 prints the run's table otherwise).
         **options: the options of ``mpidp train`` by keyword (the fields of
@@ -78,7 +86,6 @@ def train(data: str, *, comm: Any = None, quiet: bool = False, **options: Any) -
     # deferred: torch and the trainer; `import engine` stays light
     from engine.config import TrainConfig
     from engine.errors import ConfigError
-    from engine.nn.model import to_module
     from engine.trainer import Trainer
 
     known = set(TrainConfig.__dataclass_fields__) - {"data"}
@@ -89,12 +96,18 @@ def train(data: str, *, comm: Any = None, quiet: bool = False, **options: Any) -
     options.setdefault("progress", False)
     if "hidden" in options:
         options["hidden"] = tuple(options["hidden"])
+    given = None
+    if isinstance(model, str):
+        options["model"] = model
+    else:
+        given = model
+        options["model"] = "python"  # recorded; the object itself is not serialisable
     cfg = TrainConfig(data=str(data), **options)
     cfg.validate()
-    trainer = Trainer(cfg, comm, out=io.StringIO() if quiet else None)
+    trainer = Trainer(cfg, comm, out=io.StringIO() if quiet else None, model=given)
     code = trainer.run()
     accountant = getattr(trainer, "accountant", None)
-    return Run(model=to_module(trainer.spec, trainer.params.detach().cpu()),
+    return Run(model=trainer.model.module(trainer.params),
                epsilon=None if accountant is None else accountant.epsilon(),
                delta=cfg.delta if cfg.dp else None, history=list(trainer.history),
                exit_code=code, config=cfg)

@@ -16,6 +16,7 @@ import collectives
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.dp.noise import SCHEMES
 from engine.errors import ConfigError
+from engine.nn import factories
 from engine.nn.model import parse_hidden
 from engine.nn.optim import NAMES
 from engine.nn.schedule import SCHEDULES
@@ -23,7 +24,7 @@ from engine.nn.schedule import SCHEDULES
 #: Options a resume must repeat unchanged (they define the run and its privacy).
 FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
                    "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
-                   "sampling", "noise_scheme", "hidden", "seed", "device", "weight_decay",
+                   "sampling", "noise_scheme", "model", "hidden", "seed", "device", "weight_decay",
                    "lr_schedule", "privacy_unit")
 #: Whose privacy epsilon is about (``--privacy-unit``), the default first.
 PRIVACY_UNITS = ("person", "household")
@@ -49,6 +50,7 @@ class TrainConfig:
     sampling: str = "poisson"
     noise_scheme: str = "partition"
     allreduce: str = "auto"
+    model: str = "mlp"
     hidden: tuple[int, ...] = field(default=(128, 128))
     seed: int | None = None
     checkpoint_dir: str | None = None
@@ -94,6 +96,11 @@ class TrainConfig:
             fail("--checkpoint-every and --eval-every must be at least 1")
         if self.stop_after is not None and self.stop_after < 1:
             fail(f"--stop-after {self.stop_after} must be at least 1")
+        try:
+            if self.model != "python":  # the library's model= object
+                factories.check_name(self.model)
+        except ConfigError as exc:
+            fail(str(exc))
         if self.device not in ("cpu", "cuda"):
             fail(f"--device {self.device!r}: choose cpu or cuda")
         if self.kernels == "cupy" and self.device != "cuda":
@@ -135,9 +142,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig(data="")
     data = parser.add_argument_group("data and model")
     data.add_argument("--data", required=True, help="prepared HDF5 file (mpidp prep)")
+    data.add_argument("--model", default=d.model, metavar="mlp|logreg|MODULE:FACTORY",
+                      help="mlp (fused kernels, widths from --hidden), logreg (no hidden "
+                      "layer), or MODULE:FACTORY: your function (n_features, n_classes) -> "
+                      "torch.nn.Module in an importable module, called on every rank after "
+                      "seeding torch with the run's seed; it is clipped per layer "
+                      "(torch.func where a layer has no rule) (default: mlp)")
     data.add_argument("--hidden", default="128,128",
-                      help="hidden layer widths, comma-separated; empty ('') for logistic "
-                      "regression (default: 128,128)")
+                      help="hidden layer widths of --model mlp, comma-separated; empty ('') "
+                      "for logistic regression (default: 128,128)")
     train = parser.add_argument_group("optimisation")
     train.add_argument("--epochs", type=int, default=d.epochs,
                        help=f"passes over the training set (default: {d.epochs})")
@@ -248,7 +261,7 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
         delta=args.delta, dp=args.dp, accountant=args.accountant,
         privacy_unit=args.privacy_unit, sampling=args.sampling,
         noise_scheme=args.noise_scheme, allreduce=args.allreduce,
-        hidden=parse_hidden(args.hidden), seed=args.seed, checkpoint_dir=args.checkpoint_dir,
+        model=args.model, hidden=parse_hidden(args.hidden), seed=args.seed, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume,
         stop_after=args.stop_after, metrics=args.metrics, eval_every=args.eval_every,
         threads=args.threads, device=args.device, kernels=args.kernels,

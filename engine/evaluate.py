@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from engine import checkpoint as ckpt
-    from engine.nn.model import MLPSpec, logits
+    from engine.nn import models
+    from engine.nn.model import MLPSpec
 
     comm = MPI.COMM_WORLD
     error, payload = None, None
@@ -85,9 +86,11 @@ def run(args: argparse.Namespace) -> int:
         error = exc
     agree(comm, error)
     info = read_info(args.data, comm)
-    spec = MLPSpec.from_dict(payload["model"])
+    recorded = payload["model"]
+    spec = None if recorded.get("kind") == "module" else MLPSpec.from_dict(recorded)
     trained = payload.get("data", {})
-    if info.n_features != spec.dims[0] or info.n_classes != spec.dims[-1]:
+    if spec is not None and (info.n_features != spec.dims[0]
+                             or info.n_classes != spec.dims[-1]):
         raise DataError(f"{args.data} has {info.n_features} features and {info.n_classes} "
                         f"classes; the model expects {spec.dims[0]} and {spec.dims[-1]} "
                         "(prepare the file with `mpidp prep --like` the training file)",
@@ -102,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
                         "with `mpidp prep --like` the training file", collective=True)
     shard = read_shard(info, args.split, comm, min_rows_per_rank=0)
     params = payload["params"].to(torch.float32)
-    result = evaluate_shard(lambda xb: logits(spec, params, xb), shard.X, shard.y, comm,
-                            args.allreduce)
+    model_logits = models.checkpoint_logits(recorded, params, info.n_features, info.n_classes,
+                                            str(args.checkpoint))
+    result = evaluate_shard(model_logits, shard.X, shard.y, comm, args.allreduce)
     if comm.Get_rank() == 0:
         result.update(checkpoint=str(args.checkpoint), data=args.data, split=args.split,
                       step=payload.get("step"), epsilon=payload.get("epsilon"))

@@ -40,8 +40,8 @@ from engine.device import select as select_device
 from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
                            DivergedError, PrivacyError, agree)
 from engine.evaluate import evaluate_shard
-from engine.nn.fast_mlp import FastMLP
-from engine.nn.model import MLPSpec, init_params
+from engine.nn import models
+from engine.nn.module_engine import parameter_digest
 from engine.dp.noise import GaussianNoise
 from engine.nn.optim import build as build_optimizer
 from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
@@ -81,8 +81,10 @@ def _shared_seed(comm, seed: int | None) -> int:
 class Trainer:
     """A DP-SGD (or ``--no-dp``) run of :class:`TrainConfig` over ``comm``."""
 
-    def __init__(self, cfg: TrainConfig, comm=None, out=None):
+    def __init__(self, cfg: TrainConfig, comm=None, out=None, model=None):
         self.cfg = cfg
+        #: the library's ``model=`` (a module or a factory), else cfg.model decides
+        self.given_model = model
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.out = sys.stdout if out is None else out
@@ -111,10 +113,15 @@ class Trainer:
         self.q = cfg.batch_size / n
         self.steps_per_epoch = max(1, round(n / cfg.batch_size))
         self.total_steps = cfg.epochs * self.steps_per_epoch
-        self.spec = MLPSpec.build(self.info.n_features, cfg.hidden, self.info.n_classes)
-
         payload = self._load_checkpoint()
         self.seed = _shared_seed(comm, payload["seed"] if payload else cfg.seed)
+        self.model = models.resolve(cfg.model, cfg.hidden, self.info.n_features,
+                                    self.info.n_classes, self.seed, self.placement.device,
+                                    given=self.given_model)
+        self.spec = getattr(self.model, "spec", None)  # the fused MLP's widths, or None
+        if payload is not None:
+            models.check_resume(payload["model"], self.model,
+                                str(ckpt.path_in(cfg.checkpoint_dir)))
         self._plan_privacy(payload)
         self._build_state(payload)
 
@@ -191,22 +198,18 @@ class Trainer:
             raise
 
     def _build_state(self, payload: dict | None) -> None:
-        cfg, spec = self.cfg, self.spec
+        cfg, n_params = self.cfg, self.model.n_params
         device = self.placement.device
-        params = init_params(spec, self.seed)
-        if payload is not None:
-            params.copy_(payload["params"])
-        self.params = params = params.to(device)
         # The all-reduce buffer: the flat gradient and one control float; a
         # numpy array on the CPU, a tensor on a GPU (collectives stage it
         # through host memory unless MPI is CUDA-aware).
         if self.placement.host_buffer:
-            self.buffer = np.zeros(spec.n_params + 1, dtype=np.float32)
-            self.grad = torch.from_numpy(self.buffer[:spec.n_params])
+            self.buffer = np.zeros(n_params + 1, dtype=np.float32)
+            self.grad = torch.from_numpy(self.buffer[:n_params])
         else:
-            self.buffer = torch.zeros(spec.n_params + 1, dtype=torch.float32, device=device)
-            self.grad = self.buffer[:spec.n_params]
-        self.control = self.buffer[spec.n_params:]
+            self.buffer = torch.zeros(n_params + 1, dtype=torch.float32, device=device)
+            self.grad = self.buffer[:n_params]
+        self.control = self.buffer[n_params:]
         n_local = self.train.n_local
         if self.train.groups is not None:
             self.sampler = HouseholdSampler(self.train.groups, self.q, self.seed, self.rank)
@@ -219,11 +222,18 @@ class Trainer:
                                           self.seed, self.rank)
         expected = self.sampler.expected_local_batch()
         capacity = int(expected + 6 * math.sqrt(expected) + 16)
-        self.engine = FastMLP(spec, params, self.grad, capacity=capacity, backend=cfg.kernels)
+        probe = (torch.from_numpy(self.train.X[:4]), torch.from_numpy(self.train.y[:4]))
+        self.engine = self.model.build_engine(self.grad, self.seed, probe, self.info.n_classes,
+                                              capacity, cfg.kernels)
+        self.params = params = self.engine.params
+        if payload is not None:
+            with torch.no_grad():
+                params.copy_(payload["params"].to(device))
+        self._check_ranks_agree_on_the_model()
         self.noise = None
         if cfg.dp:
             std = self.accountant.sigma * cfg.max_grad_norm
-            self.noise = GaussianNoise(spec.n_params, std, self.size, self.rank, self.seed,
+            self.noise = GaussianNoise(n_params, std, self.size, self.rank, self.seed,
                                        cfg.noise_scheme, device=device, backend=cfg.kernels)
         self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum,
                                          cfg.weight_decay, backend=cfg.kernels)
@@ -251,6 +261,18 @@ class Trainer:
                               max_norm=cfg.max_grad_norm if cfg.dp else None,
                               noise=self.noise, algorithm=cfg.allreduce)
 
+    def _check_ranks_agree_on_the_model(self) -> None:
+        """Collective: every rank must start from the same parameters (a user's
+        factory that draws without the run's seed would train a different
+        model per rank, and the all-reduced sum would fit none of them)."""
+        digests = self.comm.allgather(parameter_digest(self.params))
+        odd = [r for r, d in enumerate(digests) if d != digests[0]]
+        if odd:
+            raise ConfigError(f"the model's initial parameters differ between ranks (rank "
+                              f"{odd[0]} differs from rank 0): build it the same way on every "
+                              "rank (a factory is called after seeding torch with the run's "
+                              "seed; draw with torch's default generator)", collective=True)
+
     # ------------------------------------------------------------ checkpoints
     def _epsilon(self) -> float | None:
         return None if self.accountant is None else self.accountant.epsilon()
@@ -271,7 +293,7 @@ class Trainer:
         if self.rank == 0:
             payload = {
                 "config": self.cfg.to_dict(), "seed": self.seed, "world_size": self.size,
-                "data": self.info.summary(), "model": self.spec.to_dict(),
+                "data": self.info.summary(), "model": self.model.to_dict(),
                 "params": self.params.detach().cpu().clone(),
                 "optimizer": self.optimizer.state_dict(),
                 "accountant": None if self.accountant is None else self.accountant.state_dict(),
@@ -340,11 +362,11 @@ class Trainer:
                 else "epsilon protects each household (all its rows at once); ")
         households = ("" if cfg.privacy_unit == "person"
                       else f" in {self.n_train:,} households")
-        self._say(f"mpidp train: {unit}{self.spec.describe()} on {cfg.data} "
+        self._say(f"mpidp train: {unit}{self.model.describe()} on {cfg.data} "
                   f"({self.info.rows['train']:,} training rows{households}, "
                   f"{self.info.n_features} features), "
                   f"{self.size} rank(s) x {self.threads} thread(s), kernels "
-                  f"{self.engine.backends['clip_rows']}"
+                  f"{self.engine.backends.get('clip_rows', 'torch')}"
                   + ("" if self.placement.device.type == "cpu"
                      else f", rank 0 on {self.placement.describe()}"))
         if cfg.dp:

@@ -42,6 +42,7 @@ import torch
 from engine import checkpoint as ckpt
 from engine.errors import CheckpointError, DataError, agree
 from engine.nn.model import MLPSpec
+from engine.nn.models import checkpoint_spec
 from engine.shard import read_info
 from preprocessing.h5format import DataInfo
 
@@ -177,7 +178,7 @@ def check_compatible(payload: dict, info, checkpoint: str) -> list[str]:
     Raises:
         AuditMismatch: different task, encoding, shape or split sizes.
     """
-    spec = MLPSpec.from_dict(payload["model"])
+    spec = checkpoint_spec(payload["model"], str(checkpoint), "mpidp audit")
     trained = payload.get("data") or {}
     where = trained.get("path") or "its training file"
     fix = (f"audit the model with the file it was trained on ({where}), or train a model "
@@ -226,7 +227,7 @@ def load_target(checkpoint: str, data: str, comm) -> Target:
     agree(comm, error)
     info = read_info(data, comm)
     notes = check_compatible(payload, info, checkpoint)
-    spec = MLPSpec.from_dict(payload["model"])
+    spec = checkpoint_spec(payload["model"], str(checkpoint), "mpidp audit")
     params = payload["params"].to(torch.float64)
     if params.shape != (spec.n_params,):
         raise CheckpointError(f"{checkpoint}: {params.numel()} parameters for a "

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable
-
-from torch import nn
+from typing import TYPE_CHECKING, Callable
 
 from engine.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported where a model is built: `--help` stays fast
+    from torch import nn
 
 #: Built-in model names (the fused MLP path).
 BUILTIN = ("mlp", "logreg")
@@ -31,7 +32,7 @@ def check_name(name: str) -> None:
                           "(a function (n_features, n_classes) -> torch.nn.Module)")
 
 
-def load_factory(name: str) -> Callable[[int, int], nn.Module]:
+def load_factory(name: str) -> Callable[[int, int], "nn.Module"]:
     """Import ``MODULE:FACTORY``.
 
     Raises:
@@ -57,14 +58,16 @@ def load_factory(name: str) -> Callable[[int, int], nn.Module]:
     return factory
 
 
-def build(factory: Callable[[int, int], nn.Module] | nn.Module, n_features: int,
-          n_classes: int, label: str) -> nn.Module:
+def build(factory: "Callable[[int, int], nn.Module] | nn.Module", n_features: int,
+          n_classes: int, label: str) -> "nn.Module":
     """Call ``factory(n_features, n_classes)`` (or take a module as it is).
 
     Raises:
         ConfigError: the factory raises (its error is quoted) or returns
             something other than an ``nn.Module``.
     """
+    from torch import nn
+
     if isinstance(factory, nn.Module):
         return factory
     try:

@@ -1,0 +1,188 @@
+"""The model of a run: the fused MLP or any torch module, behind one interface.
+
+The trainer asks a model for its parameter count, a one-line description,
+what the checkpoint records about it, and an *engine*
+(:class:`~engine.nn.fast_mlp.FastMLP` or
+:class:`~engine.nn.module_engine.ModuleEngine`) over the run's gradient
+buffer; the engine holds the flat parameter vector the optimizer updates.
+:func:`resolve` turns ``--model`` (or the library's ``model=``) into one.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from engine.errors import CheckpointError, ConfigError
+from engine.nn import factories
+from engine.nn.fast_mlp import FastMLP
+from engine.nn.model import MLPSpec, init_params, to_module
+from engine.nn.model import logits as mlp_logits
+from engine.nn.module_engine import ModuleEngine
+
+
+class MLPModel:
+    """The built-in MLP (``--model mlp`` with ``--hidden``, or ``logreg``): fused kernels."""
+
+    fused = True
+
+    def __init__(self, spec: MLPSpec, name: str = "mlp") -> None:
+        self.spec, self.name = spec, name
+        self.n_params = spec.n_params
+
+    def describe(self) -> str:
+        return self.spec.describe()
+
+    def to_dict(self) -> dict:
+        """The checkpoint's ``model`` entry (an MLP's widths, as always)."""
+        return self.spec.to_dict()
+
+    def build_engine(self, grad: torch.Tensor, seed: int, probe, n_classes: int,
+                     capacity: int, backend: str | None) -> FastMLP:
+        params = init_params(self.spec, seed).to(grad.device)
+        return FastMLP(self.spec, params, grad, capacity=capacity, backend=backend)
+
+    def module(self, params: torch.Tensor) -> nn.Module:
+        """A ``torch.nn.Sequential`` with a copy of ``params`` (for users)."""
+        return to_module(self.spec, params.detach().cpu())
+
+
+class TorchModel:
+    """Any ``nn.Module``, trained in place through :class:`ModuleEngine`."""
+
+    fused = False
+
+    def __init__(self, module: nn.Module, name: str) -> None:
+        self.module_obj, self.name = module, name
+        self.n_params = sum(p.numel() for p in module.parameters())
+        self.rule = "?"
+
+    def describe(self) -> str:
+        return (f"{type(self.module_obj).__name__} ({self.name}, {self.n_params:,} "
+                f"parameters, clipping by {self.rule})")
+
+    def to_dict(self) -> dict:
+        """The checkpoint's ``model`` entry: enough to refuse another model on resume."""
+        return {"kind": "module", "name": self.name,
+                "class": type(self.module_obj).__qualname__, "n_params": self.n_params,
+                "shapes": [[n, list(p.shape)] for n, p in self.module_obj.named_parameters()]}
+
+    def build_engine(self, grad: torch.Tensor, seed: int, probe, n_classes: int,
+                     capacity: int, backend: str | None) -> ModuleEngine:
+        engine = ModuleEngine(self.module_obj, grad, probe, n_classes, capacity=capacity)
+        self.rule = engine.rule
+        return engine
+
+    def module(self, params: torch.Tensor) -> nn.Module:
+        """The user's module itself (its parameters are views of ``params``)."""
+        return self.module_obj
+
+
+def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int, seed: int,
+            device: torch.device, given: nn.Module | Callable[[int, int], nn.Module] | None = None,
+            ) -> MLPModel | TorchModel:
+    """The model a run trains.
+
+    Args:
+        name: ``mlp``, ``logreg`` or ``MODULE:FACTORY`` (``--model``); ignored
+            when ``given`` is set.
+        hidden: the MLP's hidden widths (``--hidden``; ``logreg`` has none).
+        seed: the run's shared seed; torch is seeded with it before a factory
+            is called, so every rank builds the same initial model.
+        device: where a factory's module is moved; a given module must
+            already be there.
+        given: the library's ``model=``: a module, or a factory
+            ``(n_features, n_classes) -> nn.Module``.
+
+    Raises:
+        ConfigError: a bad name, a factory that fails, a module of the wrong
+            kind (see :func:`engine.nn.factories.build`).
+    """
+    if given is None and name in factories.BUILTIN:
+        widths = () if name == "logreg" else tuple(hidden)
+        return MLPModel(MLPSpec.build(n_features, widths, n_classes), name)
+    if given is None:
+        factory, label = factories.load_factory(name), name
+    else:
+        factory, label = given, _label(given)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed % 2 ** 63)
+        module = factories.build(factory, n_features, n_classes, label)
+    if given is None or not isinstance(given, nn.Module):
+        module = module.to(device)
+    return TorchModel(module, label)
+
+
+def _label(given: Any) -> str:
+    if isinstance(given, nn.Module):
+        return f"python:{type(given).__qualname__}"
+    return f"python:{getattr(given, '__qualname__', type(given).__name__)}"
+
+
+def check_resume(recorded: dict, model: MLPModel | TorchModel, where: str) -> None:
+    """Refuse to resume a checkpoint of another model (one line, by what differs).
+
+    Raises:
+        CheckpointError: (collective) the checkpoint's model differs.
+    """
+    if recorded == model.to_dict():
+        return
+    was = recorded.get("name", "mlp") if recorded.get("kind") == "module" else \
+        MLPSpec.from_dict(recorded).describe()
+    raise CheckpointError(f"{where} holds a checkpoint of another model ({was}); this run "
+                          f"builds {model.describe()}: resume with the same model, or use "
+                          "another --checkpoint-dir", collective=True)
+
+
+def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_classes: int,
+                      where: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Rebuild a checkpoint's model for ``mpidp eval``: a function from rows with
+    the ones column to logits.
+
+    The MLP comes from its widths; a ``MODULE:FACTORY`` model from calling the
+    factory again (with ``n_features``, ``n_classes`` of the file evaluated).
+
+    Raises:
+        ConfigError: a model given as a Python object (nothing names how to
+            rebuild it), or a factory that fails.
+        ConfigError: the rebuilt model's parameter count differs
+            from the checkpoint's (another feature count or class count).
+    """
+    if recorded.get("kind") != "module":
+        spec = MLPSpec.from_dict(recorded)
+        return lambda xb: mlp_logits(spec, params, xb)
+    name = recorded.get("name", "")
+    if name.startswith("python:"):
+        checkpoint_spec(recorded, where)  # raises: nothing names how to rebuild it
+    module = factories.build(factories.load_factory(name), n_features, n_classes, name)
+    count = sum(p.numel() for p in module.parameters())
+    if count != params.numel():
+        raise ConfigError(f"{where}: {name} builds {count:,} parameters for {n_features} "
+                          f"features and {n_classes} classes, the checkpoint holds "
+                          f"{params.numel():,}: evaluate on a file prepared like the "
+                          "training file (`mpidp prep --like`)", collective=True)
+    torch.nn.utils.vector_to_parameters(params.to(torch.float32), module.parameters())
+    module.eval()
+
+    def logits(xb: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return module(xb[:, :-1])
+    return logits
+
+
+def checkpoint_spec(recorded: dict, where: str, command: str = "mpidp eval") -> MLPSpec:
+    """The MLP of a checkpoint's ``model`` entry, for the commands that rebuild it
+    (eval, audit).
+
+    Raises:
+        ConfigError: the checkpoint holds a model of the user's (those commands
+            rebuild only the built-in MLP).
+    """
+    if recorded.get("kind") == "module":
+        how = ("rebuilds a model of yours only from --model MODULE:FACTORY"
+               if command == "mpidp eval" else "attacks mpidp's MLPs only")
+        raise ConfigError(f"{where} holds a {recorded.get('class')} model "
+                          f"({recorded.get('name')}); `{command}` {how}: evaluate it from "
+                          "Python (engine.train returns the model)", collective=True)
+    return MLPSpec.from_dict(recorded)

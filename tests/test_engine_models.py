@@ -1,0 +1,127 @@
+"""Any torch model through the trainer: the library's ``model=``, ``--model
+MODULE:FACTORY``, and the refusals a user meets (issue #15)."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import engine
+from engine.bench import synthetic
+from engine.errors import CheckpointError, ConfigError
+from launcher import mpidp
+
+FEATURES = 10
+
+
+@pytest.fixture
+def data(shared_tmp, comm):
+    path = shared_tmp / "models.h5"
+    if comm.Get_rank() == 0:
+        synthetic.write(path, rows=1500, features=FEATURES, seed=4)
+    comm.Barrier()
+    return str(path)
+
+
+class Small(nn.Module):
+    """Linear -> LayerNorm -> Tanh -> Linear: one layer without a book-keeping rule."""
+
+    def __init__(self, n_features, n_classes):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(n_features, 16), nn.LayerNorm(16), nn.Tanh())
+        self.head = nn.Linear(16, n_classes)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_factory_trains_in_place_with_the_mlps_accounting(data, comm, shared_tmp):
+    common = dict(comm=comm, epochs=2, batch_size=100, target_epsilon=2.0, seed=3, quiet=True)
+    run = engine.train(data, model=Small, **common)
+    mlp = engine.train(data, **common)
+    assert isinstance(run.model, Small) and run.exit_code == 0 and len(run.history) == 2
+    assert run.epsilon == pytest.approx(mlp.epsilon) and run.epsilon <= 2.0
+    assert run.history[-1]["test_accuracy"] > 0.6
+    import h5py
+
+    with h5py.File(data, "r") as f:
+        X, y = torch.from_numpy(f["test/X"][:]), torch.from_numpy(f["test/y"][:])
+    run.model.eval()
+    with torch.no_grad():
+        accuracy = (run.model(X).argmax(1) == y).float().mean().item()
+    assert accuracy == pytest.approx(run.history[-1]["test_accuracy"], abs=1e-6)
+    flat = np.concatenate([p.detach().numpy().ravel() for p in run.model.parameters()])
+    assert len(set(comm.allgather(flat.tobytes()))) == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_model_that_differs_between_ranks_is_refused_on_every_rank(data, comm):
+    torch.manual_seed(comm.Get_rank())  # the user's mistake: a different draw per rank
+    model = nn.Linear(FEATURES, 2)
+    with pytest.raises(ConfigError, match="initial parameters differ between ranks") as info:
+        engine.train(data, model=model, comm=comm, epochs=1, noise_multiplier=1.0,
+                     quiet=True)
+    assert info.value.collective
+
+
+@pytest.mark.mpi(min_size=1)
+def test_resuming_with_another_model_is_refused(data, comm, shared_tmp):
+    run_dir = str(shared_tmp / "run")
+    common = dict(comm=comm, epochs=2, batch_size=100, noise_multiplier=1.0, seed=3,
+                  quiet=True, checkpoint_dir=run_dir)
+    assert engine.train(data, model=Small, stop_after=3, **common).exit_code == 75
+    with pytest.raises((CheckpointError, ConfigError), match="model"):
+        engine.train(data, resume=True, **common)  # the MLP, not the checkpoint's Small
+    with pytest.raises(CheckpointError, match="another model.*python:Small"):
+        engine.train(data, model=lambda f, c: Small(f, c + 0), resume=True, **common)
+    done = engine.train(data, model=Small, resume=True, **common)
+    assert done.exit_code == 0 and len(done.history) == 2
+
+
+def test_model_output_of_the_wrong_shape_is_one_error(tmp_path):
+    path = synthetic.write(tmp_path / "d.h5", rows=300, features=FEATURES, seed=1)
+    with pytest.raises(ConfigError, match=r"returns \(4, 5\).*\[rows, 2\]"):
+        engine.train(path, model=lambda f, c: nn.Linear(f, 5), epochs=1,
+                     noise_multiplier=1.0, quiet=True)
+
+
+FACTORY = """
+import torch
+
+def small(n_features, n_classes):
+    return torch.nn.Sequential(torch.nn.Linear(n_features, 8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, n_classes))
+
+def broken(n_features, n_classes):
+    raise ValueError("no model today")
+"""
+
+
+def test_model_from_the_command_line(tmp_path):
+    data = synthetic.write(tmp_path / "d.h5", rows=1200, features=FEATURES, seed=2)
+    (tmp_path / "my_models.py").write_text(FACTORY)
+    args = ("train", "--data", data, "--epochs", "1", "--batch-size", "100",
+            "--noise-multiplier", "1", "--seed", "0", "--no-progress")
+    good = mpidp(2, *args, "--model", "my_models:small", "--metrics",
+                 str(tmp_path / "m.jsonl"), "--checkpoint-dir", str(tmp_path / "run"),
+                 cwd=str(tmp_path), timeout=240)
+    assert good.returncode == 0, good.stderr[-2000:]
+    assert "Sequential (my_models:small, 106 parameters, clipping by per-layer rules)" \
+        in good.stdout
+    # eval rebuilds the model from its factory; the audit says it attacks MLPs only
+    import json
+
+    last = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    scored = mpidp(2, "eval", "--checkpoint", str(tmp_path / "run"), "--data", data,
+                   "--json", cwd=str(tmp_path), timeout=240)
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    assert json.loads(scored.stdout)["accuracy"] == pytest.approx(last["test_accuracy"])
+    audit = mpidp(2, "audit", "--checkpoint", str(tmp_path / "run"), "--data", data,
+                  cwd=str(tmp_path), timeout=240)
+    assert audit.returncode == 2 and "`mpidp audit` attacks mpidp's MLPs only" in audit.stderr
+    for model, message in [("my_models:broken", "the factory raised ValueError: no model today"),
+                           ("nope_models:small", "cannot import 'nope_models'"),
+                           ("mlp2", "choose mlp, logreg or MODULE:FACTORY")]:
+        bad = mpidp(2, *args, "--model", model, cwd=str(tmp_path), timeout=240)
+        assert bad.returncode == 2, bad.stdout + bad.stderr[-2000:]
+        assert message in bad.stderr and "Traceback" not in bad.stderr
