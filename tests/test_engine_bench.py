@@ -103,3 +103,41 @@ def test_bench_refuses_unknown_methods():
 def test_bench_refuses_impossible_sizes(argv, message):
     with pytest.raises(ConfigError, match=message):
         _run(*argv)
+
+
+def test_bench_generic_path_steps_the_same_model_as_the_fused_one(tmp_path, stepped):
+    """mpidp-generic runs the MLP as an nn.Module through ModuleEngine: the same
+    batches and noise as mpidp-dp, so the two end on the same parameters."""
+    import torch
+
+    from torch.nn.utils import parameters_to_vector
+
+    from engine.nn.fast_mlp import FastMLP
+    from engine.nn.model import to_module
+    from engine.nn.module_engine import ModuleEngine
+
+    out = tmp_path / "g.json"
+    assert _run("--rows", str(ROWS), "--features", "12", "--hidden", "16", "--batch-size",
+                "64", "--steps", str(STEPS), "--repeats", str(REPEATS), "--threads", "1",
+                "--methods", "mpidp-dp,mpidp-generic", "--json", str(out)) == 0
+    data = json.loads(out.read_text())
+    assert data["generic_over_fused"] > 0 and set(data["examples_per_s"]) == \
+        {"mpidp-dp", "mpidp-generic"}
+    engines = {type(step.engine): step for step, _, _ in stepped}
+    fused, generic = engines[FastMLP], engines[ModuleEngine]
+    assert len([s for s, _, _ in stepped if s is generic]) == WARM_UP + STEPS * REPEATS
+    # The same parameters and rows give the same clipped sum through either engine
+    # (the fused layout is [W | b] per layer, the module's W then b: converted).
+    spec = fused.engine.spec
+
+    def module_layout(flat):
+        return parameters_to_vector(to_module(spec, flat).parameters())
+
+    with torch.no_grad():
+        generic.engine.params.copy_(module_layout(fused.engine.params))
+    rows = torch.arange(0, 200, 3)
+    for step in (fused, generic):
+        k = step.engine.load(step.X, step.y, rows)
+        step.engine.clipped_sum(k, step.max_norm)
+    want = module_layout(fused.grad)
+    assert torch.allclose(generic.grad, want, rtol=1e-4, atol=1e-6) and want.any()

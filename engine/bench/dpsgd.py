@@ -4,6 +4,9 @@ Methods (each runs the same Poisson batches, same MLP, same optimizer):
 
 * ``mpidp-dp``      our DP-SGD step: book-keeping clipping, noise, all-reduce, update;
 * ``mpidp-nondp``   the same loop without clipping and noise (``--no-dp``);
+* ``mpidp-generic`` our DP-SGD step with the MLP as a ``torch.nn.Module`` through
+  the generic path (:mod:`engine.nn.module_engine`: per-layer rules, autograd),
+  what any model of a user's runs; the fused kernels are ``mpidp-dp``;
 * ``mpidp-household`` our DP-SGD step with ``--privacy-unit household``: whole
   households sampled (rate chosen for the same expected rows per step), one
   clip per household (the file's households with ``--data``, else synthetic
@@ -36,7 +39,7 @@ from engine.bench import synthetic
 from engine.errors import ConfigError
 from engine.shard import read_info, read_shard
 
-METHODS = ("mpidp-dp", "mpidp-nondp", "mpidp-household", "torch-sgd", "naive",
+METHODS = ("mpidp-dp", "mpidp-nondp", "mpidp-generic", "mpidp-household", "torch-sgd", "naive",
            "opacus-hooks", "opacus-ghost")
 
 
@@ -88,6 +91,7 @@ def _steppers(args, spec, X, y, groups=None):
     from engine.dp.sampler import HouseholdSampler
     from engine.nn.fast_mlp import FastMLP
     from engine.nn.model import init_params, to_module
+    from engine.nn.module_engine import ModuleEngine
     from engine.nn.optim import SGD
     from engine.step import PHASES, DPStep
 
@@ -97,13 +101,18 @@ def _steppers(args, spec, X, y, groups=None):
     wanted = set(args.methods.split(","))
     steps = {}
 
-    def ours(dp: bool, households: np.ndarray | None = None):
+    def ours(dp: bool, households: np.ndarray | None = None, generic: bool = False):
         # The trainer's step (engine.step), on the trainer's buffer layout:
         # gradient + one control float, numpy on the CPU.
         buffer = np.zeros(spec.n_params + 1, dtype=np.float32)
         grad = torch.from_numpy(buffer[:spec.n_params])
         params = init_params(spec, args.seed)
-        engine = FastMLP(spec, params, grad, capacity=2 * B)
+        if generic:
+            engine = ModuleEngine(to_module(spec, params), grad, (Xt[:4], yt[:4]),
+                                  spec.dims[-1], capacity=2 * B)
+            params = engine.params
+        else:
+            engine = FastMLP(spec, params, grad, capacity=2 * B)
         noise = GaussianNoise(spec.n_params, sigma * C, 1, 0, args.seed) if dp else None
         dp_step = DPStep(engine, Xt, yt, buffer, grad, SGD(params, lr, momentum), 1.0 / B,
                          MPI.COMM_SELF, max_norm=C if dp else None, noise=noise)
@@ -127,6 +136,8 @@ def _steppers(args, spec, X, y, groups=None):
         steps["mpidp-dp"] = ours(True)
     if "mpidp-nondp" in wanted:
         steps["mpidp-nondp"] = ours(False)
+    if "mpidp-generic" in wanted:
+        steps["mpidp-generic"] = ours(True, generic=True)
     if "mpidp-household" in wanted and groups is not None:
         steps["mpidp-household"] = ours(True, groups)
     if "torch-sgd" in wanted:
@@ -269,6 +280,10 @@ def run(args: argparse.Namespace) -> int:
         result["dp_over_nondp"] = statistics.median(
             nd / dp for nd, dp in zip(rates["mpidp-nondp"], rates["mpidp-dp"]))
         print(f"DP / non-DP time per example: {result['dp_over_nondp']:.3f}")
+    if ref and "mpidp-generic" in median:
+        result["generic_over_fused"] = statistics.median(
+            dp / ge for ge, dp in zip(rates["mpidp-generic"], rates["mpidp-dp"]))
+        print(f"generic / fused DP time per example: {result['generic_over_fused']:.3f}")
     if ref and "mpidp-household" in median:
         result["household_over_person"] = statistics.median(
             dp / hh for hh, dp in zip(rates["mpidp-household"], rates["mpidp-dp"]))
