@@ -33,8 +33,9 @@ def test_train_api(tmp_path):
     data = synthetic.write(tmp_path / "pums.h5", rows=3000, features=12, seed=0)
     result = run_mpi(2, [sys.executable, str(EXAMPLES / "train_api.py"), data], timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "epsilon 1.000 (delta 1e-05), test accuracy" in result.stdout
-    assert "Linear(in_features=12, out_features=128" in result.stdout
+    assert "MLP: epsilon 1.000 (delta 1e-05), test accuracy" in result.stdout
+    assert "ResidualNet: epsilon 1.000 (delta 1e-05), test accuracy" in result.stdout
+    assert "(inp): Linear(in_features=12, out_features=64" in result.stdout
 
 
 def test_slurm_example_runs_outside_slurm_too():
