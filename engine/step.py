@@ -9,7 +9,10 @@ did. A call, on the rows the caller sampled:
 2. **clip**: the per-example clipped gradient sum into ``grad``
    (:mod:`engine.nn.fast_mlp`; the plain sum when ``max_norm`` is None);
 3. **noise**: this rank's share of the Gaussian noise (:mod:`engine.dp.noise`;
-   none when ``noise`` is None);
+   none when ``noise`` is None); an optional ``extra(grad)`` runs just before
+   it, after the clipped sum: the canary audit (:mod:`engine.audit.canary`)
+   adds its gradient canaries there, as if they were clipped rows (None,
+   the default, everywhere else);
 4. **comm**: ONE all-reduce of the whole ``buffer`` through
    :func:`collectives.allreduce` (the gradient, and whatever the caller keeps
    after it: the trainer's control float that carries stop requests);
@@ -59,12 +62,15 @@ class DPStep:
         max_norm: clipping bound C, or None for the non-private sum.
         noise: this rank's :class:`~engine.dp.noise.GaussianNoise`, or None.
         algorithm: all-reduce algorithm name (:func:`collectives.names`).
+        extra: None, or a callable ``extra(grad)`` run after the clipped sum and
+            before the noise (the canary audit's hook; may be set later through
+            the attribute of that name).
     """
 
     def __init__(self, engine: FastMLP, X: torch.Tensor, y: torch.Tensor, buffer,
                  grad: torch.Tensor, optimizer, inv_batch: float, comm: MPI.Comm, *,
                  max_norm: float | None, noise: GaussianNoise | None = None,
-                 algorithm: str = "auto") -> None:
+                 algorithm: str = "auto", extra=None) -> None:
         if engine.grad.data_ptr() != grad.data_ptr():
             raise ValueError("the engine must write its sums into grad")
         self.engine, self.X, self.y = engine, X, y
@@ -73,6 +79,7 @@ class DPStep:
         self.inv_batch = float(inv_batch)
         self.max_norm = None if max_norm is None else float(max_norm)
         self.comm, self.algorithm = comm, algorithm
+        self.extra = extra
         # Bound once: the call below is the training loop's body.
         self._load = engine.load
         self._clipped_sum = engine.clipped_sum
@@ -104,6 +111,8 @@ class DPStep:
         k = self._load(self.X, self.y, rows)
         t1 = pc()
         loss, clipped = self._clipped_sum(k, self.max_norm, groups)
+        if self.extra is not None:
+            self.extra(self.grad)
         t2 = pc()
         if self._add_noise is not None:
             self._add_noise(self.grad)

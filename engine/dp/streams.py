@@ -9,6 +9,10 @@ import numpy as np
 
 #: Stream identifiers for seeding (rank, purpose) sub-streams of the run's seed.
 STREAM_SAMPLER, STREAM_NOISE, STREAM_SHUFFLE = 0, 1, 2
+#: The canary audit's streams (:mod:`engine.audit.canary`): each rank's coins
+#: for its canaries' Poisson sampling, and the audit's secrets (which
+#: coordinates, which canaries are included), drawn alike on every rank.
+STREAM_CANARY_COINS, STREAM_CANARY_SECRETS = 3, 4
 
 
 def seed_sequence(seed: int, rank: int, stream: int, *extra: int) -> np.random.SeedSequence:

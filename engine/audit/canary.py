@@ -1,0 +1,313 @@
+"""White-box one-run canary audit: a lower bound on the epsilon of a real training run.
+
+Steinke, Nasr and Jagielski, "Privacy Auditing with One (1) Training Run"
+(NeurIPS 2023), white-box setting with gradient canaries. The run is an
+ordinary ``mpidp train`` run (:class:`engine.trainer.Trainer`, the one
+:class:`engine.step.DPStep`, the run's accountant, sampler and noise), plus:
+
+* **m canaries**, each a *Dirac* gradient: ``C`` times a unit vector on one
+  coordinate of the flat parameter vector, m distinct coordinates drawn at
+  random (so the canaries are exactly orthogonal and each has the norm of a
+  clipped row's largest contribution, ``C``). Which coordinates, and which
+  canaries are included (each independently with probability 1/2), are the
+  audit's secrets, drawn from the audit's seed alike on every rank.
+* Canary j belongs to rank ``j % p``, like a row of that rank's shard. At
+  every step each rank Poisson-samples its included canaries at the run's
+  rate q (its own stream) and adds ``C`` at their coordinates to its clipped
+  sum, after the clipping and before the noise: the ``extra`` hook of
+  :class:`~engine.step.DPStep`; the rest of the step is untouched.
+* **The auditor** sees every step's all-reduced noisy sum (every rank holds
+  it) and, being white-box, also the data rows' clipped sum at the canary
+  coordinates (each rank's before canaries and noise, summed over the ranks
+  by one extra all-reduce of m floats per step, the auditor's instrument,
+  outside the step). Their difference is, per canary and step, the canary's
+  own contribution (0 or 1, in units of C) plus the noise at its coordinate.
+  Knowing the data's contribution does not weaken the guarantee being
+  tested: the rows' sampling is independent of the canaries' coins, and the
+  accountant's analysis (Poisson-subsampled Gaussian, adaptive composition)
+  holds for each canary conditionally on everything else.
+* **Score** of canary j: the sum over steps of the log-likelihood ratio of
+  a Poisson-subsampled Gaussian, ``log(1 - q + q exp((r - 1/2) / s_j^2))``,
+  with the noise level ``s_j`` estimated from canary j's own residuals
+  (1.4826 x their median absolute deviation, at least 1e-3). With the
+  engine's noise the estimate is sigma and the score is the Neyman-Pearson
+  test of one canary; with broken noise (too little, or none at some
+  coordinates) it follows the noise the run really had. Any score gives a
+  valid bound; this one gives a strong one.
+* :func:`engine.audit.one_run.audit` turns the scores and the secret
+  inclusion vector into the bound (exact binomial tails; Bonferroni over the
+  guess sizes it tries).
+
+The bound is a LOWER bound on the run's true epsilon, at the audit's
+confidence: a correct engine never exceeds its claim (but for the
+1 - confidence chance the theorem allows), and a bound above the claim means
+the run leaked more than it says. It can never exceed its own ceiling (what
+all guesses right would show), which grows with m: a few hundred canaries
+cannot show much more than epsilon ~ 4.
+
+How N is counted: the claim is the run's accountant at the run's q =
+batch_size / N with N the file's training rows (canaries not counted),
+sigma and steps; canaries are sampled at the same q, so a step's expected
+batch is q (N + m/2) rows and canaries, and the update still divides by the
+public batch_size. The claim depends on q, sigma and steps only, so it is the
+claim for every canary as for every row.
+
+Test-only fault hooks (parameters of :func:`run_canary_audit`, never options
+of ``mpidp train``): ``noise_scale`` multiplies every rank's noise standard
+deviation (a bug that adds too little noise), ``noise_ranks`` lets only those
+ranks add their share (a bug that skips the noise on the other ranks).
+"""
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from engine.audit import one_run
+from engine.dp.streams import STREAM_CANARY_COINS, STREAM_CANARY_SECRETS, seed_sequence
+from engine.errors import ConfigError
+
+#: Smallest noise level the score assumes for a canary (in units of C):
+#: residuals without noise differ from 0 or 1 by float32 rounding only.
+SIGMA_FLOOR = 1e-3
+#: Residuals kept (steps x canaries) before the audit refuses to run.
+MAX_RESIDUALS = 50_000_000
+
+
+def secrets(m: int, n_params: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The audit's secrets, the same on every rank: m distinct coordinates
+    (int64) of the flat parameter vector, and which canaries are included
+    (bool, each with probability 1/2)."""
+    rng = np.random.Generator(np.random.PCG64(seed_sequence(seed, 0, STREAM_CANARY_SECRETS)))
+    coords = rng.choice(n_params, size=m, replace=False).astype(np.int64)
+    included = rng.random(m) < 0.5
+    return coords, included
+
+
+def scores(residuals: np.ndarray, q: float) -> np.ndarray:
+    """One score per canary from ``residuals`` [steps, m] (reduced sum minus
+    the data's sum at each canary's coordinate, in units of C): the summed
+    log-likelihood ratio of "included" at each canary's estimated noise level."""
+    r = np.asarray(residuals, dtype=np.float64)
+    med = np.median(r, axis=0)
+    s = np.maximum(1.4826 * np.median(np.abs(r - med), axis=0), SIGMA_FLOOR)
+    a = (r - 0.5) / (s * s)
+    return np.logaddexp(math.log1p(-q) if q < 1 else -np.inf, math.log(q) + a).sum(axis=0)
+
+
+class CanaryHook:
+    """This rank's canaries in the step (DPStep's ``extra``), and the auditor's record.
+
+    Args:
+        coords, included: :func:`secrets`.
+        rank, size: the communicator's.
+        q: the run's sampling rate; max_norm: C.
+        seed: the audit's seed (this rank's coin stream is drawn from it).
+    """
+
+    def __init__(self, coords: np.ndarray, included: np.ndarray, rank: int, size: int,
+                 q: float, max_norm: float, seed: int):
+        import torch
+
+        self.m, self.q, self.C = int(coords.size), float(q), float(max_norm)
+        mine = np.flatnonzero((np.arange(self.m) % size == rank) & included)
+        self.mine = torch.from_numpy(coords[mine].copy())
+        self.coords = torch.from_numpy(coords.copy())
+        self.rng = np.random.Generator(np.random.PCG64(
+            seed_sequence(seed, rank, STREAM_CANARY_COINS)))
+        #: this step's data-only clipped sum at every canary's coordinate (this rank's)
+        self.data = np.zeros(self.m, dtype=np.float64)
+        self.sampled = 0  # canary inclusions in steps, on this rank
+
+    def __call__(self, grad) -> None:
+        """After the clipped sum, before the noise: record the data's sum at the
+        canary coordinates, then add C at each sampled canary's coordinate."""
+        self.data[:] = grad[self.coords].double().cpu().numpy()
+        coins = self.rng.random(self.mine.shape[0]) < self.q
+        if coins.any():
+            chosen = self.mine[coins].to(grad.device)
+            grad[chosen] += self.C  # distinct coordinates: one add each
+            self.sampled += int(coins.sum())
+
+
+@dataclass(frozen=True)
+class CanaryAudit:
+    """The result of :func:`run_canary_audit` (the same on every rank)."""
+
+    epsilon_lower_bound: float
+    claimed_epsilon: float
+    delta: float
+    confidence: float
+    m: int
+    included: int
+    k_in: int
+    k_out: int
+    guesses: int
+    correct: int
+    ceiling: float
+    choices: int
+    steps: int
+    q: float
+    sigma: float
+    n_train: int
+    ranks: int
+    noise_scale: float
+    noise_ranks: list[int] | None
+    canary_samples: int  # canary inclusions over all steps and ranks
+    test_accuracy: float | None
+    analysis: str = "Steinke, Nasr, Jagielski 2023 (exact binomial), white-box Dirac canaries"
+
+    @property
+    def detected(self) -> bool:
+        """The bound exceeds the claim: the run leaked more than it says."""
+        return self.epsilon_lower_bound > self.claimed_epsilon
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["detected"] = self.detected
+        return out
+
+    def text(self) -> str:
+        verdict = ("ABOVE the claim: this run leaks more than its epsilon says"
+                   if self.detected else "within the claim")
+        noise = ""
+        if self.noise_scale != 1.0 or self.noise_ranks is not None:
+            noise = (f"; TEST FAULT: noise x{self.noise_scale:g}"
+                     + ("" if self.noise_ranks is None
+                        else f" on ranks {self.noise_ranks} only"))
+        return (f"canary audit (white-box, one run): epsilon >= "
+                f"{self.epsilon_lower_bound:.3f} at {self.confidence:.0%} confidence; claimed "
+                f"epsilon {self.claimed_epsilon:.3f} (delta {self.delta:g}) -> {verdict}\n"
+                f"  m={self.m} canaries ({self.included} included), guesses k+={self.k_in} "
+                f"k-={self.k_out}, {self.correct}/{self.guesses} correct; ceiling for this m "
+                f"and k: {self.ceiling:.3f}\n"
+                f"  run: {self.steps} steps, q={self.q:.4g} (N={self.n_train} rows; canaries "
+                f"not counted), sigma={self.sigma:.4f}, {self.ranks} rank(s){noise}\n"
+                f"  analysis: {self.analysis}")
+
+
+def check_request(m: int, guesses: int | None, confidence: float) -> None:
+    """Raise ConfigError (collective) for an impossible audit request."""
+    def fail(message: str):
+        raise ConfigError(message, collective=True)
+
+    if m < 1:
+        fail(f"--canaries {m} must be at least 1")
+    if not 0 < confidence < 1:
+        fail(f"--confidence {confidence} must be in (0, 1)")
+    if guesses is not None and not 1 <= guesses <= m:
+        fail(f"--guesses {guesses} must be between 1 and the {m} canaries")
+
+
+def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | None = None,
+                     noise_multiplier: float | None = None, epochs: int = 5,
+                     batch_size: int = 100, lr: float = 0.1, hidden: tuple[int, ...] = (32,),
+                     max_grad_norm: float = 1.0, delta: float = 1e-5,
+                     confidence: float = 0.95, guesses: int | None = None, seed: int = 0,
+                     threads: int | None = None, noise_scale: float = 1.0,
+                     noise_ranks: list[int] | None = None, out=None) -> CanaryAudit:
+    """Collective over ``comm``: train once on ``data`` with m canaries and audit.
+
+    Args:
+        data: a prepared HDF5 file (its /train rows are the data).
+        m: canaries (at most the model's parameter count: one coordinate each).
+        epsilon / noise_multiplier: the run's target epsilon (sigma calibrated
+            by the accountant) or its sigma; exactly one.
+        epochs, batch_size, lr, hidden, max_grad_norm, delta: the run's
+            settings (``mpidp train``'s, SGD with momentum 0.9, Poisson sampling).
+        confidence: of the bound; guesses: total guesses r (split evenly
+            between "in" and "out"), default: the sizes of
+            :func:`one_run.audit` (Bonferroni over them).
+        seed: the run's seed and the audit's secrets.
+        noise_scale, noise_ranks: TEST-ONLY faults (module docstring).
+        out: where rank 0 writes the trainer's log (default: discarded).
+
+    Raises (every rank): ConfigError for m larger than the model allows,
+    guesses outside 1..m, a confidence outside (0, 1), or bad run settings.
+    """
+    from collectives import MPI
+    from engine.config import TrainConfig
+    from engine.trainer import Trainer
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    check_request(m, guesses, confidence)
+    if not noise_scale >= 0:
+        raise ValueError(f"noise_scale {noise_scale} must be >= 0")
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if noise_ranks is not None:
+        noise_ranks = sorted({int(r) for r in noise_ranks})
+        if any(not 0 <= r < size for r in noise_ranks):
+            raise ValueError(f"noise_ranks {noise_ranks} outside 0..{size - 1}")
+    cfg = TrainConfig(data=data, epochs=epochs, batch_size=batch_size, lr=lr,
+                      hidden=tuple(hidden), max_grad_norm=max_grad_norm,
+                      target_epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
+                      seed=seed, eval_every=epochs, progress=False, threads=threads)
+    cfg.validate()
+    state: dict = {}
+
+    class _AuditedTrainer(Trainer):
+        def _build_state(self, payload):
+            super()._build_state(payload)
+            n_params = self.model.n_params
+            if m > n_params:
+                raise ConfigError(f"--canaries {m} exceeds what the model allows: one "
+                                  f"parameter coordinate per canary, and it has {n_params}",
+                                  collective=True)
+            steps = self.total_steps
+            if steps * m > MAX_RESIDUALS:
+                raise ConfigError(f"{steps} steps x {m} canaries: too many residuals to "
+                                  f"keep (at most {MAX_RESIDUALS:,}); fewer epochs or "
+                                  "canaries", collective=True)
+            coords, included = secrets(m, n_params, seed)
+            hook = CanaryHook(coords, included, self.rank, self.size, self.q,
+                              cfg.max_grad_norm, seed)
+            if self.noise is not None:  # the test-only faults
+                self.noise.local_std *= noise_scale
+                if noise_ranks is not None and self.rank not in noise_ranks:
+                    self.noise.local_std = 0.0
+            inner = self.dp_step
+            inner.extra = hook
+            residuals = np.zeros((steps, m), dtype=np.float32)
+            data_sum = np.zeros(m, dtype=np.float64)
+            reduced_at = hook.coords
+            grad, comm_, C = self.grad, self.comm, cfg.max_grad_norm
+            counter = [0]
+
+            def step(rows, times=None, started=None, groups=None):
+                result = inner(rows, times, started, groups)
+                # the auditor: reduced noisy sum minus the data's, at the canaries
+                comm_.Allreduce(hook.data, data_sum, op=MPI.SUM)
+                reduced = grad[reduced_at].double().cpu().numpy()
+                residuals[counter[0]] = (reduced - data_sum) / C
+                counter[0] += 1
+                return result
+
+            self.dp_step = step
+            state.update(hook=hook, included=included, residuals=residuals, counter=counter)
+
+    trainer = _AuditedTrainer(cfg, comm, out=io.StringIO() if out is None else out)
+    trainer.run()
+    used = state["counter"][0]
+    if used != trainer.total_steps:
+        raise RuntimeError(f"the audited run took {used} of {trainer.total_steps} steps")
+    sampled = int(comm.allreduce(state["hook"].sampled, op=MPI.SUM))
+    result = None
+    if rank == 0:  # the same inputs on every rank; one computes, all receive
+        ks = None
+        if guesses is not None:
+            ks = [((guesses + 1) // 2, guesses // 2)]
+        found = one_run.audit(scores(state["residuals"], trainer.q), state["included"],
+                              delta, confidence, ks)
+        last = trainer.history[-1] if trainer.history else {}
+        result = CanaryAudit(
+            epsilon_lower_bound=found.epsilon, claimed_epsilon=trainer.accountant.epsilon(),
+            delta=delta, confidence=confidence, m=m, included=int(state["included"].sum()),
+            k_in=found.k_in, k_out=found.k_out, guesses=found.guesses,
+            correct=found.correct, ceiling=found.ceiling, choices=found.choices,
+            steps=trainer.total_steps, q=trainer.q, sigma=trainer.accountant.sigma,
+            n_train=trainer.n_train, ranks=size, noise_scale=float(noise_scale),
+            noise_ranks=noise_ranks, canary_samples=sampled,
+            test_accuracy=last.get("test_accuracy"))
+    return comm.bcast(result, root=0)
