@@ -146,7 +146,7 @@ class CanaryAudit:
     k_out: int
     guesses: int
     correct: int
-    ceiling: float
+    ceiling: float  # the most this audit can show: all guesses right at its largest k
     choices: int
     steps: int
     q: float
@@ -181,8 +181,8 @@ class CanaryAudit:
                 f"{self.epsilon_lower_bound:.3f} at {self.confidence:.0%} confidence; claimed "
                 f"epsilon {self.claimed_epsilon:.3f} (delta {self.delta:g}) -> {verdict}\n"
                 f"  m={self.m} canaries ({self.included} included), guesses k+={self.k_in} "
-                f"k-={self.k_out}, {self.correct}/{self.guesses} correct; ceiling for this m "
-                f"and k: {self.ceiling:.3f}\n"
+                f"k-={self.k_out}, {self.correct}/{self.guesses} correct; ceiling (all "
+                f"guesses right) {self.ceiling:.3f}\n"
                 f"  run: {self.steps} steps, q={self.q:.4g} (N={self.n_train} rows; canaries "
                 f"not counted), sigma={self.sigma:.4f}, {self.ranks} rank(s){noise}\n"
                 f"  analysis: {self.analysis}")
@@ -295,17 +295,19 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
     sampled = int(comm.allreduce(state["hook"].sampled, op=MPI.SUM))
     result = None
     if rank == 0:  # the same inputs on every rank; one computes, all receive
-        ks = None
-        if guesses is not None:
-            ks = [((guesses + 1) // 2, guesses // 2)]
+        ks = (one_run.default_guess_sizes(m) if guesses is None
+              else [((guesses + 1) // 2, guesses // 2)])
         found = one_run.audit(scores(state["residuals"], trainer.q), state["included"],
                               delta, confidence, ks)
+        # what all guesses right would show at the largest guess size tried
+        each = 1.0 - (1.0 - confidence) / len(ks)
+        top = max(one_run.ceiling(m, k_in + k_out, delta, each) for k_in, k_out in ks)
         last = trainer.history[-1] if trainer.history else {}
         result = CanaryAudit(
             epsilon_lower_bound=found.epsilon, claimed_epsilon=trainer.accountant.epsilon(),
             delta=delta, confidence=confidence, m=m, included=int(state["included"].sum()),
             k_in=found.k_in, k_out=found.k_out, guesses=found.guesses,
-            correct=found.correct, ceiling=found.ceiling, choices=found.choices,
+            correct=found.correct, ceiling=top, choices=found.choices,
             steps=trainer.total_steps, q=trainer.q, sigma=trainer.accountant.sigma,
             n_train=trainer.n_train, ranks=size, noise_scale=float(noise_scale),
             noise_ranks=noise_ranks, canary_samples=sampled,

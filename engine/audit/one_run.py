@@ -77,6 +77,13 @@ def ceiling(m: int, r: int, delta: float, confidence: float = 0.95) -> float:
     return epsilon_lower_bound(m, r, r, delta, confidence)
 
 
+def default_guess_sizes(m: int) -> list[tuple[int, int]]:
+    """The (k+, k-) pairs :func:`audit` tries by default: guesses on 1%, 2%, 5%,
+    10%, 20% and 50% of m canaries, split evenly between "in" and "out"."""
+    return sorted({(max(1, int(m * f / 2)), max(1, int(m * f / 2)))
+                   for f in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)})
+
+
 @dataclass(frozen=True)
 class Audit:
     """The result of :func:`audit`."""
@@ -110,8 +117,7 @@ def audit(scores: np.ndarray, included: np.ndarray, delta: float, confidence: fl
     if m == 0 or included.shape != scores.shape:
         raise ValueError("need one score and one inclusion flag per canary")
     if ks is None:
-        ks = sorted({(max(1, int(m * f / 2)), max(1, int(m * f / 2)))
-                     for f in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)})
+        ks = default_guess_sizes(m)
     for k_in, k_out in ks:
         if k_in < 0 or k_out < 0 or k_in + k_out > m or k_in + k_out == 0:
             raise ValueError(f"guess sizes k+={k_in}, k-={k_out} do not fit {m} canaries")
