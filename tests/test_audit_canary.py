@@ -130,3 +130,39 @@ def test_noise_on_one_rank_only_is_detected_in_every_seed(data, comm, seed):
                                      noise_ranks=[0])
     assert result.detected and result.epsilon_lower_bound > 2.0, result.text()
     assert result.noise_ranks == [0]
+
+
+# ------------------------------------------------------------------ the command
+def _parse(*words):
+    from engine.audit.command import config_from_args
+    from engine.cli import build_parser
+    return config_from_args(build_parser(only="audit").parse_args(["audit", *words]))
+
+
+@pytest.mark.parametrize("words, message", [
+    (("--attack", "canary", "--data", "d.h5", "--checkpoint", "run"), "drop --checkpoint"),
+    (("--attack", "canary,membership", "--data", "d.h5"), "give it alone"),
+    (("--attack", "membership", "--data", "d.h5"), "needs --checkpoint"),
+    (("--attack", "canary", "--data", "d.h5", "--confidence", "2"), "--confidence 2")])
+def test_the_command_refuses_bad_canary_requests_in_one_line(words, message):
+    with pytest.raises(ConfigError, match=message):
+        _parse(*words)
+
+
+def test_mpidp_audit_attack_canary_on_two_ranks(data, tmp_path):
+    import json
+
+    from launcher import mpidp
+    out = tmp_path / "canary.json"
+    done = mpidp(2, "audit", "--attack", "canary", "--data", data, "--canaries", "500",
+                 "--target-epsilon", "2", "--epochs", "5", "--batch-size", "100",
+                 "--hidden", "32", "--seed", "1", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "canary audit (white-box, one run): epsilon >=" in done.stdout
+    report = json.loads(out.read_text())["canary"]
+    assert report["ranks"] == 2 and report["m"] == 500 and not report["detected"]
+    refused = mpidp(2, "audit", "--attack", "canary", "--data", data, "--canaries", "5000",
+                    "--target-epsilon", "2", "--batch-size", "100", "--hidden", "32")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "mpidp: error: --canaries 5000 exceeds what the model allows")

@@ -19,6 +19,13 @@ and measures what an attacker learns about the training rows:
                non-members, against guessing from the attribute's marginal;
                exact (Clopper-Pearson) intervals.
 
+  canary       (``--attack canary``, alone, no checkpoint) trains its own run
+               with --canaries m white-box gradient canaries and gives a
+               statistical LOWER bound on that run's epsilon, to compare with
+               the claimed one (one-run audit of Steinke, Nasr and Jagielski
+               2023; :mod:`engine.audit.canary`). A bound above the claim
+               means the engine leaks more than it says.
+
 An AUC near 0.5 and inversion accuracy near the baseline mean the attacks
 learned nothing; they are lower bounds on what an attacker can do, not a
 privacy guarantee (that is the epsilon of DP-SGD). Every rank scores its own
@@ -28,6 +35,8 @@ Examples:
   mpiexec -n 2 mpidp audit --checkpoint runs/a --data pums.h5
   mpiexec -n 2 mpidp audit --checkpoint runs/a/checkpoint.pt --data pums.h5 \\
       --attack inversion --attribute MAR --json audit.json
+  mpiexec -n 2 mpidp audit --attack canary --data pums.h5 --canaries 1000 \
+      --target-epsilon 4 --epochs 5 --batch-size 256 --hidden 64
 
 Exit codes: 0 done, 2 bad input (missing or unreadable files, a checkpoint
 and data file of different tasks, encodings or sizes, splits too small, an
@@ -52,6 +61,8 @@ from engine.errors import ConfigError, DataError, agree
 from engine.shard import read_shard
 
 ATTACK_GROUPS = ("membership", "inversion")
+#: The one-run canary audit: trains its own run, so it takes no checkpoint.
+CANARY = "canary"
 
 
 @dataclass
@@ -76,9 +87,19 @@ class AuditConfig:
         def fail(message: str):
             raise ConfigError(message, collective=True)
 
-        unknown = [a for a in self.attacks if a not in ATTACK_GROUPS]
+        unknown = [a for a in self.attacks if a not in ATTACK_GROUPS + (CANARY,)]
         if unknown or not self.attacks:
-            fail(f"--attack {','.join(self.attacks)}: choose from {','.join(ATTACK_GROUPS)}")
+            fail(f"--attack {','.join(self.attacks)}: choose from "
+                 f"{','.join(ATTACK_GROUPS + (CANARY,))}")
+        if CANARY in self.attacks:
+            if len(self.attacks) > 1:
+                fail("--attack canary trains its own run: give it alone")
+            if self.checkpoint:
+                fail("--attack canary trains its own run with canaries and audits that; a "
+                     "checkpoint (trained without canaries) cannot be audited this way: drop "
+                     "--checkpoint")
+        elif not self.checkpoint:
+            fail(f"--attack {','.join(self.attacks)} needs --checkpoint")
         if self.resamples < 0:
             fail(f"--bootstrap {self.resamples} must be 0 or more")
         if not 0 < self.confidence < 1:
@@ -93,13 +114,15 @@ class AuditConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = AuditConfig(checkpoint="", data="")
-    parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint file (or the --checkpoint-dir of a training run)")
+    parser.add_argument("--checkpoint", default="",
+                        help="checkpoint file (or the --checkpoint-dir of a training run); "
+                        "required except with --attack canary")
     parser.add_argument("--data", required=True,
                         help="the prepared HDF5 file the model was trained on (its /train "
                         "rows are the members)")
     parser.add_argument("--attack", default=",".join(d.attacks),
-                        help="comma-separated: membership, inversion (default: both)")
+                        help="comma-separated: membership, inversion (default: both); or canary "
+                        "alone (the one-run canary audit, options below)")
     parser.add_argument("--attribute", default=d.attribute,
                         help="sensitive attribute for the inversion attack, one-hot encoded "
                         "in the file, e.g. SEX, MAR, DIS (default: SEX)")
@@ -123,6 +146,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", dest="progress", action="store_true", default=None,
                         help="progress bars on rank 0 (default: when stderr is a terminal)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
+    can = parser.add_argument_group(
+        "canary audit (--attack canary): the run it trains, with mpidp train's meaning")
+    can.add_argument("--canaries", type=int, default=500, metavar="M",
+                     help="gradient canaries, each included with probability 1/2 (at most "
+                     "the model's parameters; default 500)")
+    can.add_argument("--guesses", type=int, default=None, metavar="K",
+                     help="guess on K canaries, half in, half out (default: try 1-50%% of m, "
+                     "Bonferroni-corrected)")
+    can.add_argument("--target-epsilon", type=float, default=None)
+    can.add_argument("--noise-multiplier", type=float, default=None)
+    can.add_argument("--delta", type=float, default=1e-5)
+    can.add_argument("--epochs", type=int, default=5)
+    can.add_argument("--batch-size", type=int, default=256)
+    can.add_argument("--lr", type=float, default=0.1)
+    can.add_argument("--hidden", default="64", help="hidden widths, comma-separated")
+    can.add_argument("--max-grad-norm", type=float, default=1.0)
 
 
 def config_from_args(args: argparse.Namespace) -> AuditConfig:
@@ -278,7 +317,38 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
     return result
 
 
+def run_canary(cfg: AuditConfig, args: argparse.Namespace, comm, out=None) -> dict:
+    """Collective: ``mpidp audit --attack canary``; returns the report (every rank)."""
+    from engine.audit.canary import run_canary_audit
+
+    try:
+        hidden = tuple(int(w) for w in str(args.hidden).split(",") if w.strip())
+    except ValueError:
+        raise ConfigError(f"--hidden {args.hidden}: comma-separated integers",
+                          collective=True) from None
+    result = run_canary_audit(
+        cfg.data, comm, m=args.canaries, guesses=args.guesses,
+        epsilon=args.target_epsilon, noise_multiplier=args.noise_multiplier,
+        delta=args.delta, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        hidden=hidden, max_grad_norm=args.max_grad_norm, confidence=cfg.confidence,
+        seed=cfg.seed, threads=cfg.threads)
+    report = _finite({"version": __version__, "data": cfg.data, "ranks": comm.Get_size(),
+                      "canary": result.to_dict()})
+    if comm.Get_rank() == 0:
+        out = sys.stdout if out is None else out
+        if cfg.json != "-":
+            out.write(result.text() + "\n")
+            out.flush()
+        if cfg.json:
+            write_json(cfg.json, report)
+    return report
+
+
 def run(args: argparse.Namespace) -> int:
     """Collective: ``mpidp audit`` on every rank of COMM_WORLD."""
-    run_audit(config_from_args(args), MPI.COMM_WORLD)
+    cfg = config_from_args(args)
+    if CANARY in cfg.attacks:
+        run_canary(cfg, args, MPI.COMM_WORLD)
+    else:
+        run_audit(cfg, MPI.COMM_WORLD)
     return 0
