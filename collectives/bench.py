@@ -234,9 +234,17 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
         streamed = {name: [0, 0] for name in algorithms}  # timed calls: streamed, counted
         per_round: dict[str, list[float]] = {name: [] for name in algorithms}
         ran: dict[str, dict[str, int]] = {name: {} for name in algorithms}  # tuned auto
-        # Warm-up, and (with -i 0) the iteration count, the same on every rank.
+        # Warm-up: first calls pay one-time set-up (buffers, compiled kernels;
+        # for auto, the first call of each candidate, which its tuner makes
+        # untimed), then the per-call time that (with -i 0) sets the iteration
+        # count is measured on warmed-up calls, the same count on every rank.
         per_call = {}
         for name in algorithms:
+            for _ in range(max(1, warmup)):
+                allreduce(buf, comm, name, op)
+            tuner = tuner_of(state, count, dtype, op, name)
+            while tuner is not None and tuner.calls < len(tuner.plan):
+                allreduce(buf, comm, name, op)  # deterministic: the same count on every rank
             comm.Barrier()
             start = time.perf_counter()
             for _ in range(max(1, warmup)):

@@ -93,11 +93,15 @@ class Tuner:
         self.calls = 0
         self.used = [0] * k
         self.switches = 0
-        #: The exploration: (candidate, timed) for the first calls.
+        #: The exploration: (candidate, timed) for the first calls. Every
+        #: candidate's first call is untimed, known or not: it pays one-time
+        #: set-up (buffers, compiled kernels) that a later trial would
+        #: otherwise measure as its speed.
         self.plan: list[tuple[int, bool]] = []
         for i in range(k):
+            self.plan.append((i, False))
             if self.estimate[i] is None:
-                self.plan += [(i, False)] + [(i, True)] * EXPLORE_CALLS
+                self.plan += [(i, True)] * EXPLORE_CALLS
         self.next_trial = [0] * k
         self._space_trials(list(range(k)))
         self._sums = [0.0] * k

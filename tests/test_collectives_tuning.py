@@ -78,12 +78,22 @@ def test_deterministic_given_the_agreed_times():
     assert picks[0] == picks[1]
 
 
-def test_a_prior_skips_exploration():
+def test_a_prior_skips_exploration_and_no_first_call_is_timed():
     tuner = Tuner(list(COST), "native", prior={"ring": 2e-6, "native": 9e-6})
     assert tuner.names[tuner.choice] == "ring"
-    first = drive(tuner, 20, lambda c, name: COST[name])
-    # Candidates without a prior are explored; those with one are not.
-    assert tuner.names.index("native") not in first[:9]
+    seen = set()
+
+    def cost(c, name):  # a candidate's first call pays a one-time set-up, 1000x
+        first = name not in seen
+        seen.add(name)
+        return COST[name] * (1000 if first else 1)
+
+    picked = drive(tuner, 8, cost)
+    # Every candidate once, untimed; only those without a prior are then timed.
+    assert picked == [0, 1, 1, 1, 2, 3, 3, 3]
+    assert tuner.times() == pytest.approx({"native": 9e-6, "ring": 2e-6,
+                                           "recursive_doubling": 1.2e-6,
+                                           "rabenseifner": 3.7e-6})
 
 
 def test_the_file_round_trip_and_its_failures(tmp_path, monkeypatch):
