@@ -28,8 +28,9 @@ import warnings
 import numpy as np
 
 from collectives import MPI
+from engine import outputs
 from engine.bench import synthetic
-from engine.errors import ConfigError
+from engine.errors import ConfigError, OutputError
 from engine.shard import read_info, read_shard
 
 METHODS = ("mpidp-dp", "mpidp-nondp", "torch-sgd", "naive", "opacus-hooks", "opacus-ghost")
@@ -195,6 +196,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigError(f"unknown --methods {', '.join(sorted(unknown))}; choose from "
                           f"{', '.join(METHODS)}", collective=True)
+    try:
+        outputs.check_all({"--json": args.json})  # before any work (engine.outputs)
+    except OutputError as exc:
+        exc.collective = True  # one rank: the command refuses to run on more
+        raise
     threads, _ = configure_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
     warnings.filterwarnings("ignore", module="opacus")
@@ -248,6 +254,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"DP / non-DP time per example: {result['dp_over_nondp']:.3f}")
     result["speedup"] = {name: ref / rate for name, rate in median.items()} if ref else {}
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+        outputs.write_json(args.json, result, "--json")
     return 0
