@@ -16,31 +16,25 @@ the commands without importing any of them; command modules keep their
 heavy imports (torch, h5py) inside ``run`` for the same reason.
 
 Stop signals (SIGINT, SIGTERM, SIGUSR1) are recorded from the first line of
-this module on, before MPI, numpy or torch load, so an early Ctrl-C never
-becomes a traceback (:mod:`engine.stopping`). A command module that sets
+the engine package on (``engine/__init__.py``), before MPI, numpy or torch
+load, so an early Ctrl-C never becomes a traceback (:mod:`engine.stopping`).
+A command module that sets
 ``STOPS_AT_STEPS = True`` (``mpidp train``) acts on them itself; for every
 other command they raise :class:`engine.stopping.Interrupted` once it runs.
 """
 from __future__ import annotations
 
-import os
+import argparse
+import importlib
 import sys
+from typing import Sequence
 
-from engine import stopping
-
-if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "mpidp":
-    stopping.record_signals()  # the mpidp program, not a library importing this module
-
-import argparse  # noqa: E402
-import importlib  # noqa: E402
-from typing import Sequence  # noqa: E402
-
-import collectives.commands  # noqa: E402
-import preprocessing.commands  # noqa: E402
-from collectives import MPI  # noqa: E402
-from collectives.runtime import check_launch  # noqa: E402
-from engine import __version__  # noqa: E402
-from engine.spmd import run_spmd  # noqa: E402
+import collectives.commands
+import preprocessing.commands
+from collectives import MPI
+from collectives.runtime import check_launch
+from engine import __version__, stopping
+from engine.spmd import run_spmd
 
 #: Commands that run even when MPI's size disagrees with the launcher's (they
 #: diagnose it); every other command refuses to run (``LaunchError``).

@@ -45,7 +45,9 @@ same decision at the same step without another message.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from typing import TYPE_CHECKING, Iterator
 
@@ -122,6 +124,17 @@ def record_signals() -> bool:
     for sig in SIGNALS:
         signal.signal(sig, _record)
     return True
+
+
+def is_mpidp_program() -> bool:
+    """Whether this process is the ``mpidp`` program (the console script or
+    ``python -m engine.cli``), not a program that imports the engine."""
+    if os.path.basename(sys.argv[0] if sys.argv else "") == "mpidp":
+        return True  # the console script (sys.argv[0] is its path)
+    # python -m engine.cli: while the engine package is imported, sys.argv[0]
+    # is still "-m"; the interpreter's own command line names the module.
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    return any(a == "-m" and b == "engine.cli" for a, b in zip(argv, argv[1:]))
 
 
 def raise_on_signals() -> None:
