@@ -37,7 +37,10 @@
 #   set MPIDP_SRUN_END=wait instead: --wait=30 ends the step 30 s after the
 #   first rank ends, without killing ranks that are still finalising. (Killed
 #   ranks leave a stale PMI socket and MPICH shared memory named after the job
-#   and step ids, which a requeued job reuses: its ranks then fail.)
+#   and step ids, which a requeued job reuses: its ranks then fail in MPI_Init.
+#   mpidp_run_stoppable therefore starts a requeued job with a step that
+#   removes MPICH's unused files on every node, which also moves the run to
+#   another step id.)
 
 set -o pipefail
 
@@ -146,9 +149,10 @@ time_left_s() {
 
 # The stop signals the batch shell may receive: with --signal=B:USR1@N (to the
 # shell only), at the time limit or a plain scancel (TERM), scancel --signal=...
-# The trap forwards each to the launcher, which passes it to every rank (srun
-# reads a first SIGINT as "report status", so INT and HUP go on as TERM: mpidp
-# stops the same way on either). MPIDP_STOP_SIGNAL says which one came.
+# The trap passes each to the launcher as SIGUSR1, which srun and mpiexec hand
+# on to every rank unchanged and mpidp treats like SIGTERM (a checkpoint at the
+# next step); srun itself answers a SIGTERM by ending the step, and a first
+# SIGINT by printing its status. MPIDP_STOP_SIGNAL says which signal came.
 MPIDP_STOP_SIGNAL=""
 _MPIDP_CHILD=""
 _mpidp_forward() {
@@ -164,17 +168,25 @@ _mpidp_forward() {
 # job's time limit. Returns mpidp's exit status.
 mpidp_run_stoppable() {
     local left lead timer="" status
-    trap '_mpidp_forward USR1 USR1' USR1
-    trap '_mpidp_forward USR2 USR1' USR2
-    trap '_mpidp_forward TERM TERM' TERM
-    trap '_mpidp_forward INT TERM' INT
-    trap '_mpidp_forward HUP TERM' HUP
+    local sig
+    for sig in USR1 USR2 TERM INT HUP; do
+        # shellcheck disable=SC2064  # $sig now, at trap time
+        trap "_mpidp_forward $sig USR1" "$sig"
+    done
     left=$(time_left_s)
     if [ -n "$left" ]; then
         lead=${MPIDP_SIGNAL_LEAD:-$(( left / 10 < 10 ? 10 : (left / 10 > 300 ? 300 : left / 10) ))}
         echo "mpidp job: time limit in ${left} s; SIGUSR1 to the ranks ${lead} s before it"
         ( sleep $(( left > lead ? left - lead : 0 )) && kill -s USR1 $$ ) &
         timer=$!
+    fi
+    if [ "$MPIDP_LAUNCHER" = srun ] && [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+        # shellcheck disable=SC2016  # expanded on each node
+        srun --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 bash -c '
+            for f in /dev/shm/mpich_*; do
+                [ -O "$f" ] || continue
+                grep -qsF "$f" /proc/[0-9]*/maps || rm -f "$f"
+            done' || true
     fi
     mpi_launcher
     "${MPI_LAUNCHER[@]}" mpidp "$@" &
