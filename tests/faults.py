@@ -22,8 +22,11 @@ refusal (a damaged checkpoint: one line, exit 2) or finished with parameters
 bit-identical to an uninterrupted run of the same settings and one record
 per epoch, identical to that run's records apart from timings.
 
-  python tests/faults.py --runs 200 --seed 1        # the full suite (docs/lifecycle.md)
-  python tests/faults.py --each                     # every kind once (make test)
+  python tests/faults.py --runs 56 --seed 1 --json faults.json   # the full suite
+  python tests/faults.py --each --size small                       # every kind once
+
+The first is the documented suite whose figures docs/lifecycle.md reports
+(about 12 s a trial on 2 cores); the second is tests/test_faults.py (make test).
 
 Needs root for the tmpfs kinds (disk-full, read-only); without it they are
 skipped and the report says so. Prints one line per trial and a summary; with
@@ -68,12 +71,15 @@ ALLOWED = {
 BANNED = ("Traceback", "BAD TERMINATION", "Exception ignored", "KeyboardInterrupt",
           "llvmlite", "Abort(")
 
-EPOCHS, ROWS, BATCH = 3, 6000, 20
-STEPS = EPOCHS * round(ROWS / BATCH)
+EPOCHS, BATCH = 3, 20
+#: Training rows per --size: "full" (300 steps an epoch) is the documented
+#: suite's; "small" (100) is make test's, where start-up dominates anyway.
+ROWS = {"full": 6000, "small": 2000}
 # --progress: the bar (every 32 steps) tells the harness which step the run is at.
+# --allreduce ring: auto picks an algorithm by timing, and at 3 or more ranks
+# algorithms sum in different orders, so two runs could differ in the last bits.
 TRAIN_ARGS = ["--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--hidden", "8",
-              "--noise-multiplier", "1", "--seed", "7", "--progress"]
-_PROGRESS = re.compile(rf"(\d+)/{STEPS} \[")
+              "--noise-multiplier", "1", "--seed", "7", "--progress", "--allreduce", "ring"]
 
 
 @dataclass
@@ -100,10 +106,14 @@ class Trial:
 class Faults:
     """One session: the data, the uninterrupted reference, then the trials."""
 
-    def __init__(self, work: Path, ranks: int, rng: random.Random, timeout: float):
+    def __init__(self, work: Path, ranks: int, rng: random.Random, timeout: float,
+                 size: str = "full"):
         from launcher import clean_env, mpiexec_path
 
         self.work, self.ranks, self.rng, self.timeout = work, ranks, rng, timeout
+        self.rows = ROWS[size]
+        self.steps = EPOCHS * round(self.rows / BATCH)
+        self.progress = re.compile(rf"(\d+)/{self.steps} \[")
         self.mpiexec = mpiexec_path()
         # TQDM_MININTERVAL=0: the bar prints every 32 steps, the harness's step clock.
         self.env = clean_env(NUMBA_CACHE_DIR=os.environ.get(
@@ -158,7 +168,7 @@ class Faults:
     def prepare(self) -> None:
         from engine.bench import synthetic
 
-        synthetic.write(self.data, rows=ROWS, features=8, test_rows=400, seed=3)
+        synthetic.write(self.data, rows=self.rows, features=8, test_rows=400, seed=3)
         ref = self.work / "reference"
         ref.mkdir()
         log = ref / "run.log"
@@ -221,10 +231,9 @@ class Faults:
         the faults, else ("step", a random step of the run)."""
         if startup and self.rng.random() < 0.25:
             return "start-up", self.rng.uniform(0.2, self.startup_s)
-        return "step", float(self.rng.randrange(STEPS))
+        return "step", float(self.rng.randrange(self.steps))
 
-    @staticmethod
-    def wait_until(moment: tuple[str, float], proc: subprocess.Popen, started: float,
+    def wait_until(self, moment: tuple[str, float], proc: subprocess.Popen, started: float,
                    log: Path) -> str:
         """Sleep until ``moment``; returns where the run was."""
         kind, value = moment
@@ -232,7 +241,7 @@ class Faults:
             time.sleep(max(0.0, started + value - time.monotonic()))
             return f"{value:.1f} s after launch"
         while proc.poll() is None:
-            found = _PROGRESS.findall(log.read_text(errors="replace"))
+            found = self.progress.findall(log.read_text(errors="replace"))
             if found and int(found[-1]) >= value:
                 return f"step ~{found[-1]} (aimed at {int(value)})"
             time.sleep(0.005)
@@ -348,7 +357,7 @@ class Faults:
                        capture_output=True)
 
     def _corrupt(self, trial: Trial, out: Path) -> None:
-        stop = self.rng.randint(1, STEPS - 1)
+        stop = self.rng.randint(1, self.steps - 1)
         trial.invocations.append(self.run(out, "--stop-after", str(stop)))
         path = out / "ck" / "checkpoint.pt"
         data = bytearray(path.read_bytes())
@@ -411,6 +420,17 @@ def remove_stale_shm() -> None:
                     os.unlink(path)
 
 
+def commit() -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True)
+        if out.returncode == 0:
+            return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    return "unknown"
+
+
 def cpu_model() -> str:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -430,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"comma-separated subset of {','.join(KINDS)}")
     parser.add_argument("--ranks", type=int, default=2, help="ranks per run (default: 2)")
+    parser.add_argument("--size", choices=sorted(ROWS), default="full",
+                        help="the run's size: full (6,000 rows, 900 steps; default) or small "
+                        "(2,000 rows, 300 steps: make test)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the faults (default: 1)")
     parser.add_argument("--timeout", type=float, default=180,
                         help="seconds allowed per invocation (default: 180)")
@@ -441,8 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}")
     started = datetime.datetime.now().astimezone()
+    clock = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mpidp-faults-") as tmp:
-        faults = Faults(Path(tmp), args.ranks, rng, args.timeout)
+        faults = Faults(Path(tmp), args.ranks, rng, args.timeout, args.size)
         if not faults.can_mount:
             skipped = [k for k in kinds if k in ("disk-full", "read-only")]
             kinds = [k for k in kinds if k not in skipped]
@@ -473,14 +497,17 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python tests/faults.py " + " ".join(sys.argv[1:] if argv is None
                                                         else argv),
         "date": started.isoformat(timespec="seconds"), "cpu": cpu_model(),
-        "ranks": args.ranks, "faults_injected": len(trials), "by_kind": by_kind,
+        "commit": commit(), "seconds": round(time.monotonic() - clock),
+        "ranks": args.ranks, "size": args.size, "rows": faults.rows,
+        "steps": faults.steps, "faults_injected": len(trials), "by_kind": by_kind,
         "survived": survived, "bit_identical_finishes": identical, "clean_refusals": refused,
         "invocations": sum(len(t.invocations) for t in trials), "resumes": resumes,
         "lost": len(lost)}
     print(f"faults: {len(trials)} injected ({', '.join(f'{k} {n}' for k, n in by_kind.items() if n)}); "
           f"{survived} survived: {identical} finished bit-identical to the uninterrupted run, "
           f"{refused} refused cleanly (damaged checkpoint); {len(lost)} lost")
-    print(f"faults: {summary['date']}, {summary['cpu']}, {args.ranks} ranks")
+    print(f"faults: {summary['date']}, {summary['cpu']}, {args.ranks} ranks, size "
+          f"{args.size}, commit {summary['commit']}, {summary['seconds']} s")
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"summary": summary, "trials": [asdict(t) for t in trials]}, indent=1))
