@@ -1,7 +1,7 @@
 # mpidp: the two commands of the README, and their helpers.
 #   make demo   set up .venv, then run the main job on built-in data
 #   make test   set up .venv, then run the whole test suite
-#   make test-gpu   on a machine with a GPU: the tests marked gpu (README "GPUs")
+#   make test-gpu   on a machine with a GPU: the tests marked gpu (docs/gpus.md)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin

@@ -1,7 +1,7 @@
 """Distribution ``mpidp``: MPI-based differentially private training.
 
 The four packages sit at the top level of the repository, as the project's
-layout asks (see README "Layout"); ``mpidp`` is the console script.
+layout asks (see README, "Layout"); ``mpidp`` is the console script.
 """
 from pathlib import Path
 
@@ -28,7 +28,7 @@ setup(
     install_requires=[
         "mpi4py>=4.0",
         # An MPI that installs with pip, for machines without a system MPI.
-        # On clusters, build mpi4py against the site MPI instead (README).
+        # On clusters, build mpi4py against the site MPI instead (docs/clusters.md).
         "mpich>=4.2; platform_system == 'Linux'",
         "numpy>=1.26",
         "torch>=2.2",

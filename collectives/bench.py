@@ -13,7 +13,9 @@ host effects hit them all alike, and prints on rank 0:
   rank counts; the single-process memory-copy bandwidth is printed above the
   table as the ceiling on one node;
 * "x native": native's time divided by the algorithm's (> 1 is faster);
-* the channel each algorithm's schedule ran over (``--json``: ``channel``);
+* the channel each algorithm's schedule ran over (``--json``: ``channel``),
+  and for ``auto`` what it ran (its tuning tries the candidates on the timed
+  calls themselves; ``--json``: ``tuned_calls``, calls per candidate);
 * #wrong with ``-c``: elements differing from the exact expected result, or
   not bit-identical to rank 0's (the data are small integers, so every sum is
   exact in every dtype). Any wrong element makes the command exit with 3.
@@ -224,6 +226,12 @@ def _check(buf: Any, comm: Any, algorithm: str, op: str, allreduce: Any) -> int:
     return int(comm.allreduce(wrong))
 
 
+def tuner_of(state: Any, count: int, dtype: Any, op: str, name: str) -> Any:
+    """The tuner of a tuned ``auto`` plan of this signature, or None."""
+    plan = state.plans.get((count, np.dtype(dtype), op, name))
+    return getattr(plan, "tuner", None)
+
+
 def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name: str,
             op: str, iters: int = 0, warmup: int = 5, check: bool = False, rounds: int = 5,
             seconds: float = 0.1, on_row: Any = None) -> list[dict]:
@@ -254,6 +262,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
         done = dict.fromkeys(algorithms, 0)
         streamed = {name: [0, 0] for name in algorithms}  # timed calls: streamed, counted
         per_round: dict[str, list[float]] = {name: [] for name in algorithms}
+        ran: dict[str, dict[str, int]] = {name: {} for name in algorithms}  # tuned auto
         # Warm-up, and (with -i 0) the iteration count, the same on every rank.
         per_call = {}
         for name in algorithms:
@@ -274,6 +283,8 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                     continue
                 allreduce(buf, comm, name, op)  # rebind: the timed calls take the fast path
                 before = list(choices.calls) if choices is not None else None
+                tuner = tuner_of(state, count, dtype, op, name)
+                used = list(tuner.used) if tuner is not None else None
                 comm.Barrier()
                 start = time.perf_counter()
                 for _ in range(batch):
@@ -282,6 +293,9 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                 if before is not None:
                     streamed[name][0] += choices.calls[1] - before[1]
                     streamed[name][1] += sum(choices.calls) - sum(before)
+                if used is not None:
+                    for i, k in enumerate(tuner.used):
+                        ran[name][tuner.names[i]] = ran[name].get(tuner.names[i], 0) + k - used[i]
                 elapsed[name] += spent
                 done[name] += batch
                 per_round[name].append(spent / batch * 1e6)
@@ -300,10 +314,13 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
             share = streamed[name][0] / streamed[name][1] if streamed[name][1] else None
             share = comm.bcast(share, root=0)
             algbw = nbytes / avg / 1e9
+            runs = (max(ran[name], key=ran[name].get) if ran[name]  # what a tuned auto ran most
+                    else algorithm_for(count * dtype.itemsize, comm, name))
             rows.append({
                 "algorithm": name,
-                "runs": algorithm_for(count * dtype.itemsize, comm, name),
-                "channel": state.route(count * dtype.itemsize, name)[1],
+                "runs": runs,
+                "tuned_calls": ran[name] or None,
+                "channel": state.route(count * dtype.itemsize, runs)[1],
                 "bytes": count * dtype.itemsize, "count": count, "dtype": dtype.name,
                 "op": op, "ranks": size, "oversubscribed": oversubscribed,
                 "placement": placement,

@@ -10,24 +10,33 @@ all-reduces, so:
    Any difference raises :class:`AllreduceMismatch` on every rank with a table
    of what each rank passed (``collective = True``).
 2. **Later calls** cost nothing extra. Every message of the point-to-point
-   algorithms carries the signature's tag (a CRC of the signature) and every
-   receive accepts any tag and checks it, so a rank that receives a message
-   of another call (or of a first-call check) raises instead of mixing data;
-   a message longer than expected raises too (MPI truncation). One raising
-   rank ends the job (``engine.spmd``).
-3. A rank that starts a **new** signature while its peers sit in a cached
-   ``native`` call (``MPI_Allreduce`` cannot see point-to-point messages)
-   would wait forever; instead, while it waits for the peers' records it
-   reads, with one-sided MPI, how many native all-reduces each peer has
-   entered and the tag of the last one (two stores per native call). A peer
-   that is further ahead than the call being checked, in the same state on
-   two probes 0.5 s apart, is blocked in a call this rank never made:
-   :class:`AllreduceMismatch`.
+   schedules carries the signature's tag (a CRC of the signature) and every
+   receive accepts any tag and checks it; shared-memory slots carry the tag
+   too. A rank that receives a message or a slot of another call raises
+   instead of mixing data; a message longer than expected raises too (MPI
+   truncation).
+3. **Blind calls.** ``MPI_Allreduce`` and the shared-memory channels' waits
+   see no point-to-point message. Each rank therefore counts the blind calls
+   it enters in words its peers can read (:data:`BLIND_WORDS`: shared memory
+   on one node, else an MPI window read with one-sided MPI), with each call's
+   tag. A rank waiting for peers (for first-call records, in a shared-memory
+   wait, or, on one node, for a point-to-point message) reads them: a peer
+   further ahead, in the same state on two probes, is blocked in a call this
+   rank never made: :class:`AllreduceMismatch`.
+4. **MPI_Allreduce of equal byte counts** cannot tell two signatures apart
+   (float32[16] and int32[16] would be summed together). After each ``native``
+   call, where the ranks share memory, every rank compares its peers' tags of
+   the same call number (a peer cannot be two blind calls ahead: its next
+   call needs this rank), so all ranks raise (``collective = True``) instead
+   of returning wrong numbers. Across nodes that costs one more all-reduce
+   per call and is done only with ``MPIDP_ALLREDUCE_VERIFY=1``.
 
-What remains MPI's business: two ``native`` calls whose signatures were both
-checked before and that the ranks make in a different order. MPICH aborts
-the job when their byte counts differ ("Message truncated"); equal byte
-counts with a different dtype or op cannot be told apart by MPI.
+What remains MPI's business: ``native`` calls of *different* byte counts
+made in a different order (MPICH ends the job: "Message truncated"), and,
+across nodes, a rank in a point-to-point schedule whose peer sits in
+another call's ``MPI_Allreduce`` (both wait inside MPI; see
+:mod:`collectives.failures`). What happens after an error is the subject of
+:mod:`collectives.failures`.
 """
 from __future__ import annotations
 

@@ -12,13 +12,15 @@ to the last few buffers it reduced, so a repeated call allocates nothing.
 from __future__ import annotations
 
 import os
+import socket
 from collections import OrderedDict
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
 
-from collectives import consistency
+from collectives import consistency, tuning
 from collectives.consistency import (BLIND_WORDS, last_blind_tag, make_enter, make_verify,
                                      make_verify_mpi, verify_everywhere)
 from collectives.channels import KINDS, futex
@@ -27,6 +29,7 @@ from collectives.context import OPS, PlanContext
 from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
 from collectives.runtime import MPI, launch_info
+from collectives.tuning import TunedPlan
 
 #: Signatures kept per communicator, and buffers bound per signature.
 MAX_PLANS = 64
@@ -34,7 +37,7 @@ MAX_BINDINGS = 4
 #: Longest message of the point-to-point algorithms (bytes) when the ranks
 #: have a core each: a received piece is combined while still in cache. When
 #: the node is oversubscribed every message costs a trip through the
-#: scheduler, so messages are not cut (see README, "Collectives").
+#: scheduler, so messages are not cut (docs/collectives.md).
 DEFAULT_SEGMENT = 1024 * 1024
 UNLIMITED_SEGMENT = 1 << 62
 
@@ -163,6 +166,19 @@ class CommState:
         kinds = {c.name for c in self.channels}
         self.placement = placement_of(self.size, self.oversubscribed, "shm-pair" in kinds,
                                       "shm-group" in kinds)
+        #: The tunings of ``auto`` on this machine and layout (None: static table).
+        self.store = self._store() if self.size > 1 else None
+
+    def _store(self) -> tuning.Store | None:
+        """Rank 0 reads this machine's tunings and shares them (collective, on
+        every rank whatever its setting: a rank tuning and one on the static
+        table then fail their first ``auto`` call together, by its record)."""
+        hosts = self.comm.allgather(socket.gethostname())
+        key = tuning.machine_key(self.size, len(set(hosts)), self.placement)
+        mine = tuning.enabled()
+        known = tuning.read(tuning.tuning_file(), key) if self.rank == 0 and mine else None
+        known = self.comm.bcast(known, root=0)
+        return tuning.Store(key, known or {}, writer=self.rank == 0) if mine else None
 
     def channel_for(self, schedule: Any) -> Any:
         """The first channel of this communicator that serves ``schedule``."""
@@ -265,13 +281,17 @@ class CommState:
                 "and messages of that call may still arrive; use a new communicator "
                 "(comm.Dup() on every rank) for further all-reduces.")
 
-    def _new_plan(self, n: int, dtype: np.dtype, op: str, chosen: Algorithm) -> Plan:
+    def _new_plan(self, n: int, dtype: np.dtype, op: str, chosen: Algorithm) -> Any:
         algorithm, runs = chosen.name, chosen
+        tuned = chosen.choose is not None and self.store is not None
         if chosen.choose is not None:
             runs = get(chosen.choose(n * dtype.itemsize, self.placement))
+        # A tuned auto runs no algorithm of its own: its record says "auto", so a
+        # rank tuning and a rank on the static table are told apart.
+        runs_name = "auto" if tuned else runs.name
         segment = segment_bytes(self.oversubscribed)
-        tag = consistency.signature_tag(n, dtype, op, runs.name, segment, self.tag_ub)
-        record = consistency.make_record(n, dtype, op, algorithm, runs.name, segment, tag)
+        tag = consistency.signature_tag(n, dtype, op, runs_name, segment, self.tag_ub)
+        record = consistency.make_record(n, dtype, op, algorithm, runs_name, segment, tag)
         if self.size > 1:
             self._suspects.clear()
             table = consistency.exchange_records(
@@ -281,6 +301,8 @@ class CommState:
                 raise AllreduceMismatch(message, collective=True)
         description = consistency.describe_record(record, names())
         self.tags[tag] = f"allreduce {description}"
+        if tuned:
+            return self._tuned_plan(n, dtype, op, runs.name)
         mpi_op, _ = OPS[op]
         ctx = PlanContext(
             comm=self.comm, rank=self.rank, size=self.size, n=n, dtype=dtype, op=op,
@@ -297,6 +319,19 @@ class CommState:
             channel = self.channel_for(runs.schedule(self.rank, self.size, n))
         return Plan(ctx, algorithm, runs, channel)
 
+
+    def _tuned_plan(self, n: int, dtype: np.dtype, op: str, first: str) -> TunedPlan:
+        """``auto`` chosen by measurement (:mod:`collectives.tuning`)."""
+        names_ = [name for name in tuning.CANDIDATES if name in names()]
+        key = tuning.bucket(n * dtype.itemsize, dtype, op)
+        counter = np.dtype(np.float64)
+        plan = TunedPlan(
+            SimpleNamespace(n=n, dtype=dtype, op=op), names_, first,
+            candidate=lambda name: self.plan(n, dtype, op, get(name)),
+            agreement=lambda: self.plan(len(names_), counter, "max", get("native")),
+            prior=self.store.prior(key))
+        self.store.keep(key, plan.tuner)
+        return plan
 
     def _verifier(self, tag: int, description: str) -> Callable[[int], None]:
         """Point 4 of :mod:`collectives.consistency` for this signature."""

@@ -78,8 +78,29 @@ def _configure_environment() -> None:
         env.setdefault("MPI4PY_RC_THREAD_LEVEL", "funneled")
 
 
+def _late_import_warning() -> None:
+    """mpi4py.MPI was imported before this module: its settings came too late.
+
+    Harmless unless the node is oversubscribed, where waiting ranks then spin
+    in MPICH and steal the core of the rank they wait for; say so once.
+    """
+    local = _local_ranks_announced()
+    if local is not None and local > available_cores() \
+            and "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in os.environ:
+        import warnings  # deferred: only on this unusual path
+
+        warnings.warn(
+            "mpi4py.MPI was imported before collectives, so collectives could not set "
+            f"MPI's settings for {local} ranks on {available_cores()} cores (waiting ranks "
+            "will spin and slow the others down): import collectives first, or set "
+            "MPI4PY_RC_THREAD_LEVEL=multiple MPIR_CVAR_ENABLE_HEAVY_YIELD=1 yourself",
+            RuntimeWarning, stacklevel=3)
+
+
 if "mpi4py.MPI" not in sys.modules:
     _configure_environment()
+else:
+    _late_import_warning()
 
 from mpi4py import MPI  # noqa: E402  (must follow the environment set-up)
 

@@ -5,16 +5,33 @@ in :mod:`engine.nn`, the one DP-SGD step that composes them in
 :mod:`engine.step`, the loop around it in :mod:`engine.trainer`; benchmarks
 in :mod:`engine.bench`, attacks in :mod:`engine.audit`.
 
+The Python API is :func:`train` (what ``mpidp train`` runs), called by every
+rank of an SPMD program::
+
+    import engine
+    run = engine.train("pums.h5", epochs=5, target_epsilon=1.0, seed=0)
+    print(run.epsilon, run.history[-1]["test_accuracy"])   # run.model: a torch MLP
+
+The DP components also stand alone for a loop of your own:
+:class:`engine.dp.sampler.PoissonSampler`, :class:`engine.dp.noise.GaussianNoise`,
+:class:`engine.dp.accountant.Accountant`, per-example clipping rules in
+:mod:`engine.dp.clipping`, and :func:`collectives.allreduce`.
+
 In the ``mpidp`` program (not in programs that import the engine), stop
 signals are recorded from here on, the first of its modules to run, so a
 Ctrl-C in the first instants never becomes a traceback (:mod:`engine.stopping`).
 """
+from __future__ import annotations
+
 from engine import stopping as _stopping
 
 if _stopping.is_mpidp_program():
     _stopping.record_signals()
 
+import io  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from importlib.metadata import PackageNotFoundError, version  # noqa: E402
+from typing import Any  # noqa: E402
 
 try:
     # The version lives in setup.py only; an installed copy knows it.
@@ -22,4 +39,86 @@ try:
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "Run", "train"]
+
+
+@dataclass
+class Run:
+    """What :func:`train` returns, the same on every rank.
+
+    Attributes:
+        model: the trained MLP as a ``torch.nn.Sequential`` on the CPU.
+        epsilon, delta: the privacy spent (None for a non-private run).
+        history: one record per epoch (train loss, test accuracy, epsilon,
+            timings), as ``--metrics`` writes them.
+        exit_code: 0 when done, 75 when stopped with a checkpoint written
+            (``stop_after`` or a signal; continue with ``resume=True``).
+        config: the settings the run used.
+    """
+
+    model: Any
+    epsilon: float | None
+    delta: float | None
+    history: list[dict] = field(default_factory=list)
+    exit_code: int = 0
+    config: Any = None
+
+
+def train(data: str, *, comm: Any = None, quiet: bool = False, **options: Any) -> Run:
+    """Train the MLP on a prepared file with DP-SGD over ``comm``; every rank calls it.
+
+    Args:
+        data: a file written by ``mpidp prep``.
+        comm: an mpi4py intracommunicator (default ``COMM_WORLD``).
+        quiet: print nothing (rank 0 prints the run's table otherwise).
+        **options: the options of ``mpidp train`` by keyword (the fields of
+            :class:`engine.config.TrainConfig`), e.g. ``epochs=5,
+            target_epsilon=1.0, batch_size=256, hidden=(128, 128),
+            checkpoint_dir="runs/a"``; ``dp=False`` for a non-private run. The
+            same life-cycle as the command (docs/lifecycle.md): the outputs
+            are checked and the checkpoint directory locked before any work;
+            ``resume=True`` needs only ``data`` and ``checkpoint_dir`` (the
+            other settings come from the checkpoint, and an option given that
+            differs is refused by name); a resume without a checkpoint, and a
+            fresh run into a directory that holds one, are errors. A stop
+            signal during training (SIGINT, SIGTERM, SIGUSR1) checkpoints and
+            returns with ``exit_code`` 75.
+
+    Returns:
+        A :class:`Run`.
+
+    Raises:
+        ConfigError, DataError, PrivacyError, CheckpointError, OutputError
+            (``exit_code`` 2): bad settings, input or outputs, raised on every
+            rank alike before any work.
+        DirectoryLocked (73): the checkpoint directory is in use by another run.
+        WriteFailed (74): an output could not be written midway (the last
+            checkpoint is intact).
+    """
+    # deferred: torch and the trainer; `import engine` stays light
+    from engine.config import TrainConfig
+    from engine.errors import ConfigError
+    from engine.nn.model import to_module
+    from engine.trainer import Trainer
+
+    known = set(TrainConfig.__dataclass_fields__) - {"data"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"engine.train() got unknown option(s) {', '.join(unknown)}; "
+                          f"choose from {', '.join(sorted(known))}", collective=True)
+    # the options given: a resume takes every other setting from the checkpoint
+    given = set(options)
+    options.setdefault("progress", False)
+    if "hidden" in options:
+        options["hidden"] = tuple(options["hidden"])
+    cfg = TrainConfig(data=str(data), **options)
+    if not cfg.resume:  # a resume validates the recorded settings with the given ones
+        cfg.validate()
+    trainer = Trainer(cfg, comm, out=io.StringIO() if quiet else None, given=given)
+    code = trainer.run()
+    cfg = trainer.cfg  # for a resume: the recorded settings with the given ones
+    accountant = getattr(trainer, "accountant", None)
+    return Run(model=to_module(trainer.spec, trainer.params.detach().cpu()),
+               epsilon=None if accountant is None else accountant.epsilon(),
+               delta=cfg.delta if cfg.dp else None, history=list(trainer.history),
+               exit_code=code, config=cfg)

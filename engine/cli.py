@@ -44,7 +44,7 @@ DIAGNOSTIC_COMMANDS = {"info"}
 ENGINE_COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("engine.info",
              "versions, MPI library, ranks, kernels, threads (paste into bug reports)"),
-    "train": ("engine.train", "train a model with DP-SGD (or --no-dp) over MPI ranks"),
+    "train": ("engine.train_command", "train a model with DP-SGD (or --no-dp) over MPI ranks"),
     "eval": ("engine.evaluate", "accuracy and loss of a checkpoint on a prepared file"),
     "audit": ("engine.audit.command",
               "attack a checkpoint: membership inference and model inversion"),

@@ -192,7 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch/numba threads per rank (default: cores // ranks per node)")
     system.add_argument("--device", choices=("cpu", "cuda"), default=d.device,
                         help="cpu, or cuda: one GPU per rank, chosen by the rank's place on "
-                        "its node; needs the GPU extra (README 'GPUs') (default: cpu)")
+                        "its node; needs the GPU extra (docs/gpus.md) (default: cpu)")
     system.add_argument("--kernels", choices=("numba", "cupy", "torch"), default=None,
                         help="kernel back-end: numba (CPU, or @cuda.jit on GPUs), cupy (CUDA C, "
                         "GPUs only) or torch (generic ops) (default: numba on the CPU, cupy "

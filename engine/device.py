@@ -95,7 +95,7 @@ class TorchCudaInventory:
             raise DeviceError(
                 f"--device cuda: this torch ({torch.__version__}) was built without CUDA; "
                 "install a CUDA build of torch and the GPU extra (pip install "
-                "'mpidp[cuda12]'; README 'GPUs'), or use --device cpu")
+                "'mpidp[cuda12]'; docs/gpus.md), or use --device cpu")
         if not torch.cuda.is_available():
             raise DeviceError(
                 f"--device cuda: no CUDA GPU is visible on {socket.gethostname()} "

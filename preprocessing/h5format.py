@@ -1,4 +1,4 @@
-"""The prepared HDF5 file: the one owner of its contract (README, "The prepared HDF5 file").
+"""The prepared HDF5 file: the one owner of its contract (docs/preprocessing.md).
 
 ``mpidp prep`` writes the file (:mod:`preprocessing.pipeline` through
 :mod:`preprocessing.h5write`), the synthetic files of tests and benchmarks
@@ -39,7 +39,7 @@ SPLITS = ("train", "test")
 X_DTYPE = "float32"
 Y_DTYPE = "int8"
 
-#: Root attributes: name -> what it holds (README, "The prepared HDF5 file").
+#: Root attributes: name -> what it holds (docs/preprocessing.md, "The prepared HDF5 file").
 ATTRIBUTES: dict[str, str] = {
     "format": f"{FORMAT!r}: identifies the layout",
     "format_version": f"{FORMAT_VERSION}",

@@ -521,7 +521,7 @@ def split_and_shuffle(comm, records: np.ndarray) -> dict[str, tuple]:
 
 def attributes(settings: Settings, encoding_text: str, drop_counts: dict,
                rows_per_file: np.ndarray, digests: dict[str, str], version: str) -> dict:
-    """The root attributes of the output (README: "The prepared HDF5 file")."""
+    """The root attributes of the output (:data:`preprocessing.h5format.ATTRIBUTES`)."""
     task = settings.task
     encoding = enc.Encoding.from_json(encoding_text)
     return {

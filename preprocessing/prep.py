@@ -2,7 +2,7 @@
 
 Reads official person files (psam_pNN.csv, ssYYpXX.csv, or the Census
 Bureau's csv_pXX.zip; one or many states) and writes the HDF5 file that
-`mpidp train` reads (layout: README, "The prepared HDF5 file"). Every rank
+`mpidp train` reads (layout: docs/preprocessing.md). Every rank
 parses its own byte range of the inputs; statistics are global; households
 are split into train/test by SERIALNO; the rows are shuffled across ranks.
 The output is the same, row for row and byte for byte, whatever the number

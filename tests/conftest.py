@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# auto's tunings of other runs would change what the tests' calls run.
+os.environ.setdefault("MPIDP_ALLREDUCE_TUNING_FILE", "none")
+
 # MPI must be configured before anything (pytest-mpi included) imports mpi4py.
 from collectives.runtime import MPI
 import collectives

@@ -60,10 +60,15 @@ def test_checked_signatures_called_out_of_order_end_the_job(algorithm, n):
     result, seconds = run(n, USER, "swap", algorithm)
     out = result.stdout + result.stderr
     assert count(out, "WRONG") == 0
+    assert seconds < PROMPT_S
+    if algorithm == "auto" and "Message truncated" in out:
+        # auto tried MPI_Allreduce on this call (its tuning explores every
+        # candidate): MPICH itself ends the job on different byte counts.
+        assert result.returncode != 0
+        return
     assert result.returncode == 2, out[-2000:]
     assert "AllreduceMismatch" in result.stderr and "same sequence of calls" in result.stderr
     assert "ending the job" in result.stderr
-    assert seconds < PROMPT_S
 
 
 @pytest.mark.parametrize("algorithm", ["native", "auto"])
@@ -111,7 +116,7 @@ def test_special_values_give_one_answer_on_every_rank_and_algorithm(n):
 
 
 #: Seeds of the suite's fuzz runs (rank counts 2, 3, 4 in turn); more with
-#: MPIDP_FUZZ_SEEDS=first:last (README, Testing).
+#: MPIDP_FUZZ_SEEDS=first:last (docs/testing.md).
 def _seeds() -> list[int]:
     import os
 

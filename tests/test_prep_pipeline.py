@@ -161,7 +161,7 @@ def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs):
     assert np.array_equal(got[1], train_y) and np.array_equal(got[3], test_y)
     assert got[0].dtype == np.float32 and got[1].dtype == np.int8
     assert 0.17 < len(test_y) / (len(test_y) + len(train_y)) < 0.23
-    # Attributes of the README contract.
+    # Attributes of the contract (preprocessing/h5format.py).
     assert attrs["format"] == "mpidp" and attrs["format_version"] == 1
     assert attrs["task"] == "employment" and attrs["n_classes"] == 2
     names = json.loads(attrs["feature_names"])

@@ -53,3 +53,22 @@ def test_cuda_support_override(monkeypatch):
     assert runtime.mpi_cuda_support() is True
     monkeypatch.setenv("MPIDP_CUDA_AWARE", "0")
     assert runtime.mpi_cuda_support() is False
+
+
+def test_importing_mpi4py_first_is_reported_when_it_matters():
+    """Settings come too late when mpi4py.MPI was imported first; with more
+    ranks than cores that costs, and the user is told (once, a warning)."""
+    import subprocess
+    import sys
+
+    code = "from mpi4py import MPI; import collectives"
+    env = dict(__import__("os").environ, MPI_LOCALNRANKS="64")
+    env.pop("MPIR_CVAR_ENABLE_HEAVY_YIELD", None)
+    late = subprocess.run([sys.executable, "-W", "always", "-c", code], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert late.returncode == 0, late.stderr
+    assert "import collectives first" in late.stderr
+    early = subprocess.run([sys.executable, "-W", "always", "-c",
+                            "import collectives; from mpi4py import MPI"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert "import collectives first" not in early.stderr

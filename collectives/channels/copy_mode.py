@@ -55,9 +55,9 @@ class Chooser:
     Call :meth:`next_mode` before a call and :meth:`record` with its mode
     and duration after it. The mode in use (``mode``) changes only when a
     trial of the other mode is faster than the current mode's estimate by
-    more than ``margin``. A trial costs one call in the slower mode (up to
-    4-5x slower, measured), so trials are spaced to spend about ``budget``
-    of the time on them: after a comparison in which one mode took
+    more than ``margin``. A trial costs one call in the slower mode (several
+    times slower at worst: docs/results.md), so trials are spaced to spend
+    about ``budget`` of the time on them: after a comparison in which one mode took
     ``ratio`` times the other's time, the next trial comes ``(ratio - 1) /
     budget`` calls later (within ``min_gap`` and ``max_gap``). Two calls in
     a row of the current mode more than ``jump`` times slower than its

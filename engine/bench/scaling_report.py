@@ -270,7 +270,7 @@ def format_cost_table(summaries: list[dict]) -> str:
 
 
 def markdown_table(summaries: list[dict]) -> str:
-    """The same results as a markdown table (for the README)."""
+    """The same results as a markdown table (for docs/results.md)."""
     cols = [c for c in _columns(summaries) if c[0] not in ("layout",)]
     lines = ["| series | " + " | ".join(h for _, h, _, _ in cols) + " |",
              "|---|" + "---:|" * len(cols)]

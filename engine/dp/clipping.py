@@ -61,7 +61,13 @@ class FlatParameters:
         return dict(zip(self.names, self._split(buf)))
 
 
-def _leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every module that holds parameters, in order.
+
+    Raises:
+        ValueError: a module holds parameters of its own and in its children
+            (the per-layer rules cannot split it: use :class:`FuncClipper`).
+    """
     layers = []
     for name, module in model.named_modules():
         own = list(module.parameters(recurse=False))
@@ -91,7 +97,7 @@ class LayerClipper(_FlatGradient):
 
     def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
         super().__init__(model, grad)
-        self.layers = _leaf_layers(model)
+        self.layers = leaf_layers(model)
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
                     max_norm: float | None) -> tuple[float, int]:

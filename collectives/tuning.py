@@ -1,0 +1,345 @@
+"""``auto`` by measurement: each signature tries the candidate algorithms and keeps the fastest.
+
+A static table of thresholds wins on the machine it was measured on and can
+lose by 1.5x on the next one (another CPU, another MPI, another rank
+layout). So ``auto`` measures where it runs: a :class:`Tuner` per call
+signature (length, dtype, op) times the candidates on the calls themselves
+and, every few calls, the ranks agree on the estimates with one small
+all-reduce (the slowest rank's time counts), so every rank makes the same
+choice at the same call without any other message.
+
+* It starts from the static table's choice (:mod:`collectives.auto`), or from
+  what an earlier run measured on this machine (the tuning file, below).
+* Exploration: each candidate not yet measured is tried on a few calls
+  (the first one untimed: it builds the candidate's plan).
+* Then it keeps the candidate with the lowest agreed time, times one call in
+  four, and tries each other candidate again now and then, spaced so that the
+  trials together cost about ``BUDGET`` of the time (with k candidates, one r
+  times slower is tried again after about (r - 1) (k - 1) / BUDGET calls), and
+  switches when a trial beats the current estimate by more than ``MARGIN``
+  (a host that moves the ranks to other cores can change the best one).
+
+The tuning file (``MPIDP_ALLREDUCE_TUNING_FILE``, default
+``~/.cache/mpidp/allreduce-tuning.json``; ``none`` for no file) keeps the
+agreed times per machine (host, CPU model, MPI library), rank layout and
+message size; JSON, to inspect, delete or ship. Rank 0 reads it when a
+communicator is first used and shares it; it writes it at exit.
+``MPIDP_ALLREDUCE_TUNING=0`` (or a table in ``MPIDP_ALLREDUCE_AUTO``) keeps
+the static table.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from collectives.runtime import MPI
+
+#: Candidates, in the order of exploration. ``naive`` (the seed project's
+#: baseline) is never faster than these.
+CANDIDATES = ("native", "recursive_doubling", "ring", "rabenseifner")
+#: Share of the time that trials of the other candidates may cost, together.
+BUDGET = 0.04
+#: A trial must beat the current estimate by this factor to switch.
+MARGIN = 0.95
+#: Calls between agreements (and timed calls of the current choice: 1 in TIME_EVERY).
+PERIOD = 32
+TIME_EVERY = 4
+#: Timed calls per candidate while exploring (after one untimed call).
+EXPLORE_CALLS = 2
+#: Most calls between trials of a candidate.
+MAX_GAP = 4096
+
+Runner = Callable[[], None]
+
+
+def enabled() -> bool:
+    """Whether ``auto`` tunes by measurement (local; the same settings on every rank
+    are checked with the signature)."""
+    if os.environ.get("MPIDP_ALLREDUCE_AUTO", "").strip():
+        return False
+    return os.environ.get("MPIDP_ALLREDUCE_TUNING", "").strip() not in ("0", "off", "no")
+
+
+class Tuner:
+    """The choice among ``names`` for one signature (see the module docstring).
+
+    Deterministic given the agreed estimates: every rank computes the same
+    schedule of trials from the call count. Call :meth:`pick` before a call,
+    :meth:`record` with its duration after, and when :meth:`due` says so,
+    :meth:`agree` with the ranks' collected times reduced by ``MAX``.
+    """
+
+    def __init__(self, names: list[str], first: str, prior: dict[str, float] | None = None
+                 ) -> None:
+        self.names = list(names)
+        self.choice = self.names.index(first) if first in self.names else 0
+        k = len(self.names)
+        #: Agreed time per call (seconds) per candidate, None until measured.
+        self.estimate: list[float | None] = [None] * k
+        if prior:
+            for i, name in enumerate(self.names):
+                if prior.get(name) is not None:
+                    self.estimate[i] = float(prior[name])
+            self._choose()
+        self.calls = 0
+        self.used = [0] * k
+        self.switches = 0
+        #: The exploration: (candidate, timed) for the first calls.
+        self.plan: list[tuple[int, bool]] = []
+        for i in range(k):
+            if self.estimate[i] is None:
+                self.plan += [(i, False)] + [(i, True)] * EXPLORE_CALLS
+        self.next_trial = [0] * k
+        self._space_trials(list(range(k)))
+        self._sums = [0.0] * k
+        self._counts = [0] * k
+        self._agree_at = len(self.plan) or PERIOD
+
+    def _choose(self) -> None:
+        known = [(t, i) for i, t in enumerate(self.estimate) if t is not None]
+        if known:
+            self.choice = min(known)[1]
+
+    def _space_trials(self, which: list[int]) -> None:
+        """Schedule the next trial of the candidates ``which`` from their ratio to
+        the current choice's estimate."""
+        best = self.estimate[self.choice]
+        for i in which:
+            t = self.estimate[i]
+            if i == self.choice or t is None or best is None or best <= 0:
+                continue
+            ratio = max(1.0, t / best)
+            share = BUDGET / max(1, len(self.names) - 1)
+            gap = min(MAX_GAP, max(PERIOD, math.ceil((ratio - 1) / share)))
+            self.next_trial[i] = self.calls + gap
+
+    def pick(self) -> tuple[int, bool]:
+        """``(candidate index, time this call)`` for the coming call."""
+        c = self.calls
+        if c < len(self.plan):
+            return self.plan[c]
+        if c % PERIOD == 0:  # the period's first call may be a trial
+            due = [i for i in range(len(self.names))
+                   if i != self.choice and self.next_trial[i] <= c]
+            if due:
+                return min(due, key=lambda i: self.next_trial[i]), True
+        return self.choice, c % TIME_EVERY == 1
+
+    def record(self, index: int, timed: bool, seconds: float) -> None:
+        """Account for the call just made."""
+        self.calls += 1
+        self.used[index] += 1
+        if timed:
+            self._sums[index] += seconds
+            self._counts[index] += 1
+
+    def due(self) -> bool:
+        """Whether the ranks agree now (after this call; the same call on every rank)."""
+        return self.calls >= self._agree_at
+
+    def collected(self, out: np.ndarray | None = None) -> np.ndarray:
+        """This rank's mean times since the last agreement (-1: none), to reduce by
+        MAX; into ``out`` when given (no allocation)."""
+        out = np.empty(len(self.names)) if out is None else out
+        for i, (s, n) in enumerate(zip(self._sums, self._counts)):
+            out[i] = s / n if n else -1.0
+        return out
+
+    def agree(self, slowest: np.ndarray) -> None:
+        """Update the estimates from the MAX over ranks of :meth:`collected`."""
+        chosen = self.choice
+        measured = []
+        for i, t in enumerate(slowest):
+            if t < 0:
+                continue
+            t, old = float(t), self.estimate[i]
+            # The current choice keeps a running mean; a trial replaces the estimate.
+            self.estimate[i] = t if old is None or i != chosen else 0.5 * old + 0.5 * t
+            measured.append(i)
+        best = min((t, i) for i, t in enumerate(self.estimate) if t is not None)
+        if best[1] != chosen and (self.estimate[chosen] is None
+                                  or best[0] < self.estimate[chosen] * MARGIN):
+            self.choice = best[1]
+            self.switches += 1
+            measured = list(range(len(self.names)))  # every ratio changed
+        self._space_trials(measured)
+        for i in range(len(self.names)):
+            self._sums[i], self._counts[i] = 0.0, 0
+        self._agree_at = self.calls + PERIOD
+
+    def times(self) -> dict[str, float]:
+        """Agreed seconds per call, per measured candidate."""
+        return {n: t for n, t in zip(self.names, self.estimate) if t is not None}
+
+
+class TunedPlan:
+    """``auto`` for one signature: candidate plans chosen call by call by a :class:`Tuner`.
+
+    ``candidate(name)`` returns the checked plan of a candidate (collective the
+    first time: every rank asks for the same candidate at the same call);
+    ``agreement`` is the plan of a small float64 MAX all-reduce over the same
+    communicator.
+    """
+
+    def __init__(self, ctx: Any, names: list[str], first: str,
+                 candidate: Callable[[str], Any], agreement: Callable[[], Any],
+                 prior: dict[str, float] | None) -> None:
+        self.ctx = ctx
+        self.algorithm = "auto"
+        self.tuner = Tuner(names, first, prior)
+        self._candidate = candidate
+        self._agreement = agreement
+        self.host_only = True  # some candidates need host memory: device buffers are staged
+        self.channel = None
+
+    @property
+    def runs(self) -> Any:
+        """The algorithm in use now (the tuner's choice)."""
+        return self._candidate(self.tuner.names[self.tuner.choice]).runs
+
+    def release(self) -> None:
+        pass  # the candidate plans are plans of the communicator: released with them
+
+    def runner(self, key_obj: Any, view: Any, space: Any = None, extra: Any = None,
+               hold: Any = None) -> Runner:
+        tuner, names, candidate = self.tuner, self.tuner.names, self._candidate
+        bound: list[Runner | None] = [None] * len(names)
+        slowest = np.zeros(len(names))
+        agreement: list[Runner] = []
+        clock = time.perf_counter
+
+        def run_candidate(i: int) -> Runner:
+            run = bound[i]
+            if run is None:
+                run = bound[i] = candidate(names[i]).runner(key_obj, view, space, extra, hold)
+            return run
+
+        def agree() -> None:
+            if not agreement:
+                agreement.append(self._agreement().runner(slowest, slowest))
+            tuner.collected(slowest)
+            agreement[0]()
+            tuner.agree(slowest)
+
+        def run() -> None:
+            i, timed = tuner.pick()
+            call = run_candidate(i)
+            if timed:
+                start = clock()
+                call()
+                tuner.record(i, True, clock() - start)
+            else:
+                call()
+                tuner.record(i, False, 0.0)
+            if tuner.due():
+                agree()
+
+        return run
+
+
+# ---------------------------------------------------------------- the file
+def machine_key(size: int, nodes: int, placement: str) -> str:
+    """Host, CPU model, MPI library and rank layout: what a tuning depends on."""
+    library = MPI.Get_library_version().splitlines()[0].strip()
+    return (f"{socket.gethostname()}|{cpu_model()}|{library}|{size} ranks on {nodes} "
+            f"node(s)|{placement}")
+
+
+def cpu_model() -> str:
+    """``model name`` from /proc/cpuinfo, else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def tuning_file() -> Path | None:
+    """Where tunings are kept, or None (``MPIDP_ALLREDUCE_TUNING_FILE=none``)."""
+    text = os.environ.get("MPIDP_ALLREDUCE_TUNING_FILE", "").strip()
+    if text.lower() == "none":
+        return None
+    if text:
+        return Path(text).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mpidp" / "allreduce-tuning.json"
+
+
+def bucket(nbytes: int, dtype: np.dtype, op: str) -> str:
+    """The tuning key of a signature: power-of-two size class, dtype and op."""
+    return f"{1 << max(0, (nbytes - 1).bit_length())} B {dtype} {op}"
+
+
+def read(path: Path | None, key: str) -> dict[str, dict[str, float]]:
+    """The tunings of ``key`` in the file (empty if none or unreadable)."""
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        entry = data.get(key, {})
+        return {b: {n: float(t) for n, t in v.items()} for b, v in entry.items()
+                if isinstance(v, dict)}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def write(path: Path | None, key: str, tunings: dict[str, dict[str, float]]) -> None:
+    """Merge ``tunings`` into the file under ``key`` (atomically; errors ignored:
+    a tuning file is a cache)."""
+    if path is None or not tunings:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        data.setdefault(key, {}).update(tunings)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+class Store:
+    """A communicator's tunings: read once (rank 0, shared), written by rank 0 at exit."""
+
+    def __init__(self, key: str, known: dict[str, dict[str, float]], writer: bool) -> None:
+        self.key, self.known, self.writer = key, known, writer
+        self.tuners: dict[str, Tuner] = {}
+        if writer:
+            _STORES.append(self)
+
+    def prior(self, name: str) -> dict[str, float] | None:
+        return self.known.get(name)
+
+    def keep(self, name: str, tuner: Tuner) -> None:
+        """Write what ``tuner`` measured under ``name`` at exit (rank 0)."""
+        self.tuners[name] = tuner
+
+    def measured(self) -> dict[str, dict[str, float]]:
+        return {name: tuner.times() for name, tuner in self.tuners.items() if tuner.times()}
+
+
+_STORES: list[Store] = []
+
+
+@atexit.register
+def _save() -> None:  # local: files only
+    path = tuning_file()
+    for store in _STORES:
+        write(path, store.key, store.measured())

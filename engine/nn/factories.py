@@ -1,0 +1,78 @@
+"""The model a run trains, from ``--model`` (or the library's ``model=``).
+
+``mlp`` and ``logreg`` are the built-in fused MLPs (:mod:`engine.nn.fast_mlp`;
+``logreg`` is the MLP without hidden layers). ``MODULE:FACTORY`` names a
+user's function ``FACTORY(n_features, n_classes) -> torch.nn.Module`` in an
+importable module (the current directory is on the path), called on every
+rank after seeding torch with the run's shared seed, so ranks build the same
+initial model; the trainer still checks a parameter digest across ranks.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Callable
+
+from torch import nn
+
+from engine.errors import ConfigError
+
+#: Built-in model names (the fused MLP path).
+BUILTIN = ("mlp", "logreg")
+
+
+def check_name(name: str) -> None:
+    """Raise ConfigError unless ``name`` is a built-in or of the form MODULE:FACTORY."""
+    if name in BUILTIN:
+        return
+    module, sep, attr = name.partition(":")
+    if not sep or not module or not attr:
+        raise ConfigError(f"--model {name!r}: choose {', '.join(BUILTIN)} or MODULE:FACTORY "
+                          "(a function (n_features, n_classes) -> torch.nn.Module)")
+
+
+def load_factory(name: str) -> Callable[[int, int], nn.Module]:
+    """Import ``MODULE:FACTORY``.
+
+    Raises:
+        ConfigError: the module does not import (its own error is quoted), or
+            has no such attribute, or it is not callable.
+    """
+    check_name(name)
+    module_name, _, attr = name.partition(":")
+    if "" not in sys.path:
+        sys.path.insert(0, "")  # the current directory, as `python -m` has it
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: any failure is a bad --model
+        raise ConfigError(f"--model {name}: cannot import {module_name!r}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    factory = module
+    for part in attr.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise ConfigError(f"--model {name}: {module_name!r} has no {attr!r}")
+    if not callable(factory):
+        raise ConfigError(f"--model {name}: {attr!r} is not callable")
+    return factory
+
+
+def build(factory: Callable[[int, int], nn.Module] | nn.Module, n_features: int,
+          n_classes: int, label: str) -> nn.Module:
+    """Call ``factory(n_features, n_classes)`` (or take a module as it is).
+
+    Raises:
+        ConfigError: the factory raises (its error is quoted) or returns
+            something other than an ``nn.Module``.
+    """
+    if isinstance(factory, nn.Module):
+        return factory
+    try:
+        model = factory(n_features, n_classes)
+    except Exception as exc:  # the user's code
+        raise ConfigError(f"model {label}: the factory raised {type(exc).__name__}: "
+                          f"{exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model {label}: the factory returned {type(model).__name__}, "
+                          "not a torch.nn.Module")
+    return model

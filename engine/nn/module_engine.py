@@ -1,0 +1,183 @@
+"""Any torch model behind the interface of :class:`~engine.nn.fast_mlp.FastMLP`.
+
+:class:`engine.step.DPStep` drives an *engine*: ``load(X, y, rows) -> k``,
+``clipped_sum(k, max_norm, groups=None) -> (loss_sum, n_clipped)`` writing
+into the flat ``grad``, ``logits(X)`` for evaluation, and ``params``, the
+flat parameter vector the optimizer updates in place. The MLPs that
+``mpidp train`` builds use the fused kernels of FastMLP; every other model
+(a user's ``nn.Module``, a factory named by ``--model MODULE:FACTORY``) runs
+through :class:`ModuleEngine`, which wraps the per-layer clippers of
+:mod:`engine.dp.clipping`: the book-keeping rules of
+:mod:`engine.dp.grad_samplers` where every parameterised layer is a leaf
+used once per forward, ``torch.func`` over the whole model otherwise.
+
+The model's parameters become views into one flat vector (``params``), so
+the optimizer, the checkpoint and the all-reduce see one buffer while the
+module is trained in place. Rows of ``X`` carry the trailing ones column of
+:mod:`engine.shard` (the fused MLP's bias trick); the module sees ``X``
+without it.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+from engine.dp.clipping import FuncClipper, LayerClipper, leaf_layers
+from engine.errors import ConfigError
+
+#: Layers that mix the examples of a batch: per-example gradients do not
+#: exist for them, so DP-SGD cannot train them (use GroupNorm or LayerNorm).
+BATCH_MIXING = (nn.modules.batchnorm._BatchNorm,)
+
+
+def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, with a message a user can act on, a model DP-SGD cannot train here.
+
+    Raises:
+        ConfigError: not an ``nn.Module``, no trainable parameters, a
+            batch-normalisation layer, parameters or buffers on another device
+            or of another dtype than the run's, frozen parameters.
+    """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
+    params = list(model.named_parameters())
+    if not params:
+        raise ConfigError(f"the model {type(model).__name__} has no parameters to train")
+    for name, module in model.named_modules():
+        if isinstance(module, BATCH_MIXING):
+            raise ConfigError(f"layer {name!r} ({type(module).__name__}) mixes the examples "
+                              "of a batch, so per-example gradients do not exist; use "
+                              "GroupNorm or LayerNorm")
+    for name, p in params:
+        if p.device != device:
+            raise ConfigError(f"parameter {name!r} is on {p.device}, the run on {device}: "
+                              "build the model on the run's device (or pass --device)")
+        if p.dtype != dtype:
+            raise ConfigError(f"parameter {name!r} is {p.dtype}, the run trains {dtype}: "
+                              "convert the model (model.float())")
+        if not p.requires_grad:
+            raise ConfigError(f"parameter {name!r} is frozen (requires_grad=False): DP-SGD "
+                              "here trains every parameter; remove it from the model")
+
+
+def parameter_digest(params: torch.Tensor) -> str:
+    """SHA-256 of a flat parameter vector's bytes (to check ranks agree)."""
+    return hashlib.sha256(params.detach().cpu().numpy().tobytes()).hexdigest()
+
+
+def _uses_each_layer_once(model: nn.Module, x: torch.Tensor) -> bool:
+    """Whether the per-layer rules apply: parameters only in leaf layers, each
+    run once per forward pass (tried on a probe batch)."""
+    try:
+        layers = leaf_layers(model)
+    except ValueError:
+        return False
+    counts = {m: 0 for _, m in layers}
+
+    def count(module, inputs, output):
+        counts[module] += 1
+
+    hooks = [m.register_forward_hook(count) for _, m in layers]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return all(c == 1 for c in counts.values())
+
+
+class ModuleEngine:
+    """Per-example-clipped gradient sums of any ``nn.Module`` (module docstring).
+
+    Args:
+        model: the module, on the run's device, float32 (``check_model``).
+        grad: flat buffer of the model's parameter count that receives the sums
+            (the head of the all-reduce buffer).
+        probe: a few rows of ``X`` (with the ones column) and their labels, to
+            check the output shape and choose the clipper.
+        n_classes: the task's class count; the model must return logits
+            ``[k, n_classes]``.
+        capacity: rows to preallocate (grown when a batch is larger).
+
+    Raises:
+        ConfigError: the model's output is not ``[k, n_classes]``, or its
+            forward pass fails on the probe rows (the message says which).
+    """
+
+    def __init__(self, model: nn.Module, grad: torch.Tensor, probe: tuple[torch.Tensor,
+                 torch.Tensor], n_classes: int, capacity: int = 256) -> None:
+        device, dtype = grad.device, grad.dtype
+        check_model(model, device, dtype)
+        n_params = sum(p.numel() for p in model.parameters())
+        if grad.shape != (n_params,):
+            raise ValueError(f"grad must be a flat vector of the model's {n_params} parameters")
+        x = probe[0][:, :-1].to(device)
+        self._check_output(model, x, n_classes)
+        per_layer = _uses_each_layer_once(model, x)
+        clipper = (LayerClipper if per_layer else FuncClipper)(model, grad)
+        self.model, self.clipper = model, clipper
+        self.rule = "per-layer rules" if per_layer else "torch.func"
+        self.params, self.grad = clipper.params, grad
+        self.device, self.dtype = device, dtype
+        self._clipped_sum = clipper.clipped_sum
+        self.capacity = 0
+        self._allocate(max(1, capacity), probe[0].shape[1])
+
+    @staticmethod
+    def _check_output(model: nn.Module, x: torch.Tensor, n_classes: int) -> None:
+        try:
+            with torch.no_grad():
+                out = model(x)
+        except Exception as exc:  # the user's code: any failure is a bad model
+            raise ConfigError(f"the model's forward pass fails on {x.shape[0]} rows of "
+                              f"{x.shape[1]} features: {type(exc).__name__}: {exc}") from exc
+        want = (x.shape[0], n_classes)
+        if not torch.is_tensor(out) or tuple(out.shape) != want:
+            got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
+            raise ConfigError(f"the model returns {got} for {x.shape[0]} rows; it must "
+                              f"return logits of shape [rows, {n_classes}] (the task has "
+                              f"{n_classes} classes)")
+
+    @property
+    def backends(self) -> dict[str, str]:
+        return {"clip": self.rule}
+
+    def _allocate(self, capacity: int, width: int) -> None:
+        self.x = torch.empty(capacity, width, dtype=self.dtype, device=self.device)
+        self.y = torch.empty(capacity, dtype=torch.int64, device=self.device)
+        self.capacity = capacity
+
+    def load(self, X: torch.Tensor, y: torch.Tensor, rows: torch.Tensor) -> int:
+        """Gather ``X[rows]``, ``y[rows]`` (same contract as FastMLP.load)."""
+        k = int(rows.shape[0])
+        if rows.device != self.device:
+            rows = rows.to(self.device, non_blocking=True)
+        if k > self.capacity:
+            self._allocate(k + k // 4, X.shape[1])
+        torch.index_select(X, 0, rows, out=self.x[:k])
+        torch.index_select(y, 0, rows, out=self.y[:k])
+        self._k = k
+        return k
+
+    def clipped_sum(self, k: int, max_norm: float | None,
+                    groups: torch.Tensor | None = None) -> tuple[float, int]:
+        """Write ``sum_i c_i grad_i`` of the ``k`` loaded rows into ``grad``
+        (same contract as FastMLP.clipped_sum, groups included)."""
+        x = self.x[:k, :-1]
+        if groups is None:
+            return self._clipped_sum(x, self.y[:k], max_norm)
+        return self._clipped_sum(x, self.y[:k], max_norm, groups)
+
+    def logits(self, X: torch.Tensor) -> torch.Tensor:
+        """Logits of rows ``X`` (with the ones column), on the CPU; the model in
+        eval mode (dropout off) for the call."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self.model(X[:, :-1].to(self.device)).cpu()
+        finally:
+            self.model.train(was_training)

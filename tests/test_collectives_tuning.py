@@ -1,0 +1,144 @@
+"""auto by measurement (collectives.tuning): the tuner with fake timings, the file,
+and tuned calls at 1-4 ranks (exact, the same choice on every rank)."""
+import json
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import tuning
+from collectives.plans import comm_state
+from collectives.tuning import Tuner
+
+COST = {"native": 12e-6, "recursive_doubling": 1.2e-6, "ring": 6e-6, "rabenseifner": 3.7e-6}
+
+
+def drive(tuner: Tuner, calls: int, cost, start: int = 0) -> list[int]:
+    """Feed ``tuner`` the (deterministic) duration of each call; the chosen indices."""
+    picked = []
+    for c in range(start, start + calls):
+        i, timed = tuner.pick()
+        picked.append(i)
+        tuner.record(i, timed, cost(c, tuner.names[i]))
+        if tuner.due():
+            tuner.agree(tuner.collected())
+    return picked
+
+
+def test_finds_the_fastest_whatever_the_static_table_says():
+    for first in COST:
+        tuner = Tuner(list(COST), first)
+        drive(tuner, 2000, lambda c, name: COST[name])
+        assert tuner.names[tuner.choice] == "recursive_doubling"
+
+
+def test_trials_cost_about_the_budget():
+    tuner = Tuner(list(COST), "native")
+    calls = 20_000
+    drive(tuner, calls, lambda c, name: COST[name])
+    spent = sum(k * COST[n] for k, n in zip(tuner.used, tuner.names))
+    best = calls * COST["recursive_doubling"]
+    assert spent / best - 1 < 2 * tuning.BUDGET  # exploration included
+    assert all(k > 3 for k in tuner.used)  # every candidate is re-tried now and then
+
+
+def test_follows_the_machine_when_the_best_changes():
+    """The host moves the ranks: from call 3000 on, ring is 4x faster than before."""
+    def cost(c, name):
+        return 1.5e-6 if (name == "ring" and c >= 3000) else COST[name]
+
+    tuner = Tuner(list(COST), "native")
+    picked = drive(tuner, 3000, cost)
+    assert tuner.names[tuner.choice] == "recursive_doubling"
+    picked = drive(tuner, 6000, cost, start=3000)
+    assert tuner.names[tuner.choice] == "recursive_doubling"  # 1.5 us is not < 0.95 * 1.2
+    faster = {"ring": 0.5e-6}
+    tuner2 = Tuner(list(COST), "native")
+    drive(tuner2, 3000, lambda c, name: COST[name])
+    drive(tuner2, 6000, lambda c, name: faster.get(name, COST[name]) if c >= 3000
+          else COST[name], start=3000)
+    assert tuner2.names[tuner2.choice] == "ring" and tuner2.switches >= 2
+
+
+def test_deterministic_given_the_agreed_times():
+    """Two ranks with different local times but the same agreed (MAX) values make
+    the same choices at the same calls: the schedule depends only on them."""
+    a, b = Tuner(list(COST), "ring"), Tuner(list(COST), "ring")
+    picks = ([], [])
+    for c in range(3000):
+        for tuner, out, scale in ((a, picks[0], 1.0), (b, picks[1], 0.7)):
+            i, timed = tuner.pick()
+            out.append(i)
+            tuner.record(i, timed, COST[tuner.names[i]] * scale)
+        if a.due():
+            assert b.due()
+            slowest = np.maximum(a.collected(), b.collected())
+            a.agree(slowest)
+            b.agree(slowest)
+    assert picks[0] == picks[1]
+
+
+def test_a_prior_skips_exploration():
+    tuner = Tuner(list(COST), "native", prior={"ring": 2e-6, "native": 9e-6})
+    assert tuner.names[tuner.choice] == "ring"
+    first = drive(tuner, 20, lambda c, name: COST[name])
+    # Candidates without a prior are explored; those with one are not.
+    assert tuner.names.index("native") not in first[:9]
+
+
+def test_the_file_round_trip_and_its_failures(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    monkeypatch.setenv("MPIDP_ALLREDUCE_TUNING_FILE", str(path))
+    assert tuning.tuning_file() == path
+    tuning.write(path, "k", {"8 B float32 sum": {"ring": 1e-6}})
+    tuning.write(path, "k", {"16 B float32 sum": {"native": 2e-6}})
+    assert tuning.read(path, "k") == {"8 B float32 sum": {"ring": 1e-6},
+                                      "16 B float32 sum": {"native": 2e-6}}
+    assert tuning.read(path, "other") == {}
+    path.write_text("{not json")
+    assert tuning.read(path, "k") == {}  # a cache: a bad file is ignored ...
+    tuning.write(path, "k", {"8 B float32 sum": {"ring": 1e-6}})  # ... and replaced
+    assert json.loads(path.read_text())["k"]
+    monkeypatch.setenv("MPIDP_ALLREDUCE_TUNING_FILE", "none")
+    assert tuning.tuning_file() is None
+    assert tuning.bucket(5, np.dtype("float32"), "sum") == "8 B float32 sum"
+    assert tuning.bucket(8, np.dtype("float32"), "sum") == "8 B float32 sum"
+
+
+@pytest.mark.mpi(min_size=1)
+def test_tuned_calls_are_exact_and_every_rank_chooses_alike(comm, monkeypatch):
+    monkeypatch.setattr(tuning, "PERIOD", 4)  # many agreements and trials in few calls
+    monkeypatch.setattr(tuning, "BUDGET", 0.5)
+    private = comm.Dup()
+    rank, size = private.Get_rank(), private.Get_size()
+    try:
+        for n in (1, 300, 70_000):
+            buf = np.empty(n, np.float64)
+            for step in range(60):
+                buf[:] = np.arange(n) % 7 + rank + step
+                collectives.allreduce(buf, private)
+                expected = size * (np.arange(n) % 7 + step) + size * (size - 1) // 2
+                np.testing.assert_array_equal(buf, expected)
+            plan = comm_state(private).plans.get((n, np.dtype(np.float64), "sum", "auto"))
+            if size == 1:
+                assert plan is None or not hasattr(plan, "tuner")  # nothing to tune
+                continue
+            record = (plan.tuner.used, plan.tuner.choice)
+            assert all(r == record for r in private.allgather(record))
+            assert all(k > 0 for k in plan.tuner.used)  # every candidate ran
+    finally:
+        collectives.forget()
+        private.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_tuning_and_not_are_told_apart(comm, monkeypatch):
+    if comm.Get_rank() == 0:
+        monkeypatch.setenv("MPIDP_ALLREDUCE_TUNING", "0")
+    private = comm.Dup()
+    try:
+        with pytest.raises(collectives.AllreduceMismatch, match="differ in runs"):
+            collectives.allreduce(np.ones(10, np.float32), private)
+    finally:
+        collectives.forget()
+        private.Free()

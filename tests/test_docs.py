@@ -1,0 +1,169 @@
+"""The documentation's links resolve, and the README stays a front page.
+
+Every relative Markdown link and image in ``README.md`` and ``docs/*.md`` must
+point at a file or folder of the repository, and every ``#anchor`` (on the
+same page or on another Markdown page) at a heading of that page, with
+GitHub's rules for heading anchors. Links inside code (fenced blocks, inline
+code spans) are not links. External links (``http:``, ``https:``,
+``mailto:``) are not checked: the suite runs offline.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The README is the front page; the rest belongs in docs/ (issue 19).
+README_MAX_LINES = 300
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+#: [text](target) and ![alt](target), with an optional "title".
+_INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+#: [label]: target (reference definitions).
+_REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
+_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+_HTML_ANCHOR = re.compile(r"<a\s+(?:[^>]*\s)?(?:id|name)=\"([^\"]+)\"", re.I)
+_EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
+
+
+def doc_pages(root: Path = ROOT) -> list[Path]:
+    """README.md and every docs/*.md page."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def _prose_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) outside fenced code blocks, code spans blanked."""
+    out, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            out.append((number, _CODE_SPAN.sub(lambda m: "`" + " " * len(m.group(2)) + "`",
+                                               line)))
+    return out
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading's text: inline markup dropped, lower case,
+    punctuation removed (letters, digits, spaces, ``-`` and ``_`` kept),
+    spaces to hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links -> their text
+    text = re.sub(r"<[^>]+>", "", text)  # inline HTML tags
+    text = text.replace("`", "").lower()
+    text = "".join(ch for ch in text if ch.isalnum() or ch in " -_")
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every anchor a page defines: its headings' (duplicates numbered ``-1``,
+    ``-2``, ... as GitHub does) and explicit ``<a id="...">`` / ``name=``."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    text = path.read_text(encoding="utf-8")
+    fenced = False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        found.update(_HTML_ANCHOR.findall(line))
+        match = _HEADING.match(line)
+        if match:
+            base = slug(match.group(2))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    """(line number, target) of every link and image of a page, outside code."""
+    out = []
+    for number, line in _prose_lines(path.read_text(encoding="utf-8")):
+        out += [(number, target) for target in _INLINE_LINK.findall(line)]
+        reference = _REFERENCE.match(line)
+        if reference:
+            out.append((number, reference.group(1)))
+    return out
+
+
+def broken_links(pages: list[Path], root: Path = ROOT) -> list[str]:
+    """One line per link that does not resolve: ``page:line: target (why)``."""
+    problems = []
+    root = root.resolve()
+    for page in (p.resolve() for p in pages):
+        for number, target in links(page):
+            if _EXTERNAL.match(target):
+                continue
+            where = f"{page.relative_to(root)}:{number}: {target}"
+            path_part, _, anchor = target.partition("#")
+            dest = (page.parent / path_part).resolve() if path_part else page
+            if root not in dest.parents and dest != root:
+                problems.append(f"{where} (outside the repository)")
+                continue
+            if not dest.exists():
+                problems.append(f"{where} (no such file or folder)")
+                continue
+            if anchor:
+                if dest.suffix != ".md" or dest.is_dir():
+                    problems.append(f"{where} (an anchor into a page that is not Markdown)")
+                elif anchor not in anchors(dest):
+                    problems.append(f"{where} (no heading or anchor #{anchor} in "
+                                    f"{dest.relative_to(root)})")
+    return problems
+
+
+def test_every_readme_and_docs_link_resolves():
+    problems = broken_links(doc_pages())
+    assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_readme_is_a_front_page():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines (at most {README_MAX_LINES}): move material to docs/")
+
+
+def test_the_check_finds_broken_links_and_anchors(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "other.md").write_text(
+        "# Other page\n\n## Run `mpidp train`, again!\n\n## Run `mpidp train`, again!\n"
+        '<a id="custom"></a>\n```sh\n# not a heading\n```\n', encoding="utf-8")
+    (tmp_path / "code.py").write_text("", encoding="utf-8")
+    page = tmp_path / "README.md"
+    page.write_text(
+        "# Title\n\n"
+        "[ok](docs/other.md) [ok](docs/other.md#other-page) [ok](docs/) [ok](code.py)\n"
+        "[ok](docs/other.md#run-mpidp-train-again) [ok](docs/other.md#run-mpidp-train-again-1)\n"
+        "[ok](docs/other.md#custom) [ok](#title) ![ok](code.py \"title\") [ok](https://x.org/y)\n"
+        "[`code` in text](code.py)\n"
+        "[missing file](docs/missing.md)\n"
+        "[missing anchor](docs/other.md#no-such-heading)\n"
+        "[heading in code](docs/other.md#not-a-heading)\n"
+        "[same page](#nowhere)\n"
+        "![missing image](img/none.png)\n"
+        "[anchor into code](code.py#L1)\n"
+        "[outside](../../etc/passwd)\n"
+        "`[in code](docs/missing-too.md)`\n"
+        "```\n[in a fence](docs/missing-too.md)\n```\n"
+        "[ref]: docs/missing-ref.md\n", encoding="utf-8")
+    problems = broken_links([page, tmp_path / "docs" / "other.md"], root=tmp_path)
+    targets = [p.split(": ", 1)[1].split(" (")[0] for p in problems]
+    assert targets == ["docs/missing.md", "docs/other.md#no-such-heading",
+                       "docs/other.md#not-a-heading", "#nowhere", "img/none.png",
+                       "code.py#L1", "../../etc/passwd", "docs/missing-ref.md"], problems
+    assert all(p.startswith("README.md:") for p in problems)
+
+
+def test_anchors_follow_githubs_rules():
+    assert slug("Algorithms and channels") == "algorithms-and-channels"
+    assert slug("`mpidp bench allreduce`") == "mpidp-bench-allreduce"
+    assert slug("When calls disagree, and when a rank fails") == \
+        "when-calls-disagree-and-when-a-rank-fails"
+    assert slug("Time to accuracy: mlbench task 2a") == "time-to-accuracy-mlbench-task-2a"
+    assert slug("Run under `mpiexec` or `srun`") == "run-under-mpiexec-or-srun"
+    assert slug("B = 4096") == "b--4096"
+    assert slug("shm_pair and [p2p](x.md)") == "shm_pair-and-p2p"

@@ -1,0 +1,91 @@
+"""engine.train(): the Python API, on every rank, against what the trainer records."""
+import numpy as np
+import pytest
+import torch
+
+import engine
+from engine.bench import synthetic
+from engine.errors import ConfigError
+
+
+@pytest.fixture
+def data(shared_tmp, comm):
+    path = shared_tmp / "api.h5"
+    if comm.Get_rank() == 0:
+        synthetic.write(path, rows=2000, features=12, seed=3)
+    comm.Barrier()
+    return str(path)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_train_returns_the_model_epsilon_and_history(data, comm, shared_tmp):
+    run = engine.train(data, comm=comm, epochs=2, batch_size=100, target_epsilon=2.0,
+                       seed=1, quiet=True, metrics=str(shared_tmp / "m.jsonl"))
+    assert run.exit_code == 0 and len(run.history) == 2
+    assert run.epsilon == pytest.approx(run.history[-1]["epsilon"]) and run.epsilon <= 2.0
+    assert run.delta == 1e-5 and run.config.target_epsilon == 2.0
+    # The model is the trained network: its accuracy on the test split is the recorded one.
+    import h5py
+
+    with h5py.File(data, "r") as f:
+        X, y = torch.from_numpy(f["test/X"][:]), torch.from_numpy(f["test/y"][:])
+    with torch.no_grad():
+        accuracy = (run.model(X).argmax(1) == y).float().mean().item()
+    assert accuracy == pytest.approx(run.history[-1]["test_accuracy"], abs=1e-6)
+    same = comm.allgather(np.concatenate([p.detach().numpy().ravel()
+                                          for p in run.model.parameters()]).tobytes())
+    assert all(s == same[0] for s in same)  # the same model on every rank
+
+
+@pytest.mark.mpi(min_size=1)
+def test_non_private_run_has_no_epsilon(data, comm):
+    run = engine.train(data, comm=comm, epochs=1, dp=False, hidden=[8], quiet=True, seed=0)
+    assert run.epsilon is None and run.delta is None
+    assert [m.out_features for m in run.model if isinstance(m, torch.nn.Linear)] == [8, 2]
+
+
+def test_unknown_option_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="unknown option.*epoch_count"):
+        engine.train(str(tmp_path / "x.h5"), epoch_count=3)
+    with pytest.raises(ConfigError, match="exactly one of --noise-multiplier"):
+        engine.train(str(tmp_path / "x.h5"))
+
+
+def test_no_submodule_shadows_the_api():
+    """Importing a submodule binds its name on the package: a module named like
+    an API function would replace the function once anything imported it."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.walk_packages(engine.__path__, "engine."):
+        importlib.import_module(info.name)
+    assert callable(engine.train) and not isinstance(engine.train, type(engine))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_train_obeys_the_life_cycle(data, comm, shared_tmp):
+    """engine.train() follows the command's rules (docs/lifecycle.md): a resume
+    needs only the data and the directory and ends as an uninterrupted run;
+    a given option that differs is refused by name; no checkpoint, no resume;
+    outputs are checked before any work."""
+    from engine.errors import CheckpointError, OutputError
+
+    opts = dict(epochs=2, batch_size=100, noise_multiplier=1.0, seed=4, hidden=[8],
+                quiet=True, allreduce="ring")  # ring: bit-for-bit at any size
+    whole = engine.train(data, comm=comm, **opts)
+    d = str(shared_tmp / "ck")
+    stopped = engine.train(data, comm=comm, checkpoint_dir=d, stop_after=23, **opts)
+    assert stopped.exit_code == 75
+    with pytest.raises(ConfigError, match="--seed 5"):
+        engine.train(data, comm=comm, checkpoint_dir=d, resume=True, seed=5, quiet=True)
+    with pytest.raises(CheckpointError, match="pass --resume"):  # a fresh run into it
+        engine.train(data, comm=comm, checkpoint_dir=d, **opts)
+    resumed = engine.train(data, comm=comm, checkpoint_dir=d, resume=True, quiet=True)
+    assert resumed.exit_code == 0 and resumed.config.seed == 4
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters()):
+        assert torch.equal(a, b)
+    assert [r["epoch"] for r in resumed.history] == [1, 2]
+    with pytest.raises(CheckpointError, match="nothing to resume"):
+        engine.train(data, comm=comm, checkpoint_dir=str(shared_tmp / "typo"), resume=True)
+    with pytest.raises(OutputError, match="never its parent"):
+        engine.train(data, comm=comm, metrics=str(shared_tmp / "no" / "m.jsonl"), **opts)

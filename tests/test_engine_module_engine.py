@@ -1,0 +1,134 @@
+"""ModuleEngine: any torch model behind the fused MLP's interface, and the
+model checks and factories a user meets first (serial: no ranks involved)."""
+import pytest
+import torch
+from torch import nn
+
+from engine.dp.naive import naive_clipped_sum
+from engine.errors import ConfigError
+from engine.nn import factories
+from engine.nn.module_engine import ModuleEngine, parameter_digest
+
+F_IN, CLASSES = 6, 3
+
+
+def _rows(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.cat([torch.randn(n, F_IN, generator=g), torch.ones(n, 1)], 1)
+    return X, torch.randint(0, CLASSES, (n,), generator=g)
+
+
+class Tied(nn.Module):
+    """One Linear applied twice: the per-layer rules cannot serve it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(F_IN, F_IN)
+        self.head = nn.Linear(F_IN, CLASSES)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.inner(torch.tanh(self.inner(x)))))
+
+
+def _models():
+    torch.manual_seed(0)
+    return {
+        "mlp": nn.Sequential(nn.Linear(F_IN, 8), nn.ReLU(), nn.Linear(8, CLASSES)),
+        "layernorm": nn.Sequential(nn.Linear(F_IN, 8), nn.LayerNorm(8), nn.Tanh(),
+                                   nn.Linear(8, CLASSES)),
+        "tied": Tied(),
+    }
+
+
+@pytest.mark.parametrize("name", ["mlp", "layernorm", "tied"])
+@pytest.mark.parametrize("C", [None, 0.05, 1e6])
+def test_clipped_sums_match_the_naive_loop(name, C):
+    model = _models()[name]
+    reference = _models()[name]
+    X, y = _rows(40)
+    grad = torch.zeros(sum(p.numel() for p in model.parameters()))
+    engine = ModuleEngine(model, grad, (X[:4], y[:4]), CLASSES)
+    assert engine.rule == ("torch.func" if name == "tied" else "per-layer rules")
+    rows = torch.tensor([0, 3, 4, 9, 17, 31, 39])
+    k = engine.load(X, y, rows)
+    loss, clipped = engine.clipped_sum(k, C)
+    want, want_loss, want_clipped = naive_clipped_sum(reference, X[rows, :-1], y[rows], C)
+    assert torch.allclose(grad, want, rtol=1e-4, atol=1e-6)
+    assert loss == pytest.approx(want_loss, rel=1e-5) and clipped == want_clipped
+    assert engine.load(X, y, rows[:0]) == 0 and engine.clipped_sum(0, C) == (0.0, 0)
+    assert not grad.any()
+
+
+def test_parameters_are_views_of_one_flat_vector():
+    model = _models()["mlp"]
+    X, y = _rows(10)
+    engine = ModuleEngine(model, torch.zeros(sum(p.numel() for p in model.parameters())),
+                          (X[:2], y[:2]), CLASSES)
+    before = engine.logits(X)
+    digest = parameter_digest(engine.params)
+    engine.params.mul_(0.0)  # what an optimizer step does, in place
+    assert not engine.logits(X).equal(before) and not model[0].weight.any()
+    assert parameter_digest(engine.params) != digest
+
+
+def test_logits_are_computed_in_eval_mode_and_training_mode_is_restored():
+    model = nn.Sequential(nn.Linear(F_IN, 8), nn.Dropout(0.9), nn.Linear(8, CLASSES))
+    X, y = _rows(50)
+    engine = ModuleEngine(model, torch.zeros(sum(p.numel() for p in model.parameters())),
+                          (X[:2], y[:2]), CLASSES)
+    assert engine.logits(X).equal(engine.logits(X)) and model.training
+
+
+def _engine(model, X=None):
+    X, y = _rows(4) if X is None else X
+    return ModuleEngine(model, torch.zeros(sum(p.numel() for p in model.parameters())),
+                        (X, y), CLASSES)
+
+
+@pytest.mark.parametrize("model, message", [
+    (nn.Linear(F_IN, CLASSES + 1), r"returns \(4, 4\).*\[rows, 3\]"),
+    (nn.Linear(F_IN + 1, CLASSES), "forward pass fails on 4 rows of 6 features"),
+    (nn.Sequential(nn.Linear(F_IN, 4), nn.BatchNorm1d(4), nn.Linear(4, CLASSES)),
+     "BatchNorm1d.*mixes the examples"),
+    (nn.Linear(F_IN, CLASSES).double(), "float64.*model.float"),
+    (nn.ReLU(), "no parameters"),
+])
+def test_models_dp_sgd_cannot_train_are_refused_with_the_reason(model, message):
+    with pytest.raises(ConfigError, match=message):
+        _engine(model)
+
+
+def test_frozen_parameters_are_refused():
+    model = nn.Sequential(nn.Linear(F_IN, 4), nn.Linear(4, CLASSES))
+    model[0].weight.requires_grad_(False)
+    with pytest.raises(ConfigError, match="'0.weight' is frozen"):
+        _engine(model)
+
+
+def test_factory_names_and_failures_are_one_line_errors(tmp_path, monkeypatch):
+    (tmp_path / "my_models.py").write_text(
+        "import torch\n"
+        "def good(n_features, n_classes):\n"
+        "    return torch.nn.Linear(n_features, n_classes)\n"
+        "def raises(n_features, n_classes):\n"
+        "    raise RuntimeError('out of ideas')\n"
+        "def not_a_module(n_features, n_classes):\n"
+        "    return 42\n"
+        "value = 3\n")
+    (tmp_path / "broken_models.py").write_text("import no_such_package_xyz\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = factories.build(factories.load_factory("my_models:good"), F_IN, CLASSES, "x")
+    assert isinstance(model, nn.Linear) and model.out_features == CLASSES
+    for name, message in [
+        ("my_models", "choose mlp, logreg or MODULE:FACTORY"),
+        ("broken_models:good", "cannot import 'broken_models': ModuleNotFoundError"),
+        ("my_models:missing", "has no 'missing'"),
+        ("my_models:value", "'value' is not callable"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            factories.load_factory(name)
+    for name, message in [("my_models:raises", "factory raised RuntimeError: out of ideas"),
+                          ("my_models:not_a_module", "returned int, not a torch.nn.Module")]:
+        with pytest.raises(ConfigError, match=message):
+            factories.build(factories.load_factory(name), F_IN, CLASSES, name)
