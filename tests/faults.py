@@ -239,6 +239,8 @@ class Faults:
         kind, value = moment
         if kind == "start-up":
             time.sleep(max(0.0, started + value - time.monotonic()))
+            if proc.poll() is not None:  # a quick run: already over
+                return f"after the run ended (aimed at {value:.1f} s after launch)"
             return f"{value:.1f} s after launch"
         while proc.poll() is None:
             found = self.progress.findall(log.read_text(errors="replace"))
@@ -318,15 +320,21 @@ class Faults:
         argv = self.argv(out)
         proc, started = self.start(argv, log)
         where = self.wait_until(self.moment(), proc, started, log)
-        ranks = rank_pids(str(out / "ck"))
+        ranks: list[int] = []
+        deadline = time.monotonic() + 10  # the ranks may not have been started yet
+        while proc.poll() is None and time.monotonic() < deadline:
+            ranks = rank_pids(str(out / "ck"))
+            if ranks:
+                break
+            time.sleep(0.02)
         victim = self.rng.choice(ranks) if ranks else None
-        trial.detail = f"{where}, rank pid {victim} of {len(ranks)}"
         if victim is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
         trial.invocations.append(self.finish(proc, started, log, argv, banner_ok=True))
-        if proc.returncode == 0:  # finished before the kill landed
-            trial.invocations[-1].code = 9
+        if proc.returncode == 0 and not where.startswith("after the run ended"):
+            where = f"after the run ended (the kill came too late: {where})"
+        trial.detail = f"{where}, rank pid {victim} of {len(ranks)}"
 
     def _disk_full(self, trial: Trial, out: Path) -> None:
         filler = out / "filler"
@@ -481,12 +489,20 @@ def main(argv: list[str] | None = None) -> int:
             trial = faults.trial(number, kind)
             trials.append(trial)
             codes = " -> ".join(str(i.code) for i in trial.invocations)
+            verdict = ("  (not landed: not counted)"
+                       if trial.detail.startswith("after the run ended")
+                       else "" if trial.survived else "  <-- NOT SURVIVED")
             print(f"[{number}/{len(plan)}] {kind:<9} {trial.detail:<44} exits {codes:<14} "
-                  f"{trial.outcome}{'' if trial.survived else '  <-- NOT SURVIVED'}"
+                  f"{trial.outcome}{verdict}"
                   + "".join(f" [{i.note}]" for i in trial.invocations if i.note), flush=True)
             for inv in trial.invocations:
                 if inv.tail:
                     print("    | " + inv.tail.replace("\n", "\n    | "), flush=True)
+    # A fault that never landed (the run ended first, five attempts in a row)
+    # is no fault: reported, not counted.
+    every = trials
+    unlanded = [t for t in trials if t.detail.startswith("after the run ended")]
+    trials = [t for t in trials if not t.detail.startswith("after the run ended")]
     survived = sum(t.survived for t in trials)
     identical = sum(t.outcome == "identical" for t in trials)
     refused = sum(t.outcome == "refused" for t in trials)
@@ -502,15 +518,17 @@ def main(argv: list[str] | None = None) -> int:
         "steps": faults.steps, "faults_injected": len(trials), "by_kind": by_kind,
         "survived": survived, "bit_identical_finishes": identical, "clean_refusals": refused,
         "invocations": sum(len(t.invocations) for t in trials), "resumes": resumes,
-        "lost": len(lost)}
+        "lost": len(lost), "not_landed": len(unlanded)}
     print(f"faults: {len(trials)} injected ({', '.join(f'{k} {n}' for k, n in by_kind.items() if n)}); "
           f"{survived} survived: {identical} finished bit-identical to the uninterrupted run, "
-          f"{refused} refused cleanly (damaged checkpoint); {len(lost)} lost")
+          f"{refused} refused cleanly (damaged checkpoint); {len(lost)} lost"
+          + (f"; {len(unlanded)} not landed (the run ended first), not counted"
+             if unlanded else ""))
     print(f"faults: {summary['date']}, {summary['cpu']}, {args.ranks} ranks, size "
           f"{args.size}, commit {summary['commit']}, {summary['seconds']} s")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"summary": summary, "trials": [asdict(t) for t in trials]}, indent=1))
+            {"summary": summary, "trials": [asdict(t) for t in every]}, indent=1))
     return 0 if not lost else 1
 
 
