@@ -140,7 +140,8 @@ def _final_params(checkpoint_dir: Path) -> torch.Tensor:
     return payload["params"]
 
 
-ARGS = "--epochs 2 --batch-size 32 --noise-multiplier 1.0 --seed 11"
+# batch 4: about 0.6 s an epoch, long enough for a signal to land in training
+ARGS = "--epochs 2 --batch-size 4 --lr 0.002 --noise-multiplier 1.0 --seed 11"
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +217,11 @@ def test_stopped_job_is_requeued_and_resumes_bit_identical(
     assert "Traceback" not in result.output
 
 
+#: A run that lasts: about 0.6 s an epoch on 2 ranks here (2,000 steps of batch
+#: 4; the steps of batch 32 take 0.06 s an epoch, too quick to be stopped).
+LONG = "--epochs EPOCHS --batch-size 4 --lr 0.002 --noise-multiplier 1.0 --seed 2"
+
+
 def test_short_time_limit_requeue_chain_finishes(cluster, job_env, prepared, tmp_path):
     """--time=1: each run is warned before the limit, checkpoints, requeues; the
     chain ends with the whole run and one record per epoch."""
@@ -224,30 +230,29 @@ def test_short_time_limit_requeue_chain_finishes(cluster, job_env, prepared, tmp
                          f"--output={tmp_path}/chain-%j.out", cwd=ROOT, timeout=500,
                          env=dict(job_env, DATA=str(data), OUT_DIR=str(tmp_path / "run"),
                                   MPIDP_SIGNAL_LEAD="42",  # warn ~18 s after the start
-                                  TRAIN_ARGS="--epochs 40 --batch-size 32 --noise-multiplier "
-                                  "1.0 --seed 2"))
+                                  TRAIN_ARGS=LONG.replace("EPOCHS", "80")))
     assert result.ok, result.output
     assert int(cluster.job_fields(result.job_id)["Restarts"]) >= 1, result.output
     assert "got SIGUSR1" in result.output and "mpidp train: resumed the run" in result.output
-    _one_record_per_epoch(tmp_path / "run", 40)
+    _one_record_per_epoch(tmp_path / "run", 80)
 
 
 def test_second_job_into_the_same_directory_is_refused(cluster, job_env, prepared, tmp_path):
     _, data = prepared
     out_a = tmp_path / "a.out"
     first = _submit_and_wait_for_training(cluster, job_env, data, tmp_path / "run", out_a,
-                                          "--epochs 30 --batch-size 32 --noise-multiplier 1 "
-                                          "--seed 4")
+                                          LONG.replace("EPOCHS", "100"))
     second = cluster.run(JOBS / "train.sbatch", "--nodes=1", "--ntasks=2",
                          f"--output={tmp_path}/b-%j.out", cwd=ROOT, timeout=200,
                          env=dict(job_env, DATA=str(data), OUT_DIR=str(tmp_path / "run"),
-                                  TRAIN_ARGS="--epochs 30 --batch-size 32 "
-                                  "--noise-multiplier 1 --seed 4"))
+                                  TRAIN_ARGS=LONG.replace("EPOCHS", "100")))
     subprocess.run(["scancel", first], env=cluster.env(), check=True)  # a plain scancel
     ended = cluster.wait(first, timeout=200)
     assert second.exit_code == 73 and second.state == "FAILED", second.output
     assert re.search(rf"in use by another run: pid \d+ on host \S+ \(Slurm job {first}",
                      second.output), second.output
     assert ended.state == "CANCELLED", ended.output
-    assert "could not be requeued" in ended.output  # a cancelled job stays cancelled
+    # a cancelled job stays cancelled, its checkpoint written for a resubmission
+    assert "the job was cancelled, so it is not requeued" in ended.output, ended.output
+    assert "on SIGTERM; checkpoint written" in ended.output, ended.output
     assert not (tmp_path / "run" / "checkpoint" / "lock").exists()
