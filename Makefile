@@ -28,7 +28,7 @@ demo: install
 	$(BIN)/mpidp synth --rows 200000 --seed 0 --out $(DEMO)/persons.csv
 	$(BIN)/mpiexec -n 2 $(BIN)/mpidp prep $(DEMO)/persons.csv --out $(DEMO)/pums.h5
 	$(BIN)/mpiexec -n 2 $(BIN)/mpidp train --data $(DEMO)/pums.h5 --epochs 5 \
-	    --target-epsilon 1 --delta 1e-5 --seed 0 --no-progress \
+	    --target-epsilon 1 --delta 1e-6 --seed 0 --no-progress \
 	    --checkpoint-dir $(DEMO)/run --metrics $(DEMO)/run/metrics.jsonl
 
 test: install

@@ -128,6 +128,35 @@ class BenchUsageError(ValueError):
     collective = True
 
 
+class BenchWriteError(OSError):
+    """An output that could not be written at the end (checked before the run)."""
+
+    exit_code = 74
+    collective = True
+
+
+def check_output(path: str | None, option: str) -> str | None:
+    """Why ``path`` cannot be written, or None: mpidp's rule for every output
+    (docs/lifecycle.md: the file may exist; its directory must exist and
+    accept a new file; mpidp never creates a missing parent directory)."""
+    if not path:
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{option} {path}: is a directory; give a file name"
+    if not os.path.isdir(parent):
+        what = "is a file, not a directory" if os.path.exists(parent) else "does not exist"
+        return (f"{option} {path}: directory {parent} {what} (mpidp creates the file you "
+                "name, never its parent)")
+    probe = os.path.join(parent, f".mpidp-probe-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as error:
+        return f"{option} {path}: cannot write in {parent}: {error.strerror}"
+    return None
+
+
 def pattern(count: int, rank: int, dtype: Any) -> Any:
     """Small integers in [-8, 8] that depend on rank and index (exact sums)."""
     index = np.arange(count, dtype=np.int64)
@@ -566,6 +595,12 @@ def run(args: argparse.Namespace) -> int:
     sizes_bytes = sizes(args.minbytes, args.maxbytes, args.stepfactor)
     if args.keep_heap and not keep_heap():
         raise BenchUsageError("--keep-heap needs glibc (mallopt failed)")
+    problem = None
+    if rank == 0:  # the outputs before any measurement; rank 0 writes them
+        problem = check_output(args.json, "--json") or check_output(args.plot, "--plot")
+    problem = comm.bcast(problem, root=0)
+    if problem:
+        raise BenchUsageError(problem)
     ceiling = None
     comm.Barrier()
     if rank == 0:  # copy as much as the largest message (4 MiB to 256 MiB)
@@ -605,12 +640,16 @@ def run(args: argparse.Namespace) -> int:
         streaming = streaming_line(records)
         if streaming:
             print(streaming, file=out)
-        if args.json:
-            with open(args.json + ".tmp", "w") as handle:
-                json.dump(records, handle, indent=1)
-            os.replace(args.json + ".tmp", args.json)
-        if args.plot:
-            plot(records, args.plot, f"all-reduce, {job}", ceiling)
+        try:
+            if args.json:
+                with open(args.json + ".tmp", "w") as handle:
+                    json.dump(records, handle, indent=1)
+                os.replace(args.json + ".tmp", args.json)
+            if args.plot:
+                plot(records, args.plot, f"all-reduce, {job}", ceiling)
+        except OSError as error:
+            raise BenchWriteError(f"cannot write the results: {error.strerror or error}") \
+                from None
         if args.check:
             verdict = "all results correct" if not wrong else f"{wrong} WRONG elements"
             print(f"# check: {verdict}", file=out, flush=True)

@@ -17,13 +17,22 @@ The DP components also stand alone for a loop of your own:
 :class:`engine.dp.sampler.PoissonSampler`, :class:`engine.dp.noise.GaussianNoise`,
 :class:`engine.dp.accountant.Accountant`, per-example clipping rules in
 :mod:`engine.dp.clipping`, and :func:`collectives.allreduce`.
+
+In the ``mpidp`` program (not in programs that import the engine), stop
+signals are recorded from here on, the first of its modules to run, so a
+Ctrl-C in the first instants never becomes a traceback (:mod:`engine.stopping`).
 """
 from __future__ import annotations
 
-import io
-from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from engine import stopping as _stopping
+
+if _stopping.is_mpidp_program():
+    _stopping.record_signals()
+
+import io  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from importlib.metadata import PackageNotFoundError, version  # noqa: E402
+from typing import Any  # noqa: E402
 
 try:
     # The version lives in setup.py only; an installed copy knows it.
@@ -57,7 +66,7 @@ class Run:
     config: Any = None
 
 
-def train(data: str, *, model: Any = "mlp", comm: Any = None, quiet: bool = False,
+def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False,
           **options: Any) -> Run:
     """Train a model on a prepared file with DP-SGD over ``comm``; every rank calls it.
 
@@ -74,14 +83,25 @@ def train(data: str, *, model: Any = "mlp", comm: Any = None, quiet: bool = Fals
             :class:`engine.config.TrainConfig`), e.g. ``epochs=5,
             target_epsilon=1.0, batch_size=256, hidden=(128, 128),
             checkpoint_dir="runs/a"``; ``dp=False`` for a non-private run. The
-            same checkpoint, resume and budget rules as the command apply.
+            same life-cycle as the command (docs/lifecycle.md): the outputs
+            are checked and the checkpoint directory locked before any work;
+            ``resume=True`` needs only ``data`` and ``checkpoint_dir`` (the
+            other settings come from the checkpoint, and an option given that
+            differs is refused by name); a resume without a checkpoint, and a
+            fresh run into a directory that holds one, are errors. A stop
+            signal during training (SIGINT, SIGTERM, SIGUSR1) checkpoints and
+            returns with ``exit_code`` 75.
 
     Returns:
         A :class:`Run`.
 
     Raises:
-        ConfigError, DataError, PrivacyError, CheckpointError (``exit_code`` 2):
-            bad settings or input, raised on every rank alike.
+        ConfigError, DataError, PrivacyError, CheckpointError, OutputError
+            (``exit_code`` 2): bad settings, input or outputs, raised on every
+            rank alike before any work.
+        DirectoryLocked (73): the checkpoint directory is in use by another run.
+        WriteFailed (74): an output could not be written midway (the last
+            checkpoint is intact).
     """
     # deferred: torch and the trainer; `import engine` stays light
     from engine.config import TrainConfig
@@ -93,19 +113,26 @@ def train(data: str, *, model: Any = "mlp", comm: Any = None, quiet: bool = Fals
     if unknown:
         raise ConfigError(f"engine.train() got unknown option(s) {', '.join(unknown)}; "
                           f"choose from {', '.join(sorted(known))}", collective=True)
+    # the options given: a resume takes every other setting from the checkpoint
+    given = set(options)
     options.setdefault("progress", False)
     if "hidden" in options:
         options["hidden"] = tuple(options["hidden"])
-    given = None
+    model_object = None
     if isinstance(model, str):
         options["model"] = model
-    else:
-        given = model
+        given.add("model")
+    elif model is not None:
+        model_object = model
         options["model"] = "python"  # recorded; the object itself is not serialisable
+        given.add("model")
     cfg = TrainConfig(data=str(data), **options)
-    cfg.validate()
-    trainer = Trainer(cfg, comm, out=io.StringIO() if quiet else None, model=given)
+    if not cfg.resume:  # a resume validates the recorded settings with the given ones
+        cfg.validate()
+    trainer = Trainer(cfg, comm, out=io.StringIO() if quiet else None, given=given,
+                      model=model_object)
     code = trainer.run()
+    cfg = trainer.cfg  # for a resume: the recorded settings with the given ones
     accountant = getattr(trainer, "accountant", None)
     return Run(model=trainer.model.module(trainer.params),
                epsilon=None if accountant is None else accountant.epsilon(),

@@ -1,35 +1,78 @@
-"""Atomic checkpoints: write to a temporary file, fsync, rename.
+"""A run's checkpoint directory: the atomic checkpoint, and the lock of the run using it.
 
-A checkpoint is one file, ``<dir>/checkpoint.pt`` (``torch.save`` of plain
-data and tensors, loaded with ``weights_only=True``), written by rank 0 after
-it gathered every rank's RNG states. A crash mid-write leaves the previous
-checkpoint intact: readers only ever see a complete file.
+``<dir>/checkpoint.pt`` is one ``torch.save`` file of plain data and tensors
+(loaded with ``weights_only=True``, so a foreign file cannot run code): the
+parameters, the optimizer, the accountant and the budget, the step, every
+rank's sampler and noise generator states, the run's settings and its
+per-epoch history (the records of the metrics file). Rank 0 writes it after
+gathering the ranks' states: serialised in memory, written to a temporary
+file, fsync'ed and renamed over the previous one, so a reader (or a run
+killed mid-write) only ever sees a complete file. A SHA-256 of the contents
+travels inside the file: torch does not check its own archive's CRCs, and
+a flipped byte in a tensor would otherwise load as a silently different
+model.
 
-It is as sensitive as the training data (it holds the noise generators'
-states, which with the model could help undo the noise): keep it private.
+``<dir>/lock`` exists while a run uses the directory (:func:`acquire`): one
+JSON object naming the holder (host, PID, Slurm job, step and restart
+count, start time, command). A second run into the same directory is
+refused, naming the holder; a lock whose holder is provably gone (same host
+and the process no longer runs; an earlier run of the same Slurm job,
+before its requeue; a Slurm job that no longer runs) is taken over and the
+run says so, and a lock whose holder cannot be checked (another host,
+no Slurm) is never broken: the message says how to remove it.
+
+The checkpoint is as sensitive as the training data (it holds the noise
+generators' states, which with the model could help undo the noise): keep
+the directory private.
+
+torch is imported inside the functions that need it: the lock and the
+output checks run before it loads, so a refused run answers at once.
 """
 from __future__ import annotations
 
+import datetime
+import hashlib
+import io
+import json
 import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from engine.errors import CheckpointError
+from engine import outputs
+from engine.errors import (CheckpointError, DataError, DirectoryLocked, MpidpError,
+                           WriteFailed, agree)
 
 FILENAME = "checkpoint.pt"
+LOCK_NAME = "lock"
 FORMAT = "mpidp-checkpoint"
-VERSION = 1
+#: 2: the contents carry a SHA-256 (``digest``). Version 1 files (no digest) still load.
+VERSION = 2
+_READABLE = (1, 2)
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+_ZIP_SIGNATURE = b"PK\x03\x04"
 
 
 def path_in(directory: str | os.PathLike) -> Path:
     return Path(directory) / FILENAME
 
 
+def exists_in(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` holds a checkpoint file (any content)."""
+    return path_in(directory).is_file()
+
+
 def _plain(value):
     """Numpy scalars and tuples -> Python types (``weights_only`` loading accepts
     only plain containers, numbers, strings and tensors)."""
+    import torch  # deferred: module docstring
+
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -41,21 +84,73 @@ def _plain(value):
     return value
 
 
+def _digest(value) -> str:
+    """SHA-256 of a payload of plain data and tensors, independent of how
+    ``torch.save`` lays it out (dict keys sorted, tensors by dtype, shape and
+    bytes)."""
+    import torch  # deferred: module docstring
+
+    h = hashlib.sha256()
+
+    def walk(v) -> None:
+        if isinstance(v, dict):
+            h.update(b"{")
+            for key in sorted(v, key=repr):
+                h.update(repr(key).encode() + b":")
+                walk(v[key])
+            h.update(b"}")
+        elif isinstance(v, (list, tuple)):
+            h.update(b"[")
+            for item in v:
+                walk(item)
+                h.update(b",")
+            h.update(b"]")
+        elif isinstance(v, torch.Tensor):
+            t = v.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(v).encode())
+
+    walk(value)
+    return h.hexdigest()
+
+
+def estimate_size(n_params: int, ranks: int, epochs: int) -> int:
+    """Bytes one checkpoint takes, about (an upper estimate for the free-space check):
+    parameters and up to two optimizer slots in float32, each rank's generator
+    states, one history record per epoch."""
+    return 12 * n_params + 8192 * ranks + 4096 * epochs + (256 << 10)
+
+
 def save(directory: str | os.PathLike, payload: dict) -> Path:
     """Write ``payload`` atomically to ``<directory>/checkpoint.pt``; returns the path.
 
+    The directory must exist (the run created it when it checked its outputs).
+
     Raises:
-        CheckpointError: the directory cannot be created or written.
+        WriteFailed: the file cannot be written (disk full, read-only, the
+            directory removed); the previous checkpoint is intact.
     """
+    import torch  # deferred: module docstring
+
     directory = Path(directory)
     target = path_in(directory)
+    body = _plain({"format": FORMAT, "version": VERSION, **payload})
+    body["digest"] = _digest(body)
+    buffer = io.BytesIO()
+    torch.save(body, buffer)
+    data = buffer.getbuffer()
     tmp = directory / f".{FILENAME}.{os.getpid()}.tmp"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as handle:
-            torch.save(_plain({"format": FORMAT, "version": VERSION, **payload}), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, target)
         fd = os.open(directory, os.O_RDONLY)
         try:
@@ -67,7 +162,8 @@ def save(directory: str | os.PathLike, payload: dict) -> Path:
             tmp.unlink()
         except OSError:
             pass
-        raise CheckpointError(f"cannot write checkpoint {target}: {exc}") from None
+        raise WriteFailed(f"cannot write the checkpoint {target}: {exc.strerror}; the "
+                          "previous checkpoint (if any) is intact") from None
     return target
 
 
@@ -80,8 +176,39 @@ def load(directory: str | os.PathLike) -> dict | None:
     return load_file(path_in(directory), missing_ok=True)
 
 
-def load_file(path: str | os.PathLike, missing_ok: bool = False) -> dict | None:
-    """Load a checkpoint file (see :func:`load`)."""
+def file_kind(path: str | os.PathLike) -> str:
+    """``"hdf5"``, ``"zip"`` (torch's format) or ``"other"``, by the first bytes."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return "other"
+    if head.startswith(_HDF5_SIGNATURE):
+        return "hdf5"
+    if head.startswith(_ZIP_SIGNATURE):
+        return "zip"
+    return "other"
+
+
+def check_data_path(path: str | os.PathLike) -> None:
+    """Raise DataError when the ``--data`` of eval or audit is a checkpoint
+    (the two options swapped), before the HDF5 reader says something obscure."""
+    if os.path.isdir(path) and exists_in(path) or file_kind(path) == "zip":
+        raise DataError(f"--data {path} is a checkpoint, not a prepared data file: are "
+                        "--checkpoint and --data swapped?")
+
+
+def load_file(path: str | os.PathLike, missing_ok: bool = False,
+              option: str = "--checkpoint") -> dict | None:
+    """Load a checkpoint file or the checkpoint of a directory (see :func:`load`).
+
+    Raises:
+        CheckpointError: missing (unless ``missing_ok``), not a checkpoint
+            (a prepared HDF5 file: probably ``--checkpoint`` and ``--data``
+            swapped), truncated, corrupt, or of an unknown version.
+    """
+    import torch  # deferred: module docstring
+
     path = Path(path)
     if path.is_dir():
         path = path_in(path)
@@ -89,15 +216,307 @@ def load_file(path: str | os.PathLike, missing_ok: bool = False) -> dict | None:
         if missing_ok:
             return None
         raise CheckpointError(f"checkpoint {path} does not exist")
+    kind = file_kind(path)
+    if kind == "hdf5":
+        raise CheckpointError(f"{option} {path} is a prepared data file (HDF5), not a "
+                              "checkpoint: are --checkpoint and --data swapped?")
+    if kind != "zip":
+        raise CheckpointError(f"{path} is not an mpidp checkpoint (not a file written by "
+                              "mpidp train, or its beginning is damaged)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means "corrupt"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(exc).__name__}: "
-                              f"{first})") from None
+        if "weights_only" in str(exc) or "Weights only" in str(exc):
+            raise CheckpointError(f"{path} holds objects an mpidp checkpoint never "
+                                  "contains; it was not loaded (mpidp never runs code "
+                                  "from a checkpoint)") from None
+        raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__}); "
+                              "it cannot be loaded") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an mpidp checkpoint")
-    if payload.get("version") != VERSION:
+    if payload.get("version") not in _READABLE:
         raise CheckpointError(f"{path}: checkpoint version {payload.get('version')} is not "
-                              f"supported (expected {VERSION})")
+                              f"supported (this mpidp reads {_READABLE})")
+    if payload["version"] >= 2:
+        recorded = payload.pop("digest", None)
+        if recorded is None or recorded != _digest(payload):
+            raise CheckpointError(f"{path} is corrupt: its contents do not match the "
+                                  "digest written with them; it cannot be loaded")
     return payload
+
+
+def describe(payload: dict) -> str:
+    """``step 150 (1 of 3 epochs done), epsilon 0.712 spent`` for messages."""
+    step, per_epoch = int(payload.get("step", 0)), int(payload.get("steps_per_epoch") or 1)
+    epochs = payload.get("config", {}).get("epochs")
+    text = f"step {step} ({step // per_epoch}" + (f" of {epochs}" if epochs else "")
+    text += " epochs done)"
+    if payload.get("epsilon") is not None:
+        text += f", epsilon {payload['epsilon']:.3f} spent"
+    return text
+
+
+# ---------------------------------------------------------------------- lock
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+        return int(text[text.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _slurm_env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def _me(command: str | None) -> dict:
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "pid_started": _start_time(pid),
+            "slurm_job_id": _slurm_env("SLURM_JOB_ID"),
+            "slurm_step_id": _slurm_env("SLURM_STEP_ID"),
+            "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": command if command is not None else " ".join(sys.argv),
+            "nonce": uuid.uuid4().hex}
+
+
+def holder_text(holder: dict) -> str:
+    """``pid 123 on host n1 (Slurm job 45, step 0), since 2026-...``"""
+    text = f"pid {holder.get('pid')} on host {holder.get('host')}"
+    if holder.get("slurm_job_id"):
+        text += f" (Slurm job {holder['slurm_job_id']}"
+        if holder.get("slurm_step_id") is not None:
+            text += f", step {holder['slurm_step_id']}"
+        text += ")"
+    if holder.get("started"):
+        text += f", since {holder['started']}"
+    return text
+
+
+def _squeue(*args: str) -> tuple[int, str, str] | None:
+    tool = shutil.which("squeue")
+    if tool is None:
+        return None
+    try:
+        done = subprocess.run([tool, "-h", *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.returncode, done.stdout.strip(), done.stderr.strip()
+
+
+def _slurm_verdict(job: str, step: str | None) -> tuple[str, str]:
+    """("alive" | "gone" | "unknown", why) for a holder inside Slurm job ``job``."""
+    found = _squeue("-j", job, "-o", "%T")
+    if found is None:
+        return "unknown", f"cannot ask Slurm about job {job} (no squeue here)"
+    code, out, err = found
+    if code != 0:
+        if "Invalid job id" in err:
+            return "gone", f"Slurm job {job} has ended"
+        return "unknown", f"squeue could not tell about job {job} ({err or code})"
+    state = out.split()[0] if out else ""
+    if state not in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED",
+                     "SIGNALING", "RESIZING"):
+        return "gone", f"Slurm job {job} is {state or 'no longer listed'}"
+    if step is not None:
+        steps = _squeue("-s", "-j", job, "-o", "%i")
+        if steps is not None and steps[0] == 0 and f"{job}.{step}" not in steps[1].split():
+            return "gone", f"step {step} of Slurm job {job} has ended"
+    return "alive", f"Slurm job {job} is {state}"
+
+
+def holder_verdict(holder: dict) -> tuple[str, str]:
+    """Whether the run named by a lock still runs: ("alive" | "gone" | "unknown", why).
+
+    "gone" only when provably so: on this host, by the process table (PID and
+    start time); in Slurm, an earlier run of this same job (it was requeued)
+    or a job or step that no longer runs.
+    """
+    job = holder.get("slurm_job_id")
+    mine = _slurm_env("SLURM_JOB_ID")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if job and job == mine and int(holder.get("slurm_restart_count") or 0) < restarts:
+        return "gone", f"it was an earlier run of this Slurm job {job}, before its requeue"
+    pid = holder.get("pid")
+    if holder.get("host") == socket.gethostname() and isinstance(pid, int):
+        if not _pid_alive(pid):
+            return "gone", f"process {pid} no longer runs"
+        started = holder.get("pid_started")
+        if started is not None and _start_time(pid) not in (None, started):
+            return "gone", f"process {pid} no longer runs (its number now belongs to another)"
+        return "alive", f"process {pid} runs"
+    if job:
+        return _slurm_verdict(str(job), holder.get("slurm_step_id"))
+    return "unknown", ("it was taken on another host outside Slurm, where mpidp cannot check "
+                       "whether it still runs")
+
+
+@dataclass
+class Lock:
+    """This run's hold on a checkpoint directory (see :func:`acquire`)."""
+
+    path: Path
+    holder: dict
+    note: str | None = None  # a stale lock that was taken over, said once by the run
+    created: bool = False  # this run created the directory: removed again if left empty
+
+    def held(self) -> bool:
+        """Whether the lock file still names this run."""
+        try:
+            return json.loads(self.path.read_text()).get("nonce") == self.holder["nonce"]
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def check(self) -> None:
+        """Raise :class:`DirectoryLocked` unless the lock still names this run
+        (checked before each checkpoint: never overwrite another run's)."""
+        if not self.held():
+            try:
+                other = holder_text(json.loads(self.path.read_text()))
+            except (OSError, ValueError, AttributeError):
+                other = "nobody (the lock file was removed)"
+            raise DirectoryLocked(f"{self.path.parent}: this run no longer holds its lock "
+                                  f"(now {other}); not writing the checkpoint")
+
+    def release(self) -> None:
+        """Remove the lock file if it still names this run (idempotent), and the
+        directory too when this run created it and wrote nothing there (a run
+        refused at start-up leaves nothing behind)."""
+        if self.held():
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+        if self.created:
+            _remove_if_empty(self.path.parent)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()  # only succeeds when empty
+    except OSError:
+        pass
+
+
+def _write_new(path: Path, holder: dict) -> bool:
+    """Create the lock file with ``holder``; False when it exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as handle:
+        json.dump(holder, handle, indent=1)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return True
+
+
+def acquire(directory: str | os.PathLike, command: str | None = None) -> Lock:
+    """Take ``<directory>/lock`` for this run (rank 0, before any work).
+
+    Raises:
+        DirectoryLocked: another run holds it, or held it and cannot be shown
+            to be gone (the message names it and says how to proceed).
+        WriteFailed: the lock file cannot be written.
+    """
+    path = Path(directory) / LOCK_NAME
+    me = _me(command)
+    try:
+        if _write_new(path, me):
+            return Lock(path, me)
+        try:
+            holder = json.loads(path.read_text())
+            if not isinstance(holder, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError) as exc:
+            raise DirectoryLocked(f"{directory} is locked ({path} exists but cannot be read: "
+                                  f"{exc}); if no run uses the directory, remove {path}") \
+                from None
+        verdict, why = holder_verdict(holder)
+        who = holder_text(holder)
+        if verdict == "alive":
+            raise DirectoryLocked(f"{directory} is in use by another run: {who} ({why}). "
+                                  "One run per checkpoint directory: wait for it, stop it, "
+                                  "or choose another --checkpoint-dir")
+        if verdict == "unknown":
+            raise DirectoryLocked(f"{directory} is locked by {who}, and {why}. If that run "
+                                  f"has ended, remove {path} and start again")
+        tmp = path.with_name(f".{LOCK_NAME}.{me['nonce']}")
+        with open(tmp, "w") as handle:
+            json.dump(me, handle, indent=1)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise WriteFailed(f"cannot take the lock {path}: {exc.strerror}") from None
+    lock = Lock(path, me, note=f"{path} was left by {who}; {why}: taken over")
+    if not lock.held():  # another run took it over at the same moment
+        raise DirectoryLocked(f"{directory} was taken over by another run at the same time; "
+                              "one run per checkpoint directory")
+    return lock
+
+
+def open_directory(directory: str | None, resume: bool, metrics: str | None,
+                   comm) -> Lock | None:
+    """Collective: check the run's outputs and lock its checkpoint directory,
+    before any data is read (rank 0 checks and writes; every rank gets the verdict).
+
+    ``--resume`` needs a checkpoint in the directory (a fresh run in its place
+    would spend the privacy budget again); the directory is created when
+    missing (its parent must exist: :mod:`engine.outputs`), must accept
+    files, and is then locked for this run. Returns the lock on rank 0,
+    None elsewhere (and without a directory).
+
+    Raises (on every rank): CheckpointError, OutputError (exit 2),
+    DirectoryLocked (73), WriteFailed (74).
+    """
+    error, lock, created = None, None, False
+    if comm.Get_rank() == 0:
+        try:
+            if directory:
+                where = directory
+                created = not os.path.exists(where)
+                if resume and not exists_in(where):
+                    what = ("does not exist" if not os.path.exists(where)
+                            else "holds no checkpoint" if os.path.isdir(where)
+                            else "is not a directory")
+                    raise CheckpointError(
+                        f"--resume: --checkpoint-dir {where} {what}; nothing to resume. A "
+                        "fresh run would spend the privacy budget again, so mpidp does not "
+                        "start one: check the path, or drop --resume to start a new run")
+                outputs.check_directory(where, "--checkpoint-dir")
+            if metrics:
+                outputs.check_file(metrics, "--metrics")
+            if directory:
+                lock = acquire(directory)
+                lock.created = created
+                # Under the lock no other run writes here: a temporary file is a
+                # write that a killed run left behind.
+                for stale in Path(directory).glob(f".{FILENAME}.*.tmp"):
+                    stale.unlink(missing_ok=True)
+        except MpidpError as exc:
+            error = exc
+    try:
+        agree(comm, error)
+    except MpidpError:
+        if lock is not None:
+            lock.release()
+        elif created:
+            _remove_if_empty(Path(directory))
+        raise
+    return lock

@@ -14,6 +14,13 @@ provides
 and is imported only when its command is chosen, so ``mpidp --help`` lists
 the commands without importing any of them; command modules keep their
 heavy imports (torch, h5py) inside ``run`` for the same reason.
+
+Stop signals (SIGINT, SIGTERM, SIGUSR1) are recorded from the first line of
+the engine package on (``engine/__init__.py``), before MPI, numpy or torch
+load, so an early Ctrl-C never becomes a traceback (:mod:`engine.stopping`).
+A command module that sets
+``STOPS_AT_STEPS = True`` (``mpidp train``) acts on them itself; for every
+other command they raise :class:`engine.stopping.Interrupted` once it runs.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ import collectives.commands
 import preprocessing.commands
 from collectives import MPI
 from collectives.runtime import check_launch
-from engine import __version__
+from engine import __version__, stopping
 from engine.spmd import run_spmd
 
 #: Commands that run even when MPI's size disagrees with the launcher's (they
@@ -152,10 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
 
+    module = sys.modules.get(getattr(args._run, "__module__", ""), None)
+    steps = bool(getattr(module, "STOPS_AT_STEPS", False))
+
     def command() -> int | None:
-        if args._command not in DIAGNOSTIC_COMMANDS:
-            check_launch()  # N singletons would all "succeed" on 1/N of the work
-        return args._run(args)
+        with stopping.handled_signals(raising=not steps):
+            if args._command not in DIAGNOSTIC_COMMANDS:
+                check_launch()  # N singletons would all "succeed" on 1/N of the work
+            return args._run(args)
 
     return run_spmd(command)
 

@@ -2,9 +2,12 @@
 
 :class:`TrainConfig` holds every option of ``mpidp train``;
 :func:`add_arguments` defines them (with the help text users see) and
-:func:`from_args` builds and validates the config. The fields in
-:data:`FIXED_ON_RESUME` define the run (its data, model, sampling and privacy
-parameters); a resumed run must repeat them unchanged.
+:func:`from_args` builds and validates the config. A resumed run takes every
+setting from its checkpoint (docs/lifecycle.md): the fields in
+:data:`ADJUSTABLE_ON_RESUME` may be given again with a new value, those in
+:data:`PER_INVOCATION` belong to one invocation, and every other field (the
+data, model, sampling and privacy parameters: :data:`FIXED_ON_RESUME` and
+any field added later) must not differ.
 """
 from __future__ import annotations
 
@@ -24,10 +27,16 @@ from engine.nn.schedule import SCHEDULES
 #: Options a resume must repeat unchanged (they define the run and its privacy).
 FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
                    "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
-                   "sampling", "noise_scheme", "model", "hidden", "seed", "device", "weight_decay",
-                   "lr_schedule", "privacy_unit")
+                   "sampling", "noise_scheme", "model", "hidden", "seed", "device",
+                   "weight_decay", "lr_schedule", "privacy_unit")
 #: Whose privacy epsilon is about (``--privacy-unit``), the default first.
 PRIVACY_UNITS = ("person", "household")
+#: Options a resume may change (given again, they replace the recorded value).
+ADJUSTABLE_ON_RESUME = ("epochs", "checkpoint_every", "metrics", "eval_every",
+                        "target_accuracy", "time_budget", "allreduce", "threads", "kernels",
+                        "progress")
+#: Options of one invocation, never taken from a checkpoint.
+PER_INVOCATION = ("data", "checkpoint_dir", "resume", "stop_after")
 
 
 @dataclass
@@ -44,6 +53,7 @@ class TrainConfig:
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
     delta: float = 1e-5
+    allow_large_delta: bool = False
     dp: bool = True
     accountant: str = DEFAULT_KIND
     privacy_unit: str = "person"
@@ -135,6 +145,8 @@ class TrainConfig:
         if self.accountant not in KINDS:
             fail(f"--accountant {self.accountant!r} is not an accountant; choose "
                  f"{' or '.join(KINDS)} (default {DEFAULT_KIND})")
+        if self.allow_large_delta and not self.dp:
+            fail("--allow-large-delta is about DP's delta: drop it with --no-dp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,6 +196,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="calibrate sigma so the planned epochs spend this epsilon")
     privacy.add_argument("--delta", type=float, default=d.delta,
                          help=f"delta of the (epsilon, delta) guarantee (default: {d.delta})")
+    privacy.add_argument("--allow-large-delta", action="store_true",
+                         help="experts: accept a --delta above 1/N (N training rows), which "
+                         "permits releasing a row in the clear; said in the run's first line")
     privacy.add_argument("--accountant", default=d.accountant, metavar="{pld,rdp}",
                          help="pld: privacy loss distributions, a tight upper bound on "
                          "epsilon; rdp: Renyi DP, looser (up to twice pld's epsilon), "
@@ -220,15 +235,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "then numba on GPUs, whichever is installed)")
     out = parser.add_argument_group("checkpoints and metrics")
     out.add_argument("--checkpoint-dir", default=None,
-                     help="write an atomic checkpoint here every --checkpoint-every epochs "
-                     "and on SIGTERM/SIGUSR1")
+                     help="the run's directory: an atomic checkpoint every --checkpoint-every "
+                     "epochs and on SIGINT/SIGTERM/SIGUSR1, and a lock while the run uses it; "
+                     "created if missing (its parent must exist)")
     out.add_argument("--checkpoint-every", type=int, default=1,
                      help="epochs between checkpoints (default: 1)")
     out.add_argument("--resume", action="store_true",
-                     help="continue the run in --checkpoint-dir (starts fresh if it is empty)")
+                     help="continue the run in --checkpoint-dir; needs only --data: every "
+                     "other setting comes from the checkpoint (an error if it holds none)")
     out.add_argument("--stop-after", type=int, default=None, metavar="STEPS",
                      help="checkpoint and exit (code 75) after STEPS steps of this invocation")
-    out.add_argument("--metrics", default=None, help="write per-epoch metrics as JSON lines")
+    out.add_argument("--metrics", default=None,
+                     help="per-epoch metrics as JSON lines, rewritten atomically with each "
+                     "epoch and checkpoint (its directory must exist)")
     out.add_argument("--eval-every", type=int, default=1,
                      help="epochs between test-set evaluations (default: 1)")
     stop = parser.add_argument_group(
@@ -245,8 +264,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--no-progress", dest="progress", action="store_false")
 
 
-def from_args(args: argparse.Namespace) -> TrainConfig:
-    """Build and validate the config from parsed arguments.
+def from_args(args: argparse.Namespace, check: bool = True) -> TrainConfig:
+    """Build the config from parsed arguments; validate it unless ``check`` is
+    false (a resume validates after taking the recorded settings).
 
     Raises:
         ConfigError: impossible settings (collective: every rank parsed the same line).
@@ -258,13 +278,15 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
         target_accuracy=args.target_accuracy, time_budget=args.time_budget,
         max_grad_norm=args.max_grad_norm,
         noise_multiplier=args.noise_multiplier, target_epsilon=args.target_epsilon,
-        delta=args.delta, dp=args.dp, accountant=args.accountant,
-        privacy_unit=args.privacy_unit, sampling=args.sampling,
+        delta=args.delta, allow_large_delta=args.allow_large_delta, dp=args.dp,
+        accountant=args.accountant, privacy_unit=args.privacy_unit, sampling=args.sampling,
         noise_scheme=args.noise_scheme, allreduce=args.allreduce,
-        model=args.model, hidden=parse_hidden(args.hidden), seed=args.seed, checkpoint_dir=args.checkpoint_dir,
+        model=args.model, hidden=parse_hidden(args.hidden), seed=args.seed,
+        checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume,
         stop_after=args.stop_after, metrics=args.metrics, eval_every=args.eval_every,
         threads=args.threads, device=args.device, kernels=args.kernels,
         progress=args.progress)
-    cfg.validate()
+    if check:
+        cfg.validate()
     return cfg

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collectives import MPI
 
-#: Exit codes of ``mpidp train`` (also in docs/lifecycle.md).
+#: Exit codes of mpidp (one table: docs/lifecycle.md). 2 is for bad input only.
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
+EXIT_LOCKED = 73  # EX_CANTCREAT: the checkpoint directory is in use by another run
+EXIT_WRITE_FAILED = 74  # EX_IOERR: an output could not be written midway (disk full, read-only)
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: interrupted, checkpoint written; rerun with --resume
 
 
@@ -43,6 +45,23 @@ class PrivacyError(MpidpError):
 
 class CheckpointError(MpidpError):
     """A checkpoint that is missing, corrupt, or belongs to another run."""
+
+
+class OutputError(MpidpError):
+    """An output path that cannot be written, found before any work: bad input."""
+
+
+class DirectoryLocked(MpidpError):
+    """The checkpoint directory is held by another run (its lock names the holder)."""
+
+    exit_code = EXIT_LOCKED
+
+
+class WriteFailed(MpidpError):
+    """Writing an output failed midway (disk full, file system turned read-only);
+    what was written before is intact."""
+
+    exit_code = EXIT_WRITE_FAILED
 
 
 class DivergedError(MpidpError):

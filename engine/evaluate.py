@@ -82,22 +82,25 @@ def run(args: argparse.Namespace) -> int:
     error, payload = None, None
     try:
         payload = ckpt.load_file(args.checkpoint)
-    except CheckpointError as exc:
+        ckpt.check_data_path(args.data)
+    except (CheckpointError, DataError) as exc:
         error = exc
     agree(comm, error)
     info = read_info(args.data, comm)
     recorded = payload["model"]
     spec = None if recorded.get("kind") == "module" else MLPSpec.from_dict(recorded)
     trained = payload.get("data", {})
+    # The task first: a file of another task also differs in its features, and
+    # "827 features, the model expects 99" hides the reason.
+    if trained.get("task") and info.task and trained["task"] != info.task:
+        raise DataError(f"{args.data} holds task {info.task!r}; the model was trained for "
+                        f"{trained['task']!r} on {trained.get('path')}", collective=True)
     if spec is not None and (info.n_features != spec.dims[0]
                              or info.n_classes != spec.dims[-1]):
         raise DataError(f"{args.data} has {info.n_features} features and {info.n_classes} "
                         f"classes; the model expects {spec.dims[0]} and {spec.dims[-1]} "
                         "(prepare the file with `mpidp prep --like` the training file)",
                         collective=True)
-    if trained.get("task") and info.task and trained["task"] != info.task:
-        raise DataError(f"{args.data} holds task {info.task!r}; the model was trained for "
-                        f"{trained['task']!r} on {trained.get('path')}", collective=True)
     if trained.get("fingerprint") and info.fingerprint \
             and trained["fingerprint"] != info.fingerprint:
         raise DataError(f"{args.data} was encoded differently from the training file "

@@ -1,4 +1,13 @@
-"""Per-epoch metrics: JSON lines for tools, a table for people (rank 0 writes)."""
+"""Per-epoch metrics: JSON lines for tools, a table for people (rank 0 writes).
+
+The metrics file is the run's history, one JSON object per epoch, and is
+rewritten whole and atomically (:func:`write_records`) after every epoch and
+after every checkpoint. The history itself lives in the checkpoint, so the
+file can always be rebuilt from it: a resumed run rewrites it from the
+checkpoint first, which drops the records of epochs trained after the last
+checkpoint (they are trained again), and any sequence of stops and resumes
+leaves exactly one record per epoch, in order.
+"""
 from __future__ import annotations
 
 import json
@@ -37,22 +46,35 @@ def table(rows: list[dict]) -> str:
     return "\n".join([header(), *(row(r) for r in rows)])
 
 
-class JsonLines:
-    """Appends one JSON object per line to ``path`` (None: does nothing)."""
+def write_records(path: str | os.PathLike, records: list[dict]) -> None:
+    """Replace ``path`` atomically by one JSON line per record.
 
-    def __init__(self, path: str | os.PathLike | None, append: bool = False):
-        self.path = Path(path) if path else None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if not append:
-                self.path.write_text("")
+    Raises:
+        WriteFailed: the file cannot be written (the old one is left intact).
+    """
+    from engine.errors import WriteFailed
 
-    def write(self, record: dict) -> None:
-        if self.path is None:
-            return
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record, sort_keys=True, allow_nan=False,
-                                    default=_json_default) + "\n")
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    text = "".join(json.dumps(r, sort_keys=True, allow_nan=False, default=_json_default)
+                   + "\n" for r in records)
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise WriteFailed(f"cannot write the metrics file {path}: {exc.strerror}") from None
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """The records of a metrics file (no checks beyond JSON)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def _json_default(value):

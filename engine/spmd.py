@@ -11,12 +11,22 @@ traceback. When such an error is known to be raised identically on every
 rank (``collective = True`` on the instance, e.g. after the ranks agreed on a
 check), only rank 0 prints it and the ranks exit normally with its code.
 
-Exit codes: 0 success, 1 internal error (a traceback was printed), 2 user
-error, 130 interrupted, other codes as documented by the command that
-returns them (e.g. a checkpoint-and-exit on a signal).
+A stop signal turned into an exception (:class:`engine.stopping.Interrupted`,
+or a plain ``KeyboardInterrupt``) ends the job with one line from rank 0 and
+exit code 128 + the signal's number: every rank leaves with ``os._exit``,
+without the collective ``MPI_Finalize`` (a rank still inside a collective
+would make it wait forever) and without ``MPI_Abort``; the launcher then
+ends ranks that had not received the signal. No rank dies *by* the signal,
+so mpiexec prints no "BAD TERMINATION" banner.
+
+Exit codes (the table: docs/lifecycle.md): 0 success, 1 internal error (a
+traceback was printed), 2 bad input, 128 + n stopped by signal n, others as
+documented by the command that returns them (e.g. 75, checkpoint written).
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 import traceback
@@ -27,7 +37,7 @@ from collectives import MPI
 from collectives.failures import ABORT_GRACE_S, remove_shm_files
 
 EXIT_INTERNAL_ERROR = 1
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 
 def _tag(text: str, rank: int, size: int) -> str:
@@ -52,6 +62,23 @@ def _end_job(code: int, comm: "MPI.Comm") -> "None":
         time.sleep(ABORT_GRACE_S)
         comm.Abort(code)
     raise SystemExit(code)
+
+
+def _leave(code: int, comm: "MPI.Comm") -> "None":
+    """End this rank with ``code`` now, without MPI_Finalize (see module docstring)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if comm.Get_size() > 1:
+        remove_shm_files()
+        os._exit(code)
+    raise SystemExit(code)
+
+
+def _line(exc: BaseException) -> str:
+    """The one line that reports a user-facing exception."""
+    if getattr(exc, "is_error", True):
+        return f"mpidp: error: {exc}"
+    return f"mpidp: {exc}"
 
 
 def is_user_error(exc: BaseException) -> bool:
@@ -80,18 +107,21 @@ def run_spmd(main: Callable[[], int | None], comm: "MPI.Comm | None" = None) -> 
         if code == 0:
             return 0
         _end_job(code, comm)
-    except KeyboardInterrupt:
-        _emit(_tag("mpidp: interrupted", rank, size))
-        _end_job(EXIT_INTERRUPTED, comm)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or engine.stopping.Interrupted
+        signum = int(getattr(exc, "signum", signal.SIGINT))
+        code = 128 + signum
+        if rank == 0:
+            _emit(f"mpidp: stopped by {signal.Signals(signum).name} (exit code {code})")
+        _leave(code, comm)
     except BaseException as exc:  # noqa: B902 - every failure must end the job
         if is_user_error(exc):
-            code = type(exc).exit_code
+            code = int(exc.exit_code)
             if getattr(exc, "collective", False):
                 if rank == 0:
-                    _emit(f"mpidp: error: {exc}")
+                    _emit(_line(exc))
                 sys.stdout.flush()
                 raise SystemExit(code) from None
-            _emit(_tag(f"mpidp: error: {exc}", rank, size))
+            _emit(_tag(_line(exc), rank, size))
             _end_job(code, comm)
         _emit(_tag("".join(traceback.format_exception(exc)), rank, size))
         _end_job(EXIT_INTERNAL_ERROR, comm)

@@ -1,12 +1,28 @@
 """When a run stops before its last epoch: on a signal, or by mlbench's rules.
 
-**Signals** (:class:`StopRequest`): SIGTERM / SIGUSR1 stop the run at the
-next step boundary (and checkpoint). The handler only records the request;
-the training loop carries it in the step's all-reduce buffer (one extra
-float), so every rank learns of a signal received by any rank in the same
-step and all stop after that step's update, together. Slurm sends SIGTERM at
-the time limit (or SIGUSR1 with ``--signal=USR1@120``); mpiexec forwards both
-to the ranks.
+**Signals.** A run handles SIGINT (Ctrl-C; mpiexec forwards it to every
+rank), SIGTERM (``scancel``, Slurm's time limit, preemption) and SIGUSR1
+(Slurm's ``--signal`` warning). The handlers only *record* a signal: raising
+from a handler would surface inside whatever runs at that moment (an import,
+Numba's compiler, an MPI call) as a traceback from every rank, so the
+program decides at places where stopping is clean:
+
+* **before the first step** (:func:`check_startup`, called by the trainer
+  between its start-up phases on every rank): SIGINT ends the run at the
+  next phase boundary with one line and exit code 130; nothing was trained
+  or written. SIGTERM and SIGUSR1 stop the run after its first step instead
+  (a checkpoint, exit 75) when it has a checkpoint directory, so a job
+  warned during its start-up still leaves a point to resume from;
+  without one they end it like SIGINT (exit 128 + the signal's number).
+* **during training** (:class:`StopRequest`): any of the three stops the run
+  at the next step boundary. The loop carries the request in the step's
+  all-reduce buffer (one extra float), so every rank learns of a signal
+  received by any rank in the same step and all stop after that step's
+  update, together; the trainer then checkpoints and exits 75.
+* **other commands** (prep, audit, benchmarks: no step boundary) raise
+  :class:`Interrupted` from the handler once the command runs
+  (:func:`raise_on_signals`); :func:`engine.spmd.run_spmd` ends every rank
+  with one line and exit code 128 + the signal's number.
 
 **Early-stop rules** (:func:`stop_reason`): mlbench's time-to-accuracy and
 accuracy-after-time rules, checked at epoch boundaries on the per-epoch
@@ -28,10 +44,163 @@ same decision at the same step without another message.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Iterator
 
-#: The signals that request a stop at the next step boundary.
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+from engine.errors import MpidpError
+
+if TYPE_CHECKING:
+    from collectives import MPI
+
+#: The signals that stop a run (module docstring).
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+#: Exit code of a run stopped by SIGINT before its first step (128 + 2, the shell's rule).
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+#: Signals received by this process while the recording handlers were installed,
+#: in order (the handlers append; the program reads).
+_received: list[int] = []
+_raising = False
+
+
+def signal_name(signum: int | None) -> str:
+    """``SIGTERM`` for 15; ``a signal`` for None."""
+    if signum is None:
+        return "a signal"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal turned into an exception (commands without step boundaries).
+
+    A KeyboardInterrupt subclass, so library code that catches ``Exception``
+    lets it through, as it does Ctrl-C.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signal_name(signum))
+        self.signum = signum
+
+
+class StartupInterrupted(MpidpError):
+    """A stop signal received before the first step; raised on every rank alike.
+
+    Its exit code is 128 + the signal's number (an instance attribute; the
+    class's is SIGINT's).
+    """
+
+    exit_code = EXIT_INTERRUPTED
+    is_error = False  # printed as "mpidp: stopped by ...", not as an error
+
+    def __init__(self, message: str, collective: bool = True, signum: int = signal.SIGINT):
+        super().__init__(message, collective=collective)
+        self.signum = signum
+        self.exit_code = 128 + int(signum)
+
+
+def _record(signum, frame) -> None:
+    _received.append(signum)
+    if _raising:
+        raise Interrupted(signum)
+
+
+def record_signals() -> bool:
+    """Install the recording handlers for :data:`SIGNALS` (local; main thread).
+
+    Returns False where handlers cannot be installed (not the main thread).
+    """
+    global _raising
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    _raising = False
+    for sig in SIGNALS:
+        signal.signal(sig, _record)
+    return True
+
+
+def is_mpidp_program() -> bool:
+    """Whether this process is the ``mpidp`` program (the console script or
+    ``python -m engine.cli``), not a program that imports the engine."""
+    if os.path.basename(sys.argv[0] if sys.argv else "") == "mpidp":
+        return True  # the console script (sys.argv[0] is its path)
+    # python -m engine.cli: while the engine package is imported, sys.argv[0]
+    # is still "-m"; the interpreter's own command line names the module.
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    return any(a == "-m" and b == "engine.cli" for a, b in zip(argv, argv[1:]))
+
+
+def raise_on_signals() -> None:
+    """From now on a signal of :data:`SIGNALS` raises :class:`Interrupted`
+    (local; main thread); one already recorded raises at once."""
+    global _raising
+    if record_signals():
+        _raising = True
+        if _received:
+            raise Interrupted(_received[0])
+
+
+@contextlib.contextmanager
+def handled_signals(raising: bool) -> Iterator[None]:
+    """Record (``raising=False``) or raise on (``True``) :data:`SIGNALS` inside
+    the block; the previous handlers return after it (local; a no-op outside
+    the main thread)."""
+    global _raising
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    was_raising = _raising
+    try:
+        if raising:
+            raise_on_signals()
+        else:
+            record_signals()
+        yield
+    finally:
+        _raising = was_raising
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def received() -> list[int]:
+    """The signals recorded so far (a copy)."""
+    return list(_received)
+
+
+def forget_signals() -> None:
+    """Forget the recorded signals (tests; a process that handled them)."""
+    _received.clear()
+
+
+def check_startup(comm: "MPI.Comm", stop_on_any: bool, resume_hint: str = "") -> None:
+    """Collective (every rank of ``comm``): end the run if a rank was told to stop.
+
+    Called between the start-up phases of a run. SIGINT always ends it here;
+    SIGTERM and SIGUSR1 only when ``stop_on_any`` (a run without a checkpoint
+    directory: stopping after the first step would save nothing).
+
+    Raises:
+        StartupInterrupted: on every rank, exit code 128 + the signal.
+    """
+    mine = next((s for s in _received if s == signal.SIGINT or stop_on_any), None)
+    everyone = comm.allgather(mine) if comm.Get_size() > 1 else [mine]
+    signum = next((s for s in everyone if s is not None), None)
+    if signum is None:
+        return
+    forget_signals()  # handled here: an in-process caller may start another run
+    raise StartupInterrupted(
+        f"stopped by {signal_name(signum)} during start-up, before the first "
+        "step: nothing was trained or written" + (f"; {resume_hint}" if resume_hint else "")
+        + f" (exit code {128 + signum})", signum=signum)
+
 
 TARGET_ACCURACY = "target_accuracy"
 TIME_BUDGET = "time_budget"
@@ -76,33 +245,40 @@ def accuracy_after_time(history: list[dict], budget: float) -> tuple[float, floa
 
 
 class StopRequest:
-    """Records SIGTERM/SIGUSR1 while installed (a context manager).
+    """Records :data:`SIGNALS` while installed (a context manager).
 
     Install it on every rank from the main thread (elsewhere the handlers
     cannot be set and the request is never recorded); ``requested`` turns
-    true when this rank received one of :data:`SIGNALS`.
+    true when this rank received one of :data:`SIGNALS`, also before it was
+    installed while :func:`record_signals` was in force (a signal during the
+    start-up of ``mpidp train``). On exit the previous handlers return.
     """
 
     def __init__(self) -> None:
-        self.signum: int | None = None
         self._previous: dict = {}
+        self._raising = False
+
+    @property
+    def signum(self) -> int | None:
+        """The first signal this rank received, or None."""
+        return _received[0] if _received else None
 
     @property
     def requested(self) -> bool:
-        return self.signum is not None
-
-    def _handler(self, signum, frame) -> None:
-        self.signum = signum
+        return bool(_received)
 
     def __enter__(self) -> "StopRequest":
-        for sig in SIGNALS:
-            try:
-                self._previous[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread
-                pass
+        global _raising
+        if threading.current_thread() is threading.main_thread():
+            self._raising, _raising = _raising, False
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, _record)
         return self
 
     def __exit__(self, *exc) -> None:
+        global _raising
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+        if self._previous:
+            _raising = self._raising
         self._previous.clear()

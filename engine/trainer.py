@@ -15,12 +15,19 @@ households, each household's summed gradient is clipped as one, and N and B
 count households. Per epoch: train loss (all-reduced),
 test accuracy (evaluated in parallel), epsilon, time split into compute and
 communication; JSON lines and a table on rank 0. Checkpoints are atomic and
-carry everything a bit-identical resume needs (:mod:`engine.checkpoint`).
+carry everything a bit-identical resume needs (:mod:`engine.checkpoint`),
+the per-epoch history included: the metrics file is rewritten from it, so
+any sequence of stops and resumes leaves one record per epoch
+(:mod:`engine.metrics`). The life-cycle of a run (locks, signals, resume,
+exit codes) is written down in docs/lifecycle.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import secrets
+import shlex
 import sys
 import time
 
@@ -34,11 +41,13 @@ from collectives import MPI
 from collectives.runtime import available_cores, launch_info
 from engine import checkpoint as ckpt
 from engine import metrics as metrics_mod
+from engine import outputs
 from engine.dp.accountant import Accountant
-from engine.config import FIXED_ON_RESUME, TrainConfig
+from engine.config import ADJUSTABLE_ON_RESUME, PER_INVOCATION, TrainConfig
 from engine.device import select as select_device
+from engine.dp.privacy import check_delta_for_rows
 from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
-                           DivergedError, PrivacyError, agree)
+                           DivergedError, MpidpError, PrivacyError, agree)
 from engine.evaluate import evaluate_shard
 from engine.nn import models
 from engine.nn.module_engine import parameter_digest
@@ -48,7 +57,8 @@ from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
 from engine.nn.schedule import learning_rate
 from engine.shard import read_info, read_shard
 from engine.step import PHASES, DPStep
-from engine.stopping import StopRequest, stop_reason
+from engine.stopping import (StopRequest, check_startup, forget_signals, signal_name,
+                             stop_reason)
 
 #: Steps between progress-bar updates and between finiteness checks.
 PROGRESS_EVERY = 32
@@ -72,6 +82,73 @@ def configure_threads(requested: int | None) -> tuple[int, int]:
     return threads, local
 
 
+def plural(n: int, word: str) -> str:
+    """``1 epoch``, ``2 epochs``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _option_text(name: str, value) -> str:
+    """How the command line says ``name=value`` (``--no-dp``, ``--hidden 8,8``)."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    if value is None:
+        return f"no {flag}"
+    if name == "hidden":
+        return f"{flag} {','.join(str(v) for v in value)}" if value else f"{flag} ''"
+    if isinstance(value, float):
+        return f"{flag} {value:g}"
+    return f"{flag} {value}"
+
+
+def _same(a, b) -> bool:
+    norm = (lambda v: list(v) if isinstance(v, (list, tuple)) else v)
+    return norm(a) == norm(b)
+
+
+def resumed_config(cfg: TrainConfig, saved: dict, given: set[str] | None) -> TrainConfig:
+    """The settings of a resumed run: the checkpoint's, with the options given now.
+
+    ``given`` names the options on the command line (None: the fields of
+    ``cfg`` that differ from :class:`TrainConfig`'s defaults). An option
+    that is not given never overwrites the recorded value; one that is given
+    must equal it unless it is in :data:`ADJUSTABLE_ON_RESUME`.
+
+    Raises:
+        ConfigError: (collective) naming every given option that differs.
+    """
+    defaults = TrainConfig(data="")
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    if given is None:
+        given = {n for n in names if not _same(getattr(cfg, n), getattr(defaults, n))}
+    merged, diffs = {}, []
+    for name in names:
+        mine = getattr(cfg, name)
+        if name in PER_INVOCATION:
+            merged[name] = mine
+            continue
+        # A setting the checkpoint predates had its default then.
+        theirs = saved[name] if name in saved else getattr(defaults, name)
+        if isinstance(getattr(defaults, name), tuple) and theirs is not None:
+            theirs = tuple(theirs)
+        if name not in given:
+            merged[name] = theirs
+            continue
+        if name not in ADJUSTABLE_ON_RESUME and not _same(mine, theirs):
+            if name == "dp":
+                diffs.append("--no-dp (the run is differentially private)" if not mine
+                             else "DP (the run has --no-dp)")
+            else:
+                diffs.append(f"{_option_text(name, mine)} (the run has "
+                             f"{_option_text(name, theirs)})")
+        merged[name] = mine
+    if diffs:
+        raise ConfigError("a resumed run keeps the settings it started with, and --resume "
+                          "needs none of them; leave out what differs: " + "; ".join(diffs),
+                          collective=True)
+    return TrainConfig(**merged)
+
+
 def _shared_seed(comm, seed: int | None) -> int:
     if seed is not None:
         return int(seed)
@@ -79,16 +156,31 @@ def _shared_seed(comm, seed: int | None) -> int:
 
 
 class Trainer:
-    """A DP-SGD (or ``--no-dp``) run of :class:`TrainConfig` over ``comm``."""
+    """A DP-SGD (or ``--no-dp``) run of :class:`TrainConfig` over ``comm``.
 
-    def __init__(self, cfg: TrainConfig, comm=None, out=None, model=None):
+    ``given`` names the options of the command line (for a resume: the others
+    come from the checkpoint; None: the fields that differ from the
+    defaults). ``opened``: the command already checked the outputs and took the
+    lock (``lock`` on rank 0, None elsewhere; the command takes it before
+    importing this module: :func:`engine.checkpoint.open_directory`); without
+    one, :meth:`run` takes it. ``model``: the library's ``model=`` object (a
+    module or a factory), else ``cfg.model`` names the model.
+    """
+
+    def __init__(self, cfg: TrainConfig, comm=None, out=None, given: set[str] | None = None,
+                 lock: "ckpt.Lock | None" = None, opened: bool = False, model=None):
         self.cfg = cfg
         #: the library's ``model=`` (a module or a factory), else cfg.model decides
         self.given_model = model
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.out = sys.stdout if out is None else out
+        self.given = given
+        self.lock = lock
+        self.opened = opened
         self.history: list[dict] = []
+        self.resumed_from: dict | None = None  # the checkpoint's step, epsilon, budget
+        self.large_delta: str | None = None
 
     # ------------------------------------------------------------------ set-up
     def _say(self, text: str) -> None:
@@ -96,15 +188,53 @@ class Trainer:
             self.out.write(text + "\n")
             self.out.flush()
 
+    def _rank0_check(self, check) -> None:
+        """Collective: run ``check()`` on rank 0 (the rank that writes); its
+        MpidpError is raised on every rank."""
+        error = None
+        if self.rank == 0:
+            try:
+                check()
+            except MpidpError as exc:
+                error = exc
+        agree(self.comm, error)
+
+    def resume_command(self) -> str:
+        """The command that continues this run (what a stop message shows)."""
+        cfg = self.cfg
+        launch = f"mpiexec -n {self.size} " if self.size > 1 else ""
+        return (f"{launch}mpidp train --data {shlex.quote(str(cfg.data))} --checkpoint-dir "
+                f"{shlex.quote(str(cfg.checkpoint_dir))} --resume")
+
+    def _startup_check(self) -> None:
+        """Collective: a phase boundary of the start-up (engine.stopping)."""
+        hint = ""
+        if self.cfg.checkpoint_dir and self.cfg.resume:
+            hint = (f"the checkpoint in {self.cfg.checkpoint_dir} is unchanged; continue with: "
+                    + self.resume_command())
+        check_startup(self.comm, stop_on_any=not self.cfg.checkpoint_dir, resume_hint=hint)
+
     def setup(self) -> None:
-        cfg, comm = self.cfg, self.comm
+        """Collective: everything before the first step, in the order that lets a
+        run fail before it reads data: the checkpoint (and with it, for a
+        resume, the settings), then the data file's header, the checks that
+        need its size (batch, delta, free space), the model, then the shards
+        (for the household unit the training shard comes first: its
+        households are the N that every check counts)."""
+        comm = self.comm
+        payload = self._load_checkpoint()
+        cfg = self.cfg  # a resume replaced it by the recorded settings
+        self._startup_check()
         self.threads, self.local_ranks = configure_threads(cfg.threads)
         self.placement = select_device(cfg.device, comm)
         self.info = read_info(cfg.data, comm)
-        self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1,
-                                unit=cfg.privacy_unit)
-        self.test = read_shard(self.info, "test", comm, min_rows_per_rank=0)
-        n = self.train.units_total  # rows, or households
+        self.train = None
+        if cfg.privacy_unit == "household":
+            self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1,
+                                    unit=cfg.privacy_unit)
+            n = self.train.units_total
+        else:
+            n = self.info.rows["train"]
         if cfg.batch_size > n:
             units = "rows" if cfg.privacy_unit == "person" else "households"
             raise ConfigError(f"--batch-size {cfg.batch_size} exceeds the {n} training {units} "
@@ -113,7 +243,15 @@ class Trainer:
         self.q = cfg.batch_size / n
         self.steps_per_epoch = max(1, round(n / cfg.batch_size))
         self.total_steps = cfg.epochs * self.steps_per_epoch
-        payload = self._load_checkpoint()
+        if payload is not None:
+            self._check_same_data(payload)
+        if cfg.dp:
+            try:
+                self.large_delta = check_delta_for_rows(cfg.delta, n, cfg.allow_large_delta,
+                                                        cfg.data)
+            except PrivacyError as exc:
+                exc.collective = True
+                raise
         self.seed = _shared_seed(comm, payload["seed"] if payload else cfg.seed)
         self.model = models.resolve(cfg.model, cfg.hidden, self.info.n_features,
                                     self.info.n_classes, self.seed, self.placement.device,
@@ -122,10 +260,25 @@ class Trainer:
         if payload is not None:
             models.check_resume(payload["model"], self.model,
                                 str(ckpt.path_in(cfg.checkpoint_dir)))
+        if cfg.checkpoint_dir:
+            needed = ckpt.estimate_size(self.model.n_params, self.size, cfg.epochs)
+            existing = ckpt.path_in(cfg.checkpoint_dir)
+            if payload is not None and existing.is_file():
+                needed = max(needed, existing.stat().st_size)
+            self._rank0_check(lambda: outputs.check_free_space(
+                cfg.checkpoint_dir, needed, "--checkpoint-dir"))
         self._plan_privacy(payload)
+        self._startup_check()
+        if self.train is None:
+            self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1,
+                                    unit=cfg.privacy_unit)
+        self.test = read_shard(self.info, "test", comm, min_rows_per_rank=0)
         self._build_state(payload)
+        self._startup_check()
 
     def _load_checkpoint(self) -> dict | None:
+        """Collective: the checkpoint of a resumed run (None for a fresh one), with
+        ``self.cfg`` replaced by the recorded settings and the options given now."""
         cfg = self.cfg
         if not cfg.checkpoint_dir:
             return None
@@ -135,9 +288,12 @@ class Trainer:
         except CheckpointError as exc:
             error = exc
         agree(self.comm, error)
-        if payload is None:
-            return None
         where = ckpt.path_in(cfg.checkpoint_dir)
+        if payload is None:
+            if cfg.resume:
+                raise CheckpointError(f"--resume: {where} does not exist; nothing to resume "
+                                      "(drop --resume to start a new run)", collective=True)
+            return None
         if not cfg.resume:
             spent = payload.get("epsilon")
             raise CheckpointError(
@@ -149,28 +305,28 @@ class Trainer:
             raise CheckpointError(f"{where} was written by {payload['world_size']} ranks; "
                                   f"resume it with {payload['world_size']} ranks (this job "
                                   f"has {self.size})", collective=True)
-        data = payload["data"]
+        merged = resumed_config(cfg, payload["config"], self.given)
+        try:
+            merged.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (the settings of the resumed run: the checkpoint's, "
+                              "with the options given now)", collective=True) from None
+        if merged.metrics and merged.metrics != cfg.metrics:
+            self._rank0_check(lambda: outputs.check_file(merged.metrics, "--metrics"))
+        self.cfg = merged
+        self.resumed_from = {"step": int(payload["step"]), "epsilon": payload.get("epsilon"),
+                             "budget": payload.get("budget_epsilon"),
+                             "text": ckpt.describe(payload)}
+        return payload
+
+    def _check_same_data(self, payload: dict) -> None:
+        data, where = payload["data"], ckpt.path_in(self.cfg.checkpoint_dir)
         if data["rows"] != self.info.rows or data["n_features"] != self.info.n_features \
                 or data["fingerprint"] != self.info.fingerprint:
             raise CheckpointError(f"{where} was trained on {data['path']} "
-                                  f"({data['rows']}), not on {cfg.data} "
+                                  f"({data['rows']}), not on {self.cfg.data} "
                                   f"({self.info.rows}); resume with the same data",
                                   collective=True)
-        saved = payload["config"]
-        diffs = []
-        for name in FIXED_ON_RESUME:
-            mine = getattr(cfg, name)
-            mine = list(mine) if isinstance(mine, tuple) else mine
-            # A setting the checkpoint predates had its default then.
-            theirs = saved[name] if name in saved else getattr(TrainConfig(data=""), name)
-            if name == "seed" and mine is None:
-                continue
-            if mine != theirs:
-                diffs.append(f"--{name.replace('_', '-')} {mine} (checkpoint: {theirs})")
-        if diffs:
-            raise ConfigError("a resumed run keeps the settings it started with; these "
-                              "differ: " + ", ".join(diffs), collective=True)
-        return payload
 
     def _plan_privacy(self, payload: dict | None) -> None:
         cfg = self.cfg
@@ -278,8 +434,15 @@ class Trainer:
         return None if self.accountant is None else self.accountant.epsilon()
 
     def save_checkpoint(self) -> str | None:
-        """Collective: rank 0 writes the checkpoint with every rank's state."""
+        """Collective: rank 0 writes the checkpoint with every rank's state, then
+        the metrics file from the same history; returns the checkpoint's path.
+
+        Raises (on every rank): DivergedError, DirectoryLocked (another run
+        took the directory), WriteFailed (disk full, read-only: the previous
+        checkpoint and metrics file are intact).
+        """
         if not self.cfg.checkpoint_dir:
+            self.write_metrics()
             return None
         if not bool(torch.isfinite(self.params).all()):
             raise DivergedError("the parameters are NaN or infinite: not checkpointing a "
@@ -289,10 +452,15 @@ class Trainer:
                 "noise": None if self.noise is None else self.noise.get_state(),
                 "local": dict(self.local)}
         ranks = self.comm.gather(mine, root=0)
-        error = None
-        if self.rank == 0:
+
+        def write() -> None:
+            if self.lock is not None:
+                self.lock.check()
+            config = self.cfg.to_dict()
+            if config["metrics"]:
+                config["metrics"] = os.path.abspath(config["metrics"])
             payload = {
-                "config": self.cfg.to_dict(), "seed": self.seed, "world_size": self.size,
+                "config": config, "seed": self.seed, "world_size": self.size,
                 "data": self.info.summary(), "model": self.model.to_dict(),
                 "params": self.params.detach().cpu().clone(),
                 "optimizer": self.optimizer.state_dict(),
@@ -300,14 +468,23 @@ class Trainer:
                 "budget_epsilon": self.budget, "epsilon": self._epsilon(),
                 "step": self.step, "steps_per_epoch": self.steps_per_epoch,
                 "ranks": ranks, "history": self.history}
-            try:
-                ckpt.save(self.cfg.checkpoint_dir, payload)
-            except CheckpointError as exc:
-                error = exc
-        error = self.comm.bcast(error, root=0)
-        if error is not None:
-            raise type(error)(str(error), collective=True)
+            ckpt.save(self.cfg.checkpoint_dir, payload)
+            self._write_metrics_file()
+
+        self._rank0_check(write)
         return str(ckpt.path_in(self.cfg.checkpoint_dir))
+
+    def _write_metrics_file(self) -> None:
+        if self.cfg.metrics:
+            metrics_mod.write_records(self.cfg.metrics, self.history)
+
+    def write_metrics(self) -> None:
+        """Collective: rank 0 rewrites the metrics file from the history.
+
+        Raises (on every rank): WriteFailed.
+        """
+        if self.cfg.metrics:
+            self._rank0_check(self._write_metrics_file)
 
     # ------------------------------------------------------------------- loop
     def _epoch_end(self, epoch: int, times: dict, wall: float, resumed: bool) -> dict:
@@ -351,12 +528,43 @@ class Trainer:
                 for k, v in record.items()}
 
     def run(self) -> int:
-        """Collective: train; returns the exit code (0 done, 75 checkpointed on request)."""
+        """Collective: train; returns the exit code (0 done, 75 checkpointed on a
+        stop request, 128 + n stopped by signal n without a checkpoint directory).
+
+        Takes the lock of the checkpoint directory first unless the caller did;
+        releases it at the end, however the run ends.
+        """
         with StopRequest() as stop:
-            return self._run(stop)
+            try:
+                if not self.opened:
+                    self.opened = True
+                    self.lock = ckpt.open_directory(self.cfg.checkpoint_dir, self.cfg.resume,
+                                                    self.cfg.metrics, self.comm)
+                return self._run(stop)
+            finally:
+                if self.lock is not None:
+                    self.lock.release()
+                forget_signals()  # acted on (or the run ended anyway)
+
+    def _first_line(self) -> str | None:
+        """The first line of a resumed run, or of one with --allow-large-delta."""
+        parts = []
+        if self.resumed_from is not None:
+            budget = self.resumed_from.get("budget")
+            parts.append(f"resumed the run in {self.cfg.checkpoint_dir} at "
+                         f"{self.resumed_from['text']}"
+                         + (f" of budget {budget:.3f}" if budget is not None else ""))
+        if self.large_delta:
+            parts.append(f"WARNING --allow-large-delta: {self.large_delta}")
+        return "mpidp train: " + "; ".join(parts) if parts else None
 
     def _describe(self) -> None:
         cfg = self.cfg
+        first = self._first_line()
+        if first:
+            self._say(first)
+        if self.lock is not None and self.lock.note:
+            self._say(f"note: {self.lock.note}")
         unit = ("" if not cfg.dp else "epsilon protects each person (one row); "
                 if cfg.privacy_unit == "person"
                 else "epsilon protects each household (all its rows at once); ")
@@ -374,7 +582,7 @@ class Trainer:
             per = "" if cfg.privacy_unit == "person" else " households"
             self._say(f"DP-SGD: C={cfg.max_grad_norm:g}, sigma={acct.sigma:.4f}, expected "
                       f"batch {cfg.batch_size}{per} (q={self.q:.3g}, {cfg.sampling}), "
-                      f"{self.steps_per_epoch} steps/epoch; planned epsilon="
+                      f"{plural(self.steps_per_epoch, 'step')}/epoch; planned epsilon="
                       f"{acct.epsilon(self.total_steps):.3f} at delta={cfg.delta:g} "
                       f"({acct.describe()}), budget {self.budget:.3f}")
             if not self.sampler.assumption_met:
@@ -382,18 +590,18 @@ class Trainer:
                           "assumption (Poisson sampling): epsilon is NOT a guarantee")
         else:
             self._say(f"non-private (--no-dp): expected batch {cfg.batch_size}, "
-                      f"{self.steps_per_epoch} steps/epoch")
+                      f"{plural(self.steps_per_epoch, 'step')}/epoch")
 
     def _run(self, stop: StopRequest) -> int:
-        cfg = self.cfg
         self.setup()
+        cfg = self.cfg  # for a resume: the recorded settings
         self._describe()
+        if self.step > 0:
+            self.write_metrics()  # back to the checkpoint's history (module docstring)
         if self.step >= self.total_steps:
             self._say(f"nothing to do: the run in {cfg.checkpoint_dir} has finished "
-                      f"{self.step // self.steps_per_epoch} epochs")
+                      f"{plural(self.step // self.steps_per_epoch, 'epoch')}")
             return 0
-        writer = metrics_mod.JsonLines(cfg.metrics if self.rank == 0 else None,
-                                       append=self.step > 0)
         show = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and self.rank == 0
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", disable=not show,
                    dynamic_ncols=True, leave=False)
@@ -404,12 +612,12 @@ class Trainer:
         pc, from_numpy = time.perf_counter, torch.from_numpy
         local = self.local
         grouped = self.train.groups is not None  # households: clipped as one each
-        code = 0
         try:
             while self.step < self.total_steps:
                 epoch, first = divmod(self.step, self.steps_per_epoch)
                 times = dict.fromkeys(PHASES, 0.0)
                 t_epoch = pc()
+                stopping = False
                 for _ in range(first, self.steps_per_epoch):
                     control[0] = 1.0 if stop.requested else 0.0
                     if scheduled:
@@ -426,44 +634,62 @@ class Trainer:
                     local["clipped"] += clipped
                     if self.step % PROGRESS_EVERY == 0:
                         bar.update(PROGRESS_EVERY)
+                    # control[0] is all-reduced: every rank stops after the same step.
                     if control[0] > 0 or (cfg.stop_after is not None
                                           and self.step - start_step >= cfg.stop_after):
-                        return self._interrupt(stop)
+                        stopping = True
+                        break
                     if self.step % FINITE_CHECK_EVERY == 0 \
                             and not bool(torch.isfinite(self.params).all()):
                         raise DivergedError(f"step {self.step}: the parameters became NaN "
                                             "or infinite; lower --lr (or --max-grad-norm)",
                                             collective=True)
+                if stopping and self.step % self.steps_per_epoch != 0:
+                    return self._interrupt(stop)  # mid-epoch: the checkpoint carries the sums
+                # An epoch ended (also when a stop landed on its last step): its record
+                # first, then the checkpoint that carries it.
                 record = self._epoch_end(epoch, times, pc() - t_epoch, resumed=first > 0)
                 # Read from all-reduced values: the same verdict on every rank.
                 reason = stop_reason(record, cfg.target_accuracy, cfg.time_budget)
                 if reason is not None:
                     record["stop_reason"] = reason
                 self.history.append(record)
-                writer.write(record)
                 if self.rank == 0:
                     bar.clear()
                 self._say(metrics_mod.row(record))
-                if (epoch + 1) % cfg.checkpoint_every == 0 or self.step >= self.total_steps \
-                        or reason is not None:
+                finished = self.step >= self.total_steps or reason is not None
+                if (epoch + 1) % cfg.checkpoint_every == 0 or finished or stopping:
                     self.save_checkpoint()
+                else:
+                    self.write_metrics()
+                if stopping and not finished:
+                    return self._interrupt(stop, saved=True)
                 if reason is not None:
                     break
         finally:
             bar.close()
         self._summary()
-        return code
+        return 0
 
-    def _interrupt(self, stop: StopRequest) -> int:
-        why = (f"signal {stop.signum}" if stop.requested or self.control[0] > 0
-               else f"--stop-after {self.cfg.stop_after}")
-        where = self.save_checkpoint()
+    def _interrupt(self, stop: StopRequest, saved: bool = False) -> int:
+        """Collective: the checkpoint (unless ``saved``) and the stop message;
+        returns the exit code."""
+        if stop.requested or self.control[0] > 0:
+            why = signal_name(stop.signum) + ("" if stop.requested else " (on another rank)")
+        else:
+            why = f"--stop-after {self.cfg.stop_after}"
+        if not saved:
+            where = self.save_checkpoint()
+        else:
+            where = str(ckpt.path_in(self.cfg.checkpoint_dir)) if self.cfg.checkpoint_dir \
+                else None
         if where is None:
-            self._say(f"stopped at step {self.step} on {why}; no --checkpoint-dir, nothing "
-                      "saved")
-            return 128 + (stop.signum or 15)
-        self._say(f"stopped at step {self.step} on {why}; checkpoint written to {where}. "
-                  "Continue with the same command and --resume "
+            code = 128 + (stop.signum or 15)
+            self._say(f"stopped at step {self.step} of {self.total_steps} on {why}; no "
+                      f"--checkpoint-dir, nothing saved (exit code {code})")
+            return code
+        self._say(f"stopped at step {self.step} of {self.total_steps} on {why}; checkpoint "
+                  f"written to {where}. Continue with:\n  {self.resume_command()}\n"
                   f"(exit code {EXIT_CHECKPOINTED})")
         return EXIT_CHECKPOINTED
 
@@ -471,7 +697,7 @@ class Trainer:
         last = self.history[-1] if self.history else {}
         times = [r["epoch_time_s"] for r in self.history if r.get("epoch_time_s")]
         eps = last.get("epsilon")
-        self._say(f"done: {len(self.history)} epochs, test accuracy "
+        self._say(f"done: {plural(len(self.history), 'epoch')}, test accuracy "
                   f"{last.get('test_accuracy', float('nan')):.4f}, "
                   + (f"epsilon {eps:.3f} per {self.cfg.privacy_unit} (delta {self.cfg.delta:g}), "
                      if eps is not None

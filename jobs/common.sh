@@ -1,6 +1,9 @@
 # jobs/common.sh: sourced by every job script in jobs/. Sets up the
 # environment and defines `mpidp_run`, which starts one mpidp rank per task
-# the right way for the MPI in use, inside Slurm or on a laptop.
+# the right way for the MPI in use, inside Slurm or on a laptop, and
+# `mpidp_run_stoppable`, which does the same for a run that must stop in time
+# (train): it traps the signals a job may receive and warns the ranks before
+# the time limit.
 #
 # Variables (export them, pass them with `sbatch --export=ALL,VAR=...`, or edit
 # the defaults below):
@@ -10,6 +13,15 @@
 #   MPIDP_LAUNCHER    srun | mpiexec (default: srun inside Slurm, mpiexec outside)
 #   MPIDP_NTASKS      ranks when running outside Slurm (default 2)
 #   MPIDP_GPU         1: GPU job (one rank per GPU, CUDA-aware MPI settings below)
+#   MPIDP_SIGNAL_LEAD seconds before the time limit at which mpidp_run_stoppable
+#                     sends SIGUSR1 to the ranks (default: a tenth of the job's time
+#                     limit, between 10 and 300 s: a 1-minute job is warned 10 s
+#                     before its end, a 1-hour job 6 minutes before)
+#
+# Resource requests: the scripts ask only for --ntasks (and --nodes where the
+# layout matters), so that `sbatch --ntasks=N` or `--nodes=N --ntasks=M` on the
+# command line replaces them. `--ntasks-per-node` alone cannot raise a script's
+# --ntasks (Slurm keeps the smaller count): the scripts stop with a message.
 #
 # Why these launch lines:
 #   srun --mpi=pmi2    MPICH (the pip wheel, or a site MPICH) talks PMI-2 to srun
@@ -25,7 +37,10 @@
 #   set MPIDP_SRUN_END=wait instead: --wait=30 ends the step 30 s after the
 #   first rank ends, without killing ranks that are still finalising. (Killed
 #   ranks leave a stale PMI socket and MPICH shared memory named after the job
-#   and step ids, which a requeued job reuses: its ranks then fail.)
+#   and step ids, which a requeued job reuses: its ranks then fail in MPI_Init.
+#   mpidp_run_stoppable therefore starts a requeued job with a step that
+#   removes MPICH's unused files on every node, which also moves the run to
+#   another step id.)
 
 set -o pipefail
 
@@ -39,8 +54,20 @@ if [ -z "${MPIDP_VENV:-}" ] && [ -x "$REPO_DIR/.venv/bin/python" ]; then
     MPIDP_VENV="$REPO_DIR/.venv"
 fi
 if [ -n "${MPIDP_VENV:-}" ]; then
+    # A wrong MPIDP_VENV must stop the job: carrying on would run whatever mpidp
+    # (or none) is on PATH.
+    if [ ! -f "$MPIDP_VENV/bin/activate" ]; then
+        echo "jobs/common.sh: MPIDP_VENV=$MPIDP_VENV is not a virtualenv (no" \
+             "$MPIDP_VENV/bin/activate); set it to the environment where mpidp is installed" >&2
+        exit 2
+    fi
     # shellcheck disable=SC1091
-    . "$MPIDP_VENV/bin/activate"
+    . "$MPIDP_VENV/bin/activate" || exit 2
+fi
+if ! command -v mpidp >/dev/null 2>&1; then
+    echo "jobs/common.sh: no mpidp on PATH${MPIDP_VENV:+ in $MPIDP_VENV}; install it there" \
+         "(make install) or set MPIDP_VENV" >&2
+    exit 2
 fi
 export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-${TMPDIR:-/tmp}/mpidp-numba-cache-$USER}"
 
@@ -48,6 +75,17 @@ if [ -n "${SLURM_JOB_ID:-}" ]; then
     MPIDP_LAUNCHER="${MPIDP_LAUNCHER:-srun}"
 else
     MPIDP_LAUNCHER="${MPIDP_LAUNCHER:-mpiexec}"
+fi
+
+_per_node="${SLURM_NTASKS_PER_NODE:-}"
+_per_node="${_per_node%%[!0-9]*}"
+if [ -n "$_per_node" ] && [ -n "${SLURM_NTASKS:-}" ] \
+        && [ "$SLURM_NTASKS" -lt $(( _per_node * ${SLURM_JOB_NUM_NODES:-1} )) ]; then
+    _wanted=$(( _per_node * ${SLURM_JOB_NUM_NODES:-1} ))
+    echo "jobs/common.sh: --ntasks-per-node=$_per_node on ${SLURM_JOB_NUM_NODES:-1} node(s)" \
+         "but only $SLURM_NTASKS tasks: the script's --ntasks default caps it; pass" \
+         "--ntasks=$_wanted as well" >&2
+    exit 2
 fi
 
 case "$MPIDP_MPI" in
@@ -69,22 +107,103 @@ if [ "$MPIDP_GPU" = 1 ]; then
     esac
 fi
 
-# mpi_run CMD...: run CMD on every rank of the job (one rank per Slurm task).
-mpi_run() {
+# mpi_launcher: the launcher's words (srun ... or mpiexec -n N) in the array MPI_LAUNCHER.
+mpi_launcher() {
     if [ "$MPIDP_LAUNCHER" = srun ]; then
         local gpu_flags=()
         [ "$MPIDP_GPU" = 1 ] && gpu_flags=(--gpus-per-task=1 --gpu-bind=single:1)
         local end_flags=(--kill-on-bad-exit=1)
         [ "${MPIDP_SRUN_END:-kill}" = wait ] && end_flags=(--kill-on-bad-exit=0 --wait=30)
-        srun "${end_flags[@]}" --mpi="$SRUN_MPI" "${gpu_flags[@]}" "$@"
+        MPI_LAUNCHER=(srun "${end_flags[@]}" --mpi="$SRUN_MPI" "${gpu_flags[@]}")
     else
-        mpiexec -n "${SLURM_NTASKS:-$MPIDP_NTASKS}" "$@"
+        MPI_LAUNCHER=(mpiexec -n "${SLURM_NTASKS:-$MPIDP_NTASKS}")
     fi
+}
+
+# mpi_run CMD...: run CMD on every rank of the job (one rank per Slurm task).
+mpi_run() {
+    mpi_launcher
+    "${MPI_LAUNCHER[@]}" "$@"
 }
 
 # mpidp_run ARGS...: run `mpidp ARGS...` on every rank of the job.
 mpidp_run() {
     mpi_run mpidp "$@"
+}
+
+# time_left_s: seconds until this Slurm job's time limit (empty: no limit, or no Slurm).
+time_left_s() {
+    [ -n "${SLURM_JOB_ID:-}" ] || return 0
+    local left d=0 h=0 m=0 s=0
+    left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || return 0
+    case "$left" in ""|UNLIMITED|NOT_SET|INVALID) return 0 ;; esac
+    if [[ "$left" == *-* ]]; then d=${left%%-*}; left=${left#*-}; fi
+    IFS=: read -r -a parts <<< "$left"
+    case ${#parts[@]} in
+        1) s=${parts[0]} ;;
+        2) m=${parts[0]}; s=${parts[1]} ;;
+        3) h=${parts[0]}; m=${parts[1]}; s=${parts[2]} ;;
+    esac
+    echo $(( 10#$d * 86400 + 10#$h * 3600 + 10#$m * 60 + 10#$s ))
+}
+
+# The stop signals the batch shell may receive: with --signal=B:USR1@N (to the
+# shell only), at the time limit or a plain scancel (TERM), scancel --signal=...
+# The trap passes each to the launcher as SIGUSR1, which srun and mpiexec hand
+# on to every rank unchanged and mpidp treats like SIGTERM (a checkpoint at the
+# next step); srun itself answers a SIGTERM by ending the step, and a first
+# SIGINT by printing its status. MPIDP_STOP_SIGNAL says which signal came.
+MPIDP_STOP_SIGNAL=""
+_MPIDP_CHILD=""
+_mpidp_forward() {
+    MPIDP_STOP_SIGNAL="$1"
+    echo "mpidp job: $(date -Is) got SIG$1; passing SIG$2 to the ranks"
+    [ -n "$_MPIDP_CHILD" ] && kill -s "$2" "$_MPIDP_CHILD" 2>/dev/null
+    return 0
+}
+
+# mpidp_run_stoppable ARGS...: `mpidp ARGS...` on every rank, in the background
+# so that the shell's traps run while it trains (bash runs a trap only after the
+# foreground command ends). Sends SIGUSR1 MPIDP_SIGNAL_LEAD seconds before the
+# job's time limit. Returns mpidp's exit status.
+mpidp_run_stoppable() {
+    local left lead timer="" status
+    local sig
+    for sig in USR1 USR2 TERM INT HUP; do
+        # shellcheck disable=SC2064  # $sig now, at trap time
+        trap "_mpidp_forward $sig USR1" "$sig"
+    done
+    left=$(time_left_s)
+    if [ -n "$left" ]; then
+        lead=${MPIDP_SIGNAL_LEAD:-$(( left / 10 < 10 ? 10 : (left / 10 > 300 ? 300 : left / 10) ))}
+        echo "mpidp job: time limit in ${left} s; SIGUSR1 to the ranks ${lead} s before it"
+        ( sleep $(( left > lead ? left - lead : 0 )) && kill -s USR1 $$ ) &
+        timer=$!
+    fi
+    if [ "$MPIDP_LAUNCHER" = srun ] && [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+        # shellcheck disable=SC2016  # expanded on each node
+        srun --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 bash -c '
+            for f in /dev/shm/mpich_*; do
+                [ -O "$f" ] || continue
+                grep -qsF "$f" /proc/[0-9]*/maps || rm -f "$f"
+            done' || true
+    fi
+    mpi_launcher
+    "${MPI_LAUNCHER[@]}" mpidp "$@" &
+    _MPIDP_CHILD=$!
+    while :; do
+        wait "$_MPIDP_CHILD"
+        status=$?
+        kill -0 "$_MPIDP_CHILD" 2>/dev/null || break   # else a trap interrupted the wait
+    done
+    if [ "$status" -gt 128 ] && [ -n "$MPIDP_STOP_SIGNAL" ]; then
+        wait "$_MPIDP_CHILD" 2>/dev/null   # the wait a trap cut short: the real status
+        local again=$?
+        [ "$again" -ne 127 ] && status=$again
+    fi
+    _MPIDP_CHILD=""
+    [ -n "$timer" ] && kill "$timer" 2>/dev/null
+    return "$status"
 }
 
 echo "mpidp job: $(date -Is) host=$(hostname) job=${SLURM_JOB_ID:-local}" \

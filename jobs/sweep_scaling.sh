@@ -9,11 +9,16 @@
 # first and steady, speed-up, comm/compute, accuracy, epsilon, cost with
 # --price-per-node-hour in BENCH_ARGS), also written to OUT/scaling.{txt,json,png}.
 # One job per size, never ranks left idle inside a bigger job: idle MPI ranks
-# busy-wait on cores the timed ranks need.
+# busy-wait on cores the timed ranks need. Each layout is measured on nodes
+# nothing else uses: its job asks for them --exclusive, and the jobs run one
+# after the other (each depends on the previous one ending), so two layouts
+# never share a node or the network (--no-exclusive drops the first, for
+# sites that forbid it; the second stays).
 #
 # Usage (from the repository root, or set JOBS_DIR):
 #   DATA=pums.h5 bash jobs/sweep_scaling.sh --layouts 1x1,1x2,1x4,2x2,4x1 [--out DIR]
-#       [--dry-run] [--no-wait] [--timeout SECONDS] [-- more sbatch options]
+#       [--dry-run] [--no-wait] [--no-exclusive] [--timeout SECONDS]
+#       [-- more sbatch options]
 # Variables:
 #   DATA        prepared HDF5 file (required; a path every node can read)
 #   TRAIN_ARGS  mpidp train options of every job
@@ -31,17 +36,19 @@ LAYOUTS="1x1,1x2"
 OUT="results/sweep-$(date +%Y%m%d-%H%M%S)"
 DRY_RUN=0
 WAIT=1
+EXCLUSIVE=(--exclusive)
 TIMEOUT=86400
 TRAIN_ARGS="${TRAIN_ARGS:---epochs 10 --batch-size 256 --noise-multiplier 1 --seed 1}"
 BENCH_ARGS="${BENCH_ARGS:-}"
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --layouts) LAYOUTS="${2:?--layouts needs a value}"; shift 2 ;;
-        --out) OUT="${2:?--out needs a directory}"; shift 2 ;;
+        --out) OUT="${2:?--out needs a directory}"; OUT_GIVEN=1; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
         --no-wait) WAIT=0; shift ;;
+        --no-exclusive) EXCLUSIVE=(); shift ;;
         --timeout) TIMEOUT="${2:?--timeout needs seconds}"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         --) shift; break ;;
@@ -49,6 +56,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 SBATCH_EXTRA=("$@")
+if [ "${OUT_GIVEN:-0}" = 1 ] && [ ! -d "$(dirname "$OUT")" ]; then
+    # mpidp's rule for outputs: the directory you name is created, never its parent.
+    echo "sweep_scaling.sh: --out $OUT: directory $(dirname "$OUT") does not exist" >&2; exit 2
+fi
 if [ -z "${DATA:-}" ]; then
     echo "sweep_scaling.sh: set DATA to a file written by mpidp prep" >&2; exit 2
 fi
@@ -64,17 +75,23 @@ json_str() { local s="${1//\\/\\\\}"; printf '"%s"' "${s//\"/\\\"}"; }
 
 JOB_IDS=()
 DIRS=()
+previous=""
 for layout in "${LAYOUT_LIST[@]}"; do
     nodes="${layout%x*}"
     tasks="${layout#*x}"
     dir="$OUT/$layout"
+    # --ntasks too: train.sbatch's own --ntasks default would cap --ntasks-per-node.
+    after=()
+    [ -n "$previous" ] && after=(--dependency=afterany:"$previous")
     cmd=(sbatch --parsable --nodes="$nodes" --ntasks-per-node="$tasks"
+         --ntasks=$(( nodes * tasks )) "${EXCLUSIVE[@]}" "${after[@]}"
          --job-name="mpidp-sweep-$layout" --output="$dir/job-%j.out" --export=ALL
          "${SBATCH_EXTRA[@]}" "$JOBS_DIR/train.sbatch")
     if [ "$DRY_RUN" = 1 ]; then
         printf 'DATA=%q OUT_DIR=%q TRAIN_ARGS=%q' "$DATA" "$dir" "$TRAIN_ARGS"
         printf ' %q' "${cmd[@]}"
         printf '\n'
+        previous="<job of $layout>"
         continue
     fi
     mkdir -p "$dir" || exit 2
@@ -86,7 +103,8 @@ for layout in "${LAYOUT_LIST[@]}"; do
  "scaling": "strong", "train_args": $(json_str "$TRAIN_ARGS"),
  "command": $(json_str "sbatch --nodes=$nodes --ntasks-per-node=$tasks jobs/train.sbatch (TRAIN_ARGS=$TRAIN_ARGS)")}
 EOF
-    echo "layout $layout: job $job -> $dir"
+    echo "layout $layout: job $job -> $dir${previous:+ (after job $previous)}"
+    previous="$job"
     JOB_IDS+=("$job")
     DIRS+=("$dir")
 done

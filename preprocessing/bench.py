@@ -26,6 +26,7 @@ from pathlib import Path
 
 from collectives import MPI
 from collectives.launch import child_env, find_tool
+from preprocessing import atomic
 from preprocessing.errors import PrepError
 
 
@@ -104,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         raise PrepError("--repeat and --rows must be at least 1", collective=True)
     if args.input and not os.path.isfile(args.input):
         raise PrepError(f"--input {args.input}: no such file", collective=True)
+    if args.json:  # before the runs: the same rule as every output (atomic.check_writable)
+        atomic.check_writable(args.json, option="--json")
     source = args.input or synthetic_file(args.cache, args.rows)
     records = _records(source)
     size_mb = os.path.getsize(source) / 1e6
@@ -139,8 +142,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:<22} {seconds:>8.2f} {records / seconds:>12,.0f} {ratio:>10} "
               f"{speedup:>9}")
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "input": source, "records": records, "megabytes": size_mb,
-            "repeat": args.repeat, "seconds": times, "median_seconds": medians,
-        }, indent=2))
+        try:
+            Path(args.json).write_text(json.dumps({
+                "input": source, "records": records, "megabytes": size_mb,
+                "repeat": args.repeat, "seconds": times, "median_seconds": medians,
+            }, indent=2))
+        except OSError as exc:
+            raise PrepError(f"--json {args.json}: cannot write it: {exc.strerror}") from None
     return 0

@@ -13,7 +13,7 @@ from engine.audit.command import AuditConfig, run_audit
 from engine.audit.inputs import AuditMismatch, SplitTooSmall
 from engine.audit.inversion import AttributeNotFound
 from engine.config import TrainConfig
-from engine.errors import CheckpointError, ConfigError, DataError
+from engine.errors import CheckpointError, ConfigError, DataError, OutputError
 from engine.trainer import Trainer
 from launcher import mpidp
 
@@ -178,6 +178,12 @@ def test_bad_inputs_give_clear_errors(models, tmp_path):
         (dict(data=str(tmp_path / "none.h5")), DataError, "does not exist"),
         (dict(attribute="SEX"), AttributeNotFound, "CAT0"),
         (dict(max_rows=5), SplitTooSmall, "--max-rows 5"),
+        (dict(data=ckpt), DataError, "swapped"),
+        (dict(checkpoint=data), CheckpointError, "swapped"),
+        # outputs before any work: a missing directory, a directory for a file
+        (dict(json=str(tmp_path / "no" / "a.json"), data=str(tmp_path / "none.h5")),
+         OutputError, "does not exist .*never its parent"),
+        (dict(json=str(tmp_path)), OutputError, "is a directory"),
     ]
     for change, error, words in cases:
         args = {"checkpoint": ckpt, "data": data, **change}
@@ -188,8 +194,7 @@ def test_bad_inputs_give_clear_errors(models, tmp_path):
     tiny = _train(small, tmp_path / "tiny", **{**OVERFIT, "epochs": 1, "batch_size": 8})
     with pytest.raises(SplitTooSmall, match="15 members"):
         _audit(tiny, small)
-    for bad in (dict(attacks=("membership", "canary")), dict(json=str(tmp_path / "no/a.json")),
-                dict(confidence=1.5)):
+    for bad in (dict(attacks=("membership", "canary")), dict(confidence=1.5)):
         with pytest.raises(ConfigError):
             AuditConfig(checkpoint=ckpt, data=data, **bad).validate()
 

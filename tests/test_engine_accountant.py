@@ -260,10 +260,12 @@ def test_privacy_command_answers_a_tiny_sigma_in_one_line():
 def test_privacy_command_calibrates_the_demo_with_both_accountants():
     """The issue's crash: `mpidp privacy --target-epsilon` with its default
     accountant (both) now answers, and says what the RDP sigma really spends."""
+    # The issue's settings: delta 1e-5 is above 1/N here, allowed on request.
     out = _privacy("--batch-size", "256", "--train-rows", "131610", "--epochs", "5",
-                   "--target-epsilon", "1")
+                   "--target-epsilon", "1", "--allow-large-delta")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
+    assert lines.pop(0).startswith("WARNING --allow-large-delta: delta 1e-05 is above 1/N")
     assert lines[0] == "q=0.00194514, steps=2570, delta=1e-05"
     assert lines[1].startswith("  pld: noise multiplier = 0.77")
     assert lines[2].startswith("  rdp: noise multiplier = 0.94")

@@ -84,3 +84,32 @@ def test_no_submodule_shadows_the_api():
     for info in pkgutil.walk_packages(engine.__path__, "engine."):
         importlib.import_module(info.name)
     assert callable(engine.train) and not isinstance(engine.train, type(engine))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_train_obeys_the_life_cycle(data, comm, shared_tmp):
+    """engine.train() follows the command's rules (docs/lifecycle.md): a resume
+    needs only the data and the directory and ends as an uninterrupted run;
+    a given option that differs is refused by name; no checkpoint, no resume;
+    outputs are checked before any work."""
+    from engine.errors import CheckpointError, OutputError
+
+    opts = dict(epochs=2, batch_size=100, noise_multiplier=1.0, seed=4, hidden=[8],
+                quiet=True, allreduce="ring")  # ring: bit-for-bit at any size
+    whole = engine.train(data, comm=comm, **opts)
+    d = str(shared_tmp / "ck")
+    stopped = engine.train(data, comm=comm, checkpoint_dir=d, stop_after=23, **opts)
+    assert stopped.exit_code == 75
+    with pytest.raises(ConfigError, match="--seed 5"):
+        engine.train(data, comm=comm, checkpoint_dir=d, resume=True, seed=5, quiet=True)
+    with pytest.raises(CheckpointError, match="pass --resume"):  # a fresh run into it
+        engine.train(data, comm=comm, checkpoint_dir=d, **opts)
+    resumed = engine.train(data, comm=comm, checkpoint_dir=d, resume=True, quiet=True)
+    assert resumed.exit_code == 0 and resumed.config.seed == 4
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters()):
+        assert torch.equal(a, b)
+    assert [r["epoch"] for r in resumed.history] == [1, 2]
+    with pytest.raises(CheckpointError, match="nothing to resume"):
+        engine.train(data, comm=comm, checkpoint_dir=str(shared_tmp / "typo"), resume=True)
+    with pytest.raises(OutputError, match="never its parent"):
+        engine.train(data, comm=comm, metrics=str(shared_tmp / "no" / "m.jsonl"), **opts)

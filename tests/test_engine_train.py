@@ -142,7 +142,7 @@ def test_checkpoint_guards_the_budget(tiny, tmp_path):
         _train(_cfg(tiny, checkpoint_dir=d, resume=True, noise_multiplier=2.0), MPI.COMM_SELF)
     assert ckpt.load(d)["epsilon"] == spent
     (tmp_path / "ck" / "checkpoint.pt").write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match="not an mpidp checkpoint"):
         _train(_cfg(tiny, checkpoint_dir=d, resume=True), MPI.COMM_SELF)
 
 

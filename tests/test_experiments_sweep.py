@@ -27,8 +27,10 @@ def test_dry_run_prints_one_sbatch_per_layout(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 3
-    for line, (nodes, tasks) in zip(lines, ((4, 1), (2, 2), (1, 4))):
-        assert f"--nodes={nodes} --ntasks-per-node={tasks}" in line
+    for i, (line, (nodes, tasks)) in enumerate(zip(lines, ((4, 1), (2, 2), (1, 4)))):
+        assert f"--nodes={nodes} --ntasks-per-node={tasks} --ntasks={nodes * tasks}" in line
+        # nodes nothing else uses: exclusive, and each layout after the previous one
+        assert "--exclusive" in line and ("--dependency=afterany:" in line) == (i > 0)
         assert "--partition=gpu" in line and line.endswith("jobs/train.sbatch")
         assert f"OUT_DIR={tmp_path}/sw/{nodes}x{tasks}" in line
         assert "TRAIN_ARGS=--epochs\\ 3\\ --hidden\\ 64\\,64" in line
@@ -69,3 +71,8 @@ def test_tiny_sweep_under_slurm_collects_one_table(cluster, tmp_path):
     assert (out / "scaling.png").stat().st_size > 0 and (out / "scaling.txt").is_file()
     point = json.loads((out / "2x1" / "sweep-point.json").read_text())
     assert point["nodes"] == 2 and point["job_id"]
+    # measured one after the other: the second layout started after the first ended
+    first = json.loads((out / "1x1" / "sweep-point.json").read_text())["job_id"]
+    ended = cluster.job_fields(first)["EndTime"]
+    started = cluster.job_fields(point["job_id"])["StartTime"]
+    assert started >= ended, (ended, started)

@@ -6,6 +6,7 @@ MPIDP_REQUIRE_SLURM=1 (set by .ci/run), which turns the skip into a failure.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -69,9 +70,34 @@ def test_bench_allreduce_job_across_two_nodes(cluster, job_env, tmp_path):
     assert "nodes=2" in result.output
 
 
+def test_prep_job_resources_are_overridable(cluster, job_env, prepared, tmp_path):
+    """The script's request is a default: --ntasks=1 replaces it; --ntasks-per-node
+    alone cannot raise it, and the job says so instead of running short."""
+    _, data = prepared
+    csv = data.parent / "persons.csv"
+    one = cluster.run(JOBS / "prep.sbatch", "--ntasks=1", f"--output={tmp_path}/one-%j.out",
+                      cwd=ROOT, env=dict(job_env, INPUTS=str(csv), OUT=str(tmp_path / "p.h5")))
+    assert one.ok and "on 1 rank" in one.output, one.output
+    capped = cluster.run(JOBS / "prep.sbatch", "--nodes=2", "--ntasks-per-node=2",
+                         f"--output={tmp_path}/capped-%j.out", cwd=ROOT,
+                         env=dict(job_env, INPUTS=str(csv), OUT=str(tmp_path / "q.h5")))
+    assert capped.exit_code == 2 and "pass --ntasks=4 as well" in capped.output, capped.output
+    assert not (tmp_path / "q.h5").exists()
+
+
+def test_a_wrong_venv_stops_the_job(cluster, job_env, prepared, tmp_path):
+    _, data = prepared
+    result = cluster.run(JOBS / "train.sbatch", "--ntasks=1", f"--output={tmp_path}/v-%j.out",
+                         cwd=ROOT, env=dict(job_env, MPIDP_VENV=str(tmp_path / "no-venv"),
+                                            DATA=str(data), OUT_DIR=str(tmp_path / "run")))
+    assert result.state == "FAILED" and result.exit_code == 2, result.output
+    assert f"MPIDP_VENV={tmp_path / 'no-venv'} is not a virtualenv" in result.output
+    assert "mpidp train" not in result.output
+
+
 def test_train_job_on_two_nodes_sees_all_ranks(cluster, job_env, prepared, tmp_path):
     _, data = prepared
-    result = cluster.run(JOBS / "train.sbatch", "--nodes=2", "--ntasks=4",
+    result = cluster.run(JOBS / "train.sbatch", "--nodes=2", "--ntasks=4", "--time=2",
                          f"--output={tmp_path}/train-%j.out", cwd=ROOT,
                          env=dict(job_env, DATA=str(data), OUT_DIR=str(tmp_path / "run"),
                                   TRAIN_ARGS="--epochs 1 --batch-size 512 "
@@ -81,6 +107,10 @@ def test_train_job_on_two_nodes_sees_all_ranks(cluster, job_env, prepared, tmp_p
                (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["ranks"] == 4 and metrics[-1]["epoch"] == 1
     assert (tmp_path / "run" / "checkpoint" / "checkpoint.pt").is_file()
+    # the warning's lead follows the time limit (2 minutes: a tenth, at least 10 s)
+    left, lead = map(int, re.search(r"time limit in (\d+) s; SIGUSR1 to the ranks (\d+) s "
+                                    "before it", result.output).groups())
+    assert 100 <= left <= 120 and lead == max(10, left // 10)
 
 
 def test_plain_srun_singletons_are_refused(cluster, job_env, tmp_path):
@@ -110,37 +140,119 @@ def _final_params(checkpoint_dir: Path) -> torch.Tensor:
     return payload["params"]
 
 
-def test_signal_checkpoint_requeue_resume_matches_uninterrupted_run(
-        cluster, job_env, prepared, tmp_path):
+# batch 4: about 0.6 s an epoch, long enough for a signal to land in training
+ARGS = "--epochs 2 --batch-size 4 --lr 0.002 --noise-multiplier 1.0 --seed 11"
+
+
+@pytest.fixture(scope="module")
+def reference(job_env, prepared, tmp_path_factory):
+    """The uninterrupted run of ARGS, through the same script without Slurm."""
     _, data = prepared
-    args = "--epochs 2 --batch-size 32 --noise-multiplier 1.0 --seed 11"
-    # The uninterrupted reference, through the same script without Slurm.
+    out = tmp_path_factory.mktemp("reference")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_"))}
-    env.update(job_env, MPIDP_NTASKS="2", DATA=str(data), OUT_DIR=str(tmp_path / "ref"),
-               TRAIN_ARGS=args)
+    env.update(job_env, MPIDP_NTASKS="2", DATA=str(data), OUT_DIR=str(out / "ref"),
+               TRAIN_ARGS=ARGS)
     local = subprocess.run(["bash", str(JOBS / "train.sbatch")], env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert local.returncode == 0, local.stdout + local.stderr
+    return out / "ref"
 
-    out = tmp_path / "train.out"
+
+def _submit_and_wait_for_training(cluster, job_env, data, out_dir, output, args=ARGS):
     job = cluster.submit(JOBS / "train.sbatch", "--nodes=1", "--ntasks=2",
-                         f"--output={out}", cwd=ROOT,
-                         env=dict(job_env, DATA=str(data), OUT_DIR=str(tmp_path / "run"),
+                         f"--output={output}", cwd=ROOT,
+                         env=dict(job_env, DATA=str(data), OUT_DIR=str(out_dir),
                                   TRAIN_ARGS=args))
     deadline = time.monotonic() + 120
-    while "epoch  train_loss" not in (out.read_text() if out.exists() else ""):
+    while "epoch  train_loss" not in (output.read_text() if output.exists() else ""):
         assert time.monotonic() < deadline, "training did not start"
         time.sleep(0.1)
-    # What --signal=USR1@120 does before the time limit: USR1 to every rank.
-    subprocess.run(["scancel", "--signal=USR1", job], env=cluster.env(), check=True)
-    while True:  # requeued: counted as a restart, and pending again
+    return job
+
+
+def _wait_requeued(cluster, job, limit=120):
+    deadline = time.monotonic() + limit
+    while True:  # requeued: counted as a restart, and pending (or running) again
         fields = cluster.job_fields(job)
-        if fields.get("Restarts", "0") != "0" and fields.get("JobState") == "PENDING":
-            break
+        if fields.get("Restarts", "0") != "0":
+            return
         assert time.monotonic() < deadline, f"the job was not requeued: {fields}"
         time.sleep(0.2)
+
+
+def _one_record_per_epoch(run: Path, epochs: int) -> None:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == list(range(1, epochs + 1))
+
+
+@pytest.mark.parametrize("how", [
+    ("--signal=USR1",),             # --signal=USR1@N: to every rank
+    ("--signal=USR1", "--batch"),   # --signal=B:USR1@N: to the batch shell only
+    ("--signal=TERM",),             # SIGTERM to every rank
+    ("--signal=TERM", "--batch"),   # SIGTERM to the batch shell (passed on)
+    # SIGTERM to srun too: it kills the ranks before they checkpoint; the job is
+    # requeued all the same, and the run starts again (or resumes) on another step
+    ("--signal=TERM", "--full"),
+    "scontrol requeue",             # an administrator's requeue
+])
+def test_stopped_job_is_requeued_and_resumes_bit_identical(
+        cluster, job_env, prepared, reference, tmp_path, how):
+    _, data = prepared
+    out = tmp_path / "train.out"
+    job = _submit_and_wait_for_training(cluster, job_env, data, tmp_path / "run", out)
+    command = ["scontrol", "requeue", job] if how == "scontrol requeue" \
+        else ["scancel", *how, job]
+    subprocess.run(command, env=cluster.env(), check=True)
+    _wait_requeued(cluster, job)
     result = cluster.wait(job, timeout=300)
     assert result.ok, result.output
-    assert "stopped at step" in result.output and "restart count: 1" in result.output
+    assert "restart count: 1" in result.output
+    if "--full" not in how:
+        resumed = re.search(r"mpidp train: resumed the run in \S+ at step (\d+) .*epsilon "
+                            r"[0-9.]+ spent", result.output)
+        assert resumed and f"stopped at step {resumed.group(1)} " in result.output
     assert torch.equal(_final_params(tmp_path / "run" / "checkpoint"),
-                       _final_params(tmp_path / "ref" / "checkpoint"))
+                       _final_params(reference / "checkpoint"))
+    _one_record_per_epoch(tmp_path / "run", 2)
+    assert "Traceback" not in result.output
+
+
+#: A run that lasts: about 0.6 s an epoch on 2 ranks here (2,000 steps of batch
+#: 4; the steps of batch 32 take 0.06 s an epoch, too quick to be stopped).
+LONG = "--epochs EPOCHS --batch-size 4 --lr 0.002 --noise-multiplier 1.0 --seed 2"
+
+
+def test_short_time_limit_requeue_chain_finishes(cluster, job_env, prepared, tmp_path):
+    """--time=1: each run is warned before the limit, checkpoints, requeues; the
+    chain ends with the whole run and one record per epoch."""
+    _, data = prepared
+    result = cluster.run(JOBS / "train.sbatch", "--nodes=1", "--ntasks=2", "--time=1",
+                         f"--output={tmp_path}/chain-%j.out", cwd=ROOT, timeout=500,
+                         env=dict(job_env, DATA=str(data), OUT_DIR=str(tmp_path / "run"),
+                                  MPIDP_SIGNAL_LEAD="42",  # warn ~18 s after the start
+                                  TRAIN_ARGS=LONG.replace("EPOCHS", "80")))
+    assert result.ok, result.output
+    assert int(cluster.job_fields(result.job_id)["Restarts"]) >= 1, result.output
+    assert "got SIGUSR1" in result.output and "mpidp train: resumed the run" in result.output
+    _one_record_per_epoch(tmp_path / "run", 80)
+
+
+def test_second_job_into_the_same_directory_is_refused(cluster, job_env, prepared, tmp_path):
+    _, data = prepared
+    out_a = tmp_path / "a.out"
+    first = _submit_and_wait_for_training(cluster, job_env, data, tmp_path / "run", out_a,
+                                          LONG.replace("EPOCHS", "100"))
+    second = cluster.run(JOBS / "train.sbatch", "--nodes=1", "--ntasks=2",
+                         f"--output={tmp_path}/b-%j.out", cwd=ROOT, timeout=200,
+                         env=dict(job_env, DATA=str(data), OUT_DIR=str(tmp_path / "run"),
+                                  TRAIN_ARGS=LONG.replace("EPOCHS", "100")))
+    subprocess.run(["scancel", first], env=cluster.env(), check=True)  # a plain scancel
+    ended = cluster.wait(first, timeout=200)
+    assert second.exit_code == 73 and second.state == "FAILED", second.output
+    assert re.search(rf"in use by another run: pid \d+ on host \S+ \(Slurm job {first}",
+                     second.output), second.output
+    assert ended.state == "CANCELLED", ended.output
+    # a cancelled job stays cancelled, its checkpoint written for a resubmission
+    assert "the job was cancelled, so it is not requeued" in ended.output, ended.output
+    assert "on SIGTERM; checkpoint written" in ended.output, ended.output
+    assert not (tmp_path / "run" / "checkpoint" / "lock").exists()

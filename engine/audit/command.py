@@ -40,8 +40,10 @@ Examples:
 
 Exit codes: 0 done, 2 bad input (missing or unreadable files, a checkpoint
 and data file of different tasks, encodings or sizes, splits too small, an
-attribute the file does not have), 3 the reference model diverged (use
---no-calibration or fewer --reference-epochs).
+attribute the file does not have, a --json file that cannot be written:
+checked before the audit runs), 3 the reference model diverged (use
+--no-calibration or fewer --reference-epochs), 74 the report could not be
+written at the end.
 """
 from __future__ import annotations
 
@@ -55,9 +57,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from collectives import MPI
-from engine import __version__
+from engine import __version__, outputs
 from engine.audit import membership, report as report_mod
-from engine.errors import ConfigError, DataError, agree
+from engine.errors import ConfigError, DataError, MpidpError, WriteFailed, agree
 from engine.shard import read_shard
 
 ATTACK_GROUPS = ("membership", "inversion")
@@ -106,10 +108,6 @@ class AuditConfig:
             fail(f"--confidence {self.confidence} must be in (0, 1)")
         if self.reference_epochs is not None and self.reference_epochs < 1:
             fail(f"--reference-epochs {self.reference_epochs} must be at least 1")
-        if self.json and self.json != "-":
-            parent = os.path.dirname(os.path.abspath(self.json))
-            if not os.path.isdir(parent):
-                fail(f"--json {self.json}: directory {parent} does not exist")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,15 +191,27 @@ def _finite(value):
 
 
 def write_json(path: str, report: dict) -> None:
-    """Write ``report`` to ``path`` atomically (temporary file, rename)."""
+    """Write ``report`` to ``path`` atomically (temporary file, rename).
+
+    Raises:
+        WriteFailed: the file cannot be written (checked before the audit, so
+            only when the disk filled or the directory changed meanwhile).
+    """
     text = json.dumps(_finite(report), indent=1, sort_keys=True, allow_nan=False)
     if path == "-":
         print(text)
         return
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as handle:
-        handle.write(text + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise WriteFailed(f"--json {path}: cannot write the report: {exc.strerror}") from None
 
 
 def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
@@ -223,6 +233,13 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
 
     out = sys.stdout if out is None else out
     rank, n_ranks = comm.Get_rank(), comm.Get_size()
+    error = None
+    if rank == 0:  # the output before any work (engine.outputs)
+        try:
+            outputs.check_all({"--json": cfg.json})
+        except MpidpError as exc:
+            error = exc
+    agree(comm, error)
     progress = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and rank == 0
     threads, _ = configure_threads(cfg.threads)
     target = load_target(cfg.checkpoint, cfg.data, comm)
@@ -308,12 +325,17 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
                                "ci_method": "exact Clopper-Pearson", **found}
 
     result = _finite(result)
+    error = None
     if rank == 0:
         if cfg.json != "-":
             out.write(report_mod.text(result) + "\n")
             out.flush()
         if cfg.json:
-            write_json(cfg.json, result)
+            try:
+                write_json(cfg.json, result)
+            except WriteFailed as exc:
+                error = exc
+    agree(comm, error)
     return result
 
 

@@ -222,7 +222,8 @@ def load_target(checkpoint: str, data: str, comm) -> Target:
         if "model" not in payload or "params" not in payload:
             raise CheckpointError(f"{checkpoint} holds no model (keys 'model' and 'params' "
                                   "missing); pass a checkpoint written by `mpidp train`")
-    except CheckpointError as exc:
+        ckpt.check_data_path(data)
+    except (CheckpointError, DataError) as exc:
         error = exc
     agree(comm, error)
     info = read_info(data, comm)

@@ -35,8 +35,9 @@ import warnings
 import numpy as np
 
 from collectives import MPI
+from engine import outputs
 from engine.bench import synthetic
-from engine.errors import ConfigError
+from engine.errors import ConfigError, OutputError
 from engine.shard import read_info, read_shard
 
 METHODS = ("mpidp-dp", "mpidp-nondp", "mpidp-generic", "mpidp-household", "torch-sgd", "naive",
@@ -229,6 +230,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigError(f"unknown --methods {', '.join(sorted(unknown))}; choose from "
                           f"{', '.join(METHODS)}", collective=True)
+    try:
+        outputs.check_all({"--json": args.json})  # before any work (engine.outputs)
+    except OutputError as exc:
+        exc.collective = True  # one rank: the command refuses to run on more
+        raise
     threads, _ = configure_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
     warnings.filterwarnings("ignore", module="opacus")
@@ -291,6 +297,5 @@ def run(args: argparse.Namespace) -> int:
               f"{result['household_over_person']:.3f}")
     result["speedup"] = {name: ref / rate for name, rate in median.items()} if ref else {}
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+        outputs.write_json(args.json, result, "--json")
     return 0

@@ -65,9 +65,10 @@ import collectives
 from collectives import MPI
 from collectives.launch import child_env, launcher_argv, launcher_words
 from collectives.runtime import available_cores
+from engine import outputs
 from engine.bench import scaling_report as report, synthetic
 from engine.bench.scaling_plot import plot
-from engine.errors import ConfigError
+from engine.errors import ConfigError, WriteFailed
 
 #: Preset values for options left unset on the command line.
 PRESETS: dict[str, dict] = {
@@ -415,6 +416,10 @@ def run(args: argparse.Namespace) -> int:
     if MPI.COMM_WORLD.Get_size() > 1:
         raise BenchError("run the benchmark as one process (`mpidp bench scaling`); it "
                          "starts one mpiexec per configuration itself")
+    # Every output before any work (engine.outputs): not a failed write after the runs.
+    outputs.check_all({"--json": args.json, "--plot": args.plot})
+    if args.keep and not args.collect:
+        outputs.check_directory(args.keep, "--keep")
     where = machine()
     load_before = _load()
     if args.collect:
@@ -477,11 +482,11 @@ def run(args: argparse.Namespace) -> int:
                     "load_average": {"before": load_before, "after": load_after},
                     "data": source, "target_accuracy": target, "time_budget": budget,
                     "summaries": summaries, "runs": runs}
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(document, handle, indent=1)
-        os.replace(tmp, args.json)
+        outputs.write_json(args.json, document, "--json")
     if args.plot:
-        plot(summaries, args.plot, f"mpidp bench scaling on {where['host']} "
-             f"({where['cores']} cores): {os.path.basename(source)}")
+        try:
+            plot(summaries, args.plot, f"mpidp bench scaling on {where['host']} "
+                 f"({where['cores']} cores): {os.path.basename(source)}")
+        except OSError as exc:
+            raise WriteFailed(f"--plot {args.plot}: cannot write it: {exc.strerror}") from None
     return 0

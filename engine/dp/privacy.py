@@ -6,7 +6,9 @@ length is --steps, or --epochs (steps = epochs * round(N/B), as mpidp train
 counts them). For a run with --privacy-unit household, N and B count
 households. Both accountants are printed by default: pld (privacy loss
 distributions, tight; what mpidp train uses unless told otherwise) and rdp
-(Renyi DP, a looser upper bound). Examples:
+(Renyi DP, a looser upper bound). delta must not exceed 1/N (N training
+rows; without --train-rows, q: an expected batch of at least one row means
+N >= 1/q), unless --allow-large-delta. Examples:
 
   mpidp privacy --sample-rate 0.004267 --noise-multiplier 1.1 --steps 14062
   mpidp privacy --batch-size 256 --train-rows 60000 --epochs 60 --target-epsilon 2
@@ -15,24 +17,58 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from collectives import MPI
 from engine.dp.accountant import KINDS, calibrate, check_delta, epsilon_for
 from engine.errors import ConfigError, PrivacyError
 
 
+def check_delta_for_rows(delta: float, rows: int, allow: bool = False,
+                         where: str | None = None) -> str | None:
+    """Refuse a delta above 1/N for N training rows, unless ``allow``.
+
+    An (epsilon, delta) guarantee with delta > 1/N is met by a mechanism that
+    publishes one random row in the clear, so it protects nobody. Returns
+    None for a delta at or below 1/N, and the warning a run must print when
+    ``allow`` lets a larger one through.
+
+    Raises:
+        PrivacyError: delta > 1/N and not ``allow`` (local: callers make it
+            collective).
+    """
+    bound = 1.0 / rows
+    if delta <= bound:
+        return None
+    of = f" of {where}" if where else ""
+    if allow:
+        return (f"delta {delta:g} is above 1/N = {bound:.3g} for the {rows:,} training "
+                f"rows{of}: the guarantee permits releasing a row in the clear")
+    suggestion = 10.0 ** math.floor(math.log10(bound))
+    if suggestion >= bound:
+        suggestion /= 10
+    raise PrivacyError(f"--delta {delta:g} is above 1/N = {bound:.3g} for the {rows:,} training "
+                       f"rows{of}: a guarantee with delta > 1/N is met by releasing a random "
+                       f"row in the clear, so it protects nobody. Use --delta {suggestion:g} "
+                       "or smaller (or --allow-large-delta, if you know why you need it)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     rate = parser.add_mutually_exclusive_group(required=True)
     rate.add_argument("--sample-rate", type=float, help="Poisson sampling rate q")
     rate.add_argument("--batch-size", type=int, help="expected batch size B (needs --train-rows)")
-    parser.add_argument("--train-rows", type=int, help="training rows N (with --batch-size)")
+    parser.add_argument("--train-rows", type=int, help="training rows N (with --batch-size; with --sample-rate, to check "
+                        "delta against 1/N)")
     length = parser.add_mutually_exclusive_group(required=True)
     length.add_argument("--steps", type=int, help="number of DP-SGD steps")
     length.add_argument("--epochs", type=float, help="epochs (needs --batch-size/--train-rows)")
     noise = parser.add_mutually_exclusive_group(required=True)
     noise.add_argument("--noise-multiplier", type=float, help="sigma: report epsilon")
     noise.add_argument("--target-epsilon", type=float, help="report the sigma that reaches it")
-    parser.add_argument("--delta", type=float, default=1e-5, help="delta (default: 1e-5)")
+    parser.add_argument("--delta", type=float, default=1e-5,
+                        help="delta, at most 1/N (default: 1e-5)")
+    parser.add_argument("--allow-large-delta", action="store_true",
+                        help="experts: accept a delta above 1/N (said in the output)")
     parser.add_argument("--accountant", default="both", metavar="{pld,rdp,both}",
                         help="which accountant(s) to use (default: both)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -65,6 +101,21 @@ def run(args: argparse.Namespace) -> int:
         q = args.batch_size / args.train_rows
     if not 0 < q <= 1:
         fail(f"sampling rate {q} must be in (0, 1]")
+    warning = None
+    if args.train_rows:
+        try:
+            warning = check_delta_for_rows(args.delta, args.train_rows, args.allow_large_delta)
+        except PrivacyError as exc:
+            exc.collective = True
+            raise
+    elif args.delta > q:  # a batch holds one row or more on average: N >= 1/q, 1/N <= q
+        if not args.allow_large_delta:
+            raise PrivacyError(f"--delta {args.delta:g} is above the sample rate q = {q:g}, so "
+                               "above 1/N for any data set whose batches hold a row on "
+                               "average (N >= 1/q): a guarantee with delta > 1/N is met by "
+                               "releasing a random row in the clear. Give --train-rows N and "
+                               "a delta below 1/N (or --allow-large-delta)", collective=True)
+        warning = f"delta {args.delta:g} is above q = {q:g}, hence above 1/N"
     if args.steps is not None:
         steps = args.steps
     else:
@@ -73,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         fail("the run needs at least one step")
     kinds = KINDS if args.accountant == "both" else (args.accountant,)
     result = {"sample_rate": q, "steps": steps, "delta": args.delta}
+    if warning:
+        result["warning"] = f"--allow-large-delta: {warning}"
     try:
         for kind in kinds:
             if args.noise_multiplier is not None:
@@ -95,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result))
         else:
+            if warning:
+                print(f"WARNING --allow-large-delta: {warning}")
             print(f"q={q:.6g}, steps={steps}, delta={args.delta:g}")
             for kind in kinds:
                 if args.noise_multiplier is not None:

@@ -99,6 +99,9 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
         ConfigError: a bad name, a factory that fails, a module of the wrong
             kind (see :func:`engine.nn.factories.build`).
     """
+    if given is None and name == "python":
+        raise ConfigError("this run's model was given as a Python object (engine.train's "
+                          "model=): pass the same model= to resume it", collective=True)
     if given is None and name in factories.BUILTIN:
         widths = () if name == "logreg" else tuple(hidden)
         return MLPModel(MLPSpec.build(n_features, widths, n_classes), name)

@@ -1,0 +1,149 @@
+"""Output paths, checked before any work: one rule for every mpidp command.
+
+A run that fails after an hour because its output directory is read-only
+has wasted the hour (and, for DP training, spent privacy for nothing), so
+every command checks each output it will write before it reads any data:
+the checkpoint directory and metrics file of ``mpidp train``, the JSON of
+``mpidp audit``, the JSON and plots of the benchmarks.
+
+The rule for missing directories is the same everywhere: **mpidp creates
+the file or directory you name, never its parent.** A missing parent is
+usually a typo (``runs/a`` for ``run/a``), and creating it would scatter
+results, or start a second run of the same data under a new name. The one
+exception is a path inside another output of the same command (``--metrics
+DIR/metrics.jsonl`` with ``--checkpoint-dir DIR``): that directory is
+created first, so its parent exists.
+
+Each check raises :class:`~engine.errors.OutputError` (exit code 2) with a
+message naming the option and what to do; callers check on rank 0 (the rank
+that writes) and share the verdict with :func:`engine.errors.agree`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from engine.errors import OutputError, WriteFailed
+
+
+def _parent(path: Path) -> Path:
+    return path.absolute().parent
+
+
+def _probe(directory: Path, option: str, path: Path) -> None:
+    """Create and remove a file in ``directory`` (permission bits say nothing for
+    root, nor for a read-only file system)."""
+    probe = directory / f".mpidp-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise OutputError(f"{option} {path}: cannot write in {directory}: "
+                          f"{exc.strerror}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _check_parent(path: Path, option: str) -> None:
+    parent = _parent(path)
+    if not parent.exists():
+        raise OutputError(f"{option} {path}: directory {parent} does not exist (mpidp "
+                          "creates the file or directory you name, never its parent: "
+                          "create it first, or check the path for a typo)")
+    if not parent.is_dir():
+        raise OutputError(f"{option} {path}: {parent} is a file, not a directory")
+
+
+def check_file(path: str | os.PathLike, option: str) -> Path:
+    """Check that the file ``path`` (given as ``option``) can be written.
+
+    It may exist (it is then replaced, atomically) but must not be a
+    directory; its directory must exist and accept a new file.
+
+    Raises:
+        OutputError: with a message naming ``option``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{option} {path}: is a directory; give a file name, e.g. "
+                          f"{path / 'out.json'}")
+    _check_parent(path, option)
+    _probe(_parent(path), option, path)
+    return path
+
+
+def check_directory(path: str | os.PathLike, option: str, create: bool = True) -> Path:
+    """Check (and with ``create``, make) the directory ``path`` given as ``option``.
+
+    Raises:
+        OutputError: ``path`` is a file, its parent is missing, or it is not
+            writable.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{option} {path}: is a file, not a directory")
+    if not path.exists():
+        _check_parent(path, option)
+        if not create:
+            raise OutputError(f"{option} {path}: does not exist")
+        try:
+            path.mkdir()
+        except FileExistsError:  # created meanwhile: fine if it is a directory
+            if not path.is_dir():
+                raise OutputError(f"{option} {path}: is a file, not a directory") from None
+        except OSError as exc:
+            raise OutputError(f"{option} {path}: cannot create it: {exc.strerror}") from None
+    _probe(path, option, path)
+    return path
+
+
+def check_free_space(directory: str | os.PathLike, needed: int, option: str,
+                     what: str = "a checkpoint") -> None:
+    """Raise :class:`OutputError` when ``directory``'s file system has fewer than
+    ``needed`` bytes free (for an unprivileged writer)."""
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise OutputError(f"{option} {directory}: {format_bytes(free)} free on its file "
+                          f"system; {what} needs about {format_bytes(needed)}")
+
+
+def format_bytes(n: int) -> str:
+    """``1.5 MiB`` for 1572864."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def check_all(files: dict[str, str | None]) -> None:
+    """Check every file output ``{option: path}`` (None: not requested); the
+    audit and benchmark commands call this on rank 0 before any work."""
+    for option, path in files.items():
+        if path and path != "-":
+            check_file(path, option)
+
+
+def write_json(path: str | os.PathLike, document, option: str) -> None:
+    """Write ``document`` as JSON to ``path`` atomically (a temporary name in the
+    same directory, then a rename).
+
+    Raises:
+        WriteFailed: the file cannot be written (the old one, if any, is intact).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(document, handle, indent=1)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise WriteFailed(f"{option} {path}: cannot write it: {exc.strerror}") from None
