@@ -1,6 +1,7 @@
 # mpidp: the two commands of the README, and their helpers.
 #   make demo   set up .venv, then run the main job on built-in data
 #   make test   set up .venv, then run the whole test suite
+#   make test-long  the suite with its long tests (docs/testing.md)
 #   make test-gpu   on a machine with a GPU: the tests marked gpu (docs/gpus.md)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +12,7 @@ STAMP   = $(VENV)/.installed
 
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 
-.PHONY: install demo test test-gpu clean
+.PHONY: install demo test test-long test-gpu clean
 
 install: $(STAMP)
 
@@ -33,6 +34,12 @@ demo: install
 
 test: install
 	$(BIN)/python tests/run_suite.py
+
+# The whole suite plus the tests marked long (minutes each: Slurm time-limit
+# requeue chains, every signal variant), and the fault-injection suite at full size.
+test-long: install
+	MPIDP_LONG_TESTS=1 $(BIN)/python tests/run_suite.py --stage-timeout 3600
+	$(BIN)/python tests/faults.py --runs 56 --seed 1
 
 # The GPU extra matching torch's CUDA (cuda12 or cuda13; GPU_EXTRA=... to choose),
 # then every test marked gpu, serially and on 2 ranks; MPIDP_REQUIRE_GPU=1 turns

@@ -100,6 +100,19 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "mpi(min_size=N): test that runs on N+ MPI ranks")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (make test-gpu)")
+    config.addinivalue_line("markers", "long: minutes each (Slurm time limits, every requeue "
+                            "variant); run with MPIDP_LONG_TESTS=1 (make test-long)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked long run only with MPIDP_LONG_TESTS=1: `make test` stays
+    within its few minutes on 2 cores; `make test-long` runs them all."""
+    if os.environ.get("MPIDP_LONG_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="long: set MPIDP_LONG_TESTS=1 (make test-long)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
     if MPI.COMM_WORLD.Get_size() > 1:
         _harness = _MpiHarness()
 

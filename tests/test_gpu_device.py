@@ -239,7 +239,7 @@ def test_a_checkpoint_cannot_change_device(comm, shared_tmp, monkeypatch):
     monkeypatch.setattr("engine.trainer.select_device",
                         lambda kind, comm: Placement(torch.device("cuda", 0), host_buffer=False))
     second = Trainer(TrainConfig(**common, resume=True, device="cuda"), comm, out=_Null())
-    with pytest.raises(ConfigError, match=r"--device cuda \(checkpoint: cpu\)"):
+    with pytest.raises(ConfigError, match=r"--device cuda \(the run has --device cpu\)"):
         second.run()
 
 

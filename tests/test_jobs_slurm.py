@@ -70,6 +70,15 @@ def test_bench_allreduce_job_across_two_nodes(cluster, job_env, tmp_path):
     assert "nodes=2" in result.output
 
 
+def test_the_slurm_example_runs_a_users_program_across_two_nodes(cluster, job_env, tmp_path):
+    """examples/slurm_allreduce.sbatch as its comment says: sbatch from the root."""
+    result = cluster.run(ROOT / "examples" / "slurm_allreduce.sbatch",
+                         f"--output={tmp_path}/example-%j.out", cwd=ROOT,
+                         env=dict(job_env, REPO_DIR=str(ROOT)))
+    assert result.ok, result.output
+    assert "1. 4 ranks summed 30000 floats" in result.output and "3. done" in result.output
+
+
 def test_prep_job_resources_are_overridable(cluster, job_env, prepared, tmp_path):
     """The script's request is a default: --ntasks=1 replaces it; --ntasks-per-node
     alone cannot raise it, and the job says so instead of running short."""
@@ -185,15 +194,19 @@ def _one_record_per_epoch(run: Path, epochs: int) -> None:
     assert [r["epoch"] for r in records] == list(range(1, epochs + 1))
 
 
+LONG_TEST = pytest.mark.long
+
+
 @pytest.mark.parametrize("how", [
-    ("--signal=USR1",),             # --signal=USR1@N: to every rank
     ("--signal=USR1", "--batch"),   # --signal=B:USR1@N: to the batch shell only
-    ("--signal=TERM",),             # SIGTERM to every rank
-    ("--signal=TERM", "--batch"),   # SIGTERM to the batch shell (passed on)
+    # the other variants take as long each: with MPIDP_LONG_TESTS=1 (make test-long)
+    pytest.param(("--signal=USR1",), marks=LONG_TEST),  # --signal=USR1@N: to every rank
+    pytest.param(("--signal=TERM",), marks=LONG_TEST),  # SIGTERM to every rank
+    pytest.param(("--signal=TERM", "--batch"), marks=LONG_TEST),  # to the batch shell
     # SIGTERM to srun too: it kills the ranks before they checkpoint; the job is
     # requeued all the same, and the run starts again (or resumes) on another step
-    ("--signal=TERM", "--full"),
-    "scontrol requeue",             # an administrator's requeue
+    pytest.param(("--signal=TERM", "--full"), marks=LONG_TEST),
+    pytest.param("scontrol requeue", marks=LONG_TEST),  # an administrator's requeue
 ])
 def test_stopped_job_is_requeued_and_resumes_bit_identical(
         cluster, job_env, prepared, reference, tmp_path, how):
@@ -222,6 +235,7 @@ def test_stopped_job_is_requeued_and_resumes_bit_identical(
 LONG = "--epochs EPOCHS --batch-size 4 --lr 0.002 --noise-multiplier 1.0 --seed 2"
 
 
+@LONG_TEST
 def test_short_time_limit_requeue_chain_finishes(cluster, job_env, prepared, tmp_path):
     """--time=1: each run is warned before the limit, checkpoints, requeues; the
     chain ends with the whole run and one record per epoch."""
