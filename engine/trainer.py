@@ -44,7 +44,7 @@ from engine import metrics as metrics_mod
 from engine import outputs
 from engine.dp.accountant import Accountant
 from engine.config import ADJUSTABLE_ON_RESUME, PER_INVOCATION, TrainConfig
-from engine.device import select as select_device
+from engine.nn.device import select as select_device
 from engine.dp.privacy import check_delta_for_rows
 from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
                            DivergedError, MpidpError, PrivacyError, agree)

@@ -102,6 +102,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (make test-gpu)")
     config.addinivalue_line("markers", "long: minutes each (Slurm time limits, every requeue "
                             "variant); run with MPIDP_LONG_TESTS=1 (make test-long)")
+    if MPI.COMM_WORLD.Get_size() > 1:
+        _harness = _MpiHarness()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -113,8 +115,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)
-    if MPI.COMM_WORLD.Get_size() > 1:
-        _harness = _MpiHarness()
 
 
 def pytest_collection_finish(session):

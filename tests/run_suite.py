@@ -70,8 +70,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,3,4",
                         help="rank counts for the MPI stages (default: 2,3,4)")
-    parser.add_argument("--stage-timeout", type=int, default=600,
-                        help="seconds allowed per stage (default: 600)")
+    parser.add_argument("--stage-timeout", type=int, default=1200,
+                        help="seconds allowed per stage (default: 1200)")
     parser.add_argument("--no-serial", action="store_true", help="skip stage 1")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()

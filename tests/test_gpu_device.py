@@ -1,6 +1,6 @@
 """--device: one GPU per rank by node-local rank, and the engine's device plumbing, on the CPU.
 
-The selection runs through :func:`engine.device.select` with a fake GPU
+The selection runs through :func:`engine.nn.device.select` with a fake GPU
 inventory (what ranks see, what they bind to) at every rank count; the
 engine's device path (a tensor all-reduce buffer, transfers to and from the
 device) runs on the CPU and must give the same model, bit for bit, as the
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from engine.bench import synthetic
 from engine.config import TrainConfig
-from engine.device import DeviceError, Placement, assign, select
+from engine.nn.device import DeviceError, Placement, assign, select
 from engine.errors import ConfigError
 from engine.trainer import Trainer
 from launcher import clean_env, mpidp

@@ -173,7 +173,7 @@ def test_one_mlp_step_on_the_gpu_equals_the_cpu():
 
 @pytest.mark.mpi(min_size=1)
 def test_each_rank_binds_its_own_gpu(comm):
-    from engine.device import select
+    from engine.nn.device import select
 
     if torch.cuda.device_count() < comm.Get_size():
         pytest.skip(f"{comm.Get_size()} ranks but {torch.cuda.device_count()} GPU(s)")

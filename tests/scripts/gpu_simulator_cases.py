@@ -202,7 +202,7 @@ def test_training_on_the_device_path_with_every_kernel_simulated(tmp_path, monke
     from collectives.runtime import MPI
     from engine.bench import synthetic
     from engine.config import TrainConfig
-    from engine.device import Placement
+    from engine.nn.device import Placement
     from engine.trainer import Trainer
 
     path = synthetic.write(tmp_path / "d.h5", rows=60, features=3, test_rows=10, seed=1)
