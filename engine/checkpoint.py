@@ -140,30 +140,9 @@ def save(directory: str | os.PathLike, payload: dict) -> Path:
     body["digest"] = _digest(body)
     buffer = io.BytesIO()
     torch.save(body, buffer)
-    data = buffer.getbuffer()
-    tmp = directory / f".{FILENAME}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise WriteFailed(f"cannot write the checkpoint {target}: {exc.strerror}; the "
-                          "previous checkpoint (if any) is intact") from None
+    outputs.replace_file(target, buffer.getbuffer(), lambda reason: (
+        f"cannot write the checkpoint {target}: {reason}; the previous checkpoint (if any) "
+        "is intact"), mode=0o600, sync_directory=True)
     return target
 
 

@@ -15,6 +15,8 @@ import math
 import os
 from pathlib import Path
 
+from engine.outputs import replace_file
+
 #: Table columns: (key, header, width, format).
 COLUMNS = (
     ("epoch", "epoch", 5, "{:d}"),
@@ -52,24 +54,9 @@ def write_records(path: str | os.PathLike, records: list[dict]) -> None:
     Raises:
         WriteFailed: the file cannot be written (the old one is left intact).
     """
-    from engine.errors import WriteFailed
-
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     text = "".join(json.dumps(r, sort_keys=True, allow_nan=False, default=_json_default)
                    + "\n" for r in records)
-    try:
-        with open(tmp, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise WriteFailed(f"cannot write the metrics file {path}: {exc.strerror}") from None
+    replace_file(path, text, lambda reason: f"cannot write the metrics file {path}: {reason}")
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:

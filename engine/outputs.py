@@ -25,6 +25,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from engine.errors import OutputError, WriteFailed
 
@@ -127,23 +128,48 @@ def check_all(files: dict[str, str | None]) -> None:
             check_file(path, option)
 
 
-def write_json(path: str | os.PathLike, document, option: str) -> None:
-    """Write ``document`` as JSON to ``path`` atomically (a temporary name in the
-    same directory, then a rename).
+def replace_file(path: str | os.PathLike, data: str | bytes,
+                 failure: Callable[[str], str], mode: int = 0o666,
+                 sync_directory: bool = False) -> None:
+    """Replace ``path`` by ``data`` atomically: written under a hidden temporary
+    name in the same directory (``.NAME.PID.tmp``), flushed to disk, renamed
+    over ``path``; with ``sync_directory`` the rename is flushed too.
 
     Raises:
-        WriteFailed: the file cannot be written (the old one, if any, is intact).
+        WriteFailed: ``failure(reason)`` as its message, the temporary file
+            removed and the old ``path``, if any, intact.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    view = memoryview(data.encode() if isinstance(data, str) else data)
     try:
-        with open(tmp, "w") as handle:
-            json.dump(document, handle, indent=1)
-            handle.write("\n")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
+        if sync_directory:
+            fd = os.open(_parent(path), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     except OSError as exc:
         try:
             tmp.unlink()
         except OSError:
             pass
-        raise WriteFailed(f"{option} {path}: cannot write it: {exc.strerror}") from None
+        raise WriteFailed(failure(exc.strerror)) from None
+
+
+def write_json(path: str | os.PathLike, document, option: str) -> None:
+    """Write ``document`` as JSON to ``path`` atomically (:func:`replace_file`).
+
+    Raises:
+        WriteFailed: the file cannot be written (the old one, if any, is intact).
+    """
+    replace_file(path, json.dumps(document, indent=1) + "\n",
+                 lambda reason: f"{option} {path}: cannot write it: {reason}")

@@ -256,7 +256,6 @@ class Trainer:
         self.model = models.resolve(cfg.model, cfg.hidden, self.info.n_features,
                                     self.info.n_classes, self.seed, self.placement.device,
                                     given=self.given_model)
-        self.spec = getattr(self.model, "spec", None)  # the fused MLP's widths, or None
         if payload is not None:
             models.check_resume(payload["model"], self.model,
                                 str(ckpt.path_in(cfg.checkpoint_dir)))
@@ -574,7 +573,7 @@ class Trainer:
                   f"({self.info.rows['train']:,} training rows{households}, "
                   f"{self.info.n_features} features), "
                   f"{self.size} rank(s) x {self.threads} thread(s), kernels "
-                  f"{self.engine.backends.get('clip_rows', 'torch')}"
+                  f"{self.engine.backends['clip_rows']}"
                   + ("" if self.placement.device.type == "cpu"
                      else f", rank 0 on {self.placement.describe()}"))
         if cfg.dp:

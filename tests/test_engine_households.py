@@ -7,6 +7,7 @@ gradient is the sum of the members' gradients from the naive per-example
 loop (:func:`engine.dp.naive.naive_clipped_sum` without clipping), its norm
 and clip factor computed explicitly, one household at a time.
 """
+import io
 import json
 
 import numpy as np
@@ -223,17 +224,6 @@ def test_a_file_without_household_keys_is_refused_for_the_household_unit(tmp_pat
         read_shard(info, "train", MPI.COMM_SELF, unit="household")
 
 
-class _Lines:
-    def __init__(self):
-        self.text = ""
-
-    def write(self, text):
-        self.text += text
-
-    def flush(self):
-        pass
-
-
 @pytest.mark.mpi(min_size=1)
 def test_household_training_runs_on_every_rank_count(comm, shared_tmp):
     """Same steps and model on every rank, N counted as households in the
@@ -245,7 +235,7 @@ def test_household_training_runs_on_every_rank_count(comm, shared_tmp):
     cfg = TrainConfig(data=path, epochs=2, batch_size=20, hidden=(8,), target_epsilon=2.0,
                       seed=3, progress=False, privacy_unit="household")
     cfg.validate()
-    out = _Lines()
+    out = io.StringIO()
     trainer = Trainer(cfg, comm, out=out)
     assert trainer.run() == 0
     import h5py
@@ -255,10 +245,10 @@ def test_household_training_runs_on_every_rank_count(comm, shared_tmp):
     assert trainer.steps_per_epoch == round(households / 20)
     assert trainer.accountant.epsilon() <= 2.0
     if comm.Get_rank() == 0:
-        first = out.text.splitlines()[0]
+        first = out.getvalue().splitlines()[0]
         assert first.startswith("mpidp train: epsilon protects each household (all its "
                                 "rows at once);") and f"in {households:,} households" in first
-        assert "per household" in out.text.splitlines()[-1]
+        assert "per household" in out.getvalue().splitlines()[-1]
     params = comm.allgather(trainer.params.numpy().tobytes())
     assert len(set(params)) == 1
     # more rows per step than households: whole households are sampled
@@ -308,7 +298,7 @@ def test_a_resumed_run_keeps_its_unit_and_accountant(tmp_path):
                 seed=2, progress=False, checkpoint_dir=d)
     cfg = TrainConfig(**base, privacy_unit="household", stop_after=3)
     cfg.validate()
-    assert Trainer(cfg, MPI.COMM_SELF, out=_Lines()).run() == 75
+    assert Trainer(cfg, MPI.COMM_SELF, out=io.StringIO()).run() == 75
     saved = ckpt.load(d)
     assert saved["config"]["privacy_unit"] == "household"
     assert saved["accountant"]["kind"] == "pld" and saved["accountant"]["interval"] > 0
@@ -321,10 +311,10 @@ def test_a_resumed_run_keeps_its_unit_and_accountant(tmp_path):
         with pytest.raises(ConfigError, match=r"a resumed run keeps the settings .*"
                            + name.replace("(", r"\(").replace(")", r"\)")):
             # given: the options named now (a default value named is still a choice)
-            Trainer(cfg, MPI.COMM_SELF, out=_Lines(), given=set(base) | set(change)).run()
+            Trainer(cfg, MPI.COMM_SELF, out=io.StringIO(), given=set(base) | set(change)).run()
     cfg = TrainConfig(**base, resume=True, privacy_unit="household")
     cfg.validate()
-    trainer = Trainer(cfg, MPI.COMM_SELF, out=_Lines())
+    trainer = Trainer(cfg, MPI.COMM_SELF, out=io.StringIO())
     assert trainer.run() == 0 and trainer.step == 2 * trainer.steps_per_epoch
 
 

@@ -4,6 +4,7 @@ directory, resume from the checkpoint alone, records kept with it, signals.
 Serial tests for the pieces, ``@pytest.mark.mpi`` where ranks must agree, and
 user-style runs of ``mpidp`` under mpiexec with a timeout.
 """
+import io
 import json
 import os
 import signal
@@ -35,17 +36,6 @@ TIMING = {"epoch_time_s", "train_time_s", "examples_per_s", "comm_s", "compute_s
           "comm_compute_ratio", "step_breakdown_s", "threads", "resumed_mid_epoch"}
 
 
-class _Lines:
-    def __init__(self):
-        self.text = ""
-
-    def write(self, text):
-        self.text += text
-
-    def flush(self):
-        pass
-
-
 def _self():
     from collectives.runtime import MPI
 
@@ -57,10 +47,10 @@ def _cfg(data, **kw):
 
 
 def _train(cfg, comm=None, given=None):
-    out = _Lines()
+    out = io.StringIO()
     trainer = Trainer(cfg, comm or _self(), out=out, given=given)
     code = trainer.run()
-    return trainer, code, out.text
+    return trainer, code, out.getvalue()
 
 
 def _records(history):
@@ -346,7 +336,7 @@ def test_metrics_rewound_to_the_checkpoint(data, tmp_path):
     payload = ckpt.load(d)
     ckpt.save(d, {**payload, "history": payload["history"][:2], "step": 40})
     trainer = Trainer(_cfg(data, epochs=4, checkpoint_dir=d, metrics=m, resume=True,
-                           checkpoint_every=2), _self(), out=_Lines())
+                           checkpoint_every=2), _self(), out=io.StringIO())
     trainer.opened = True
     trainer.setup()
     trainer.write_metrics()

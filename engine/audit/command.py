@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass
 
@@ -201,17 +200,8 @@ def write_json(path: str, report: dict) -> None:
     if path == "-":
         print(text)
         return
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as handle:
-            handle.write(text + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise WriteFailed(f"--json {path}: cannot write the report: {exc.strerror}") from None
+    outputs.replace_file(path, text + "\n",
+                         lambda reason: f"--json {path}: cannot write the report: {reason}")
 
 
 def run_audit(cfg: AuditConfig, comm, out=None) -> dict:

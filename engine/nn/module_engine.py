@@ -143,7 +143,8 @@ class ModuleEngine:
 
     @property
     def backends(self) -> dict[str, str]:
-        return {"clip": self.rule}
+        """Kernels by op, as FastMLP reports them: torch's, whatever the rule."""
+        return {"clip_rows": "torch"}
 
     def _allocate(self, capacity: int, width: int) -> None:
         self.x = torch.empty(capacity, width, dtype=self.dtype, device=self.device)
@@ -159,7 +160,6 @@ class ModuleEngine:
             self._allocate(k + k // 4, X.shape[1])
         torch.index_select(X, 0, rows, out=self.x[:k])
         torch.index_select(y, 0, rows, out=self.y[:k])
-        self._k = k
         return k
 
     def clipped_sum(self, k: int, max_norm: float | None,
