@@ -154,14 +154,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig(data="")
     data = parser.add_argument_group("data and model")
     data.add_argument("--data", required=True, help="prepared HDF5 file (mpidp prep)")
-    data.add_argument("--model", default=d.model, metavar="mlp|logreg|MODULE:FACTORY",
+    data.add_argument("--model", default=d.model,
+                      metavar="mlp|logreg|embedding-mlp|MODULE:FACTORY",
                       help="mlp (fused kernels, widths from --hidden), logreg (no hidden "
-                      "layer), or MODULE:FACTORY: your function (n_features, n_classes) -> "
+                      "layer), embedding-mlp (for files prepared with --encoding codes: "
+                      "8 learned numbers per category of each categorical feature, then an "
+                      "MLP of the --hidden widths; clipped per layer), or MODULE:FACTORY: "
+                      "your function (n_features, n_classes) -> "
                       "torch.nn.Module in an importable module, called on every rank after "
                       "seeding torch with the run's seed; it is clipped per layer "
                       "(torch.func where a layer has no rule) (default: mlp)")
     data.add_argument("--hidden", default="128,128",
-                      help="hidden layer widths of --model mlp, comma-separated; empty ('') "
+                      help="hidden layer widths of --model mlp and embedding-mlp, "
+                      "comma-separated; empty ('') "
                       "for logistic regression (default: 128,128)")
     train = parser.add_argument_group("optimisation")
     train.add_argument("--epochs", type=int, default=d.epochs,

@@ -163,6 +163,19 @@ def household_range(path: str, split: str, n: int, size: int, rank: int
     return lo, hi, groups
 
 
+def _check_codes(info: DataInfo, split: str, X: np.ndarray, lo: int) -> None:
+    """Raise DataError unless every code column holds integers ``0 .. count-1``
+    (an embedding would index outside its table)."""
+    for column, count, name in info.code_columns:
+        values = X[:, column]
+        bad = (values < 0) | (values >= count) | (values != np.floor(values))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            value = float(values[row])
+            raise DataError(f"{info.path}: /{split}/X[{row + lo}, {column}] = {value:g} is "
+                            f"not a code of {name} (an integer 0..{count - 1})")
+
+
 def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
                min_rows_per_rank: int = 0, unit: str = "person") -> Shard:
     """Collective over ``comm``: this rank's rows of ``split``, checked.
@@ -180,7 +193,7 @@ def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
         DataError: on every rank, if the split has fewer rows (households)
             than ranks (when ``min_rows_per_rank`` is 1), the household unit
             is asked of a file without household keys, or a shard has bad
-            labels or non-finite features.
+            labels, non-finite features or category codes out of range.
     """
     if unit not in UNITS:
         raise ValueError(f"unit {unit!r} not in {UNITS}")
@@ -212,6 +225,7 @@ def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
         if not np.isfinite(X).all():
             bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0]) + lo
             raise DataError(f"{info.path}: /{split}/X row {bad} has a NaN or infinite value")
+        _check_codes(info, split, X, lo)
     except DataError as exc:
         error = exc
     except OSError as exc:

@@ -255,7 +255,8 @@ class Trainer:
         self.seed = _shared_seed(comm, payload["seed"] if payload else cfg.seed)
         self.model = models.resolve(cfg.model, cfg.hidden, self.info.n_features,
                                     self.info.n_classes, self.seed, self.placement.device,
-                                    given=self.given_model)
+                                    given=self.given_model,
+                                    code_columns=self.info.code_columns, path=cfg.data)
         if payload is not None:
             models.check_resume(payload["model"], self.model,
                                 str(ckpt.path_in(cfg.checkpoint_dir)))

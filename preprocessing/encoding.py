@@ -33,6 +33,8 @@ from preprocessing.tasks import Task
 
 ENCODING_VERSION = 1
 _SUM_CHUNK = 1 << 16
+#: Column layouts of categorical features (``--encoding``).
+LAYOUTS = ("onehot", "codes")
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,21 @@ class Encoding:
     """
 
     features: tuple[dict, ...]
+    #: ``"onehot"`` or ``"codes"`` (see the module docstring).
+    layout: str = "onehot"
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown encoding layout {self.layout!r} "
+                             f"(one of {', '.join(LAYOUTS)})")
 
     def to_json(self) -> str:
-        """Canonical JSON (the bytes that the fingerprint hashes)."""
-        return json.dumps({"version": ENCODING_VERSION, "features": list(self.features)},
-                          separators=(",", ":"))
+        """Canonical JSON (the bytes that the fingerprint hashes); the one-hot
+        layout is left implicit, so older files keep their fingerprints."""
+        data = {"version": ENCODING_VERSION, "features": list(self.features)}
+        if self.layout != "onehot":
+            data["layout"] = self.layout
+        return json.dumps(data, separators=(",", ":"))
 
     @property
     def fingerprint(self) -> str:
@@ -60,13 +72,15 @@ class Encoding:
         if data.get("version") != ENCODING_VERSION:
             raise ValueError(f"encoding version {data.get('version')!r} is not "
                              f"{ENCODING_VERSION}")
-        return cls(tuple(data["features"]))
+        return cls(tuple(data["features"]), data.get("layout", "onehot"))
 
     @property
     def feature_names(self) -> list[str]:
         names = []
         for f in self.features:
-            if f["kind"] == "categorical":
+            if f["kind"] == "categorical" and self.layout == "codes":
+                names.append(f["name"])
+            elif f["kind"] == "categorical":
                 names += [f"{f['name']}={c}" for c in f["categories"]]
             else:
                 names.append(f["name"])
@@ -77,6 +91,16 @@ class Encoding:
     @property
     def n_features(self) -> int:
         return len(self.feature_names)
+
+    @property
+    def code_columns(self) -> list[tuple[int, int, str]]:
+        """``(column, number of categories, name)`` of each code column (the
+        ``codes`` layout's categorical features; empty for one-hot)."""
+        if self.layout != "codes":
+            return []
+        names = self.feature_names
+        return [(names.index(f["name"]), len(f["categories"]), f["name"])
+                for f in self.features if f["kind"] == "categorical"]
 
 
 def local_sums(values: np.ndarray) -> tuple[int, int, int]:
@@ -100,8 +124,10 @@ def mean_std(count: int, total: int, squares: int) -> tuple[float, float]:
     return float(mean), (std if std > 0 else 1.0)
 
 
-def build(task: Task, codebook: Codebook, stats: dict[str, tuple[int, int, int]]) -> Encoding:
-    """The encoding of a task from the dictionary and global exact sums."""
+def build(task: Task, codebook: Codebook, stats: dict[str, tuple[int, int, int]],
+          layout: str = "onehot") -> Encoding:
+    """The encoding of a task from the dictionary and global exact sums, with
+    categorical features in ``layout`` (:data:`LAYOUTS`)."""
     features = []
     for feature in task.features:
         variable = codebook[feature.name]
@@ -112,7 +138,7 @@ def build(task: Task, codebook: Codebook, stats: dict[str, tuple[int, int, int]]
             mean, std = mean_std(*stats[feature.name])
             features.append({"name": feature.name, "kind": "numeric", "mean": mean,
                              "std": std, "blank": variable.blank_allowed})
-    return Encoding(tuple(features))
+    return Encoding(tuple(features), layout)
 
 
 def check_compatible(encoding: Encoding, task: Task, codebook: Codebook, like: str) -> None:
@@ -152,6 +178,11 @@ class Encoder:
             if spec["kind"] == "categorical":
                 position = {c: i for i, c in enumerate(spec["categories"])}
                 ours = category_names(codebook[name])
+                if encoding.layout == "codes":
+                    table = np.array([position[c] for c in ours], dtype=np.float32)
+                    self.plan.append((name, "code", (column, table)))
+                    column += 1
+                    continue
                 table = np.array([column + position[c] for c in ours], dtype=np.int64)
                 self.plan.append((name, "categorical", table))
                 column += len(spec["categories"])
@@ -169,7 +200,9 @@ class Encoder:
         base = np.arange(n, dtype=np.int64) * self.n_features
         for name, kind, how in self.plan:
             values = codes[name][:n]
-            if kind == "categorical":
+            if kind == "code":
+                out[:, how[0]] = how[1][values]
+            elif kind == "categorical":
                 flat[base + how[values]] = 1.0
             else:
                 col, mean, std, blank_col = how

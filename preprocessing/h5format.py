@@ -22,6 +22,13 @@ Datasets, per split ``s`` in :data:`SPLITS`:
 Version 1 files (no household keys, rows in a random order) stay readable;
 only the household privacy unit refuses them (re-run ``mpidp prep``).
 
+Version 3 is version 2 with categorical features stored as integer codes
+(``mpidp prep --encoding codes``: one column per categorical feature holding
+its category's index, described by the ``encoding`` attribute, which such a
+file must have). One-hot files are still written as version 2, and a
+version-3 file is refused by older readers instead of being trained on as
+if its codes were numbers.
+
 Root attributes are :data:`ATTRIBUTES`; dicts and lists are stored as JSON
 strings (:func:`attribute_value`). Only :data:`REQUIRED` ones are needed to
 train on a file.
@@ -41,9 +48,11 @@ from preprocessing.errors import PrepError
 FORMAT = "mpidp"
 #: The ``format_version`` writers write, and the versions readers accept.
 FORMAT_VERSION = 2
-FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSIONS = (1, 2, 3)
 #: The first version with household keys.
 HOUSEHOLD_VERSION = 2
+#: The version of files whose categorical features are integer codes.
+CODES_VERSION = 3
 #: The splits, in the order they are written.
 SPLITS = ("train", "test")
 #: Element types writers use for ``X`` and ``y``.
@@ -62,7 +71,8 @@ ATTRIBUTES: dict[str, str] = {
     "task": "task name, e.g. 'employment'",
     "n_classes": "number of classes (an integer >= 2)",
     "feature_names": "JSON list of the F column names",
-    "encoding": "JSON: per source variable its kind, categories or mean/std, in column order",
+    "encoding": "JSON: per source variable its kind, categories or mean/std, in column "
+                "order, and the layout of categorical features (onehot unless 'codes')",
     "encoding_fingerprint": "sha256 hex digest of the encoding attribute",
     "drop_counts": "JSON: records dropped, per reason",
     "sources": "JSON list: file name, sha256, rows read",
@@ -96,6 +106,11 @@ def y_name(split: str) -> str:
 def household_name(split: str) -> str:
     """Path of the household keys of ``split`` (``"train/household"``, version 2)."""
     return f"{split}/household"
+
+
+def version_for(layout: str) -> int:
+    """The ``format_version`` a writer gives a file of this categorical layout."""
+    return CODES_VERSION if layout == "codes" else FORMAT_VERSION
 
 
 def fingerprint(encoding_text: str) -> str:
@@ -136,6 +151,9 @@ class DataInfo:
     fingerprint: str = ""
     #: Whether the file has household keys (format version 2).
     households: bool = False
+    #: ``(column, number of categories, name)`` of each integer-code column
+    #: (format version 3, ``--encoding codes``); empty for one-hot files.
+    code_columns: tuple[tuple[int, int, str], ...] = ()
 
     def summary(self) -> dict:
         return {"path": self.path, "n_features": self.n_features,
@@ -216,6 +234,7 @@ def read_info(path: str) -> DataInfo:
         if names and len(names) != n_features:
             raise FormatError(f"{path}: {len(names)} feature_names for {n_features} "
                               "feature columns")
+        code_columns = _code_columns(path, f.attrs, version, n_features)
         encoding_fingerprint = _attr(f.attrs, "encoding_fingerprint", "") or ""
         if not encoding_fingerprint and names:
             encoding_fingerprint = "names:" + hashlib.sha256(
@@ -223,4 +242,27 @@ def read_info(path: str) -> DataInfo:
         return DataInfo(path=path, n_features=n_features, n_classes=n_classes, rows=rows,
                         feature_names=names, task=str(_attr(f.attrs, "task", "") or ""),
                         fingerprint=encoding_fingerprint,
-                        households=version >= HOUSEHOLD_VERSION)
+                        households=version >= HOUSEHOLD_VERSION,
+                        code_columns=code_columns)
+
+
+def _code_columns(path: str, attrs, version: int,
+                  n_features: int) -> tuple[tuple[int, int, str], ...]:
+    """The code columns a version-3 file's ``encoding`` attribute describes."""
+    if version < CODES_VERSION:
+        return ()
+    from preprocessing.encoding import Encoding  # deferred: only version 3 needs it
+
+    try:
+        encoding = Encoding.from_json(_attr(attrs, "encoding", "") or "")
+        columns = tuple(encoding.code_columns)
+        width = encoding.n_features
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FormatError(f"{path}: format_version={version} needs an encoding attribute "
+                          f"that describes its code columns ({exc}); re-run `mpidp prep "
+                          "--encoding codes`") from None
+    if encoding.layout != "codes" or width != n_features:
+        raise FormatError(f"{path}: format_version={version} but its encoding attribute "
+                          f"describes a {encoding.layout} layout of {width} columns for "
+                          f"{n_features}; re-run `mpidp prep --encoding codes`")
+    return columns

@@ -59,6 +59,7 @@ class Settings:
     compression: h5write.Compression = field(default_factory=h5write.Compression)
     like: str | None = None
     like_encoding: str | None = None
+    layout: str = "onehot"  # categorical columns (--encoding): onehot or codes
     quiet: bool = False
     check_fields: bool = False  # count every line's fields (--check-fields)
     household_secret: bytes = b""  # key of the household hash (never written)
@@ -546,7 +547,7 @@ def attributes(settings: Settings, encoding_text: str, drop_counts: dict,
     task = settings.task
     encoding = enc.Encoding.from_json(encoding_text)
     return {
-        **h5format.identity(), "task": task.name,
+        **h5format.identity(h5format.version_for(encoding.layout)), "task": task.name,
         "n_classes": task.n_classes, "feature_names": encoding.feature_names,
         "encoding": encoding_text, "encoding_fingerprint": h5format.fingerprint(encoding_text),
         "drop_counts": drop_counts,
@@ -622,7 +623,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
         encoding_text = settings.like_encoding
     else:
         sums = global_sums(comm, settings, records)
-        encoding_text = enc.build(task, settings.codebook, sums).to_json()
+        encoding_text = enc.build(task, settings.codebook, sums, settings.layout).to_json()
     clock("split+stats")
     splits = split_and_shuffle(comm, records, settings.household_secret)
     del records

@@ -48,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--like", metavar="OTHER.h5",
                         help="encode exactly like this prepared file (its categories, "
                         "statistics and column order), e.g. for other states or years")
+    parser.add_argument("--encoding", choices=encoding.LAYOUTS, default=None,
+                        help="how categorical features are stored: onehot, one 0/1 column "
+                        "per category (every model; the default), or codes, one column "
+                        "of integer category codes per feature (for --model embedding-mlp "
+                        "and models that embed categories: income's 827 columns become "
+                        "12). With --like: the layout of that file")
     parser.add_argument("--universe", metavar="COND[,COND]",
                         help="records to keep, replacing the task's universe, e.g. "
                         "'AGEP>=18' or 'AGEP>=16,AGEP<65'")
@@ -123,9 +129,15 @@ def make_settings(args: argparse.Namespace):
     for column in task.columns():
         if column not in codebook:
             raise PrepError(f"--universe: {column} is not a column of the person file")
+    layout = args.encoding or "onehot"
     if like_encoding is not None:
-        encoding.check_compatible(encoding.Encoding.from_json(like_encoding), task,
-                                  codebook, args.like)
+        like = encoding.Encoding.from_json(like_encoding)
+        encoding.check_compatible(like, task, codebook, args.like)
+        if args.encoding and args.encoding != like.layout:
+            raise PrepError(f"--encoding {args.encoding} differs from the layout of "
+                            f"{args.like} ({like.layout}); leave --encoding out to use "
+                            f"{like.layout}")
+        layout = like.layout
     atomic.check_writable(args.out)
     secret = (households.read_secret(args.household_secret) if args.household_secret
               else households.new_secret())
@@ -142,7 +154,8 @@ def make_settings(args: argparse.Namespace):
     return Settings(inputs=found, sources=sources, task=task, codebook=codebook,
                     out=args.out, seed=args.seed, test_fraction=args.test_fraction,
                     max_invalid_share=args.max_invalid_share, compression=compression,
-                    like=args.like, like_encoding=like_encoding, quiet=args.quiet,
+                    like=args.like, like_encoding=like_encoding, layout=layout,
+                    quiet=args.quiet,
                     check_fields=args.check_fields, household_secret=secret)
 
 

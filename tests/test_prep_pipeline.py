@@ -19,6 +19,7 @@ import polars as pl
 import pytest
 
 from preprocessing import h5write, households, shuffle
+from preprocessing.h5format import read_info
 from preprocessing.errors import PrepError
 from preprocessing.pipeline import prepare
 from preprocessing.prep import add_arguments, make_settings
@@ -357,3 +358,43 @@ def test_income_task_on_real_files(comm, shared_tmp):
         names = json.loads(handle.attrs["feature_names"])
     assert int(y.sum()) == positive
     assert "OCCP=0010" in names and "WKHP=blank" in names and "POBP=006" in names
+
+
+@pytest.mark.mpi(min_size=1)
+def test_codes_layout_holds_the_one_hot_rows_as_category_codes(comm, shared_tmp, secret_file):
+    zips = pums_zips()
+    onehot, codes = str(shared_tmp / "oh.h5"), str(shared_tmp / "codes.h5")
+    common = [str(zips / "csv_pri.zip"), "--task", "income", "--household-secret",
+              secret_file]
+    _run(comm, [*common, "--out", onehot])
+    _run(comm, [*common, "--out", codes, "--encoding", "codes"])
+    if comm.Get_rank() == 0:
+        with h5py.File(onehot, "r") as a, h5py.File(codes, "r") as b:
+            assert (a.attrs["format_version"], b.attrs["format_version"]) == (2, 3)
+            wide, narrow = a["train/X"][:], b["train/X"][:]
+            np.testing.assert_array_equal(a["train/y"][:], b["train/y"][:])
+            np.testing.assert_array_equal(a["train/household"][:], b["train/household"][:])
+            wide_names = json.loads(a.attrs["feature_names"])
+            narrow_names = json.loads(b.attrs["feature_names"])
+        # every one-hot block is the code column's category; numeric columns are equal
+        for j, name in enumerate(narrow_names):
+            if name in wide_names:  # a numeric column or its blank flag
+                np.testing.assert_array_equal(narrow[:, j], wide[:, wide_names.index(name)])
+                continue
+            members = [i for i, n in enumerate(wide_names) if n.split("=")[0] == name]
+            assert (wide[:, members].sum(1) == 1).all()
+            np.testing.assert_array_equal(narrow[:, j], wide[:, members].argmax(1))
+        info = read_info(codes)
+        assert [c[2] for c in info.code_columns] == ["COW", "SCHL", "MAR", "OCCP", "POBP",
+                                                     "RELP", "SEX", "RAC1P"]
+        assert dict((c[2], c[1]) for c in info.code_columns)["OCCP"] == sum(
+            n.startswith("OCCP=") for n in wide_names)
+        assert os.path.getsize(onehot) > 5 * os.path.getsize(codes)
+    # --like follows the layout of the file; a contradicting --encoding is refused
+    again = str(shared_tmp / "codes2.h5")
+    _run(comm, [str(zips / "csv_pde.zip"), "--out", again, "--like", codes])
+    if comm.Get_rank() == 0:
+        assert read_info(again).code_columns == read_info(codes).code_columns
+        with pytest.raises(PrepError, match="--encoding onehot differs from the layout"):
+            _settings([str(zips / "csv_pde.zip"), "--out", again, "--like", codes,
+                       "--encoding", "onehot"])

@@ -95,7 +95,8 @@ def rows_in_memory(rows: int, features: int, seed: int = 0) -> tuple[np.ndarray,
 
 def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
           test_rows: int | None = None, n_classes: int = 2, seed: int = 0,
-          numeric: int = 2, attrs: dict | None = None, households: bool = True) -> str:
+          numeric: int = 2, attrs: dict | None = None, households: bool = True,
+          codes: bool = False) -> str:
     """Write a contract-format file; returns its path.
 
     Args:
@@ -103,6 +104,9 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
         features: F; ``numeric`` of them are N(0,1), the rest one-hot groups.
         attrs: root attributes overriding the defaults (to make bad files).
         households: household keys (version 2), or none (version 1).
+        codes: store each one-hot group as one column of its integer code
+            (format version 3, as ``mpidp prep --encoding codes``): the same
+            rows and labels, ``numeric + groups`` columns.
     """
     test_rows = rows // 4 if test_rows is None else test_rows
     numeric = min(numeric, features)
@@ -113,9 +117,38 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
     for g, size in enumerate(groups):
         names += [f"CAT{g}={v}" for v in range(size)]
     encoding = {"numeric": names[:numeric], "groups": groups, "synthetic": True}
+
+    def make_rows(n):
+        return _rows(rng, n, numeric, groups, weights, n_classes)
+
+    if codes:
+        names, encoding, make_rows = _as_codes(numeric, groups, make_rows)
     return _write(path, rows, test_rows, names, encoding, n_classes, seed, "synthetic",
-                  lambda n: _rows(rng, n, numeric, groups, weights, n_classes), attrs,
-                  households)
+                  make_rows, attrs, households)
+
+
+def _as_codes(numeric: int, groups: list[int], make_rows):
+    """Column names, the ``encoding`` attribute (the ``codes`` layout of
+    :class:`preprocessing.encoding.Encoding`) and a row maker that turns each
+    one-hot group of ``make_rows``' rows into its code column."""
+    features = [{"name": f"NUM{i}", "kind": "numeric", "mean": 0.0, "std": 1.0,
+                 "blank": False} for i in range(numeric)]
+    features += [{"name": f"CAT{g}", "kind": "categorical",
+                  "categories": [str(v) for v in range(size)]}
+                 for g, size in enumerate(groups)]
+    encoding = {"version": 1, "features": features, "layout": "codes"}
+    names = [f["name"] for f in features]
+    starts = numeric + np.concatenate([[0], np.cumsum(groups)[:-1]]).astype(np.int64)
+
+    def coded(n):
+        X, y = make_rows(n)
+        out = np.empty((X.shape[0], numeric + len(groups)), dtype=np.float32)
+        out[:, :numeric] = X[:, :numeric]
+        for j, (start, size) in enumerate(zip(starts, groups)):
+            out[:, numeric + j] = X[:, start:start + size].argmax(1)
+        return out, y
+
+    return names, encoding, coded
 
 
 #: Logistic slope (in units of the margin's standard deviation) of write_dense:
@@ -198,6 +231,8 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
                                  dtype=h5format.HOUSEHOLD_DTYPE)
                 counts[split] = int(n > 0) + int(np.count_nonzero(keys[1:] != keys[:-1]))
         version = h5format.FORMAT_VERSION if households else 1
+        if encoding.get("layout") == "codes":
+            version = h5format.CODES_VERSION
         base = {**h5format.identity(version), "task": task,
                 "n_classes": n_classes, "feature_names": json.dumps(names),
                 "encoding": encoding_text,
@@ -220,6 +255,9 @@ def main(argv=None) -> int:
     parser.add_argument("--features", type=int, default=100)
     parser.add_argument("--classes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--codes", action="store_true",
+                        help="categorical groups as integer-code columns (format version 3, "
+                        "for --model embedding-mlp)")
     parser.add_argument("--dense", action="store_true",
                         help="dense unit-length rows, two classes (epsilon-like, mlbench 2a)")
     parser.add_argument("--out", required=True)
@@ -229,7 +267,7 @@ def main(argv=None) -> int:
                     test_rows=args.test_rows, seed=args.seed)
     else:
         write(args.out, rows=args.rows, features=args.features, test_rows=args.test_rows,
-              n_classes=args.classes, seed=args.seed)
+              n_classes=args.classes, seed=args.seed, codes=args.codes)
     print(args.out)
     return 0
 

@@ -1,7 +1,9 @@
 """The model a run trains, from ``--model`` (or the library's ``model=``).
 
 ``mlp`` and ``logreg`` are the built-in fused MLPs (:mod:`engine.nn.fast_mlp`;
-``logreg`` is the MLP without hidden layers). ``MODULE:FACTORY`` names a
+``logreg`` is the MLP without hidden layers); ``embedding-mlp``
+(:mod:`engine.nn.embedding_mlp`) is built in too, for files of integer
+category codes, and runs through the per-layer rules. ``MODULE:FACTORY`` names a
 user's function ``FACTORY(n_features, n_classes) -> torch.nn.Module`` in an
 importable module (the current directory is on the path), called on every
 rank after seeding torch with the run's shared seed, so ranks build the same
@@ -18,8 +20,8 @@ from engine.errors import ConfigError
 if TYPE_CHECKING:  # torch is imported where a model is built: `--help` stays fast
     from torch import nn
 
-#: Built-in model names (the fused MLP path).
-BUILTIN = ("mlp", "logreg")
+#: Built-in model names: the fused MLPs, then embedding-mlp.
+BUILTIN = ("mlp", "logreg", "embedding-mlp")
 
 
 def check_name(name: str) -> None:

@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.errors import CheckpointError, ConfigError
 from engine.nn import factories
+from engine.nn.embedding_mlp import EmbeddingMLP
 from engine.nn.fast_mlp import FastMLP
 from engine.nn.model import MLPSpec, init_params, to_module
 from engine.nn.model import logits as mlp_logits
@@ -79,14 +80,54 @@ class TorchModel:
         return self.module_obj
 
 
+class EmbeddingModel(TorchModel):
+    """``--model embedding-mlp``: :class:`EmbeddingMLP`, recorded by its widths and
+    code columns so that ``mpidp eval`` can rebuild it."""
+
+    def __init__(self, n_features: int, n_classes: int, code_columns, hidden) -> None:
+        self.spec = {"n_features": n_features, "n_classes": n_classes,
+                     "code_columns": [list(c) for c in code_columns],
+                     "hidden": [int(h) for h in hidden]}
+        super().__init__(build_embedding_mlp(self.spec), "embedding-mlp")
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "spec": self.spec}
+
+
+def build_embedding_mlp(spec: dict) -> EmbeddingMLP:
+    """The :class:`EmbeddingMLP` an :class:`EmbeddingModel` spec describes."""
+    return EmbeddingMLP(spec["n_features"], spec["n_classes"],
+                        [tuple(c) for c in spec["code_columns"]], spec["hidden"])
+
+
+def check_layout(name: str, code_columns, path: str) -> None:
+    """Refuse a built-in model that would misread the file's categorical layout.
+
+    Raises:
+        ConfigError: (collective) ``mlp``/``logreg`` on a file of integer codes
+            (they would read codes as numbers), or ``embedding-mlp`` on a
+            one-hot file (it has nothing to embed).
+    """
+    if name in ("mlp", "logreg") and code_columns:
+        raise ConfigError(f"{path} stores its categorical features as integer codes "
+                          f"(`mpidp prep --encoding codes`); --model {name} would read them "
+                          "as numbers: train it with --model embedding-mlp (or a model of "
+                          "yours that embeds them), or prepare the file with --encoding "
+                          "onehot", collective=True)
+    if name == "embedding-mlp" and not code_columns:
+        raise ConfigError(f"{path} is one-hot encoded; --model embedding-mlp needs the "
+                          "categorical features as integer codes: prepare the file with "
+                          "`mpidp prep --encoding codes`", collective=True)
+
+
 def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int, seed: int,
             device: torch.device, given: nn.Module | Callable[[int, int], nn.Module] | None = None,
-            ) -> MLPModel | TorchModel:
+            code_columns: tuple = (), path: str = "the data file") -> MLPModel | TorchModel:
     """The model a run trains.
 
     Args:
-        name: ``mlp``, ``logreg`` or ``MODULE:FACTORY`` (``--model``); ignored
-            when ``given`` is set.
+        name: ``mlp``, ``logreg``, ``embedding-mlp`` or ``MODULE:FACTORY``
+            (``--model``); ignored when ``given`` is set.
         hidden: the MLP's hidden widths (``--hidden``; ``logreg`` has none).
         seed: the run's shared seed; torch is seeded with it before a factory
             is called, so every rank builds the same initial model.
@@ -94,16 +135,27 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
             already be there.
         given: the library's ``model=``: a module, or a factory
             ``(n_features, n_classes) -> nn.Module``.
+        code_columns, path: the data file's integer-code columns
+            (:attr:`~preprocessing.h5format.DataInfo.code_columns`) and its
+            name, for embedding-mlp and :func:`check_layout`.
 
     Raises:
         ConfigError: a bad name, a factory that fails, a module of the wrong
-            kind (see :func:`engine.nn.factories.build`).
+            kind (see :func:`engine.nn.factories.build`), a built-in model
+            that does not fit the file's layout.
     """
     if given is None and name == "python":
         raise ConfigError("this run's model was given as a Python object (engine.train's "
                           "model=): pass the same model= to resume it", collective=True)
     if given is None and name in factories.BUILTIN:
+        check_layout(name, code_columns, path)
         widths = () if name == "logreg" else tuple(hidden)
+        if name == "embedding-mlp":
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed % 2 ** 63)
+                model = EmbeddingModel(n_features, n_classes, code_columns, widths)
+            model.module_obj.to(device)
+            return model
         return MLPModel(MLPSpec.build(n_features, widths, n_classes), name)
     if given is None:
         factory, label = factories.load_factory(name), name
@@ -158,7 +210,10 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
     name = recorded.get("name", "")
     if name.startswith("python:"):
         checkpoint_spec(recorded, where)  # raises: nothing names how to rebuild it
-    module = factories.build(factories.load_factory(name), n_features, n_classes, name)
+    if name == "embedding-mlp":
+        module = build_embedding_mlp(recorded["spec"])
+    else:
+        module = factories.build(factories.load_factory(name), n_features, n_classes, name)
     count = sum(p.numel() for p in module.parameters())
     if count != params.numel():
         raise ConfigError(f"{where}: {name} builds {count:,} parameters for {n_features} "
