@@ -14,7 +14,12 @@ Methods (each runs the same Poisson batches, same MLP, same optimizer):
 * ``torch-sgd``     plain PyTorch: nn.Module, autograd, torch.optim.SGD (non-private);
 * ``naive``         the per-example loop (run on ``--naive-steps`` steps, extrapolated);
 * ``opacus-hooks``  Opacus' default mode (per-sample gradients from hooks), when installed;
-* ``opacus-ghost``  Opacus' ghost clipping (its fastest mode), when installed.
+* ``opacus-ghost``  Opacus' ghost clipping (its fastest mode), when installed;
+* ``embedding-dp``, ``embedding-nondp`` our DP-SGD step, and the same without
+  clipping and noise, on ``--model embedding-mlp``
+  (:class:`engine.nn.embedding_mlp.EmbeddingMLP`, through the per-layer rules)
+  over the same rows with each one-hot group turned into its integer code;
+* ``opacus-ghost-embedding`` Opacus' ghost clipping on that same EmbeddingMLP.
 
 Prints examples/s, the time an epoch would take, and ratios; ``--json FILE``
 writes examples/s per method, ``dp_over_nondp`` (DP time per example over
@@ -41,7 +46,10 @@ from engine.errors import ConfigError, OutputError
 from engine.shard import read_info, read_shard
 
 METHODS = ("mpidp-dp", "mpidp-nondp", "mpidp-generic", "mpidp-household", "torch-sgd", "naive",
-           "opacus-hooks", "opacus-ghost")
+           "opacus-hooks", "opacus-ghost", "embedding-dp", "embedding-nondp",
+           "opacus-ghost-embedding")
+#: Methods on the embedding-mlp model (the others train the MLP).
+EMBEDDING_METHODS = ("embedding-dp", "embedding-nondp", "opacus-ghost-embedding")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,22 +75,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")
 
 
-def _load(args) -> tuple[np.ndarray, np.ndarray, int, str, np.ndarray | None]:
-    """(X with the ones column, y, classes, description, household starts) of
-    --data or of synthetic rows (starts: None for a file without household keys)."""
+def _load(args) -> tuple[np.ndarray, np.ndarray, int, str, np.ndarray | None, list[str]]:
+    """(X with the ones column, y, classes, description, household starts, feature
+    names) of --data or of synthetic rows (starts: None for a file without
+    household keys)."""
     if args.data:
         info = read_info(args.data)
+        if info.code_columns:
+            raise ConfigError(f"{args.data} holds integer category codes; mpidp bench dpsgd "
+                              "takes a one-hot file (it derives the codes of the "
+                              "embedding-mlp rows itself)", collective=True)
         shard = read_shard(info, "train", MPI.COMM_SELF, min_rows_per_rank=1,
                            unit="household" if info.households else "person")
-        return shard.X, shard.y, info.n_classes, args.data, shard.groups
+        return (shard.X, shard.y, info.n_classes, args.data, shard.groups,
+                info.feature_names)
     X, y = synthetic.rows_in_memory(args.rows, args.features, args.seed)
     keys = synthetic.household_keys(np.random.default_rng(args.seed), args.rows)
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     groups = np.append(starts, args.rows).astype(np.int64)
-    return X, y, 2, f"synthetic {args.rows}x{args.features}", groups
+    return (X, y, 2, f"synthetic {args.rows}x{args.features}", groups,
+            synthetic.feature_names(args.features))
 
 
-def _steppers(args, spec, X, y, groups=None):
+def code_view(X: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
+    """The rows of one-hot ``X`` (with the ones column) in the ``codes`` layout.
+
+    Columns named ``NAME=VALUE`` that share a ``NAME`` and hold exactly one 1
+    per row become one column of the index of that 1; other columns are kept.
+
+    Returns:
+        (float32 rows with the ones column, ``(column, categories, name)`` per
+        code column).
+    """
+    blocks: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        prefix, sep, _ = name.partition("=")
+        if sep:
+            blocks.setdefault(prefix, []).append(i)
+    body = X[:, :-1]
+    coded = {prefix: cols for prefix, cols in blocks.items()
+             if len(cols) > 1 and np.array_equal(body[:, cols].sum(1), np.ones(len(X)))}
+    in_block = {i: prefix for prefix, cols in coded.items() for i in cols}
+    columns: list[np.ndarray] = []
+    code_columns: list[tuple[int, int, str]] = []
+    for i in range(body.shape[1]):
+        prefix = in_block.get(i)
+        if prefix is None:
+            columns.append(body[:, i])
+        elif i == coded[prefix][0]:
+            code_columns.append((len(columns), len(coded[prefix]), prefix))
+            columns.append(body[:, coded[prefix]].argmax(1).astype(np.float32))
+    columns.append(np.ones(len(X), dtype=np.float32))
+    return np.stack(columns, 1).astype(np.float32), code_columns
+
+
+def _steppers(args, spec, X, y, groups=None, names=()):
     """name -> (one-step function taking a row tensor and returning its batch size)."""
     # deferred: torch, kept out of `mpidp bench --help`
     import torch
@@ -91,6 +138,7 @@ def _steppers(args, spec, X, y, groups=None):
     from engine.dp.noise import GaussianNoise
     from engine.dp.sampler import HouseholdSampler
     from engine.nn.fast_mlp import FastMLP
+    from engine.nn.embedding_mlp import EmbeddingMLP
     from engine.nn.model import init_params, to_module
     from engine.nn.module_engine import ModuleEngine
     from engine.nn.optim import SGD
@@ -102,20 +150,39 @@ def _steppers(args, spec, X, y, groups=None):
     wanted = set(args.methods.split(","))
     steps = {}
 
-    def ours(dp: bool, households: np.ndarray | None = None, generic: bool = False):
+    if wanted & set(EMBEDDING_METHODS):
+        Xc, code_columns = code_view(X, list(names))
+        if not code_columns:
+            raise ConfigError("the embedding methods need one-hot groups (columns named "
+                              "NAME=VALUE, one 1 per row); the data has none", collective=True)
+        Xct = torch.from_numpy(Xc)
+        Xcf = torch.from_numpy(Xc[:, :-1].copy())
+
+    def embedding_mlp():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(args.seed)
+            return EmbeddingMLP(Xc.shape[1] - 1, spec.dims[-1], code_columns,
+                                spec.dims[1:-1])
+
+    def ours(dp: bool, households: np.ndarray | None = None, generic: bool = False,
+             embedding: bool = False):
         # The trainer's step (engine.step), on the trainer's buffer layout:
         # gradient + one control float, numpy on the CPU.
-        buffer = np.zeros(spec.n_params + 1, dtype=np.float32)
-        grad = torch.from_numpy(buffer[:spec.n_params])
+        rows_x = Xct if embedding else Xt
+        module = embedding_mlp() if embedding else None
+        n_params = sum(p.numel() for p in module.parameters()) if embedding else spec.n_params
+        buffer = np.zeros(n_params + 1, dtype=np.float32)
+        grad = torch.from_numpy(buffer[:n_params])
         params = init_params(spec, args.seed)
-        if generic:
-            engine = ModuleEngine(to_module(spec, params), grad, (Xt[:4], yt[:4]),
-                                  spec.dims[-1], capacity=2 * B)
+        if generic or embedding:
+            module = module if embedding else to_module(spec, params)
+            engine = ModuleEngine(module, grad, (rows_x[:4], yt[:4]), spec.dims[-1],
+                                  capacity=2 * B)
             params = engine.params
         else:
             engine = FastMLP(spec, params, grad, capacity=2 * B)
-        noise = GaussianNoise(spec.n_params, sigma * C, 1, 0, args.seed) if dp else None
-        dp_step = DPStep(engine, Xt, yt, buffer, grad, SGD(params, lr, momentum), 1.0 / B,
+        noise = GaussianNoise(n_params, sigma * C, 1, 0, args.seed) if dp else None
+        dp_step = DPStep(engine, rows_x, yt, buffer, grad, SGD(params, lr, momentum), 1.0 / B,
                          MPI.COMM_SELF, max_norm=C if dp else None, noise=noise)
         times = dict.fromkeys(PHASES, 0.0)  # timed as in the trainer, read by nobody
         if households is not None:
@@ -141,6 +208,10 @@ def _steppers(args, spec, X, y, groups=None):
         steps["mpidp-generic"] = ours(True, generic=True)
     if "mpidp-household" in wanted and groups is not None:
         steps["mpidp-household"] = ours(True, groups)
+    if "embedding-dp" in wanted:
+        steps["embedding-dp"] = ours(True, embedding=True)
+    if "embedding-nondp" in wanted:
+        steps["embedding-nondp"] = ours(False, embedding=True)
     if "torch-sgd" in wanted:
         model = to_module(spec, init_params(spec, args.seed))
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
@@ -166,7 +237,8 @@ def _steppers(args, spec, X, y, groups=None):
                     offset += p.numel()
             return rows.shape[0]
         steps["naive"] = naive_step
-    have_opacus = not wanted & {"opacus-hooks", "opacus-ghost"}  # "missing" only if asked
+    opacus_methods = {"opacus-hooks", "opacus-ghost", "opacus-ghost-embedding"}
+    have_opacus = not wanted & opacus_methods  # "missing" only if asked
     if not have_opacus:
         try:
             import opacus  # noqa: F401  (optional, and slow to import: only when asked for)
@@ -187,14 +259,13 @@ def _steppers(args, spec, X, y, groups=None):
             dpo.step()
             return rows.shape[0]
         steps["opacus-hooks"] = hooks_step
-    if have_opacus and "opacus-ghost" in wanted:
+    def opacus_ghost(module, inputs):
         from opacus.grad_sample import GradSampleModuleFastGradientClipping
         from opacus.optimizers import DPOptimizerFastGradientClipping
         from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
-        gm = GradSampleModuleFastGradientClipping(
-            to_module(spec, init_params(spec, args.seed)), max_grad_norm=C,
-            use_ghost_clipping=True)
+        gm = GradSampleModuleFastGradientClipping(module, max_grad_norm=C,
+                                                  use_ghost_clipping=True)
         go = DPOptimizerFastGradientClipping(
             torch.optim.SGD(gm.parameters(), lr=lr, momentum=momentum),
             noise_multiplier=sigma, max_grad_norm=C, expected_batch_size=B)
@@ -202,10 +273,15 @@ def _steppers(args, spec, X, y, groups=None):
 
         def ghost_step(rows):
             go.zero_grad(set_to_none=True)
-            crit(gm(Xf[rows]), yt[rows]).backward()
+            crit(gm(inputs[rows]), yt[rows]).backward()
             go.step()
             return rows.shape[0]
-        steps["opacus-ghost"] = ghost_step
+        return ghost_step
+
+    if have_opacus and "opacus-ghost" in wanted:
+        steps["opacus-ghost"] = opacus_ghost(to_module(spec, init_params(spec, args.seed)), Xf)
+    if have_opacus and "opacus-ghost-embedding" in wanted:
+        steps["opacus-ghost-embedding"] = opacus_ghost(embedding_mlp(), Xcf)
     return steps, have_opacus
 
 
@@ -238,13 +314,13 @@ def run(args: argparse.Namespace) -> int:
     threads, _ = configure_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
     warnings.filterwarnings("ignore", module="opacus")
-    X, y, n_classes, source, groups = _load(args)
+    X, y, n_classes, source, groups, names = _load(args)
     n = y.shape[0]
     if args.batch_size > n:
         raise ConfigError(f"--batch-size {args.batch_size} is more than the {n:,} training rows",
                           collective=True)
     spec = MLPSpec.build(X.shape[1] - 1, parse_hidden(args.hidden), n_classes)
-    steps, have_opacus = _steppers(args, spec, X, y, groups)
+    steps, have_opacus = _steppers(args, spec, X, y, groups, names)
     q = args.batch_size / n
     rng = np.random.default_rng(args.seed)
 
@@ -273,10 +349,10 @@ def run(args: argparse.Namespace) -> int:
             rates[name].append(examples / (time.perf_counter() - start))
     median = {name: statistics.median(values) for name, values in rates.items()}
     ref = median.get("mpidp-dp")
-    print(f"{'method':<16} {'examples/s':>12} {'s/epoch':>9} {'mpidp-dp is':>12}")
+    print(f"{'method':<24} {'examples/s':>12} {'s/epoch':>9} {'mpidp-dp is':>12}")
     for name, rate in median.items():
         ratio = f"{ref / rate:.2f}x" if ref else "-"
-        print(f"{name:<16} {rate:>12,.0f} {n / rate:>9.2f} {ratio:>12}")
+        print(f"{name:<24} {rate:>12,.0f} {n / rate:>9.2f} {ratio:>12}")
     result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
               "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
               "data": source, "steps": args.steps, "repeats": args.repeats}
@@ -295,6 +371,13 @@ def run(args: argparse.Namespace) -> int:
             dp / hh for hh, dp in zip(rates["mpidp-household"], rates["mpidp-dp"]))
         print(f"household / person DP time per example: "
               f"{result['household_over_person']:.3f}")
+    for name, over, key in (("embedding-nondp", "embedding-dp", "embedding_dp_over_nondp"),
+                            ("embedding-dp", "opacus-ghost-embedding",
+                             "embedding_over_opacus_ghost")):
+        if name in median and over in median:
+            # per-round ratios, as above: time per example of `over` over `name`'s
+            result[key] = statistics.median(a / b for a, b in zip(rates[name], rates[over]))
+            print(f"{over} / {name} time per example: {result[key]:.3f}")
     result["speedup"] = {name: ref / rate for name, rate in median.items()} if ref else {}
     if args.json:
         outputs.write_json(args.json, result, "--json")

@@ -75,6 +75,16 @@ def _rows(rng: np.random.Generator, n: int, numeric: int, groups: list[int],
     return X, y
 
 
+def feature_names(features: int, numeric: int = 2) -> list[str]:
+    """Column names of :func:`write`'s and :func:`rows_in_memory`'s rows:
+    ``NUM0``.., then ``CAT<g>=<v>`` per one-hot group."""
+    numeric = min(numeric, features)
+    names = [f"NUM{i}" for i in range(numeric)]
+    for g, size in enumerate(_groups(features, numeric)):
+        names += [f"CAT{g}={v}" for v in range(size)]
+    return names
+
+
 def rows_in_memory(rows: int, features: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``rows`` two-class rows of the kind :func:`write` makes (2 numeric columns,
     the rest one-hot groups), in memory and in a shard's layout (:mod:`engine.shard`):
@@ -113,9 +123,7 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
     groups = _groups(features, numeric)
     rng = np.random.default_rng(seed)
     weights = rng.standard_normal((2, features)).astype(np.float32)
-    names = [f"NUM{i}" for i in range(numeric)]
-    for g, size in enumerate(groups):
-        names += [f"CAT{g}={v}" for v in range(size)]
+    names = feature_names(features, numeric)
     encoding = {"numeric": names[:numeric], "groups": groups, "synthetic": True}
 
     def make_rows(n):

@@ -100,6 +100,23 @@ class _FlatGradient:
         self.grad = torch.zeros_like(self.params) if grad is None else grad
         self._grad_views = self.flat.views(self.grad)
 
+    def summed(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
+        """The plain gradient sum (no clipping: a non-private step) into ``grad``,
+        by one backward pass: a per-example rule has nothing to add here.
+
+        Returns:
+            (summed loss, 0).
+        """
+        if x.shape[0] == 0:
+            self.grad.zero_()
+            return 0.0, 0
+        total = F.cross_entropy(self.model(x), y, reduction="sum")
+        grads = torch.autograd.grad(total, list(self.model.parameters()), allow_unused=True)
+        for name, g in zip(self.flat.names, grads):
+            view = self._grad_views[name]
+            view.zero_() if g is None else view.copy_(g)
+        return float(total.detach()), 0
+
 
 class LayerClipper(_FlatGradient):
     """Per-layer clipped gradient sums (see module docstring)."""

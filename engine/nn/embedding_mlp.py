@@ -21,6 +21,10 @@ from torch import nn
 
 #: Learned numbers per category (the same for every categorical feature).
 EMBEDDING_DIM = 8
+#: Standard deviation of the initial embeddings. Small, so that the first
+#: layer starts from the numeric columns and categories move apart only as
+#: the data pushes them; torch's N(0, 1) tested a point worse on income.
+EMBEDDING_INIT_STD = 0.1
 
 
 class EmbeddingMLP(nn.Module):
@@ -57,6 +61,7 @@ class EmbeddingMLP(nn.Module):
         self.register_buffer("numeric_index", torch.tensor(numeric, dtype=torch.int64))
         self.register_buffer("offsets", torch.tensor(offsets, dtype=torch.int64))
         self.embedding = nn.Embedding(sum(counts), dim)
+        nn.init.normal_(self.embedding.weight, 0.0, EMBEDDING_INIT_STD)
         widths = [len(numeric) + dim * len(codes), *hidden, n_classes]
         layers: list[nn.Module] = []
         for i, (w_in, w_out) in enumerate(zip(widths[:-1], widths[1:])):

@@ -167,6 +167,8 @@ class ModuleEngine:
         """Write ``sum_i c_i grad_i`` of the ``k`` loaded rows into ``grad``
         (same contract as FastMLP.clipped_sum, groups included)."""
         x = self.x[:k, :-1]
+        if max_norm is None:  # non-private: nothing is clipped, groups or not
+            return self.clipper.summed(x, self.y[:k])
         if groups is None:
             return self._clipped_sum(x, self.y[:k], max_norm)
         return self._clipped_sum(x, self.y[:k], max_norm, groups)
