@@ -54,6 +54,24 @@ def test_a_factory_trains_in_place_with_the_mlps_accounting(data, comm, shared_t
     assert len(set(comm.allgather(flat.tobytes()))) == 1
 
 
+@pytest.mark.mpi(min_size=1)
+def test_a_users_mlp_runs_the_fused_kernels_bit_for_bit(data, comm):
+    from engine.nn.model import MLPSpec, init_params, to_module
+
+    common = dict(comm=comm, epochs=2, batch_size=100, noise_multiplier=1.0, seed=9,
+                  quiet=True, hidden=(12,), allreduce="ring")
+    spec = MLPSpec.build(FEATURES, (12,), 2)
+    mine = to_module(spec, init_params(spec, 9))
+    run = engine.train(data, model=mine, **common)
+    builtin = engine.train(data, model="mlp", **common)
+    assert run.model is mine  # trained in place
+    for a, b in zip(mine.parameters(), builtin.model.parameters()):
+        assert torch.equal(a.detach(), b.detach())
+    keys = ("train_loss", "test_accuracy", "epsilon", "clipped_fraction", "train_examples")
+    assert [[h[k] for k in keys] for h in run.history] == \
+        [[h[k] for k in keys] for h in builtin.history]
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_model_that_differs_between_ranks_is_refused_on_every_rank(data, comm):
     torch.manual_seed(comm.Get_rank())  # the user's mistake: a different draw per rank
@@ -106,7 +124,7 @@ def test_model_from_the_command_line(tmp_path):
                  str(tmp_path / "m.jsonl"), "--checkpoint-dir", str(tmp_path / "run"),
                  cwd=str(tmp_path), timeout=240)
     assert good.returncode == 0, good.stderr[-2000:]
-    assert "Sequential (my_models:small, 106 parameters, clipping by per-layer rules)" \
+    assert "Sequential (my_models:small, 106 parameters, clipping by the fused MLP kernels)" \
         in good.stdout
     # eval rebuilds the model from its factory; the audit says it attacks MLPs only
     import json

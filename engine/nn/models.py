@@ -18,9 +18,9 @@ from engine.errors import CheckpointError, ConfigError
 from engine.nn import factories
 from engine.nn.embedding_mlp import EmbeddingMLP
 from engine.nn.fast_mlp import FastMLP
-from engine.nn.model import MLPSpec, init_params, to_module
+from engine.nn.model import MLPSpec, flat_from_module, init_params, layer_views, to_module
 from engine.nn.model import logits as mlp_logits
-from engine.nn.module_engine import ModuleEngine
+from engine.nn.module_engine import ModuleEngine, check_model
 
 
 class MLPModel:
@@ -49,8 +49,37 @@ class MLPModel:
         return to_module(self.spec, params.detach().cpu())
 
 
+def mlp_spec_of(module: nn.Module) -> MLPSpec | None:
+    """The :class:`MLPSpec` of a module that *is* the fused MLP, else None.
+
+    That is an ``nn.Sequential`` of ``nn.Linear`` layers with biases and
+    ``nn.ReLU`` between them, widths chained, float32, without hooks: the
+    model the fused kernels compute exactly, so a user's such module trains
+    at their speed instead of the generic path's.
+    """
+    if type(module) is not nn.Sequential or len(module) % 2 == 0:
+        return None
+    dims = []
+    for i, layer in enumerate(module):
+        if layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks:
+            return None
+        if i % 2 == 1:
+            if type(layer) is not nn.ReLU:
+                return None
+            continue
+        if type(layer) is not nn.Linear or layer.bias is None \
+                or layer.weight.dtype != torch.float32:
+            return None
+        if dims and dims[-1] != layer.in_features:
+            return None
+        dims = dims or [layer.in_features]
+        dims.append(layer.out_features)
+    return MLPSpec(tuple(dims))
+
+
 class TorchModel:
-    """Any ``nn.Module``, trained in place through :class:`ModuleEngine`."""
+    """Any ``nn.Module``, trained in place through :class:`ModuleEngine` (or
+    the fused kernels, when the module is an MLP they compute: :func:`mlp_spec_of`)."""
 
     fused = False
 
@@ -58,21 +87,39 @@ class TorchModel:
         self.module_obj, self.name = module, name
         self.n_params = sum(p.numel() for p in module.parameters())
         self.rule = "?"
+        self.mlp_spec = mlp_spec_of(module)
 
     def describe(self) -> str:
         return (f"{type(self.module_obj).__name__} ({self.name}, {self.n_params:,} "
                 f"parameters, clipping by {self.rule})")
 
     def to_dict(self) -> dict:
-        """The checkpoint's ``model`` entry: enough to refuse another model on resume."""
-        return {"kind": "module", "name": self.name,
-                "class": type(self.module_obj).__qualname__, "n_params": self.n_params,
-                "shapes": [[n, list(p.shape)] for n, p in self.module_obj.named_parameters()]}
+        """The checkpoint's ``model`` entry: enough to refuse another model on resume
+        (and, for a module run by the fused kernels, the widths that say how its
+        flat parameters are laid out: ``fused``)."""
+        entry = {"kind": "module", "name": self.name,
+                 "class": type(self.module_obj).__qualname__, "n_params": self.n_params,
+                 "shapes": [[n, list(p.shape)] for n, p in self.module_obj.named_parameters()]}
+        if self.mlp_spec is not None:
+            entry["fused"] = self.mlp_spec.to_dict()
+        return entry
 
     def build_engine(self, grad: torch.Tensor, seed: int, probe, n_classes: int,
-                     capacity: int, backend: str | None) -> ModuleEngine:
-        engine = ModuleEngine(self.module_obj, grad, probe, n_classes, capacity=capacity)
-        self.rule = engine.rule
+                     capacity: int, backend: str | None) -> ModuleEngine | FastMLP:
+        if self.mlp_spec is None:
+            engine = ModuleEngine(self.module_obj, grad, probe, n_classes, capacity=capacity)
+            self.rule = engine.rule
+            return engine
+        check_model(self.module_obj, grad.device, grad.dtype)
+        ModuleEngine.check_output(self.module_obj, probe[0][:, :-1].to(grad.device), n_classes)
+        flat = flat_from_module(self.mlp_spec, self.module_obj).to(grad.device)
+        engine = FastMLP(self.mlp_spec, flat, grad, capacity=capacity, backend=backend)
+        # the module trains in place: its parameters become views of the engine's
+        for view, linear in zip(layer_views(self.mlp_spec, engine.params),
+                                [m for m in self.module_obj if isinstance(m, nn.Linear)]):
+            linear.weight.data = view[:, :-1]
+            linear.bias.data = view[:, -1]
+        self.rule = "the fused MLP kernels"
         return engine
 
     def module(self, params: torch.Tensor) -> nn.Module:
@@ -210,6 +257,14 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
     name = recorded.get("name", "")
     if name.startswith("python:"):
         checkpoint_spec(recorded, where)  # raises: nothing names how to rebuild it
+    if "fused" in recorded:  # a module the fused kernels ran: their layout
+        spec = MLPSpec.from_dict(recorded["fused"])
+        if spec.dims[0] != n_features or spec.dims[-1] != n_classes:
+            raise ConfigError(f"{where}: {name} was trained on {spec.dims[0]} features and "
+                              f"{spec.dims[-1]} classes, this file has {n_features} and "
+                              f"{n_classes}: evaluate on a file prepared like the training "
+                              "file (`mpidp prep --like`)", collective=True)
+        return lambda xb: mlp_logits(spec, params, xb)
     if name == "embedding-mlp":
         module = build_embedding_mlp(recorded["spec"])
     else:

@@ -115,7 +115,7 @@ class ModuleEngine:
         if grad.shape != (n_params,):
             raise ValueError(f"grad must be a flat vector of the model's {n_params} parameters")
         x = probe[0][:, :-1].to(device)
-        self._check_output(model, x, n_classes)
+        self.check_output(model, x, n_classes)
         per_layer = _uses_each_layer_once(model, x)
         clipper = (LayerClipper if per_layer else FuncClipper)(model, grad)
         self.model, self.clipper = model, clipper
@@ -127,7 +127,8 @@ class ModuleEngine:
         self._allocate(max(1, capacity), probe[0].shape[1])
 
     @staticmethod
-    def _check_output(model: nn.Module, x: torch.Tensor, n_classes: int) -> None:
+    def check_output(model: nn.Module, x: torch.Tensor, n_classes: int) -> None:
+        """Raise ConfigError unless ``model(x)`` runs and returns ``[k, n_classes]``."""
         try:
             with torch.no_grad():
                 out = model(x)
