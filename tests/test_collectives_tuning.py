@@ -25,6 +25,44 @@ def drive(tuner: Tuner, calls: int, cost, start: int = 0) -> list[int]:
     return picked
 
 
+def test_the_runners_steady_state_makes_the_calls_pick_would(monkeypatch):
+    """TunedPlan's runner skips pick/record/due between trials and agreements
+    (Tuner.plain_calls): the same candidates, timed calls and estimates as the
+    reference loop, with a fake clock that the candidates advance."""
+    now = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: now[0])
+
+    def cost(c, name):  # ring gets faster half-way: switches and re-trials happen
+        return 0.5e-6 if (name == "ring" and c >= 3000) else COST[name]
+
+    calls, ran = 7000, []
+
+    class Candidate:
+        def __init__(self, name):
+            self.name = name
+
+        def runner(self, *args):
+            def run():
+                ran.append(self.name)
+                now[0] += cost(len(ran) - 1, self.name)
+            return run
+
+    class MaxOfOneRank:
+        def runner(self, send, recv):
+            return lambda: None
+
+    plan = tuning.TunedPlan(None, list(COST), "native", Candidate, MaxOfOneRank, None)
+    run = plan.runner(None, None)
+    for _ in range(calls):
+        run()
+    reference = Tuner(list(COST), "native")
+    picked = drive(reference, calls, cost)
+    assert ran == [reference.names[i] for i in picked]
+    assert plan.tuner.used == reference.used and plan.tuner.calls == calls
+    assert plan.tuner.estimate == pytest.approx(reference.estimate, rel=1e-6)
+    assert plan.tuner.switches == reference.switches >= 1
+
+
 def test_finds_the_fastest_whatever_the_static_table_says():
     for first in COST:
         tuner = Tuner(list(COST), first)
