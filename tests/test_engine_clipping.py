@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.dp.clipping import FuncClipper, LayerClipper
 from engine.nn.fast_mlp import FastMLP
-from engine.dp.grad_samplers import has_fast_rule
+from engine.dp.rules import has_fast_rule
 from engine.nn.model import MLPSpec, flat_from_module, init_params, to_module
 from engine.dp.naive import naive_clipped_sum
 

@@ -11,7 +11,7 @@ one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
 * :class:`LayerClipper` — per layer: one forward with hooks that keep each
   parameterised layer's input, one ``torch.autograd.grad`` to the layer
   outputs only (so autograd never computes weight gradients that would be
-  thrown away), then each layer's rule (:mod:`engine.dp.grad_samplers`): the
+  thrown away), then each layer's rule (:mod:`engine.dp.rules`): the
   book-keeping GEMMs for Linear, ``torch.func`` for anything else.
 * :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
   grad): for models whose parameters are not all in leaf layers used once.
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.dp.grad_samplers import group_sq_norms_of, rule_for
+from engine.dp.rules import group_sq_norms_of, rule_for
 
 
 def clip_factors(sq_norms: torch.Tensor, max_norm: float) -> torch.Tensor:

@@ -8,7 +8,7 @@ flat parameter vector the optimizer updates in place. The MLPs that
 (a user's ``nn.Module``, a factory named by ``--model MODULE:FACTORY``) runs
 through :class:`ModuleEngine`, which wraps the per-layer clippers of
 :mod:`engine.dp.clipping`: the book-keeping rules of
-:mod:`engine.dp.grad_samplers` where every parameterised layer is a leaf
+:mod:`engine.dp.rules` where every parameterised layer is a leaf
 used once per forward, ``torch.func`` over the whole model otherwise.
 
 The model's parameters become views into one flat vector (``params``), so
