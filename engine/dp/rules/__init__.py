@@ -11,7 +11,8 @@ Rules are registered per layer type by decorator (the Opacus way), one
 module per family, all imported at the end of this file:
 
 * :mod:`.linear`: ``nn.Linear``, book-keeping (``|a_i|^2 |b_i|^2``, one GEMM
-  for the sum) on ``[k, d]`` inputs.
+  for the sum) on ``[k, d]`` inputs, ghost norm or per-example outer products
+  on ``[k, ..., d]`` inputs.
 
 A layer type without a rule (or an input its rule declines) falls back to
 :class:`FuncRule`, which materialises per-example gradients with
@@ -27,6 +28,7 @@ rule may treat weight and bias separately.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable, Protocol
 
 import torch
@@ -76,6 +78,11 @@ def group_owner(groups: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(sizes.shape[0], device=starts.device), sizes)
 
 
+def _rows(g: torch.Tensor) -> torch.Tensor:
+    """``[k, ...]`` as ``[k, rest]`` (also for k = 0, where ``reshape(0, -1)`` fails)."""
+    return g.reshape(g.shape[0], math.prod(g.shape[1:]))
+
+
 def group_sq_norms_of(grads: Iterable[torch.Tensor], groups: torch.Tensor) -> torch.Tensor:
     """``[H]`` squared norms of each group's summed per-example gradients
     (``grads``: tensors ``[k, ...]``)."""
@@ -83,7 +90,7 @@ def group_sq_norms_of(grads: Iterable[torch.Tensor], groups: torch.Tensor) -> to
     n_groups = groups.shape[0] - 1
     sq = None
     for g in grads:
-        flat = g.reshape(g.shape[0], -1)
+        flat = _rows(g)
         sums = flat.new_zeros(n_groups, flat.shape[1]).index_add_(0, owner, flat)
         part = sums.square().sum(1)
         sq = part if sq is None else sq + part
@@ -98,7 +105,7 @@ class GradsTerm:
         self.grads = grads
         sq = like.new_zeros(k)
         for g in grads.values():
-            sq = sq + g.reshape(k, -1).square().sum(1)
+            sq = sq + _rows(g).square().sum(1)
         self.sq_norms = sq
 
     def clipped_sum(self, factors: torch.Tensor) -> dict[str, torch.Tensor]:
