@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.dp.rules import group_sq_norms_of, rule_for
+from engine.dp.rules import group_sq_norms_of, refusal, rule_for
 
 
 def clip_factors(sq_norms: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -91,9 +91,17 @@ def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 class _FlatGradient:
     """A model's parameters as one flat vector, and the flat buffer its clipped
-    gradient sum is written into (``grad``, allocated unless given)."""
+    gradient sum is written into (``grad``, allocated unless given).
+
+    Raises:
+        ValueError: a layer breaks per-example privacy (:func:`engine.dp.rules.refusal`).
+    """
 
     def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
+        for name, module in model.named_modules():
+            reason = refusal(module)
+            if reason is not None:  # ModuleEngine says so earlier, as a ConfigError
+                raise ValueError(f"layer {name!r} ({type(module).__name__}) {reason}")
         self.model = model
         self.flat = FlatParameters(model)
         self.params = self.flat.params

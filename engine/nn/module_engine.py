@@ -25,19 +25,18 @@ import torch
 from torch import nn
 
 from engine.dp.clipping import FuncClipper, LayerClipper, leaf_layers
+from engine.dp.rules import refusal
 from engine.errors import ConfigError
-
-#: Layers that mix the examples of a batch: per-example gradients do not
-#: exist for them, so DP-SGD cannot train them (use GroupNorm or LayerNorm).
-BATCH_MIXING = (nn.modules.batchnorm._BatchNorm,)
 
 
 def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse, with a message a user can act on, a model DP-SGD cannot train here.
 
     Raises:
-        ConfigError: not an ``nn.Module``, no trainable parameters, a
-            batch-normalisation layer, parameters or buffers on another device
+        ConfigError: not an ``nn.Module``, no trainable parameters, a layer
+            that breaks per-example privacy (:func:`engine.dp.rules.refusal`:
+            BatchNorm, an Embedding with ``max_norm`` or ``scale_grad_by_freq``,
+            ...), parameters or buffers on another device
             or of another dtype than the run's, frozen parameters.
     """
     if not isinstance(model, nn.Module):
@@ -46,10 +45,9 @@ def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
     if not params:
         raise ConfigError(f"the model {type(model).__name__} has no parameters to train")
     for name, module in model.named_modules():
-        if isinstance(module, BATCH_MIXING):
-            raise ConfigError(f"layer {name!r} ({type(module).__name__}) mixes the examples "
-                              "of a batch, so per-example gradients do not exist; use "
-                              "GroupNorm or LayerNorm")
+        reason = refusal(module)
+        if reason is not None:
+            raise ConfigError(f"layer {name!r} ({type(module).__name__}) {reason}")
     for name, p in params:
         if p.device != device:
             raise ConfigError(f"parameter {name!r} is on {p.device}, the run on {device}: "

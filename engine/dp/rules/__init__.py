@@ -12,7 +12,12 @@ module per family, all imported at the end of this file:
 
 * :mod:`.linear`: ``nn.Linear``, book-keeping (``|a_i|^2 |b_i|^2``, one GEMM
   for the sum) on ``[k, d]`` inputs, ghost norm or per-example outer products
-  on ``[k, ..., d]`` inputs.
+  on ``[k, ..., d]`` inputs;
+* :mod:`.embedding`: ``nn.Embedding``, from the rows each example looks up.
+
+Layers that break per-example privacy (BatchNorm mixes the examples, an
+Embedding with ``max_norm`` rewrites its weights from the data, ...) are
+refused with the reason: :func:`refusal`.
 
 A layer type without a rule (or an input its rule declines) falls back to
 :class:`FuncRule`, which materialises per-example gradients with
@@ -116,6 +121,32 @@ class GradsTerm:
         return group_sq_norms_of(self.grads.values(), groups)
 
 
+def refusal(module: nn.Module) -> str | None:
+    """Why DP-SGD cannot train a model holding ``module``, and what to use
+    instead (a phrase that follows the layer's name); None when it can.
+
+    Per-example privacy needs each example's gradient to depend on that
+    example alone, and every use of the data to go through clipping and noise.
+    """
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return ("mixes the examples of a batch (it normalises by the batch's statistics), "
+                "so per-example gradients do not exist; use GroupNorm or LayerNorm")
+    if isinstance(module, nn.modules.instancenorm._InstanceNorm) and \
+            module.track_running_stats:
+        return ("keeps running statistics of the training rows, which the model would "
+                "release without clipping or noise; set track_running_stats=False")
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        if module.max_norm is not None:
+            return ("has max_norm set: it renormalises the rows a batch looks up in place "
+                    "during the forward pass, a change of the weights that depends on the "
+                    "data and escapes clipping and noise; use max_norm=None")
+        if module.scale_grad_by_freq:
+            return ("has scale_grad_by_freq=True: each row's gradient is divided by its "
+                    "count in the batch, so one example's gradient depends on the others; "
+                    "use scale_grad_by_freq=False")
+    return None
+
+
 Rule = Callable[[nn.Module, torch.Tensor, torch.Tensor], LayerTerm]
 
 _RULES: dict[type, Rule] = {}
@@ -168,4 +199,4 @@ class FuncRule(GradsTerm):
 
 
 # The built-in rules register themselves on import (after the names above exist).
-from engine.dp.rules import linear  # noqa: E402,F401  (registers nn.Linear)
+from engine.dp.rules import embedding, linear  # noqa: E402,F401
