@@ -70,15 +70,18 @@ def _offsets(linears):
 
 
 def _models(d, classes):
-    """(name, factory, clipper class): Linear MLPs, layers without a rule, a 3-D Linear."""
+    """(name, factory, clipper class): Linear MLPs, layers with rules of their own,
+    a layer without one (the torch.func fallback), a 3-D Linear."""
     return [
         ("linear-mlp", lambda: nn.Sequential(nn.Linear(d, 6), nn.ReLU(), nn.Linear(6, classes)),
          LayerClipper),
-        ("layernorm-fallback", lambda: nn.Sequential(
+        ("layernorm-rule", lambda: nn.Sequential(
             nn.Linear(d, 6), nn.LayerNorm(6), nn.Tanh(), nn.Linear(6, classes)), LayerClipper),
         ("conv-fallback", lambda: nn.Sequential(
             nn.Unflatten(1, (1, d)), nn.Conv1d(1, 2, 3), nn.ReLU(), nn.Flatten(),
             nn.Linear(2 * (d - 2), classes)), LayerClipper),
+        ("prelu-fallback", lambda: nn.Sequential(
+            nn.Linear(d, 6), nn.PReLU(), nn.Linear(6, classes)), LayerClipper),
         ("linear-on-3d-input", lambda: nn.Sequential(
             nn.Unflatten(1, (2, d // 2)), nn.Linear(d // 2, 3), nn.Flatten(),
             nn.Linear(6, classes, bias=False)), LayerClipper),
@@ -87,7 +90,8 @@ def _models(d, classes):
     ]
 
 
-@pytest.mark.parametrize("case", range(5), ids=[m[0] for m in _models(4, 2)])
+@pytest.mark.filterwarnings("ignore::engine.dp.rules.SlowPathWarning")
+@pytest.mark.parametrize("case", range(len(_models(4, 2))), ids=[m[0] for m in _models(4, 2)])
 @SETTINGS
 @given(k=batch_sizes, C=clip_bounds, classes=st.sampled_from([2, 3]),
        seed=st.integers(0, 10_000))
@@ -107,9 +111,9 @@ def test_module_clippers_match_naive(case, k, C, classes, seed):
 
 
 def test_fallback_is_exercised():
-    """The fallback cases above really use torch.func (not the Linear rule)."""
-    assert has_fast_rule(nn.Linear(2, 2))
-    assert not has_fast_rule(nn.LayerNorm(2)) and not has_fast_rule(nn.Conv1d(1, 1, 1))
+    """The rule cases above use their rules, the fallback case torch.func."""
+    assert has_fast_rule(nn.Linear(2, 2)) and has_fast_rule(nn.LayerNorm(2))
+    assert not has_fast_rule(nn.PReLU())
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

@@ -13,7 +13,9 @@ module per family, all imported at the end of this file:
 * :mod:`.linear`: ``nn.Linear``, book-keeping (``|a_i|^2 |b_i|^2``, one GEMM
   for the sum) on ``[k, d]`` inputs, ghost norm or per-example outer products
   on ``[k, ..., d]`` inputs;
-* :mod:`.embedding`: ``nn.Embedding``, from the rows each example looks up.
+* :mod:`.embedding`: ``nn.Embedding``, from the rows each example looks up;
+* :mod:`.norms`: ``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.RMSNorm`` (affine
+  parameters, from the recomputed normalised input).
 
 Layers that break per-example privacy (BatchNorm mixes the examples, an
 Embedding with ``max_norm`` rewrites its weights from the data, ...) are
@@ -199,4 +201,4 @@ class FuncRule(GradsTerm):
 
 
 # The built-in rules register themselves on import (after the names above exist).
-from engine.dp.rules import embedding, linear  # noqa: E402,F401
+from engine.dp.rules import embedding, linear, norms  # noqa: E402,F401
