@@ -77,7 +77,7 @@ def _models(d, classes):
          LayerClipper),
         ("layernorm-rule", lambda: nn.Sequential(
             nn.Linear(d, 6), nn.LayerNorm(6), nn.Tanh(), nn.Linear(6, classes)), LayerClipper),
-        ("conv-fallback", lambda: nn.Sequential(
+        ("conv-rule", lambda: nn.Sequential(
             nn.Unflatten(1, (1, d)), nn.Conv1d(1, 2, 3), nn.ReLU(), nn.Flatten(),
             nn.Linear(2 * (d - 2), classes)), LayerClipper),
         ("prelu-fallback", lambda: nn.Sequential(
@@ -112,7 +112,7 @@ def test_module_clippers_match_naive(case, k, C, classes, seed):
 
 def test_fallback_is_exercised():
     """The rule cases above use their rules, the fallback case torch.func."""
-    assert has_fast_rule(nn.Linear(2, 2)) and has_fast_rule(nn.LayerNorm(2))
+    assert all(has_fast_rule(m) for m in (nn.Linear(2, 2), nn.LayerNorm(2), nn.Conv1d(1, 1, 1)))
     assert not has_fast_rule(nn.PReLU())
 
 

@@ -15,7 +15,8 @@ module per family, all imported at the end of this file:
   on ``[k, ..., d]`` inputs;
 * :mod:`.embedding`: ``nn.Embedding``, from the rows each example looks up;
 * :mod:`.norms`: ``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.RMSNorm`` (affine
-  parameters, from the recomputed normalised input).
+  parameters, from the recomputed normalised input);
+* :mod:`.conv`: ``nn.Conv1d``, ``nn.Conv2d``, a Linear map of unfolded patches.
 
 Layers that break per-example privacy (BatchNorm mixes the examples, an
 Embedding with ``max_norm`` rewrites its weights from the data, ...) are
@@ -201,4 +202,4 @@ class FuncRule(GradsTerm):
 
 
 # The built-in rules register themselves on import (after the names above exist).
-from engine.dp.rules import embedding, linear, norms  # noqa: E402,F401
+from engine.dp.rules import conv, embedding, linear, norms  # noqa: E402,F401
