@@ -20,12 +20,13 @@ without it.
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import torch
 from torch import nn
 
-from engine.dp.clipping import FuncClipper, LayerClipper, leaf_layers
-from engine.dp.rules import refusal
+from engine.dp.clipping import FuncClipper, LayerClipper, layer_label, leaf_layers, mixed_module
+from engine.dp.rules import SlowPathWarning, refusal
 from engine.errors import ConfigError
 
 
@@ -47,7 +48,7 @@ def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
     for name, module in model.named_modules():
         reason = refusal(module)
         if reason is not None:
-            raise ConfigError(f"layer {name!r} ({type(module).__name__}) {reason}")
+            raise ConfigError(f"{layer_label(name, module)} {reason}")
     for name, p in params:
         if p.device != device:
             raise ConfigError(f"parameter {name!r} is on {p.device}, the run on {device}: "
@@ -65,26 +66,37 @@ def parameter_digest(params: torch.Tensor) -> str:
     return hashlib.sha256(params.detach().cpu().numpy().tobytes()).hexdigest()
 
 
-def _uses_each_layer_once(model: nn.Module, x: torch.Tensor) -> bool:
-    """Whether the per-layer rules apply: parameters only in leaf layers, each
-    run once per forward pass (tried on a probe batch)."""
-    try:
-        layers = leaf_layers(model)
-    except ValueError:
-        return False
-    counts = {m: 0 for _, m in layers}
+def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
+    """Why the per-layer rules cannot serve ``model`` (None when they can):
+    parameters outside leaf layers, or a layer that does not run exactly once
+    per forward pass or whose inputs are not batch first. Tried on the probe
+    rows, and on one row fewer (so a length that equals the batch by chance
+    is not taken for it)."""
+    reason = mixed_module(model)
+    if reason is not None:
+        return reason
+    layers = leaf_layers(model)
+    for rows in sorted({x.shape[0], max(1, x.shape[0] - 1)}, reverse=True):
+        seen: dict[nn.Module, list] = {m: [] for _, m in layers}
 
-    def count(module, inputs, output):
-        counts[module] += 1
+        def record(module, inputs, output):
+            seen[module].append(all(t.dim() > 0 and t.shape[0] == rows
+                                    for t in inputs if torch.is_tensor(t)))
 
-    hooks = [m.register_forward_hook(count) for _, m in layers]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return all(c == 1 for c in counts.values())
+        hooks = [m.register_forward_hook(record) for _, m in layers]
+        try:
+            with torch.no_grad():
+                model(x[:rows])
+        finally:
+            for h in hooks:
+                h.remove()
+        for name, m in layers:
+            if len(seen[m]) != 1:
+                return (f"{layer_label(name, m)} runs {len(seen[m])} times in one forward "
+                        "pass (shared or unused weights)")
+            if not seen[m][0]:
+                return f"{layer_label(name, m)} takes inputs that are not batch first"
+    return None
 
 
 class ModuleEngine:
@@ -114,10 +126,13 @@ class ModuleEngine:
             raise ValueError(f"grad must be a flat vector of the model's {n_params} parameters")
         x = probe[0][:, :-1].to(device)
         self._check_output(model, x, n_classes)
-        per_layer = _uses_each_layer_once(model, x)
-        clipper = (LayerClipper if per_layer else FuncClipper)(model, grad)
+        why = _whole_model_reason(model, x)
+        if why is not None:
+            warnings.warn(f"clipping the whole model through torch.func (exact, slower) "
+                          f"instead of per layer: {why}", SlowPathWarning, stacklevel=2)
+        clipper = (LayerClipper if why is None else FuncClipper)(model, grad)
         self.model, self.clipper = model, clipper
-        self.rule = "per-layer rules" if per_layer else "torch.func"
+        self.rule = "per-layer rules" if why is None else "torch.func"
         self.params, self.grad = clipper.params, grad
         self.device, self.dtype = device, dtype
         self._clipped_sum = clipper.clipped_sum

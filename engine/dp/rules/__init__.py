@@ -180,11 +180,14 @@ def has_fast_rule(layer: nn.Module) -> bool:
 class FuncRule(GradsTerm):
     """Fallback for any layer that treats examples independently.
 
-    Example i's gradient is ``d/dθ <layer_θ(a_i), b_i>`` (a vector-Jacobian
-    product), computed for all i at once with ``torch.func.vmap(grad(...))``.
+    Example i's gradient is ``d/dθ <layer_θ(a_i, *more_i), b_i>`` (a
+    vector-Jacobian product), computed for all i at once with
+    ``torch.func.vmap(grad(...))``. ``more``: the layer's further positional
+    inputs (tensors ``[k, ...]``, batched like ``a``; anything else as is).
     """
 
-    def __init__(self, layer: nn.Module, a: torch.Tensor, b: torch.Tensor):
+    def __init__(self, layer: nn.Module, a: torch.Tensor, b: torch.Tensor,
+                 more: tuple = ()):
         # deferred: only this rule needs torch.func
         from torch.func import functional_call, grad, vmap
 
@@ -193,11 +196,16 @@ class FuncRule(GradsTerm):
         if k == 0:
             grads = {name: p.new_zeros((0, *p.shape)) for name, p in params.items()}
         else:
-            def inner(theta, a_i, b_i):
-                out = functional_call(layer, theta, (a_i.unsqueeze(0),))
+            batched = [torch.is_tensor(x) for x in more]
+
+            def inner(theta, a_i, b_i, *more_i):
+                args = [x.unsqueeze(0) if is_t else x for x, is_t in zip(more_i, batched)]
+                out = functional_call(layer, theta, (a_i.unsqueeze(0), *args))
                 return (out * b_i.unsqueeze(0)).sum()
 
-            grads = vmap(grad(inner), in_dims=(None, 0, 0))(params, a.detach(), b.detach())
+            in_dims = (None, 0, 0, *(0 if is_t else None for is_t in batched))
+            more = tuple(x.detach() if is_t else x for x, is_t in zip(more, batched))
+            grads = vmap(grad(inner), in_dims=in_dims)(params, a.detach(), b.detach(), *more)
         super().__init__(grads, k, b)
 
 
