@@ -1,8 +1,9 @@
 """Clipped gradient sums equal the naive per-example loop (float64, tight tolerance).
 
 Every engine (the hand-written MLP with Numba and with torch kernels, the
-per-layer clipper with its book-keeping Linear rule and its torch.func
-fallback for other layers, and the whole-model torch.func clipper), for
+per-layer clipper with its rules (engine.dp.rules; each rule alone:
+test_engine_rules.py) and its torch.func fallback for a layer without one,
+and the whole-model torch.func clipper), for
 batches of 0, 1 and many examples, with clipping inactive (huge C) and
 active (tiny C). Property tests with Hypothesis on small shapes.
 """
