@@ -11,10 +11,15 @@ one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
 * :class:`LayerClipper` — per layer: one forward with hooks that keep each
   parameterised layer's input, one ``torch.autograd.grad`` to the layer
   outputs only (so autograd never computes weight gradients that would be
-  thrown away), then each layer's rule (:mod:`engine.dp.rules`): the
-  book-keeping GEMMs for Linear, ``torch.func`` for anything else.
+  thrown away), then each layer's rule (:mod:`engine.dp.rules`: Linear,
+  Embedding, the norm layers, Conv1d/2d), ``torch.func`` for a layer without
+  one (announced by a ``SlowPathWarning``). Every layer's inputs must be
+  batch first.
 * :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
   grad): for models whose parameters are not all in leaf layers used once.
+
+Layers that break per-example privacy (:func:`engine.dp.rules.refusal`) are
+refused by both.
 
 MLPs built by ``mpidp train`` use the hand-written :mod:`engine.nn.fast_mlp`
 instead; all three are tested against the naive loop (:mod:`engine.dp.naive`).

@@ -76,7 +76,8 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
     if reason is not None:
         return reason
     layers = leaf_layers(model)
-    for rows in sorted({x.shape[0], max(1, x.shape[0] - 1)}, reverse=True):
+    n = x.shape[0]
+    for rows in [n, n - 1] if n > 1 else [n]:
         seen: dict[nn.Module, list] = {m: [] for _, m in layers}
 
         def record(module, inputs, output):
