@@ -7,8 +7,9 @@
 1. The built-in MLP (fused kernels), the default model.
 2. A model of your own, given as a factory ``(n_features, n_classes) ->
    nn.Module``: mpidp seeds torch with the run's seed before calling it on
-   every rank, clips each example's gradient per layer (torch.func for the
-   LayerNorm, which has no book-keeping rule), and trains it in place.
+   every rank, clips each example's gradient per layer (Linear and LayerNorm
+   each have their rule: no per-example gradient of the whole model is
+   formed), and trains it in place.
    The same factory runs from the command line as
    ``mpidp train --model examples.train_api:ResidualNet``.
 """

@@ -1,8 +1,9 @@
 """Clipped gradient sums equal the naive per-example loop (float64, tight tolerance).
 
 Every engine (the hand-written MLP with Numba and with torch kernels, the
-per-layer clipper with its book-keeping Linear rule and its torch.func
-fallback for other layers, and the whole-model torch.func clipper), for
+per-layer clipper with its rules (engine.dp.rules; each rule alone:
+test_engine_rules.py) and its torch.func fallback for a layer without one,
+and the whole-model torch.func clipper), for
 batches of 0, 1 and many examples, with clipping inactive (huge C) and
 active (tiny C). Property tests with Hypothesis on small shapes.
 """
@@ -14,7 +15,7 @@ from torch import nn
 
 from engine.dp.clipping import FuncClipper, LayerClipper
 from engine.nn.fast_mlp import FastMLP
-from engine.dp.grad_samplers import has_fast_rule
+from engine.dp.rules import has_fast_rule
 from engine.nn.model import MLPSpec, flat_from_module, init_params, to_module
 from engine.dp.naive import naive_clipped_sum
 
@@ -70,15 +71,18 @@ def _offsets(linears):
 
 
 def _models(d, classes):
-    """(name, factory, clipper class): Linear MLPs, layers without a rule, a 3-D Linear."""
+    """(name, factory, clipper class): Linear MLPs, layers with rules of their own,
+    a layer without one (the torch.func fallback), a 3-D Linear."""
     return [
         ("linear-mlp", lambda: nn.Sequential(nn.Linear(d, 6), nn.ReLU(), nn.Linear(6, classes)),
          LayerClipper),
-        ("layernorm-fallback", lambda: nn.Sequential(
+        ("layernorm-rule", lambda: nn.Sequential(
             nn.Linear(d, 6), nn.LayerNorm(6), nn.Tanh(), nn.Linear(6, classes)), LayerClipper),
-        ("conv-fallback", lambda: nn.Sequential(
+        ("conv-rule", lambda: nn.Sequential(
             nn.Unflatten(1, (1, d)), nn.Conv1d(1, 2, 3), nn.ReLU(), nn.Flatten(),
             nn.Linear(2 * (d - 2), classes)), LayerClipper),
+        ("prelu-fallback", lambda: nn.Sequential(
+            nn.Linear(d, 6), nn.PReLU(), nn.Linear(6, classes)), LayerClipper),
         ("linear-on-3d-input", lambda: nn.Sequential(
             nn.Unflatten(1, (2, d // 2)), nn.Linear(d // 2, 3), nn.Flatten(),
             nn.Linear(6, classes, bias=False)), LayerClipper),
@@ -87,7 +91,8 @@ def _models(d, classes):
     ]
 
 
-@pytest.mark.parametrize("case", range(5), ids=[m[0] for m in _models(4, 2)])
+@pytest.mark.filterwarnings("ignore::engine.dp.rules.SlowPathWarning")
+@pytest.mark.parametrize("case", range(len(_models(4, 2))), ids=[m[0] for m in _models(4, 2)])
 @SETTINGS
 @given(k=batch_sizes, C=clip_bounds, classes=st.sampled_from([2, 3]),
        seed=st.integers(0, 10_000))
@@ -107,9 +112,9 @@ def test_module_clippers_match_naive(case, k, C, classes, seed):
 
 
 def test_fallback_is_exercised():
-    """The fallback cases above really use torch.func (not the Linear rule)."""
-    assert has_fast_rule(nn.Linear(2, 2))
-    assert not has_fast_rule(nn.LayerNorm(2)) and not has_fast_rule(nn.Conv1d(1, 1, 1))
+    """The rule cases above use their rules, the fallback case torch.func."""
+    assert all(has_fast_rule(m) for m in (nn.Linear(2, 2), nn.LayerNorm(2), nn.Conv1d(1, 1, 1)))
+    assert not has_fast_rule(nn.PReLU())
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

@@ -389,21 +389,23 @@ def test_bench_dpsgd_times_the_household_step_beside_the_person_step(monkeypatch
 
 
 def _module_cases(d, classes):
-    """(name, factory, clipper class): the book-keeping Linear rule, a layer with
-    the torch.func fallback, and the whole-model torch.func clipper."""
+    """(name, factory, clipper class): the book-keeping Linear rule, the LayerNorm
+    rule with a layer on the torch.func fallback (PReLU), and the whole-model
+    torch.func clipper."""
     from engine.dp.clipping import FuncClipper, LayerClipper
 
     return [
         ("linear-mlp", lambda: nn.Sequential(nn.Linear(d, 6), nn.ReLU(), nn.Linear(6, classes)),
          LayerClipper),
-        ("layernorm-fallback", lambda: nn.Sequential(
-            nn.Linear(d, 5), nn.LayerNorm(5), nn.Tanh(), nn.Linear(5, classes, bias=False)),
+        ("layernorm-rule-prelu-fallback", lambda: nn.Sequential(
+            nn.Linear(d, 5), nn.LayerNorm(5), nn.PReLU(), nn.Linear(5, classes, bias=False)),
          LayerClipper),
         ("whole-model-func", lambda: nn.Sequential(
             nn.Linear(d, 5), nn.GELU(), nn.Linear(5, classes)), FuncClipper),
     ]
 
 
+@pytest.mark.filterwarnings("ignore::engine.dp.rules.SlowPathWarning")  # the PReLU, by design
 @pytest.mark.parametrize("case", range(3), ids=[c[0] for c in _module_cases(4, 2)])
 @SETTINGS
 @given(sizes=household_sizes, C=clip_bounds, classes=st.sampled_from([2, 3]),

@@ -23,7 +23,7 @@ def data(shared_tmp, comm):
 
 
 class Small(nn.Module):
-    """Linear -> LayerNorm -> Tanh -> Linear: one layer without a book-keeping rule."""
+    """Linear -> LayerNorm -> Tanh -> Linear: the Linear and the LayerNorm rule."""
 
     def __init__(self, n_features, n_classes):
         super().__init__()

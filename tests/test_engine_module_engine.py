@@ -1,10 +1,13 @@
 """ModuleEngine: any torch model behind the fused MLP's interface, and the
 model checks and factories a user meets first (serial: no ranks involved)."""
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
 from engine.dp.naive import naive_clipped_sum
+from engine.dp.rules import SlowPathWarning
 from engine.errors import ConfigError
 from engine.nn import factories
 from engine.nn.module_engine import ModuleEngine, parameter_digest
@@ -47,8 +50,15 @@ def test_clipped_sums_match_the_naive_loop(name, C):
     reference = _models()[name]
     X, y = _rows(40)
     grad = torch.zeros(sum(p.numel() for p in model.parameters()))
-    engine = ModuleEngine(model, grad, (X[:4], y[:4]), CLASSES)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = ModuleEngine(model, grad, (X[:4], y[:4]), CLASSES)
     assert engine.rule == ("torch.func" if name == "tied" else "per-layer rules")
+    slow = [str(w.message) for w in caught if w.category is SlowPathWarning]
+    if name == "tied":  # the whole model through torch.func, and why
+        assert len(slow) == 1 and "layer 'inner' (Linear) runs 2 times" in slow[0]
+    else:
+        assert not slow
     rows = torch.tensor([0, 3, 4, 9, 17, 31, 39])
     k = engine.load(X, y, rows)
     loss, clipped = engine.clipped_sum(k, C)

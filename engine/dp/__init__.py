@@ -1,7 +1,7 @@
 """The differential-privacy components of DP-SGD, one concern per module.
 
 * :mod:`~engine.dp.sampler`: which rows a step uses (Poisson sampling, or shuffling);
-* :mod:`~engine.dp.clipping` and :mod:`~engine.dp.grad_samplers`: per-example
+* :mod:`~engine.dp.clipping` and :mod:`~engine.dp.rules`: per-example
   clipped gradient sums for any torch model (the MLP's own is
   :mod:`engine.nn.fast_mlp`);
 * :mod:`~engine.dp.naive`: the per-example loop every clipping engine is tested against;

@@ -11,10 +11,15 @@ one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
 * :class:`LayerClipper` — per layer: one forward with hooks that keep each
   parameterised layer's input, one ``torch.autograd.grad`` to the layer
   outputs only (so autograd never computes weight gradients that would be
-  thrown away), then each layer's rule (:mod:`engine.dp.grad_samplers`): the
-  book-keeping GEMMs for Linear, ``torch.func`` for anything else.
+  thrown away), then each layer's rule (:mod:`engine.dp.rules`: Linear,
+  Embedding, the norm layers, Conv1d/2d), ``torch.func`` for a layer without
+  one (announced by a ``SlowPathWarning``). Every layer's inputs must be
+  batch first.
 * :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
   grad): for models whose parameters are not all in leaf layers used once.
+
+Layers that break per-example privacy (:func:`engine.dp.rules.refusal`) are
+refused by both.
 
 MLPs built by ``mpidp train`` use the hand-written :mod:`engine.nn.fast_mlp`
 instead; all three are tested against the naive loop (:mod:`engine.dp.naive`).
@@ -22,11 +27,14 @@ An empty batch is valid: the sum is zero.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.dp.grad_samplers import group_sq_norms_of, rule_for
+from engine.dp.rules import (FuncRule, LayerTerm, SlowPathWarning, group_sq_norms_of,
+                             has_fast_rule, refusal, rule_for)
 
 
 def clip_factors(sq_norms: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -70,30 +78,50 @@ class FlatParameters:
         return dict(zip(self.names, self._split(buf)))
 
 
+def layer_label(name: str, module: nn.Module) -> str:
+    """How messages name a module: ``layer 'body.0' (Linear)``."""
+    return f"layer {name!r} ({type(module).__name__})" if name else \
+        f"the model itself ({type(module).__name__})"
+
+
+def mixed_module(model: nn.Module) -> str | None:
+    """Why the per-layer rules cannot split ``model`` (a module that holds
+    parameters of its own and in its children), or None."""
+    for name, module in model.named_modules():
+        if any(True for _ in module.parameters(recurse=False)) and \
+                any(True for child in module.children() for _ in child.parameters()):
+            return (f"{layer_label(name, module)} has parameters of its own and in its "
+                    "children, which the per-layer rules cannot split")
+    return None
+
+
 def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of every module that holds parameters, in order.
 
     Raises:
         ValueError: a module holds parameters of its own and in its children
-            (the per-layer rules cannot split it: use :class:`FuncClipper`).
+            (:func:`mixed_module`: use :class:`FuncClipper`).
     """
-    layers = []
-    for name, module in model.named_modules():
-        own = list(module.parameters(recurse=False))
-        if not own:
-            continue
-        if any(True for child in module.children() for _ in child.parameters()):
-            raise ValueError(f"module {name or type(module).__name__!r} has parameters "
-                             "of its own and in its children; use FuncClipper")
-        layers.append((name, module))
-    return layers
+    reason = mixed_module(model)
+    if reason is not None:
+        raise ValueError(f"{reason}; use FuncClipper")
+    return [(name, module) for name, module in model.named_modules()
+            if any(True for _ in module.parameters(recurse=False))]
 
 
 class _FlatGradient:
     """A model's parameters as one flat vector, and the flat buffer its clipped
-    gradient sum is written into (``grad``, allocated unless given)."""
+    gradient sum is written into (``grad``, allocated unless given).
+
+    Raises:
+        ValueError: a layer breaks per-example privacy (:func:`engine.dp.rules.refusal`).
+    """
 
     def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
+        for name, module in model.named_modules():
+            reason = refusal(module)
+            if reason is not None:  # ModuleEngine says so earlier, as a ConfigError
+                raise ValueError(f"{layer_label(name, module)} {reason}")
         self.model = model
         self.flat = FlatParameters(model)
         self.params = self.flat.params
@@ -119,11 +147,46 @@ class _FlatGradient:
 
 
 class LayerClipper(_FlatGradient):
-    """Per-layer clipped gradient sums (see module docstring)."""
+    """Per-layer clipped gradient sums (see module docstring).
+
+    A layer that takes the ``torch.func`` fallback (no rule for its type, a
+    rule that declines its input, more than one input) is announced once
+    with a :class:`~engine.dp.rules.SlowPathWarning` naming it.
+    """
 
     def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
         super().__init__(model, grad)
         self.layers = leaf_layers(model)
+        self._announced: set[str] = set()
+        for name, m in self.layers:
+            if not has_fast_rule(m):
+                self._announce(name, m, "has no per-layer rule")
+
+    def _announce(self, name: str, layer: nn.Module, why: str) -> None:
+        self._announced.add(name)
+        warnings.warn(f"{layer_label(name, layer)} {why}: its per-example gradients go "
+                      "through torch.func (exact, slower); a rule goes in engine.dp.rules "
+                      "(register_rule)", SlowPathWarning, stacklevel=3)
+
+    def _term(self, name: str, layer: nn.Module, inputs: tuple, b: torch.Tensor,
+              k: int) -> LayerTerm:
+        """The layer's term, by its rule or the fallback (announced)."""
+        for x in inputs:
+            if torch.is_tensor(x) and (x.dim() == 0 or x.shape[0] != k):
+                raise ValueError(f"{layer_label(name, layer)} takes an input of shape "
+                                 f"{list(x.shape)} for a batch of {k} rows: the per-layer "
+                                 "rules need every layer's inputs batch first; use "
+                                 "FuncClipper")
+        a = inputs[0].detach()
+        if len(inputs) > 1:
+            if name not in self._announced:
+                self._announce(name, layer, f"takes {len(inputs)} inputs")
+            return FuncRule(layer, a, b, inputs[1:])
+        term = rule_for(layer)(layer, a, b)
+        if isinstance(term, FuncRule) and name not in self._announced:
+            self._announce(name, layer, f"has a rule, but not for inputs of shape "
+                                        f"{list(a.shape)}")
+        return term
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor, max_norm: float | None,
                     groups: torch.Tensor | None = None) -> tuple[float, int]:
@@ -143,7 +206,7 @@ class LayerClipper(_FlatGradient):
             return 0.0, 0
         records: dict[nn.Module, list] = {m: [] for _, m in self.layers}
         hooks = [m.register_forward_hook(
-            lambda mod, inp, out: records[mod].append((inp[0], out)))
+            lambda mod, inp, out: records[mod].append((inp, out)))
             for _, m in self.layers]
         try:
             logits = self.model(x)
@@ -160,7 +223,7 @@ class LayerClipper(_FlatGradient):
         terms = []
         for (name, m), out, b in zip(self.layers, outs, out_grads):
             b = torch.zeros_like(out) if b is None else b
-            terms.append(rule_for(m)(m, records[m][0][0].detach(), b))
+            terms.append(self._term(name, m, records[m][0][0], b, x.shape[0]))
         if groups is not None and max_norm is not None:
             factors = _row_factors(clip_factors(
                 sum(t.group_sq_norms(groups) for t in terms), max_norm), groups)

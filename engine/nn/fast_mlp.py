@@ -3,7 +3,7 @@
 No autograd: the forward keeps every layer's input activations ``a_l`` (with
 a trailing column of ones, so the bias is one more weight column) and the
 backward computes every layer's output gradient ``g_l``; both are exactly
-what per-example clipping needs (:mod:`engine.dp.grad_samplers` explains the
+what per-example clipping needs (:mod:`engine.dp.rules.linear` explains the
 book-keeping rule). Per step, for L layers:
 
 * forward: L GEMMs ``z_l = a_l [W_l | b_l]^T`` and L-1 ReLUs written straight

@@ -8,7 +8,7 @@ flat parameter vector the optimizer updates in place. The MLPs that
 (a user's ``nn.Module``, a factory named by ``--model MODULE:FACTORY``) runs
 through :class:`ModuleEngine`, which wraps the per-layer clippers of
 :mod:`engine.dp.clipping`: the book-keeping rules of
-:mod:`engine.dp.grad_samplers` where every parameterised layer is a leaf
+:mod:`engine.dp.rules` where every parameterised layer is a leaf
 used once per forward, ``torch.func`` over the whole model otherwise.
 
 The model's parameters become views into one flat vector (``params``), so
@@ -20,24 +20,24 @@ without it.
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import torch
 from torch import nn
 
-from engine.dp.clipping import FuncClipper, LayerClipper, leaf_layers
+from engine.dp.clipping import FuncClipper, LayerClipper, layer_label, leaf_layers, mixed_module
+from engine.dp.rules import SlowPathWarning, refusal
 from engine.errors import ConfigError
-
-#: Layers that mix the examples of a batch: per-example gradients do not
-#: exist for them, so DP-SGD cannot train them (use GroupNorm or LayerNorm).
-BATCH_MIXING = (nn.modules.batchnorm._BatchNorm,)
 
 
 def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse, with a message a user can act on, a model DP-SGD cannot train here.
 
     Raises:
-        ConfigError: not an ``nn.Module``, no trainable parameters, a
-            batch-normalisation layer, parameters or buffers on another device
+        ConfigError: not an ``nn.Module``, no trainable parameters, a layer
+            that breaks per-example privacy (:func:`engine.dp.rules.refusal`:
+            BatchNorm, an Embedding with ``max_norm`` or ``scale_grad_by_freq``,
+            ...), parameters or buffers on another device
             or of another dtype than the run's, frozen parameters.
     """
     if not isinstance(model, nn.Module):
@@ -46,10 +46,9 @@ def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
     if not params:
         raise ConfigError(f"the model {type(model).__name__} has no parameters to train")
     for name, module in model.named_modules():
-        if isinstance(module, BATCH_MIXING):
-            raise ConfigError(f"layer {name!r} ({type(module).__name__}) mixes the examples "
-                              "of a batch, so per-example gradients do not exist; use "
-                              "GroupNorm or LayerNorm")
+        reason = refusal(module)
+        if reason is not None:
+            raise ConfigError(f"{layer_label(name, module)} {reason}")
     for name, p in params:
         if p.device != device:
             raise ConfigError(f"parameter {name!r} is on {p.device}, the run on {device}: "
@@ -67,26 +66,38 @@ def parameter_digest(params: torch.Tensor) -> str:
     return hashlib.sha256(params.detach().cpu().numpy().tobytes()).hexdigest()
 
 
-def _uses_each_layer_once(model: nn.Module, x: torch.Tensor) -> bool:
-    """Whether the per-layer rules apply: parameters only in leaf layers, each
-    run once per forward pass (tried on a probe batch)."""
-    try:
-        layers = leaf_layers(model)
-    except ValueError:
-        return False
-    counts = {m: 0 for _, m in layers}
+def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
+    """Why the per-layer rules cannot serve ``model`` (None when they can):
+    parameters outside leaf layers, or a layer that does not run exactly once
+    per forward pass or whose inputs are not batch first. Tried on the probe
+    rows, and on one row fewer (so a length that equals the batch by chance
+    is not taken for it)."""
+    reason = mixed_module(model)
+    if reason is not None:
+        return reason
+    layers = leaf_layers(model)
+    n = x.shape[0]
+    for rows in [n, n - 1] if n > 1 else [n]:
+        seen: dict[nn.Module, list] = {m: [] for _, m in layers}
 
-    def count(module, inputs, output):
-        counts[module] += 1
+        def record(module, inputs, output):
+            seen[module].append(all(t.dim() > 0 and t.shape[0] == rows
+                                    for t in inputs if torch.is_tensor(t)))
 
-    hooks = [m.register_forward_hook(count) for _, m in layers]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return all(c == 1 for c in counts.values())
+        hooks = [m.register_forward_hook(record) for _, m in layers]
+        try:
+            with torch.no_grad():
+                model(x[:rows])
+        finally:
+            for h in hooks:
+                h.remove()
+        for name, m in layers:
+            if len(seen[m]) != 1:
+                return (f"{layer_label(name, m)} runs {len(seen[m])} times in one forward "
+                        "pass (shared or unused weights)")
+            if not seen[m][0]:
+                return f"{layer_label(name, m)} takes inputs that are not batch first"
+    return None
 
 
 class ModuleEngine:
@@ -116,10 +127,13 @@ class ModuleEngine:
             raise ValueError(f"grad must be a flat vector of the model's {n_params} parameters")
         x = probe[0][:, :-1].to(device)
         self.check_output(model, x, n_classes)
-        per_layer = _uses_each_layer_once(model, x)
-        clipper = (LayerClipper if per_layer else FuncClipper)(model, grad)
+        why = _whole_model_reason(model, x)
+        if why is not None:
+            warnings.warn(f"clipping the whole model through torch.func (exact, slower) "
+                          f"instead of per layer: {why}", SlowPathWarning, stacklevel=2)
+        clipper = (LayerClipper if why is None else FuncClipper)(model, grad)
         self.model, self.clipper = model, clipper
-        self.rule = "per-layer rules" if per_layer else "torch.func"
+        self.rule = "per-layer rules" if why is None else "torch.func"
         self.params, self.grad = clipper.params, grad
         self.device, self.dtype = device, dtype
         self._clipped_sum = clipper.clipped_sum

@@ -1,0 +1,62 @@
+"""``nn.Embedding``: per-example norms from the rows each example looks up.
+
+Example i's weight gradient is zero except on the rows it looks up; row r is
+``sum_{p: idx_ip = r} b_ip`` (positions at ``padding_idx`` contribute nothing,
+as in torch). So ``|g_i|^2 = sum_{p,q: idx_ip = idx_iq} b_ip . b_iq``, computed
+without the ``L x L`` equality mask: the ``b_ip`` are summed per distinct
+(example, row) pair (one ``index_add`` over the pairs' keys ``i V + r``) and
+the pairs' squared norms added per example. Work and memory ``k L d``; no
+per-example ``[V, d]`` gradient is formed. The clipped sum is one
+``index_add`` of ``c_i b_ip`` into row ``idx_ip``; a group's norm is the same
+sum with the group in place of the example.
+
+An embedding with ``max_norm`` (renormalises looked-up rows in place) or
+``scale_grad_by_freq`` (divides by counts over the batch) is refused
+(:func:`engine.dp.rules.refusal`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from engine.dp.rules import LayerTerm, group_owner, refusal, register_rule
+
+
+class _EmbeddingTerm:
+    def __init__(self, layer: nn.Embedding, a: torch.Tensor, b: torch.Tensor):
+        self.k = a.shape[0]
+        self.positions = math.prod(a.shape[1:])  # L lookups per example
+        self.rows, dim = layer.num_embeddings, layer.embedding_dim
+        self.index = a.reshape(self.k * self.positions).to(torch.int64)
+        self.b = b.reshape(self.k * self.positions, dim)
+        if layer.padding_idx is not None:  # torch gives the padding row no gradient
+            self.b = self.b * (self.index != layer.padding_idx).to(b.dtype)[:, None]
+        self.sq_norms = self._pair_sq(torch.arange(self.k, device=a.device), self.k)
+
+    def _pair_sq(self, owner: torch.Tensor, n_owners: int) -> torch.Tensor:
+        """``[n_owners]``: per owner (example or group), the squared norm of its
+        summed row gradients; ``owner`` ``[k]``, each example's owner."""
+        key = owner.repeat_interleave(self.positions) * self.rows + self.index
+        pairs, pair_of = torch.unique(key, return_inverse=True)
+        sums = self.b.new_zeros(pairs.shape[0], self.b.shape[1]).index_add_(0, pair_of, self.b)
+        return self.b.new_zeros(n_owners).index_add_(0, pairs // self.rows,
+                                                     sums.square().sum(1))
+
+    def clipped_sum(self, factors: torch.Tensor) -> dict[str, torch.Tensor]:
+        weighted = self.b * factors.repeat_interleave(self.positions)[:, None]
+        grad = self.b.new_zeros(self.rows, self.b.shape[1]).index_add_(0, self.index, weighted)
+        return {"weight": grad}
+
+    def group_sq_norms(self, groups: torch.Tensor) -> torch.Tensor:
+        return self._pair_sq(group_owner(groups), groups.shape[0] - 1)
+
+
+@register_rule(nn.Embedding)
+def embedding_rule(layer: nn.Module, a: torch.Tensor, b: torch.Tensor) -> LayerTerm:
+    """Row sums per (example, row): any index shape ``[k, ...]``."""
+    reason = refusal(layer)
+    if reason is not None:
+        raise ValueError(f"{type(layer).__name__} {reason}")
+    return _EmbeddingTerm(layer, a, b)
