@@ -6,7 +6,11 @@ as in torch). So ``|g_i|^2 = sum_{p,q: idx_ip = idx_iq} b_ip . b_iq``, computed
 without the ``L x L`` equality mask: the ``b_ip`` are summed per distinct
 (example, row) pair (one ``index_add`` over the pairs' keys ``i V + r``) and
 the pairs' squared norms added per example. Work and memory ``k L d``; no
-per-example ``[V, d]`` gradient is formed. The clipped sum is one
+per-example ``[V, d]`` gradient is formed. When no example looks a row up
+twice (one lookup each, or distinct rows: a sort of each example's ``L``
+indices tells), there is nothing to sum and ``|g_i|^2 = sum_p |b_ip|^2``,
+the common case of one table holding several features' categories. The
+clipped sum is one
 ``index_add`` of ``c_i b_ip`` into row ``idx_ip``; a group's norm is the same
 sum with the group in place of the example.
 
@@ -33,7 +37,19 @@ class _EmbeddingTerm:
         self.b = b.reshape(self.k * self.positions, dim)
         if layer.padding_idx is not None:  # torch gives the padding row no gradient
             self.b = self.b * (self.index != layer.padding_idx).to(b.dtype)[:, None]
-        self.sq_norms = self._pair_sq(torch.arange(self.k, device=a.device), self.k)
+
+    @property
+    def sq_norms(self) -> torch.Tensor:
+        """``[k]`` per-example squared norms (computed when asked: the household
+        unit needs only :meth:`group_sq_norms`)."""
+        if self.positions <= 1 or self._rows_distinct():
+            return self.b.square().sum(1).view(self.k, self.positions).sum(1)
+        return self._pair_sq(torch.arange(self.k, device=self.b.device), self.k)
+
+    def _rows_distinct(self) -> bool:
+        """Whether every example looks up ``positions`` different rows."""
+        ordered = self.index.view(self.k, self.positions).sort(dim=1).values
+        return not bool((ordered[:, 1:] == ordered[:, :-1]).any())
 
     def _pair_sq(self, owner: torch.Tensor, n_owners: int) -> torch.Tensor:
         """``[n_owners]``: per owner (example or group), the squared norm of its
@@ -45,7 +61,8 @@ class _EmbeddingTerm:
                                                      sums.square().sum(1))
 
     def clipped_sum(self, factors: torch.Tensor) -> dict[str, torch.Tensor]:
-        weighted = self.b * factors.repeat_interleave(self.positions)[:, None]
+        weighted = (self.b.view(self.k, self.positions, self.b.shape[1])
+                    * factors[:, None, None]).view(self.b.shape)
         grad = self.b.new_zeros(self.rows, self.b.shape[1]).index_add_(0, self.index, weighted)
         return {"weight": grad}
 
