@@ -28,7 +28,7 @@ from engine.nn.schedule import SCHEDULES
 FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
                    "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
                    "sampling", "noise_scheme", "model", "hidden", "seed", "device",
-                   "weight_decay", "lr_schedule", "privacy_unit")
+                   "weight_decay", "lr_schedule", "privacy_unit", "secure_noise")
 #: Whose privacy epsilon is about (``--privacy-unit``), the default first.
 PRIVACY_UNITS = ("person", "household")
 #: Options a resume may change (given again, they replace the recorded value).
@@ -59,6 +59,7 @@ class TrainConfig:
     privacy_unit: str = "person"
     sampling: str = "poisson"
     noise_scheme: str = "partition"
+    secure_noise: bool = False
     allreduce: str = "auto"
     model: str = "mlp"
     hidden: tuple[int, ...] = field(default=(128, 128))
@@ -223,6 +224,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     privacy.add_argument("--noise-scheme", choices=SCHEMES, default=d.noise_scheme,
                          help="partition: each coordinate's noise drawn by one rank; split: "
                          "every rank adds 1/p of the variance (default: partition)")
+    privacy.add_argument("--secure-noise", action="store_true",
+                         help="for models you release: key the noise from the OS's CSPRNG "
+                         "(never from --seed) and sum four half-deviation draws per "
+                         "coordinate, closing the floating-point attacks on Gaussian "
+                         "samplers as Opacus' secure_mode does; costs more noise draws, and "
+                         "the run is not reproducible (docs/training.md)")
     system = parser.add_argument_group("system")
     system.add_argument("--allreduce", default=d.allreduce,
                         help="all-reduce algorithm from collectives (default: auto)")
@@ -285,7 +292,8 @@ def from_args(args: argparse.Namespace, check: bool = True) -> TrainConfig:
         noise_multiplier=args.noise_multiplier, target_epsilon=args.target_epsilon,
         delta=args.delta, allow_large_delta=args.allow_large_delta, dp=args.dp,
         accountant=args.accountant, privacy_unit=args.privacy_unit, sampling=args.sampling,
-        noise_scheme=args.noise_scheme, allreduce=args.allreduce,
+        noise_scheme=args.noise_scheme, secure_noise=args.secure_noise,
+        allreduce=args.allreduce,
         model=args.model, hidden=parse_hidden(args.hidden), seed=args.seed,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume,

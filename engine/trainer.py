@@ -390,7 +390,8 @@ class Trainer:
         if cfg.dp:
             std = self.accountant.sigma * cfg.max_grad_norm
             self.noise = GaussianNoise(n_params, std, self.size, self.rank, self.seed,
-                                       cfg.noise_scheme, device=device, backend=cfg.kernels)
+                                       cfg.noise_scheme, device=device, backend=cfg.kernels,
+                                       secure=cfg.secure_noise)
         self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum,
                                          cfg.weight_decay, backend=cfg.kernels)
         self.step = 0

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 import collectives
 from engine.dp.noise import GaussianNoise
@@ -10,10 +11,12 @@ D = 200_000
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("scheme", ["partition", "split"])
-def test_reduced_noise_has_the_target_variance(comm, scheme):
+@pytest.mark.parametrize("scheme,secure", [("partition", False), ("split", False),
+                                           ("partition", True)])
+def test_reduced_noise_has_the_target_variance(comm, scheme, secure):
     std = 2.5
-    noise = GaussianNoise(D, std, comm.Get_size(), comm.Get_rank(), seed=11, scheme=scheme)
+    noise = GaussianNoise(D, std, comm.Get_size(), comm.Get_rank(), seed=11, scheme=scheme,
+                          secure=secure)
     buf = np.zeros(D, dtype=np.float32)
     noise.add_(torch.from_numpy(buf))
     collectives.allreduce(buf, comm)
@@ -50,3 +53,38 @@ def test_noise_is_reproducible_from_the_seed():
     GaussianNoise(1000, 1.0, 2, 1, seed=9).add_(a)
     GaussianNoise(1000, 1.0, 2, 1, seed=9).add_(b)
     assert torch.equal(a, b) and torch.count_nonzero(a[:500]) == 0
+
+
+def test_secure_noise_is_keyed_by_the_os_not_the_seed_and_is_gaussian():
+    """--secure-noise: two runs with one seed draw different noise (a known
+    --seed reveals nothing), and the sum of four half-deviation draws is
+    N(0, std^2) (unseeded, so the bounds are 6-7 standard errors: no flakes)."""
+    std, n = 0.7, 400_000
+    a, b = torch.zeros(n), torch.zeros(n)
+    GaussianNoise(n, std, 1, 0, seed=9, secure=True).add_(a)
+    GaussianNoise(n, std, 1, 0, seed=9, secure=True).add_(b)
+    assert not torch.equal(a, b)
+    x = a.double().numpy() / std
+    assert abs(x.mean()) < 6 / np.sqrt(n) and abs(x.var() - 1) < 6 * np.sqrt(2 / n)
+    assert abs(stats.kurtosis(x)) < 7 * np.sqrt(24 / n)
+    assert stats.kstest(x, "norm").pvalue > 1e-7
+    assert abs(np.corrcoef(x, b.double().numpy())[0, 1]) < 6 / np.sqrt(n)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_secure_noise_runs_end_to_end_and_is_not_reproducible(comm, shared_tmp):
+    import engine
+    from engine.bench import synthetic
+
+    path = shared_tmp / "noise.h5"
+    if comm.Get_rank() == 0:
+        synthetic.write(path, rows=800, features=12, seed=2)
+    comm.Barrier()
+    common = dict(comm=comm, epochs=1, batch_size=80, noise_multiplier=1.0, seed=3,
+                  quiet=True, allreduce="ring")
+    runs = [engine.train(str(path), secure_noise=secure, **common)
+            for secure in (False, False, True, True)]
+    flat = [torch.cat([p.detach().reshape(-1) for p in r.model.parameters()]) for r in runs]
+    assert torch.equal(flat[0], flat[1])  # seeded noise: reproducible
+    assert not torch.equal(flat[2], flat[3]) and not torch.equal(flat[0], flat[2])
+    assert runs[2].epsilon == runs[0].epsilon  # the same sigma, the same accounting

@@ -11,6 +11,8 @@ Methods (each runs the same Poisson batches, same MLP, same optimizer):
   households sampled (rate chosen for the same expected rows per step), one
   clip per household (the file's households with ``--data``, else synthetic
   PUMS-like ones);
+* ``mpidp-secure``  ``mpidp-dp`` with ``--secure-noise`` (noise keyed from the OS,
+  four draws per coordinate);
 * ``torch-sgd``     plain PyTorch: nn.Module, autograd, torch.optim.SGD (non-private);
 * ``naive``         the per-example loop (run on ``--naive-steps`` steps, extrapolated);
 * ``opacus-hooks``  Opacus' default mode (per-sample gradients from hooks), when installed;
@@ -45,7 +47,8 @@ from engine.bench import synthetic
 from engine.errors import ConfigError, OutputError
 from engine.shard import read_info, read_shard
 
-METHODS = ("mpidp-dp", "mpidp-nondp", "mpidp-generic", "mpidp-household", "torch-sgd", "naive",
+METHODS = ("mpidp-dp", "mpidp-nondp", "mpidp-generic", "mpidp-household", "mpidp-secure",
+           "torch-sgd", "naive",
            "opacus-hooks", "opacus-ghost", "embedding-dp", "embedding-nondp",
            "opacus-ghost-embedding")
 #: Methods on the embedding-mlp model (the others train the MLP).
@@ -165,7 +168,7 @@ def _steppers(args, spec, X, y, groups=None, names=()):
                                 spec.dims[1:-1])
 
     def ours(dp: bool, households: np.ndarray | None = None, generic: bool = False,
-             embedding: bool = False):
+             embedding: bool = False, secure: bool = False):
         # The trainer's step (engine.step), on the trainer's buffer layout:
         # gradient + one control float, numpy on the CPU.
         rows_x = Xct if embedding else Xt
@@ -181,7 +184,8 @@ def _steppers(args, spec, X, y, groups=None, names=()):
             params = engine.params
         else:
             engine = FastMLP(spec, params, grad, capacity=2 * B)
-        noise = GaussianNoise(n_params, sigma * C, 1, 0, args.seed) if dp else None
+        noise = GaussianNoise(n_params, sigma * C, 1, 0, args.seed, secure=secure) \
+            if dp else None
         dp_step = DPStep(engine, rows_x, yt, buffer, grad, SGD(params, lr, momentum), 1.0 / B,
                          MPI.COMM_SELF, max_norm=C if dp else None, noise=noise)
         times = dict.fromkeys(PHASES, 0.0)  # timed as in the trainer, read by nobody
@@ -208,6 +212,8 @@ def _steppers(args, spec, X, y, groups=None, names=()):
         steps["mpidp-generic"] = ours(True, generic=True)
     if "mpidp-household" in wanted and groups is not None:
         steps["mpidp-household"] = ours(True, groups)
+    if "mpidp-secure" in wanted:
+        steps["mpidp-secure"] = ours(True, secure=True)
     if "embedding-dp" in wanted:
         steps["embedding-dp"] = ours(True, embedding=True)
     if "embedding-nondp" in wanted:
@@ -366,6 +372,10 @@ def run(args: argparse.Namespace) -> int:
         result["generic_over_fused"] = statistics.median(
             dp / ge for ge, dp in zip(rates["mpidp-generic"], rates["mpidp-dp"]))
         print(f"generic / fused DP time per example: {result['generic_over_fused']:.3f}")
+    if ref and "mpidp-secure" in median:
+        result["secure_over_dp"] = statistics.median(
+            dp / se for se, dp in zip(rates["mpidp-secure"], rates["mpidp-dp"]))
+        print(f"secure-noise / plain DP time per example: {result['secure_over_dp']:.3f}")
     if ref and "mpidp-household" in median:
         result["household_over_person"] = statistics.median(
             dp / hh for hh, dp in zip(rates["mpidp-household"], rates["mpidp-dp"]))

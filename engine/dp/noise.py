@@ -16,10 +16,23 @@ Each rank draws from its own stream (seeded from the run's seed and the
 rank, :func:`engine.dp.streams.seed_sequence`), reproducible and checkpointed.
 The Gaussian kernel comes from :mod:`kernels.registry` for the buffer's
 device.
+
+``secure=True`` (``mpidp train --secure-noise``) is for releases. It closes
+the two openings a floating-point Gaussian sampler leaves (Mironov 2012;
+Jin et al. 2022), as Opacus' ``secure_mode`` does: each rank's stream is
+keyed from the operating system's CSPRNG, never from the run's seed (so a
+known ``--seed`` does not reveal the noise), and every coordinate's noise
+is the sum of four independent draws of half the standard deviation, which
+fills in the gaps in the low-order bits that a single draw's value leaves
+(Holohan and Braghin 2021). It costs four draws per coordinate instead of
+one, and the run is not reproducible. (A discrete Gaussian sampler with
+exact integer arithmetic, Canonne, Kamath and Steinke 2020, would be the
+principled alternative; it is not implemented.)
 """
 from __future__ import annotations
 
 import math
+import secrets
 
 import torch
 
@@ -27,6 +40,8 @@ from engine.dp.streams import STREAM_NOISE, seed_sequence
 from kernels import registry
 
 SCHEMES = ("partition", "split")
+#: Draws summed per coordinate by the secure mode (each of std / sqrt(DRAWS)).
+SECURE_DRAWS = 4
 
 
 class GaussianNoise:
@@ -40,10 +55,13 @@ class GaussianNoise:
         scheme: ``"partition"`` or ``"split"``.
         device: of the buffer (picks the kernel).
         backend: force a kernel back-end (``"torch"``), None for the best one.
+        secure: key the stream from the OS's CSPRNG instead of ``seed`` and
+            sum :data:`SECURE_DRAWS` draws per coordinate (module docstring).
     """
 
     def __init__(self, dim: int, std: float, size: int, rank: int, seed: int,
-                 scheme: str = "partition", device="cpu", backend: str | None = None):
+                 scheme: str = "partition", device="cpu", backend: str | None = None,
+                 secure: bool = False):
         if scheme not in SCHEMES:
             raise ValueError(f"noise scheme {scheme!r} not in {SCHEMES}")
         self.scheme, self.std = scheme, float(std)
@@ -53,6 +71,11 @@ class GaussianNoise:
         else:
             self.lo, self.hi = 0, dim
             self.local_std = self.std / math.sqrt(size)
+        self.secure = bool(secure)
+        self.draws = SECURE_DRAWS if self.secure else 1
+        self.local_std /= math.sqrt(self.draws)
+        if self.secure:
+            seed = secrets.randbits(128)  # this rank's own key, never the run's seed
         device = torch.device(device)
         make = registry.get("gaussian_stream", device, backend)
         seeds = seed_sequence(seed, rank, STREAM_NOISE)
@@ -63,7 +86,8 @@ class GaussianNoise:
     def add_(self, buf: torch.Tensor) -> None:
         """Add this rank's share of the noise to ``buf`` (the local clipped sum)."""
         if self.hi > self.lo and self.local_std > 0:
-            self.stream.add_(buf[self.lo:self.hi], self.local_std)
+            for _ in range(self.draws):
+                self.stream.add_(buf[self.lo:self.hi], self.local_std)
 
     def get_state(self) -> list:
         return self.stream.get_state()
