@@ -49,6 +49,11 @@ setup(
             # The independent accountant the PLD is checked against (its PRV);
             # needs torch, which the Makefile pins to the CPU wheel.
             "opacus>=1.5",
+            # The reference the built-in tasks are checked against
+            # (tests/test_prep_tasks.py: the same rows and labels on real files);
+            # the test reads the Census zips with pandas, folktables' dependency.
+            "folktables>=0.0.12",
+            "pandas>=2.0",
         ],
         # Reference implementation compared in `mpidp bench dpsgd` (optional).
         "opacus": ["opacus>=1.5"],
