@@ -39,6 +39,7 @@ setup(
         "tqdm>=4.66",
         "matplotlib>=3.7",  # PNG plots of the benchmarks
         "scipy>=1.11",  # exact binomial intervals in mpidp audit
+        "tomli>=2.0; python_version < '3.11'",  # mpidp prep --task-file (tomllib from 3.11)
     ],
     extras_require={
         "test": [

@@ -32,7 +32,11 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (setup.py)
+    import tomli as tomllib
 
 from preprocessing.dictionary import Codebook, Variable
 from preprocessing.errors import PrepError
