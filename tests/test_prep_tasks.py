@@ -338,3 +338,14 @@ def test_bad_task_file_under_mpiexec_exits_2_with_one_line_and_no_output(tmp_pat
     assert errors == [f"mpidp: error: {path}: features.SCL: SCL is not a column of the 2018 "
                       "person file (did you mean SCHL?)"], result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["task.toml"]
+
+
+def test_task_file_feature_absent_from_the_header_is_one_clear_error(tmp_path):
+    """The header is checked against the task file's columns, not employment's."""
+    extract = tmp_path / "extract.csv"
+    extract.write_text("SERIALNO,AGEP,SCHL,RELP,JWMNP,ESR\n2018HU0000001,40,21,0,30,1\n")
+    path = _write(tmp_path, GOOD)
+    with pytest.raises(PrepError) as error:
+        _settings([str(extract), "--out", str(tmp_path / "o.h5"), "--task-file", path])
+    assert str(error.value).startswith(f"{extract}, line 1: the header lacks PUMA"), error.value
+    assert not list(tmp_path.glob("*.h5"))
