@@ -39,6 +39,7 @@ setup(
         "tqdm>=4.66",
         "matplotlib>=3.7",  # PNG plots of the benchmarks
         "scipy>=1.11",  # exact binomial intervals in mpidp audit
+        "tomli>=2.0; python_version < '3.11'",  # mpidp prep --task-file (tomllib from 3.11)
     ],
     extras_require={
         "test": [
@@ -49,6 +50,11 @@ setup(
             # The independent accountant the PLD is checked against (its PRV);
             # needs torch, which the Makefile pins to the CPU wheel.
             "opacus>=1.5",
+            # The reference the built-in tasks are checked against
+            # (tests/test_prep_tasks.py: the same rows and labels on real files);
+            # the test reads the Census zips with pandas, folktables' dependency.
+            "folktables>=0.0.12",
+            "pandas>=2.0",
         ],
         # Reference implementation compared in `mpidp bench dpsgd` (optional).
         "opacus": ["opacus>=1.5"],

@@ -16,6 +16,7 @@ examples:
   mpiexec -n 2 mpidp prep csv_pde.zip csv_pnh.zip --out pums.h5
   mpiexec -n 2 mpidp prep psam_p10.csv --out pums.h5 --task income --seed 7
   mpiexec -n 2 mpidp prep csv_pri.zip --out ri.h5 --like pums.h5
+  mpiexec -n 2 mpidp prep csv_pde.zip --out commute.h5 --task-file commute.toml
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import os
 from collectives import MPI
 from collectives.runtime import available_cores
 from preprocessing import (atomic, dictionary, encoding, h5format, h5write, households,
-                           inputs, tasks)
+                           inputs, taskfile, tasks)
 from preprocessing.errors import PrepError
 from preprocessing.pipeline import Settings, agree, prepare
 
@@ -37,10 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="PUMS person files (.csv) or the Census zips holding them")
     parser.add_argument("--out", required=True, metavar="FILE.h5",
                         help="the HDF5 file to write (replaced atomically if it exists)")
-    parser.add_argument("--task", choices=sorted(tasks.TASKS), default=None,
-                        help="what to predict (default: employment, or the task of "
-                        "--like); " + "; ".join(f"{t.name}: {t.description}"
-                                                for t in tasks.TASKS.values()))
+    parser.add_argument("--task", choices=list(tasks.TASKS), default=None, metavar="NAME",
+                        help="what to predict, one of the tasks listed below (default: "
+                        "employment, or the task of --like)")
+    parser.add_argument("--task-file", metavar="FILE.toml", default=None,
+                        help="what to predict, defined in a TOML file: name, label (a "
+                        "condition, e.g. \"PINCP > 50000\"), universe (conditions) and "
+                        "[features] (NAME = \"numeric\" or \"categorical\"); see "
+                        "docs/preprocessing.md, Tasks")
     parser.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
                         help="share of households in the test split (default: 0.2)")
     parser.add_argument("--seed", type=int, default=0,
@@ -76,6 +81,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
     parser.add_argument("--timings", action="store_true",
                         help="also print the seconds spent in each step (rank 0's clock)")
+    if parser.epilog is None:
+        parser.epilog = task_list()
+
+
+def task_list() -> str:
+    """The built-in tasks, one per line, for the end of ``mpidp prep --help``."""
+    import textwrap
+
+    lines = ["tasks (--task): folktables' ACS problems, the same rows and labels except",
+             "where a task says it differs (docs/preprocessing.md, Tasks)"]
+    for t in tasks.TASKS.values():
+        lines += textwrap.wrap(f"{t.name}: {t.description}", width=79, initial_indent="  ",
+                               subsequent_indent="      ")
+    return "\n".join(lines)
 
 
 def _read_like(path: str) -> tuple[str, str]:
@@ -111,21 +130,29 @@ def make_settings(args: argparse.Namespace):
         compression = h5write.Compression.parse(args.compression)
     except ValueError as exc:
         raise PrepError(f"--compression: {exc}") from None
+    if args.task and args.task_file:
+        raise PrepError(f"--task {args.task} and --task-file {args.task_file}: give one "
+                        "of them")
+    codebook = dictionary.load()
+    from_file = taskfile.load(args.task_file, codebook) if args.task_file else None
     like_task, like_encoding = (None, None)
     if args.like:
         like_task, like_encoding = _read_like(args.like)
-        if like_task not in tasks.TASKS:
-            raise PrepError(f"{args.like}: unknown task {like_task!r}")
+        if from_file is not None and from_file.name != like_task:
+            raise PrepError(f"--task-file {args.task_file} defines task {from_file.name!r}, "
+                            f"but {args.like} holds task {like_task!r}")
+        if from_file is None and like_task not in tasks.TASKS:
+            raise PrepError(f"{args.like}: task {like_task!r} is not built in; give the "
+                            "--task-file that defines it")
         if args.task and args.task != like_task:
             raise PrepError(f"--task {args.task} differs from the task of {args.like} "
                             f"({like_task}); leave --task out to use {like_task}")
-    task = tasks.TASKS[args.task or like_task or "employment"]
+    task = from_file or tasks.TASKS[args.task or like_task or "employment"]
     if args.universe:
         try:
             task = task.with_universe(tasks.parse_conditions(args.universe))
         except ValueError as exc:
             raise PrepError(f"--universe: {exc}") from None
-    codebook = dictionary.load()
     for column in task.columns():
         if column not in codebook:
             raise PrepError(f"--universe: {column} is not a column of the person file")

@@ -2,21 +2,36 @@
 
 A task is a small declarative :class:`Task`; the pipeline knows nothing of
 employment or income. Adding a task means adding one definition to
-:data:`TASKS` (no code in the pipeline changes). The two built-in tasks follow
-folktables (Ding, Hardt, Miller, Schmidt, "Retiring Adult: New Datasets for
-Fair Machine Learning", NeurIPS 2021):
+:data:`TASKS` (no code in the pipeline changes), or writing a task file
+(``mpidp prep --task-file``, :mod:`preprocessing.taskfile`). The built-in
+tasks are folktables' seven ACS problems (Ding, Hardt, Miller, Schmidt,
+"Retiring Adult: New Datasets for Fair Machine Learning", NeurIPS 2021):
+the same features, label and universe, so that on the same person file
+``mpidp prep`` keeps exactly folktables' rows and labels (tested on real
+files, ``tests/test_prep_tasks.py``), with one deliberate difference:
 
-* ``employment`` (ACSEmployment): is the person a civilian employed at work
-  (``ESR == 1``)? 16 features; universe ``AGEP >= 16`` (folktables keeps every
-  age; the issue asks for working-age persons, and ``--universe`` changes it).
-* ``income`` (ACSIncome): is the total personal income above $50,000
-  (``PINCP > 50000``)? 10 features; universe of the Adult data set
-  (``AGEP > 16``, ``PINCP > 100``, ``WKHP > 0``, ``PWGTP >= 1``).
+* ``employment`` (ACSEmployment) keeps working-age persons only,
+  ``AGEP >= 16``; folktables keeps every age (``--universe AGEP>=0``
+  restores its rows).
+
+Where a folktables feature is blank (N/A), folktables passes NaN (then -1);
+mpidp makes the blank a category of its own (``ESP=blank``), or, for a
+numeric feature, imputes the mean and adds a flag column (``WKHP=blank``).
+A blank label value is the negative class in both (``NaN > 20`` is false).
 
 Categorical features are one-hot encoded with the category set of the 2018
 data dictionary (plus a ``blank`` category where the dictionary has an N/A
 value); numeric features are standardised with the training split's mean and
-standard deviation.
+standard deviation. Quantities (``AGEP``, ``WKHP``, ``PINCP``, ``POVPIP``,
+``JWMNP``) are numeric; codes are categorical, with two exceptions:
+``PUMA`` and ``POWPUMA`` (travel_time) are numeric, the standardised code.
+The dictionary defines them only as the range 00100-70301 (a PUMA is
+numbered within its state), 70,202 possible categories of which a state
+uses a few dozen: one-hot over the dictionary would be 70,000 mostly empty
+columns, and categories taken from the data would make files of different
+states incompatible. folktables too hands them to models as raw numbers.
+``OCCP`` (531 categories), ``POBP`` (224) and ``ST`` (52) are listed code
+by code in the dictionary and stay categorical.
 
 **Years.** A feature is read from the first of its :class:`Source` columns
 present in a file's header; a source may recode its values into the
@@ -173,27 +188,95 @@ RELSHIPP_TO_RELP: dict[int, int] = {
 RELP = Feature("RELP", sources=(Source("RELP", years="2018 and before"),
                                 Source("RELSHIPP", RELSHIPP_TO_RELP, years="2019 and later")))
 
+
+def _features(*names: str) -> tuple[Feature, ...]:
+    """Features by name: quantities numeric, RELP with its 2019 source, the
+    rest categorical."""
+    special = {"RELP": RELP}
+    return tuple(special.get(name) or Feature(name, "numeric" if name in NUMERIC else
+                                              "categorical")
+                 for name in names)
+
+
+#: The built-in tasks' numeric features (see the module docstring for PUMA).
+NUMERIC = frozenset({"AGEP", "WKHP", "PINCP", "POVPIP", "JWMNP", "PUMA", "POWPUMA"})
+
 EMPLOYMENT = Task(
     name="employment",
-    description="ACSEmployment (folktables): civilian employed at work, ESR == 1",
-    features=(Feature("AGEP", "numeric"), Feature("SCHL"), Feature("MAR"), RELP,
-              Feature("DIS"), Feature("ESP"), Feature("CIT"), Feature("MIG"),
-              Feature("MIL"), Feature("ANC"), Feature("NATIVITY"), Feature("DEAR"),
-              Feature("DEYE"), Feature("DREM"), Feature("SEX"), Feature("RAC1P")),
+    description="ACSEmployment: civilian employed at work (ESR == 1); differs from "
+    "folktables: persons aged 16 and over only (folktables keeps every age)",
+    features=_features("AGEP", "SCHL", "MAR", "RELP", "DIS", "ESP", "CIT", "MIG", "MIL",
+                       "ANC", "NATIVITY", "DEAR", "DEYE", "DREM", "SEX", "RAC1P"),
     label=Condition("ESR", "==", 1),
     universe=(Condition("AGEP", ">=", 16),),
 )
 
 INCOME = Task(
     name="income",
-    description="ACSIncome (folktables): total personal income above $50,000, PINCP > 50000",
-    features=(Feature("AGEP", "numeric"), Feature("COW"), Feature("SCHL"), Feature("MAR"),
-              Feature("OCCP"), Feature("POBP"), RELP, Feature("WKHP", "numeric"),
-              Feature("SEX"), Feature("RAC1P")),
+    description="ACSIncome: total personal income above $50,000 (PINCP > 50000) of "
+    "workers over 16 (the Adult data set's filters)",
+    features=_features("AGEP", "COW", "SCHL", "MAR", "OCCP", "POBP", "RELP", "WKHP", "SEX",
+                       "RAC1P"),
     label=Condition("PINCP", ">", 50000),
     universe=(Condition("AGEP", ">", 16), Condition("PINCP", ">", 100),
               Condition("WKHP", ">", 0), Condition("PWGTP", ">=", 1)),
 )
 
+PUBLIC_COVERAGE = Task(
+    name="public_coverage",
+    description="ACSPublicCoverage: public health coverage (PUBCOV == 1) of persons "
+    "under 65 with income at most $30,000",
+    features=_features("AGEP", "SCHL", "MAR", "SEX", "DIS", "ESP", "CIT", "MIG", "MIL",
+                       "ANC", "NATIVITY", "DEAR", "DEYE", "DREM", "PINCP", "ESR", "ST",
+                       "FER", "RAC1P"),
+    label=Condition("PUBCOV", "==", 1),
+    universe=(Condition("AGEP", "<", 65), Condition("PINCP", "<=", 30000)),
+)
+
+MOBILITY = Task(
+    name="mobility",
+    description="ACSMobility: lived in the same house a year ago (MIG == 1), persons "
+    "aged 19 to 34",
+    features=_features("AGEP", "SCHL", "MAR", "SEX", "DIS", "ESP", "CIT", "MIL", "ANC",
+                       "NATIVITY", "RELP", "DEAR", "DEYE", "DREM", "RAC1P", "GCL", "COW",
+                       "ESR", "WKHP", "JWMNP", "PINCP"),
+    label=Condition("MIG", "==", 1),
+    universe=(Condition("AGEP", ">", 18), Condition("AGEP", "<", 35)),
+)
+
+TRAVEL_TIME = Task(
+    name="travel_time",
+    description="ACSTravelTime: commute longer than 20 minutes (JWMNP > 20) of employed "
+    "persons over 16 (PUMA, POWPUMA numeric)",
+    features=_features("AGEP", "SCHL", "MAR", "SEX", "DIS", "ESP", "MIG", "RELP", "RAC1P",
+                       "PUMA", "ST", "CIT", "OCCP", "JWTR", "POWPUMA", "POVPIP"),
+    label=Condition("JWMNP", ">", 20),
+    universe=(Condition("AGEP", ">", 16), Condition("PWGTP", ">=", 1),
+              Condition("ESR", "==", 1)),
+)
+
+INCOME_POVERTY_RATIO = Task(
+    name="income_poverty_ratio",
+    description="ACSIncomePovertyRatio: income below 250% of the poverty threshold "
+    "(POVPIP < 250), every person",
+    features=_features("AGEP", "SCHL", "MAR", "SEX", "DIS", "ESP", "MIG", "CIT", "MIL",
+                       "ANC", "NATIVITY", "RELP", "DEAR", "DEYE", "DREM", "RAC1P", "GCL",
+                       "ESR", "OCCP", "WKHP"),
+    label=Condition("POVPIP", "<", 250),
+)
+
+HEALTH_INSURANCE = Task(
+    name="health_insurance",
+    description="ACSHealthInsurance: health insurance bought directly from an insurer "
+    "(HINS2 == 1), every person",
+    features=_features("AGEP", "SCHL", "MAR", "SEX", "DIS", "ESP", "CIT", "MIG", "MIL",
+                       "ANC", "NATIVITY", "DEAR", "DEYE", "DREM", "RACAIAN", "RACASN",
+                       "RACBLK", "RACNH", "RACPI", "RACSOR", "RACWHT", "PINCP", "ESR", "ST",
+                       "FER"),
+    label=Condition("HINS2", "==", 1),
+)
+
 #: Every task ``--task`` accepts, by name.
-TASKS: dict[str, Task] = {task.name: task for task in (EMPLOYMENT, INCOME)}
+TASKS: dict[str, Task] = {task.name: task for task in (
+    EMPLOYMENT, INCOME, PUBLIC_COVERAGE, MOBILITY, TRAVEL_TIME, INCOME_POVERTY_RATIO,
+    HEALTH_INSURANCE)}
