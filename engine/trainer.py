@@ -636,8 +636,9 @@ class Trainer:
     def _test_line(self, record: dict) -> str:
         """``test (once, at the end): accuracy ...`` for a run with a validation split."""
         accuracy, loss = record.get("test_accuracy"), record.get("test_loss")
-        numbers = (f"accuracy {accuracy:.4f}, loss {loss:.4f}" if accuracy is not None
-                   else "no rows")
+        numbers = (f"accuracy {accuracy:.4f}, loss {loss:.4f} on "
+                   f"{record.get('test_rows', 0):,} rows" if accuracy is not None
+                   else "the test split has no rows")
         if self.best is not None:
             whose = (f"the parameters of epoch {self.best['epoch']}, selected on "
                      f"val_accuracy ({self.best['val_accuracy']:.4f})")
@@ -645,8 +646,7 @@ class Trainer:
             whose = "the last parameters (no epoch was scored on the validation split)"
         else:
             whose = "the last parameters (--select-on last)"
-        return (f"test (once, at the end): {numbers} on {record.get('test_rows', 0):,} "
-                f"rows; {whose}")
+        return f"test (once, at the end): {numbers}; {whose}"
 
     def adopt_selection(self) -> None:
         """Make the selected epoch's parameters the run's (``Run.model``); the

@@ -166,9 +166,11 @@ def test_good_run_prints_a_summary_and_writes_the_file(tmp_path, good_csv):
     assert result.stdout.startswith(f"mpidp prep: wrote {out} (")
     assert "400 records from 1 file" in result.stdout
     with h5py.File(out, "r") as handle:
-        n = handle["train/X"].shape[0] + handle["test/X"].shape[0]
+        rows = {s: handle[f"{s}/X"].shape[0] for s in ("train", "val", "test")}
         assert handle.attrs["seed"] == 2
-    assert f" {n:,} (train" in result.stdout
+    n = sum(rows.values())
+    assert (f" {n:,} (train {rows['train']:,}, val {rows['val']:,}, test "
+            f"{rows['test']:,};") in result.stdout
     assert sorted(os.listdir(tmp_path)) == ["out.h5"]
 
 
