@@ -166,9 +166,10 @@ def _splits_to_score(info, split: str, data: str) -> list[str]:
             raise DataError(f"{data} has no rows in any split", collective=True)
         return chosen
     if split not in info.rows:
-        raise DataError(f"{data} has no {split} split (it has "
-                        f"{', '.join(info.splits)}; prepared by an older mpidp or with "
-                        "--val-fraction 0); choose another --split", collective=True)
+        has = ", ".join(f"{s} ({info.rows[s]:,} rows)" for s in info.splits)
+        raise DataError(f"{data} has no {split} split (it has {has}; prepared by an "
+                        "older mpidp or with --val-fraction 0); choose another --split",
+                        collective=True)
     if info.rows[split] == 0:
         others = [s for s in info.splits if info.rows[s] > 0]
         hint = (" (a file only for scoring, prepared with --test-fraction 1?)"
