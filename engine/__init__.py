@@ -11,6 +11,7 @@ rank of an SPMD program::
     import engine
     run = engine.train("pums.h5", epochs=5, target_epsilon=1.0, seed=0)
     print(run.epsilon, run.history[-1]["test_accuracy"])   # run.model: a torch MLP
+    print(run.selected_epoch, run.history[-1]["val_accuracy"])  # the best validation epoch
     run = engine.train("pums.h5", model=my_factory, epochs=5, target_epsilon=1.0)
 
 The DP components also stand alone for a loop of your own:
@@ -49,10 +50,18 @@ class Run:
 
     Attributes:
         model: the trained model: the MLP as a ``torch.nn.Sequential`` on the
-            CPU, or the module you gave (trained in place).
+            CPU, or the module you gave (trained in place), with the selected
+            epoch's parameters (see ``selected_epoch``).
         epsilon, delta: the privacy spent (None for a non-private run).
-        history: one record per epoch (train loss, test accuracy, epsilon,
-            timings), as ``--metrics`` writes them.
+        history: one record per epoch (train loss, validation accuracy,
+            epsilon, timings), as ``--metrics`` writes them; the last one also
+            holds the test accuracy (scored once, at the end, with ``model``),
+            ``selected_epoch`` and ``select_on``. For a file without a
+            validation split every evaluated record holds the test accuracy.
+        selected_epoch: the epoch whose parameters ``model`` holds when the run
+            finished on a file with a validation split: the best validation
+            epoch (``select_on="val_accuracy"``, the default there) or the last;
+            None otherwise (the last epoch's parameters).
         exit_code: 0 when done, 75 when stopped with a checkpoint written
             (``stop_after`` or a signal; continue with ``resume=True``).
         config: the settings the run used.
@@ -64,6 +73,7 @@ class Run:
     history: list[dict] = field(default_factory=list)
     exit_code: int = 0
     config: Any = None
+    selected_epoch: int | None = None
 
 
 def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False,
@@ -134,7 +144,8 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
     code = trainer.run()
     cfg = trainer.cfg  # for a resume: the recorded settings with the given ones
     accountant = getattr(trainer, "accountant", None)
+    last = trainer.history[-1] if trainer.history and code == 0 else {}
     return Run(model=trainer.model.module(trainer.params),
                epsilon=None if accountant is None else accountant.epsilon(),
                delta=cfg.delta if cfg.dp else None, history=list(trainer.history),
-               exit_code=code, config=cfg)
+               exit_code=code, config=cfg, selected_epoch=last.get("selected_epoch"))

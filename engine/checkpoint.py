@@ -50,6 +50,9 @@ from engine.errors import (CheckpointError, DataError, DirectoryLocked, MpidpErr
                            WriteFailed, agree)
 
 FILENAME = "checkpoint.pt"
+#: The model a run selected (``--select-on val_accuracy``): its parameters, the
+#: model and data descriptions and the epsilon spent, no generator states.
+BEST_NAME = "best.pt"
 LOCK_NAME = "lock"
 FORMAT = "mpidp-checkpoint"
 #: 2: the contents carry a SHA-256 (``digest``). Version 1 files (no digest) still load.
@@ -61,6 +64,10 @@ _ZIP_SIGNATURE = b"PK\x03\x04"
 
 def path_in(directory: str | os.PathLike) -> Path:
     return Path(directory) / FILENAME
+
+
+def best_path_in(directory: str | os.PathLike) -> Path:
+    return Path(directory) / BEST_NAME
 
 
 def exists_in(directory: str | os.PathLike) -> bool:
@@ -118,13 +125,15 @@ def _digest(value) -> str:
 
 def estimate_size(n_params: int, ranks: int, epochs: int) -> int:
     """Bytes one checkpoint takes, about (an upper estimate for the free-space check):
-    parameters and up to two optimizer slots in float32, each rank's generator
-    states, one history record per epoch."""
-    return 12 * n_params + 8192 * ranks + 4096 * epochs + (256 << 10)
+    parameters, the best epoch's parameters and up to two optimizer slots in
+    float32, each rank's generator states, one history record per epoch, and
+    best.pt (the best epoch's parameters again)."""
+    return 20 * n_params + 8192 * ranks + 4096 * epochs + (512 << 10)
 
 
-def save(directory: str | os.PathLike, payload: dict) -> Path:
-    """Write ``payload`` atomically to ``<directory>/checkpoint.pt``; returns the path.
+def save(directory: str | os.PathLike, payload: dict, name: str = FILENAME) -> Path:
+    """Write ``payload`` atomically to ``<directory>/<name>`` (``checkpoint.pt``, or
+    ``best.pt``: :data:`BEST_NAME`); returns the path.
 
     The directory must exist (the run created it when it checked its outputs).
 
@@ -135,7 +144,7 @@ def save(directory: str | os.PathLike, payload: dict) -> Path:
     import torch  # deferred: module docstring
 
     directory = Path(directory)
-    target = path_in(directory)
+    target = directory / name
     body = _plain({"format": FORMAT, "version": VERSION, **payload})
     body["digest"] = _digest(body)
     buffer = io.BytesIO()
@@ -486,8 +495,13 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
                 lock.created = created
                 # Under the lock no other run writes here: a temporary file is a
                 # write that a killed run left behind.
-                for stale in Path(directory).glob(f".{FILENAME}.*.tmp"):
-                    stale.unlink(missing_ok=True)
+                for name in (FILENAME, BEST_NAME):
+                    for stale in Path(directory).glob(f".{name}.*.tmp"):
+                        stale.unlink(missing_ok=True)
+                if not resume and not exists_in(directory):
+                    # a best.pt without its checkpoint belongs to no run here: a
+                    # fresh run must not leave it to be taken for its own model
+                    best_path_in(directory).unlink(missing_ok=True)
         except MpidpError as exc:
             error = exc
     try:

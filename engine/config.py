@@ -28,7 +28,11 @@ from engine.nn.schedule import SCHEDULES
 FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
                    "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
                    "sampling", "noise_scheme", "model", "hidden", "seed", "device",
-                   "weight_decay", "lr_schedule", "privacy_unit", "secure_noise")
+                   "weight_decay", "lr_schedule", "privacy_unit", "secure_noise",
+                   "select_on")
+#: What the run's final model is (``--select-on``): the parameters of the epoch
+#: with the best validation accuracy, or those of the last epoch.
+SELECT_ON = ("val_accuracy", "last")
 #: Whose privacy epsilon is about (``--privacy-unit``), the default first.
 PRIVACY_UNITS = ("person", "household")
 #: Options a resume may change (given again, they replace the recorded value).
@@ -70,6 +74,7 @@ class TrainConfig:
     stop_after: int | None = None
     metrics: str | None = None
     eval_every: int = 1
+    select_on: str | None = None  # None: val_accuracy when the file has /val, else last
     target_accuracy: float | None = None
     time_budget: float | None = None
     threads: int | None = None
@@ -103,6 +108,8 @@ class TrainConfig:
             fail(f"--target-accuracy {self.target_accuracy} must be in (0, 1]")
         if self.time_budget is not None and not self.time_budget > 0:
             fail(f"--time-budget {self.time_budget} must be a positive number of seconds")
+        if self.select_on is not None and self.select_on not in SELECT_ON:
+            fail(f"--select-on {self.select_on!r}: choose val_accuracy or last")
         if self.checkpoint_every < 1 or self.eval_every < 1:
             fail("--checkpoint-every and --eval-every must be at least 1")
         if self.stop_after is not None and self.stop_after < 1:
@@ -261,12 +268,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="per-epoch metrics as JSON lines, rewritten atomically with each "
                      "epoch and checkpoint (its directory must exist)")
     out.add_argument("--eval-every", type=int, default=1,
-                     help="epochs between test-set evaluations (default: 1)")
+                     help="epochs between evaluations of the validation split (of the "
+                     "test split for a file without one) (default: 1)")
+    out.add_argument("--select-on", default=None, choices=SELECT_ON,
+                     help="the run's final model: the parameters of the evaluated epoch "
+                     "with the best validation accuracy (kept in memory, and in "
+                     "--checkpoint-dir as best.pt), or those of the last epoch; the test "
+                     "split is scored once, at the end, with that model. No privacy cost: "
+                     "the validation rows are not training rows (default: val_accuracy "
+                     "when the file has a validation split, else last)")
     stop = parser.add_argument_group(
         "stopping early (checked at epoch boundaries; the same decision on every rank)")
     stop.add_argument("--target-accuracy", type=float, default=None, metavar="A",
-                      help="stop after the first evaluated epoch with test accuracy >= A "
-                      "(time to accuracy); --epochs is then the maximum")
+                      help="stop after the first evaluated epoch with validation accuracy "
+                      ">= A (test accuracy for a file without a validation split) (time to "
+                      "accuracy); --epochs is then the maximum")
     stop.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                       help="stop at the first epoch boundary where the training time (epoch "
                       "times: no evaluation, checkpoints or start-up) reaches SECONDS "
@@ -298,6 +314,7 @@ def from_args(args: argparse.Namespace, check: bool = True) -> TrainConfig:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume,
         stop_after=args.stop_after, metrics=args.metrics, eval_every=args.eval_every,
+        select_on=args.select_on,
         threads=args.threads, device=args.device, kernels=args.kernels,
         progress=args.progress)
     if check:

@@ -2,9 +2,16 @@
 
 Also ``mpidp eval``: accuracy and loss of a checkpoint's model on any
 prepared file (for example other states, prepared with ``prep --like`` so the
-encoding matches)::
+encoding matches; ``prep --test-fraction 1`` puts every row in the test
+split of a file meant only for scoring), on one split or on all of them::
 
-    mpiexec -n 2 mpidp eval --checkpoint runs/a/checkpoint.pt --data other.h5 --split test
+    mpiexec -n 2 mpidp eval --checkpoint runs/a --data other.h5 --split test
+    mpiexec -n 2 mpidp eval --checkpoint runs/a/checkpoint.pt --data pums.h5 --split all
+
+A run's directory scores the run's model: the epoch selected on the
+validation split when the run kept one (``best.pt``), else the last
+parameters; a file scores the parameters it holds (``checkpoint.pt``: the
+last epoch's; ``best.pt``: the selected one's).
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ import collectives
 from collectives import MPI
 from engine.errors import CheckpointError, DataError, agree
 from engine.shard import read_info, read_shard
+from preprocessing.h5format import SPLITS
 
 CHUNK_ROWS = 65536
 
@@ -26,8 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True,
                         help="checkpoint file (or the --checkpoint-dir of a training run)")
     parser.add_argument("--data", required=True, help="prepared HDF5 file (mpidp prep)")
-    parser.add_argument("--split", default="test", choices=("train", "test"),
-                        help="which split to score (default: test)")
+    parser.add_argument("--split", default="test", choices=(*SPLITS, "all"),
+                        help="which split to score: train, val (a file with a validation "
+                        "split), test, or all (every split the file has, counted "
+                        "together) (default: test)")
     parser.add_argument("--allreduce", default="auto",
                         help="all-reduce algorithm for the counts (default: auto)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -106,20 +116,84 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"{args.data} was encoded differently from the training file "
                         f"{trained.get('path')} (encoding fingerprints differ); prepare it "
                         "with `mpidp prep --like` the training file", collective=True)
-    shard = read_shard(info, args.split, comm, min_rows_per_rank=0)
-    params = payload["params"].to(torch.float32)
+    splits = _splits_to_score(info, args.split, args.data)
+    recorded, params, selected = _model_of(payload, args.checkpoint)
+    params = params.to(torch.float32)
     model_logits = models.checkpoint_logits(recorded, params, info.n_features, info.n_classes,
                                             str(args.checkpoint))
-    result = evaluate_shard(model_logits, shard.X, shard.y, comm, args.allreduce)
+    per_split = {}
+    for split in splits:  # one split in memory at a time
+        shard = read_shard(info, split, comm, min_rows_per_rank=0)
+        per_split[split] = evaluate_shard(model_logits, shard.X, shard.y, comm,
+                                          args.allreduce)
+        del shard
+    result = dict(per_split[splits[0]]) if len(splits) == 1 else _together(per_split)
     if comm.Get_rank() == 0:
+        step = selected["step"] if selected else payload.get("step")
         result.update(checkpoint=str(args.checkpoint), data=args.data, split=args.split,
-                      step=payload.get("step"), epsilon=payload.get("epsilon"))
+                      step=step, epsilon=payload.get("epsilon"))
+        if selected:
+            result["selected_epoch"] = selected.get("epoch")
+        if args.split == "all":
+            result["splits"] = per_split
         if args.json:
             print(json.dumps(result, default=str))
         else:
             eps = result["epsilon"]
-            print(f"{args.data} [{args.split}]: accuracy {result['accuracy']:.4f}, "
-                  f"loss {result['loss']:.4f}, {result['rows']:,} rows "
-                  f"(model from step {result['step']}"
+            where = args.split if args.split != "all" else "all: " + "+".join(splits)
+            model = (f"model of epoch {selected['epoch']} (step {step}), selected on "
+                     "val_accuracy" if selected else f"model from step {step}")
+            print(f"{args.data} [{where}]: accuracy {result['accuracy']:.4f}, "
+                  f"loss {result['loss']:.4f}, {result['rows']:,} rows ({model}"
                   + (f", epsilon {eps:.3f})" if eps is not None else ", non-private)"))
+            if args.split == "all":
+                for split, part in per_split.items():
+                    print(f"  {split:<5} accuracy {part['accuracy']:.4f}, loss "
+                          f"{part['loss']:.4f}, {part['rows']:,} rows")
     return 0
+
+
+def _splits_to_score(info, split: str, data: str) -> list[str]:
+    """The splits ``--split`` names (every one with rows for ``all``).
+
+    Raises:
+        DataError: (collective: every rank read the same header) the split is
+            not in the file or has no rows.
+    """
+    if split == "all":
+        chosen = [s for s in info.splits if info.rows[s] > 0]
+        if not chosen:
+            raise DataError(f"{data} has no rows in any split", collective=True)
+        return chosen
+    if split not in info.rows:
+        has = ", ".join(f"{s} ({info.rows[s]:,} rows)" for s in info.splits)
+        raise DataError(f"{data} has no {split} split (it has {has}; prepared by an "
+                        "older mpidp or with --val-fraction 0); choose another --split",
+                        collective=True)
+    if info.rows[split] == 0:
+        others = [s for s in info.splits if info.rows[s] > 0]
+        hint = (" (a file only for scoring, prepared with --test-fraction 1?)"
+                if split == "train" else "")
+        raise DataError(f"{data}: /{split} has no rows{hint}; choose --split "
+                        f"{' or '.join(others + ['all'])}", collective=True)
+    return [split]
+
+
+def _together(per_split: dict[str, dict]) -> dict:
+    """Counts of several splits added: the accuracy and loss over all their rows."""
+    rows = sum(r["rows"] for r in per_split.values())
+    correct = sum(r["correct"] for r in per_split.values())
+    loss = sum(r["loss"] * r["rows"] for r in per_split.values() if r["rows"])
+    return {"accuracy": correct / rows, "loss": loss / rows, "rows": rows, "correct": correct}
+
+
+def _model_of(payload: dict, checkpoint: str):
+    """(model description, parameters, the selection or None) that ``--checkpoint``
+    names: a run's directory whose checkpoint holds a selected epoch gives that
+    epoch's parameters; a file gives the parameters it holds."""
+    import os
+
+    best = payload.get("best")
+    if os.path.isdir(checkpoint) and best:
+        return payload["model"], best["params"], best
+    return payload["model"], payload["params"], payload.get("selected")

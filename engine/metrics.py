@@ -17,7 +17,8 @@ from pathlib import Path
 
 from engine.outputs import replace_file
 
-#: Table columns: (key, header, width, format).
+#: Table columns: (key, header, width, format), for a run that evaluates the
+#: test split every epoch (a file without a validation split).
 COLUMNS = (
     ("epoch", "epoch", 5, "{:d}"),
     ("train_loss", "train_loss", 10, "{:.4f}"),
@@ -28,6 +29,10 @@ COLUMNS = (
     ("compute_s", "compute_s", 9, "{:.2f}"),
     ("comm_s", "comm_s", 7, "{:.2f}"),
 )
+#: The columns of a run that scores a validation split every epoch: the test
+#: split is scored once, at the end, and printed apart.
+VAL_COLUMNS = tuple(("val_accuracy", "val_acc", 8, "{:.4f}") if c[0] == "test_accuracy"
+                    else c for c in COLUMNS)
 
 
 def _cell(width: int, fmt: str, value) -> str:
@@ -36,16 +41,22 @@ def _cell(width: int, fmt: str, value) -> str:
     return fmt.format(value).rjust(width)
 
 
-def header() -> str:
-    return "  ".join(name.rjust(width) for _, name, width, _ in COLUMNS)
+def _columns(val: bool) -> tuple:
+    return VAL_COLUMNS if val else COLUMNS
 
 
-def row(metrics: dict) -> str:
-    return "  ".join(_cell(width, fmt, metrics.get(key)) for key, _, width, fmt in COLUMNS)
+def header(val: bool = False) -> str:
+    """The table's header; ``val``: the run scores a validation split."""
+    return "  ".join(name.rjust(width) for _, name, width, _ in _columns(val))
 
 
-def table(rows: list[dict]) -> str:
-    return "\n".join([header(), *(row(r) for r in rows)])
+def row(metrics: dict, val: bool = False) -> str:
+    return "  ".join(_cell(width, fmt, metrics.get(key))
+                     for key, _, width, fmt in _columns(val))
+
+
+def table(rows: list[dict], val: bool = False) -> str:
+    return "\n".join([header(val), *(row(r, val) for r in rows)])
 
 
 def write_records(path: str | os.PathLike, records: list[dict]) -> None:

@@ -206,15 +206,25 @@ TARGET_ACCURACY = "target_accuracy"
 TIME_BUDGET = "time_budget"
 
 
+def monitored_accuracy(record: dict) -> float | None:
+    """The accuracy training watches in an epoch's record: ``val_accuracy`` when the
+    run scores a validation split (the test split is then read once, at the end),
+    else ``test_accuracy`` (a file without one); None on an epoch not evaluated."""
+    if "val_accuracy" in record:
+        return record["val_accuracy"]
+    return record.get("test_accuracy")
+
+
 def stop_reason(record: dict, target_accuracy: float | None,
                 time_budget: float | None) -> str | None:
     """Why training should stop after the epoch of ``record``, or None.
 
     ``record`` needs ``train_time_s`` (cumulative training seconds) and, on
-    evaluated epochs, ``test_accuracy``. The target is checked first: an
-    epoch that reaches it within the budget counts as reaching it.
+    evaluated epochs, ``val_accuracy`` (``test_accuracy`` for a file without
+    a validation split: :func:`monitored_accuracy`). The target is checked
+    first: an epoch that reaches it within the budget counts as reaching it.
     """
-    accuracy = record.get("test_accuracy")
+    accuracy = monitored_accuracy(record)
     if target_accuracy is not None and accuracy is not None and accuracy >= target_accuracy:
         return TARGET_ACCURACY
     elapsed = record.get("train_time_s")

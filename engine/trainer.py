@@ -12,9 +12,13 @@ Every rank takes the same number of steps (N and B are known everywhere);
 an empty local batch is a valid step. With ``--privacy-unit household`` the
 units are households: shards end on household boundaries, the sampler draws
 households, each household's summed gradient is clipped as one, and N and B
-count households. Per epoch: train loss (all-reduced),
-test accuracy (evaluated in parallel), epsilon, time split into compute and
-communication; JSON lines and a table on rank 0. Checkpoints are atomic and
+count households. Per epoch: train loss (all-reduced), validation accuracy
+(evaluated in parallel; the test split instead for a file without a
+validation split), epsilon, time split into compute and communication; JSON
+lines and a table on rank 0. With a validation split the test split is
+scored once, when the run finishes, with the run's selected model
+(``--select-on``: the best validation epoch's parameters, kept in memory,
+in the checkpoint and in ``best.pt``, or the last ones). Checkpoints are atomic and
 carry everything a bit-identical resume needs (:mod:`engine.checkpoint`),
 the per-epoch history included: the metrics file is rewritten from it, so
 any sequence of stops and resumes leaves one record per epoch
@@ -46,7 +50,7 @@ from engine.dp.accountant import Accountant
 from engine.config import ADJUSTABLE_ON_RESUME, PER_INVOCATION, TrainConfig
 from engine.nn.device import select as select_device
 from engine.dp.privacy import check_delta_for_rows
-from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError,
+from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError, DataError,
                            DivergedError, MpidpError, PrivacyError, agree)
 from engine.evaluate import evaluate_shard
 from engine.nn import models
@@ -56,6 +60,7 @@ from engine.nn.optim import build as build_optimizer
 from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
 from engine.nn.schedule import learning_rate
 from engine.shard import read_info, read_shard
+from engine.stopping import monitored_accuracy
 from engine.step import PHASES, DPStep
 from engine.stopping import (StopRequest, check_startup, forget_signals, signal_name,
                              stop_reason)
@@ -149,6 +154,11 @@ def resumed_config(cfg: TrainConfig, saved: dict, given: set[str] | None) -> Tra
     return TrainConfig(**merged)
 
 
+def _number(value: float | None) -> str:
+    """An accuracy in a message: 4 decimals, or nan when there is none."""
+    return f"{value:.4f}" if value is not None else "nan"
+
+
 def _shared_seed(comm, seed: int | None) -> int:
     if seed is not None:
         return int(seed)
@@ -179,6 +189,9 @@ class Trainer:
         self.lock = lock
         self.opened = opened
         self.history: list[dict] = []
+        #: the best validation epoch so far (``--select-on val_accuracy``): epoch,
+        #: step, val_accuracy, val_loss and its parameters (CPU), or None
+        self.best: dict | None = None
         self.resumed_from: dict | None = None  # the checkpoint's step, epsilon, budget
         self.large_delta: str | None = None
 
@@ -228,6 +241,7 @@ class Trainer:
         self.threads, self.local_ranks = configure_threads(cfg.threads)
         self.placement = select_device(cfg.device, comm)
         self.info = read_info(cfg.data, comm)
+        self._check_splits()
         self.train = None
         if cfg.privacy_unit == "household":
             self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1,
@@ -273,8 +287,34 @@ class Trainer:
             self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1,
                                     unit=cfg.privacy_unit)
         self.test = read_shard(self.info, "test", comm, min_rows_per_rank=0)
+        self.val = (read_shard(self.info, "val", comm, min_rows_per_rank=0)
+                    if self.info.has_val else None)
         self._build_state(payload)
         self._startup_check()
+
+    def _check_splits(self) -> None:
+        """Collective (every rank read the same header): a file with training rows,
+        and the validation split that ``--select-on`` needs; sets ``select_on``."""
+        cfg, info = self.cfg, self.info
+        if info.rows["train"] == 0:
+            raise DataError(f"{cfg.data} has no training rows (a file only for scoring, "
+                            "made with mpidp prep --test-fraction 1?): train on a file with "
+                            "a training split, and score this one with mpidp eval",
+                            collective=True)
+        self.select_on = cfg.select_on or ("val_accuracy" if info.has_val else "last")
+        if self.select_on != "val_accuracy":
+            return
+        default = "" if cfg.select_on else " (the default for a file with one)"
+        if not info.has_val:
+            raise ConfigError(f"--select-on val_accuracy: {cfg.data} has no validation "
+                              "split (prepared by an older mpidp, or with --val-fraction 0); "
+                              "prepare it again with mpidp prep --val-fraction F, or use "
+                              "--select-on last", collective=True)
+        if info.rows["val"] == 0:
+            raise ConfigError(f"{cfg.data}: the validation split /val has no rows, and "
+                              f"--select-on val_accuracy{default} needs some; prepare the "
+                              "file again with a larger --val-fraction, or pass "
+                              "--select-on last", collective=True)
 
     def _load_checkpoint(self) -> dict | None:
         """Collective: the checkpoint of a resumed run (None for a fresh one), with
@@ -410,6 +450,7 @@ class Trainer:
                                       collective=True) from None
             self.local = dict(mine["local"])
             self.history = list(payload.get("history", []))
+            self.best = payload.get("best")  # the best epoch so far travels with the run
         # The shard moves to the device once; a step gathers its rows there.
         self.X = torch.from_numpy(self.train.X).to(device)
         self.y = torch.from_numpy(self.train.y).to(device)
@@ -468,12 +509,28 @@ class Trainer:
                 "accountant": None if self.accountant is None else self.accountant.state_dict(),
                 "budget_epsilon": self.budget, "epsilon": self._epsilon(),
                 "step": self.step, "steps_per_epoch": self.steps_per_epoch,
-                "ranks": ranks, "history": self.history}
+                "ranks": ranks, "history": self.history, "best": self.best}
             ckpt.save(self.cfg.checkpoint_dir, payload)
+            if self.best is not None:
+                ckpt.save(self.cfg.checkpoint_dir, self._best_payload(payload),
+                          ckpt.BEST_NAME)
             self._write_metrics_file()
 
         self._rank0_check(write)
         return str(ckpt.path_in(self.cfg.checkpoint_dir))
+
+    def _best_payload(self, payload: dict) -> dict:
+        """``best.pt``: the selected model, readable by ``mpidp eval``, without the
+        generator states and optimizer of the checkpoint. Its epsilon is the
+        run's so far: choosing an epoch looked at every epoch's parameters."""
+        best = self.best
+        return {"config": payload["config"], "seed": payload["seed"],
+                "world_size": payload["world_size"], "data": payload["data"],
+                "model": payload["model"], "params": best["params"],
+                "budget_epsilon": payload["budget_epsilon"], "epsilon": payload["epsilon"],
+                "step": best["step"], "steps_per_epoch": payload["steps_per_epoch"],
+                "selected": {k: v for k, v in best.items() if k != "params"}
+                | {"on": "val_accuracy", "run_step": payload["step"]}}
 
     def _write_metrics_file(self) -> None:
         if self.cfg.metrics:
@@ -519,14 +576,85 @@ class Trainer:
             "resumed_mid_epoch": resumed,
         }
         if (epoch + 1) % self.cfg.eval_every == 0 or epoch + 1 == self.cfg.epochs:
-            result = evaluate_shard(self.engine.logits, self.test.X, self.test.y, self.comm,
-                                    self.cfg.allreduce)
-            record.update(test_accuracy=result["accuracy"], test_loss=result["loss"])
+            if self.val is not None:  # the test split waits for the end (_final_test)
+                result = self._evaluate(self.val)
+                record.update(val_accuracy=result["accuracy"], val_loss=result["loss"])
+                self._consider(record)
+            else:  # a file without a validation split: test every epoch, as before
+                result = self._evaluate(self.test)
+                record.update(test_accuracy=result["accuracy"], test_loss=result["loss"])
         if self.cfg.dp and not self.sampler.assumption_met:
             record["epsilon_valid"] = False  # shuffled batches: not what was accounted
         self.local.update(loss_sum=0.0, examples=0, clipped=0)  # in place: the loop holds it
         return {k: metrics_mod.finite_or_none(v) if isinstance(v, float) else v
                 for k, v in record.items()}
+
+    def _evaluate(self, shard) -> dict:
+        """Collective: accuracy and loss of the current parameters on ``shard``."""
+        return evaluate_shard(self.engine.logits, shard.X, shard.y, self.comm,
+                              self.cfg.allreduce)
+
+    def _consider(self, record: dict) -> None:
+        """Keep this epoch's parameters if its validation accuracy is the best so far
+        (``--select-on val_accuracy``; the first of equal ones). The accuracy is
+        all-reduced: every rank keeps the same epoch."""
+        accuracy = record.get("val_accuracy")
+        if self.select_on != "val_accuracy" or accuracy is None \
+                or not math.isfinite(accuracy):
+            return
+        if self.best is None or accuracy > self.best["val_accuracy"]:
+            self.best = {"epoch": record["epoch"], "step": record["step"],
+                         "val_accuracy": float(accuracy),
+                         "val_loss": metrics_mod.finite_or_none(record.get("val_loss")),
+                         "params": self.params.detach().to("cpu", copy=True)}
+
+    def _selected_epoch(self, last_epoch: int) -> int:
+        """The epoch whose parameters are the run's model."""
+        return self.best["epoch"] if self.best is not None else last_epoch
+
+    def _final_test(self, record: dict) -> None:
+        """Collective, when a run with a validation split finishes: score the test
+        split once, with the selected parameters, into the last epoch's record."""
+        if self.val is None:
+            return  # tested every --eval-every epochs, the last one included
+        selected = self._selected_epoch(record["epoch"])
+        if self.best is not None:
+            last = self.params.detach().clone()
+            with torch.no_grad():
+                self.params.copy_(self.best["params"].to(self.params.device))
+            try:
+                result = self._evaluate(self.test)
+            finally:
+                with torch.no_grad():
+                    self.params.copy_(last)  # the checkpoint keeps training's state
+        else:
+            result = self._evaluate(self.test)
+        record.update(test_accuracy=metrics_mod.finite_or_none(result["accuracy"]),
+                      test_loss=metrics_mod.finite_or_none(result["loss"]),
+                      test_rows=result["rows"], selected_epoch=selected,
+                      select_on=self.select_on)
+
+    def _test_line(self, record: dict) -> str:
+        """``test (once, at the end): accuracy ...`` for a run with a validation split."""
+        accuracy, loss = record.get("test_accuracy"), record.get("test_loss")
+        numbers = (f"accuracy {accuracy:.4f}, loss {loss:.4f} on "
+                   f"{record.get('test_rows', 0):,} rows" if accuracy is not None
+                   else "the test split has no rows")
+        if self.best is not None:
+            whose = (f"the parameters of epoch {self.best['epoch']}, selected on "
+                     f"val_accuracy ({self.best['val_accuracy']:.4f})")
+        elif self.select_on == "val_accuracy":
+            whose = "the last parameters (no epoch was scored on the validation split)"
+        else:
+            whose = "the last parameters (--select-on last)"
+        return f"test (once, at the end): {numbers}; {whose}"
+
+    def adopt_selection(self) -> None:
+        """Make the selected epoch's parameters the run's (``Run.model``); the
+        checkpoint already holds the last ones, which a resume continues from."""
+        if self.best is not None:
+            with torch.no_grad():
+                self.params.copy_(self.best["params"].to(self.params.device))
 
     def run(self) -> int:
         """Collective: train; returns the exit code (0 done, 75 checkpointed on a
@@ -602,11 +730,12 @@ class Trainer:
         if self.step >= self.total_steps:
             self._say(f"nothing to do: the run in {cfg.checkpoint_dir} has finished "
                       f"{plural(self.step // self.steps_per_epoch, 'epoch')}")
+            self.adopt_selection()
             return 0
         show = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and self.rank == 0
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", disable=not show,
                    dynamic_ncols=True, leave=False)
-        self._say(metrics_mod.header())
+        self._say(metrics_mod.header(val=self.val is not None))
         start_step = self.step
         scheduled = cfg.lr_schedule != "constant"
         sampler, dp_step, opt, control = self.sampler, self.dp_step, self.optimizer, self.control
@@ -654,11 +783,15 @@ class Trainer:
                 reason = stop_reason(record, cfg.target_accuracy, cfg.time_budget)
                 if reason is not None:
                     record["stop_reason"] = reason
+                finished = self.step >= self.total_steps or reason is not None
+                if finished:
+                    self._final_test(record)  # before the checkpoint that carries it
                 self.history.append(record)
                 if self.rank == 0:
                     bar.clear()
-                self._say(metrics_mod.row(record))
-                finished = self.step >= self.total_steps or reason is not None
+                self._say(metrics_mod.row(record, val=self.val is not None))
+                if finished and self.val is not None:
+                    self._say(self._test_line(record))
                 if (epoch + 1) % cfg.checkpoint_every == 0 or finished or stopping:
                     self.save_checkpoint()
                 else:
@@ -670,6 +803,7 @@ class Trainer:
         finally:
             bar.close()
         self._summary()
+        self.adopt_selection()
         return 0
 
     def _interrupt(self, stop: StopRequest, saved: bool = False) -> int:
@@ -698,14 +832,22 @@ class Trainer:
         last = self.history[-1] if self.history else {}
         times = [r["epoch_time_s"] for r in self.history if r.get("epoch_time_s")]
         eps = last.get("epsilon")
-        self._say(f"done: {plural(len(self.history), 'epoch')}, test accuracy "
-                  f"{last.get('test_accuracy', float('nan')):.4f}, "
+        val = ""
+        if self.val is not None:
+            chosen = (self.best["val_accuracy"] if self.best is not None
+                      else last.get("val_accuracy"))
+            val = (f"val accuracy {_number(chosen)} (epoch "
+                   f"{self._selected_epoch(last.get('epoch', 0))}, "
+                   + ("selected), " if self.best is not None else "the last), "))
+        self._say(f"done: {plural(len(self.history), 'epoch')}, {val}test accuracy "
+                  f"{_number(last.get('test_accuracy'))}, "
                   + (f"epsilon {eps:.3f} per {self.cfg.privacy_unit} (delta {self.cfg.delta:g}), "
                      if eps is not None
                      else "non-private, ")
                   + f"{np.median(times) if times else float('nan'):.2f} s/epoch (median)")
         if last.get("stop_reason") == "target_accuracy":
-            self._say(f"stopped early: test accuracy {last['test_accuracy']:.4f} >= "
+            which = "validation" if self.val is not None else "test"
+            self._say(f"stopped early: {which} accuracy {monitored_accuracy(last):.4f} >= "
                       f"--target-accuracy {self.cfg.target_accuracy:g} after "
                       f"{last['train_time_s']:.2f} s of training (time to accuracy)")
         elif last.get("stop_reason") == "time_budget":

@@ -66,6 +66,34 @@ def test_household_unit_and_the_pld_default_through_the_api(data, comm):
                                                     "pld"), rel=1e-3)
 
 
+@pytest.mark.mpi(min_size=1)
+def test_the_model_is_the_best_validation_epochs(comm, shared_tmp):
+    """On a file with a validation split, run.model holds the parameters of the
+    epoch selected on val_accuracy: those of a run stopped at that epoch."""
+    path = shared_tmp / "val.h5"
+    if comm.Get_rank() == 0:
+        synthetic.write(path, rows=900, features=6, test_rows=200, val_rows=200, seed=7)
+    comm.Barrier()
+    common = dict(comm=comm, batch_size=64, hidden=[8], noise_multiplier=4.0, lr=0.5,
+                  seed=6, allreduce="ring", quiet=True)
+    run = engine.train(str(path), epochs=4, **common)
+    best = run.selected_epoch
+    accuracies = [r["val_accuracy"] for r in run.history]
+    assert best == accuracies.index(max(accuracies)) + 1 < 4  # not simply the last
+    assert run.history[-1]["selected_epoch"] == best
+    shorter = engine.train(str(path), epochs=best, select_on="last", **common)
+    assert shorter.selected_epoch == best
+    for a, b in zip(run.model.parameters(), shorter.model.parameters()):
+        assert torch.equal(a, b)
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        X, y = torch.from_numpy(f["test/X"][:]), torch.from_numpy(f["test/y"][:])
+    with torch.no_grad():
+        accuracy = (run.model(X).argmax(1) == y).float().mean().item()
+    assert accuracy == pytest.approx(run.history[-1]["test_accuracy"], abs=1e-6)
+
+
 def test_unknown_option_is_named(tmp_path):
     with pytest.raises(ConfigError, match="unknown option.*epoch_count"):
         engine.train(str(tmp_path / "x.h5"), epoch_count=3)

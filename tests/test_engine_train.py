@@ -219,3 +219,170 @@ def test_eval_command_scores_a_checkpoint(tiny, tmp_path, capsys):
     wider = synthetic.write(tmp_path / "wider.h5", rows=50, features=7)
     with pytest.raises(DataError, match="expects 6"):
         run("--checkpoint", d, "--data", wider)
+
+
+# -- a validation split: val every epoch, test once at the end, the best epoch kept
+# Noisy enough that the best validation epoch is not the last one at 1, 2 and 3
+# ranks (epochs 2, 3 and 2 of 4 with this seed), so selecting it is seen.
+VAL = dict(epochs=4, batch_size=64, hidden=(8,), noise_multiplier=4.0, lr=0.5, seed=6,
+           progress=False, allreduce="ring")
+
+
+def _val_file(comm, shared_tmp, name="val.h5", **kw):
+    path = str(shared_tmp / name)
+    if comm.Get_rank() == 0:
+        synthetic.write(path, **{**dict(rows=900, features=6, test_rows=200, val_rows=200,
+                                        seed=7), **kw})
+    comm.Barrier()
+    return path
+
+
+class _Spy(Trainer):
+    """A trainer that keeps each epoch's parameters (to check the selected ones)."""
+
+    def _epoch_end(self, *args, **kwargs):
+        record = super()._epoch_end(*args, **kwargs)
+        self.seen = getattr(self, "seen", {})
+        self.seen[record["epoch"]] = self.params.detach().clone()
+        return record
+
+
+@pytest.mark.mpi(min_size=1)
+def test_val_every_epoch_test_once_and_the_best_epoch_is_the_model(comm, shared_tmp):
+    from engine.evaluate import evaluate_shard
+
+    path = _val_file(comm, shared_tmp)
+    out = __import__("io").StringIO()
+    cfg = TrainConfig(data=path, metrics=str(shared_tmp / "m.jsonl"), **VAL)
+    cfg.validate()
+    trainer = _Spy(cfg, comm, out=out)
+    assert trainer.run() == 0
+    history = trainer.history
+    assert all(r["val_accuracy"] is not None and "val_loss" in r for r in history)
+    assert all("test_accuracy" not in r for r in history[:-1])  # test: once, at the end
+    last = history[-1]
+    accuracies = [r["val_accuracy"] for r in history]
+    best = accuracies.index(max(accuracies)) + 1  # the first of equal ones
+    assert last["selected_epoch"] == best < 4 and last["select_on"] == "val_accuracy"
+    assert torch.equal(trainer.params, trainer.seen[best])  # the model is that epoch's
+    assert not torch.equal(trainer.params, trainer.seen[4])
+    again = evaluate_shard(trainer.engine.logits, trainer.test.X, trainer.test.y, comm)
+    assert last["test_accuracy"] == pytest.approx(again["accuracy"], abs=1e-12)
+    assert last["test_rows"] == 200
+    if comm.Get_rank() == 0:
+        from engine import metrics
+
+        assert metrics.read_records(shared_tmp / "m.jsonl")[-1]["selected_epoch"] == best
+        text = out.getvalue()
+        assert text.splitlines()[2].split()[:3] == ["epoch", "train_loss", "val_acc"]
+        assert "test_acc" not in text
+        assert (f"test (once, at the end): accuracy {last['test_accuracy']:.4f}, loss "
+                f"{last['test_loss']:.4f} on 200 rows; the parameters of epoch {best}, "
+                f"selected on val_accuracy ({max(accuracies):.4f})") in text
+        assert f"val accuracy {max(accuracies):.4f} (epoch {best}, selected), test " \
+            f"accuracy {last['test_accuracy']:.4f}" in text
+    # --select-on last: the same training, the last parameters, tested once
+    plain, code = _train(TrainConfig(data=path, select_on="last", **VAL), comm)
+    assert code == 0 and torch.equal(plain.params, trainer.seen[4])
+    assert plain.history[-1]["selected_epoch"] == 4 and plain.best is None
+    assert [r["val_accuracy"] for r in plain.history] == accuracies
+
+
+@pytest.mark.mpi(min_size=1)
+def test_resume_keeps_the_best_epoch_so_far(comm, shared_tmp):
+    """Stopped after the best epoch, a resumed run still selects it: the best
+    epoch and its parameters travel in the checkpoint (and best.pt holds them)."""
+    path = _val_file(comm, shared_tmp)
+    whole, code = _train(TrainConfig(data=path, checkpoint_dir=str(shared_tmp / "a"),
+                                     **VAL), comm)
+    assert code == 0
+    best = whole.history[-1]["selected_epoch"]
+    assert best < 4
+    stop = best * whole.steps_per_epoch + 3  # in the epoch after the best one
+    first, code = _train(TrainConfig(data=path, checkpoint_dir=str(shared_tmp / "b"),
+                                     stop_after=stop, **VAL), comm)
+    assert code == 75 and first.best["epoch"] == best
+    second, code = _train(TrainConfig(data=path, checkpoint_dir=str(shared_tmp / "b"),
+                                      resume=True, **VAL), comm)
+    assert code == 0 and second.history[-1]["selected_epoch"] == best
+    assert torch.equal(second.params, whole.params)  # the selected epoch's, both
+    assert second.history[-1]["test_accuracy"] == whole.history[-1]["test_accuracy"]
+    assert torch.equal(ckpt.load(str(shared_tmp / "b"))["best"]["params"],
+                       whole.best["params"])
+    if comm.Get_rank() == 0:
+        saved = ckpt.load_file(ckpt.best_path_in(str(shared_tmp / "b")))
+        assert torch.equal(saved["params"], whole.best["params"])
+        assert saved["selected"]["epoch"] == best and "ranks" not in saved  # no generators
+        assert saved["epsilon"] == pytest.approx(whole.accountant.epsilon())
+
+
+def test_files_without_val_or_training_rows_and_an_empty_val(tmp_path, tiny):
+    """An old file trains as before (test every epoch: the documented fallback);
+    an empty validation split or a file only for scoring is one clear error."""
+    from collectives.runtime import MPI
+
+    self = MPI.COMM_SELF
+    old, code = _train(_cfg(tiny), self)
+    assert code == 0 and old.val is None and old.select_on == "last"
+    assert all("val_accuracy" not in r and "selected_epoch" not in r for r in old.history)
+    assert all(r["test_accuracy"] is not None for r in old.history)
+    with pytest.raises(ConfigError, match="--select-on val_accuracy: .* has no validation "
+                       "split .* or use --select-on last"):
+        _train(_cfg(tiny, select_on="val_accuracy"), self)
+    empty = synthetic.write(tmp_path / "empty.h5", rows=300, features=6, val_rows=0)
+    with pytest.raises(ConfigError, match=r"/val has no rows, and --select-on val_accuracy "
+                       r"\(the default for a file with one\) needs some"):
+        _train(_cfg(empty), self)
+    trainer, code = _train(_cfg(empty, select_on="last"), self)
+    assert code == 0 and trainer.history[-1]["val_accuracy"] is None
+    assert trainer.history[-1]["test_accuracy"] is not None
+    scoring = synthetic.write(tmp_path / "scoring.h5", rows=0, features=6, test_rows=200)
+    with pytest.raises(DataError, match="has no training rows .* --test-fraction 1"):
+        _train(_cfg(scoring), self)
+
+
+def test_empty_val_exits_2_with_one_line(tmp_path):
+    path = synthetic.write(tmp_path / "e.h5", rows=300, features=3, val_rows=0)
+    result = mpidp(2, "train", "--data", path, "--noise-multiplier", "1", timeout=120)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "/val has no rows" in errors[0], result.stderr
+
+
+@pytest.mark.mpi(min_size=1)
+def test_eval_scores_the_selected_model_on_val_test_or_all(comm, shared_tmp, capsys):
+    from engine.cli import build_parser
+
+    path = _val_file(comm, shared_tmp)
+    d = str(shared_tmp / "ck")
+    trainer, code = _train(TrainConfig(data=path, checkpoint_dir=d, **VAL), comm)
+    assert code == 0
+    last = trainer.history[-1]
+
+    def run(*argv):
+        capsys.readouterr()
+        args = build_parser().parse_args(["eval", *argv, "--json"])
+        assert args._run(args) == 0
+        out = capsys.readouterr().out
+        return comm.bcast(json.loads(out) if comm.Get_rank() == 0 else None, root=0)
+
+    test = run("--checkpoint", d, "--data", path)  # the run's directory: its selected model
+    assert test["accuracy"] == pytest.approx(last["test_accuracy"], abs=1e-12)
+    assert test["selected_epoch"] == last["selected_epoch"]
+    val = run("--checkpoint", d, "--data", path, "--split", "val")
+    assert val["accuracy"] == pytest.approx(trainer.best["val_accuracy"], abs=1e-12)
+    best_file = run("--checkpoint", str(ckpt.best_path_in(d)), "--data", path)
+    assert best_file["accuracy"] == test["accuracy"]
+    everything = run("--checkpoint", d, "--data", path, "--split", "all")
+    assert everything["rows"] == 900 + 200 + 200
+    assert everything["correct"] == sum(s["correct"] for s in everything["splits"].values())
+    assert everything["accuracy"] == pytest.approx(everything["correct"] / 1300)
+    assert everything["splits"]["val"]["accuracy"] == val["accuracy"]
+    # a file only for scoring: test holds every row, train none
+    scoring = _val_file(comm, shared_tmp, "scoring.h5", rows=0, val_rows=None,
+                        test_rows=150)
+    assert run("--checkpoint", d, "--data", scoring, "--split", "all")["rows"] == 150
+    with pytest.raises(DataError, match=r"/train has no rows \(a file only for scoring"):
+        run("--checkpoint", d, "--data", scoring, "--split", "train")
+    with pytest.raises(DataError, match="has no val split"):
+        run("--checkpoint", d, "--data", scoring, "--split", "val")

@@ -62,6 +62,11 @@ def test_stopping_rules():
     assert stop_reason(record, 0.91, 5.0) == TIME_BUDGET
     assert stop_reason(record, 0.9, 1.0) == TARGET_ACCURACY  # reached: the target wins
     assert stop_reason({"train_time_s": 1.0}, 0.5, 2.0) is None  # not evaluated yet
+    # with a validation split the target is on val (test is scored only at the end)
+    assert stop_reason({"train_time_s": 1.0, "val_accuracy": 0.9}, 0.9, None) \
+        == TARGET_ACCURACY
+    assert stop_reason({"train_time_s": 1.0, "val_accuracy": 0.8, "test_accuracy": 0.95},
+                       0.9, None) is None
     history = [{"epoch": 1, "train_time_s": 2.0, "test_accuracy": 0.6},
                {"epoch": 2, "train_time_s": 3.0},
                {"epoch": 3, "train_time_s": 4.5, "test_accuracy": 0.8}]

@@ -253,6 +253,22 @@ def test_run_takes_and_releases_the_lock(data, tmp_path):
     assert code == 0 and not (d / "lock").exists()
 
 
+def test_a_best_pt_without_its_checkpoint_is_not_left_to_a_fresh_run(data, tmp_path):
+    """best.pt belongs to the run whose checkpoint.pt sits next to it: a fresh run
+    into the directory removes one left alone (it would pass for the new run's
+    model), a run refused for a checkpoint in the way touches nothing."""
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / ckpt.BEST_NAME).write_bytes(b"an older run's model")
+    (d / f".{ckpt.BEST_NAME}.123.tmp").write_bytes(b"half")
+    _, code, _ = _train(_cfg(data, checkpoint_dir=str(d), epochs=1))  # no val: no best.pt
+    assert code == 0 and sorted(os.listdir(d)) == ["checkpoint.pt"]
+    (d / ckpt.BEST_NAME).write_bytes(b"kept")
+    with pytest.raises(CheckpointError, match="pass --resume"):
+        _train(_cfg(data, checkpoint_dir=str(d), epochs=1))
+    assert (d / ckpt.BEST_NAME).read_bytes() == b"kept"
+
+
 # ------------------------------------------------------------------- resume
 def test_resumed_settings_come_from_the_checkpoint():
     saved = TrainConfig(data="d.h5", noise_multiplier=1.3, seed=9, hidden=(8, 8),

@@ -21,6 +21,7 @@ import pytest
 
 from preprocessing import dictionary, households, taskfile, tasks
 from preprocessing.errors import PrepError
+from preprocessing.h5format import splits_in
 from preprocessing.pipeline import prepare
 from preprocessing.prep import add_arguments, make_settings
 from test_prep_pipeline import pums_zips
@@ -218,7 +219,7 @@ def _prepared(path: str) -> Counter:
         assert spec["name"] == "AGEP" and spec["kind"] == "numeric"
         column = json.loads(handle.attrs["feature_names"]).index("AGEP")
         rows = Counter()
-        for split in ("train", "test"):
+        for split in splits_in(handle):
             age = np.rint(handle[f"{split}/X"][:, column].astype(np.float64) * spec["std"]
                           + spec["mean"]).astype(int)
             rows.update(zip(handle[f"{split}/household"][:].tolist(), age.tolist(),
@@ -302,7 +303,7 @@ def test_task_file_prepares_a_file_and_like_needs_the_same_task(tmp_path):
         assert handle.attrs["label"] == "JWMNP>45"
         assert handle.attrs["universe"] == "AGEP>=18,ESR==1"
         names = json.loads(handle.attrs["feature_names"])
-        y = np.concatenate([handle["train/y"][:], handle["test/y"][:]])
+        y = np.concatenate([handle[f"{split}/y"][:] for split in splits_in(handle)])
     assert names[0] == "AGEP" and "SCHL=01" in names and "PUMA" in names
     assert report.kept == len(y) > 1000 and 0 < y.mean() < 0.5
     # --like: the task file again; without it, or with another task, refused
