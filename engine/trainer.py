@@ -845,6 +845,9 @@ class Trainer:
                      if eps is not None
                      else "non-private, ")
                   + f"{np.median(times) if times else float('nan'):.2f} s/epoch (median)")
+        if not self.cfg.checkpoint_dir:
+            self._say("the trained model was not saved: give --checkpoint-dir DIR to keep it "
+                      "(for mpidp eval and resuming); engine.train returns it as Run.model")
         if last.get("stop_reason") == "target_accuracy":
             which = "validation" if self.val is not None else "test"
             self._say(f"stopped early: {which} accuracy {monitored_accuracy(last):.4f} >= "

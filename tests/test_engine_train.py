@@ -386,3 +386,17 @@ def test_eval_scores_the_selected_model_on_val_test_or_all(comm, shared_tmp, cap
         run("--checkpoint", d, "--data", scoring, "--split", "train")
     with pytest.raises(DataError, match="has no val split"):
         run("--checkpoint", d, "--data", scoring, "--split", "val")
+
+
+def test_a_run_without_checkpoint_dir_says_the_model_is_not_kept(tmp_path):
+    from launcher import mpidp
+    from engine.bench import synthetic
+
+    data = synthetic.write(tmp_path / "d.h5", rows=400, features=8, seed=1)
+    args = ("train", "--data", data, "--epochs", "1", "--batch-size", "50", "--no-dp",
+            "--no-progress")
+    plain = mpidp(1, *args, timeout=240)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert "the trained model was not saved: give --checkpoint-dir DIR" in plain.stdout
+    kept = mpidp(1, *args, "--checkpoint-dir", str(tmp_path / "run"), timeout=240)
+    assert kept.returncode == 0 and "was not saved" not in kept.stdout
