@@ -70,6 +70,17 @@ def best_path_in(directory: str | os.PathLike) -> Path:
     return Path(directory) / BEST_NAME
 
 
+def model_of(payload: dict, checkpoint: str | os.PathLike):
+    """(model description, parameters, the selection or None) that ``--checkpoint``
+    names, for ``mpidp eval`` and ``mpidp audit``: a run's directory whose
+    checkpoint holds a selected epoch gives that epoch's parameters (the run's
+    model); a file gives the parameters it holds."""
+    best = payload.get("best")
+    if os.path.isdir(checkpoint) and best:
+        return payload["model"], best["params"], best
+    return payload["model"], payload["params"], payload.get("selected")
+
+
 def exists_in(directory: str | os.PathLike) -> bool:
     """Whether ``directory`` holds a checkpoint file (any content)."""
     return path_in(directory).is_file()

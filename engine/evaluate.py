@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                         f"{trained.get('path')} (encoding fingerprints differ); prepare it "
                         "with `mpidp prep --like` the training file", collective=True)
     splits = _splits_to_score(info, args.split, args.data)
-    recorded, params, selected = _model_of(payload, args.checkpoint)
+    recorded, params, selected = ckpt.model_of(payload, args.checkpoint)
     params = params.to(torch.float32)
     model_logits = models.checkpoint_logits(recorded, params, info.n_features, info.n_classes,
                                             str(args.checkpoint))
@@ -187,13 +187,3 @@ def _together(per_split: dict[str, dict]) -> dict:
     return {"accuracy": correct / rows, "loss": loss / rows, "rows": rows, "correct": correct}
 
 
-def _model_of(payload: dict, checkpoint: str):
-    """(model description, parameters, the selection or None) that ``--checkpoint``
-    names: a run's directory whose checkpoint holds a selected epoch gives that
-    epoch's parameters; a file gives the parameters it holds."""
-    import os
-
-    best = payload.get("best")
-    if os.path.isdir(checkpoint) and best:
-        return payload["model"], best["params"], best
-    return payload["model"], payload["params"], payload.get("selected")

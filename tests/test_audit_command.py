@@ -217,3 +217,25 @@ def test_the_command_at_two_ranks(models, tmp_path):
     lines = [line for line in failed.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("mpidp: error: --attack"), lines
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_a_run_directory_is_audited_at_its_selected_epoch(tmp_path):
+    """`--checkpoint DIR` names the run's model (best.pt's epoch), a file its own
+    parameters: the audit and `mpidp eval` read the same ones (checkpoint.model_of)."""
+    import torch
+
+    import engine
+    from engine.audit.inputs import load_target
+    from engine.bench import synthetic
+    from collectives import MPI
+
+    data = synthetic.write(tmp_path / "v.h5", rows=600, features=10, seed=3, val_rows=150)
+    run_dir = str(tmp_path / "run")
+    run = engine.train(data, epochs=4, batch_size=60, noise_multiplier=0.5, seed=1,
+                       quiet=True, checkpoint_dir=run_dir)
+    assert run.exit_code == 0
+    whole = load_target(run_dir, data, MPI.COMM_SELF)
+    last = load_target(run_dir + "/checkpoint.pt", data, MPI.COMM_SELF)
+    best = whole.payload["best"]["params"].to(torch.float64)
+    assert torch.equal(whole.params, best)
+    assert torch.equal(last.params, whole.payload["params"].to(torch.float64))

@@ -229,7 +229,7 @@ def load_target(checkpoint: str, data: str, comm) -> Target:
     info = read_info(data, comm)
     notes = check_compatible(payload, info, checkpoint)
     spec = checkpoint_spec(payload["model"], str(checkpoint), "mpidp audit")
-    params = payload["params"].to(torch.float64)
+    params = ckpt.model_of(payload, checkpoint)[1].to(torch.float64)
     if params.shape != (spec.n_params,):
         raise CheckpointError(f"{checkpoint}: {params.numel()} parameters for a "
                               f"{spec.describe()}; the checkpoint is damaged", collective=True)
