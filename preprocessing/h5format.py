@@ -7,7 +7,8 @@ engine reads it (:mod:`engine.shard`). All of them take the names, types
 and attribute encoding from here, and readers check a file with
 :func:`read_info`, so the layout is defined once.
 
-Datasets, per split ``s`` in :data:`SPLITS`:
+Datasets, per split ``s`` in :data:`SPLITS` (``train`` and ``test`` always;
+``val`` when the file has a validation split, see below):
 
 * ``/s/X``: float32 ``[N, F]`` (any float type is read), encoded features,
   rows in a global random order; F is the same in every split;
@@ -18,6 +19,16 @@ Datasets, per split ``s`` in :data:`SPLITS`:
   persons of a household are consecutive rows, households in a random order,
   so a reader can cut a split into shards on household boundaries
   (``mpidp train --privacy-unit household``).
+
+The ``val`` split (``/val/X``, ``/val/y``, ``/val/household``) is optional
+(:data:`OPTIONAL_SPLITS`): ``mpidp prep --val-fraction F`` moves a share F
+of the *training* households there (``mpidp train`` scores it every epoch
+and reads ``test`` once, at the end). It is checked like the others when
+present; a file without it (older files, ``--val-fraction 0``) is read as
+before. It needs no new ``format_version``: a reader that does not know
+``/val`` ignores it and trains on ``/train`` and scores ``/test`` as it
+always did, which is harmless (the val rows are simply unused), so a file
+with a validation split is still version 2 (3 for codes).
 
 Version 1 files (no household keys, rows in a random order) stay readable;
 only the household privacy unit refuses them (re-run ``mpidp prep``).
@@ -53,8 +64,12 @@ FORMAT_VERSIONS = (1, 2, 3)
 HOUSEHOLD_VERSION = 2
 #: The version of files whose categorical features are integer codes.
 CODES_VERSION = 3
-#: The splits, in the order they are written.
-SPLITS = ("train", "test")
+#: The splits a file may have, in the order they are written.
+SPLITS = ("train", "val", "test")
+#: The splits every file has.
+REQUIRED_SPLITS = ("train", "test")
+#: The splits a file may lack (a file without ``val`` is read as before it existed).
+OPTIONAL_SPLITS = ("val",)
 #: Element types writers use for ``X`` and ``y``.
 X_DTYPE = "float32"
 Y_DTYPE = "int8"
@@ -78,11 +93,13 @@ ATTRIBUTES: dict[str, str] = {
     "sources": "JSON list: file name, sha256, rows read",
     "seed": "seed of the split and the shuffle",
     "test_fraction": "share of households in the test split",
+    "val_fraction": "share of the training households moved to the val split (0: no val "
+                    "split; absent in older files)",
     "created_by": "'mpidp <version>' or the writer's name",
     "label": "prep only: the label's definition",
     "universe": "prep only: the records kept",
     "like": "prep only: the file whose encoding was reused (--like), or ''",
-    "households": "JSON: households per split (version 2)",
+    "households": "JSON: households per split (version 2; val included when present)",
     "household_key": "how /s/household was made (version 2): " + HOUSEHOLD_KEY,
 }
 #: Attributes a reader needs (the others describe how the file was made).
@@ -106,6 +123,13 @@ def y_name(split: str) -> str:
 def household_name(split: str) -> str:
     """Path of the household keys of ``split`` (``"train/household"``, version 2)."""
     return f"{split}/household"
+
+
+def splits_in(handle) -> tuple[str, ...]:
+    """The splits an open file (an h5py File or group) has, in :data:`SPLITS` order:
+    the required ones, whether present or not (the reader checks them), and each
+    optional one of which anything is stored."""
+    return tuple(s for s in SPLITS if s in REQUIRED_SPLITS or s in handle)
 
 
 def version_for(layout: str) -> int:
@@ -145,6 +169,7 @@ class DataInfo:
     path: str
     n_features: int
     n_classes: int
+    #: rows per split the file has: ``train`` and ``test``, and ``val`` when present
     rows: dict[str, int]
     feature_names: list[str] = field(default_factory=list)
     task: str = ""
@@ -154,6 +179,16 @@ class DataInfo:
     #: ``(column, number of categories, name)`` of each integer-code column
     #: (format version 3, ``--encoding codes``); empty for one-hot files.
     code_columns: tuple[tuple[int, int, str], ...] = ()
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits of the file, in :data:`SPLITS` order."""
+        return tuple(s for s in SPLITS if s in self.rows)
+
+    @property
+    def has_val(self) -> bool:
+        """Whether the file has a validation split (it may still have 0 rows)."""
+        return "val" in self.rows
 
     def summary(self) -> dict:
         return {"path": self.path, "n_features": self.n_features,
@@ -176,7 +211,8 @@ def read_info(path: str) -> DataInfo:
     Raises:
         FormatError: the file is missing, not HDF5, not of format ``"mpidp"``
             with a supported version, misses a split or has datasets of the
-            wrong shape or type, or bad ``n_classes`` / ``feature_names``.
+            wrong shape or type (the optional ``val`` split included, when
+            present), or bad ``n_classes`` / ``feature_names``.
     """
     import h5py  # deferred: keeps `mpidp --help` fast (command modules import this one)
 
@@ -198,7 +234,7 @@ def read_info(path: str) -> DataInfo:
                               f"(supported: {FORMAT_VERSIONS}); re-run `mpidp prep`")
         rows: dict[str, int] = {}
         n_features = None
-        for split in SPLITS:
+        for split in splits_in(f):
             if x_name(split) not in f or y_name(split) not in f:
                 raise FormatError(f"{path}: missing /{split}/X or /{split}/y")
             X, y = f[x_name(split)], f[y_name(split)]
@@ -218,7 +254,7 @@ def read_info(path: str) -> DataInfo:
                     raise FormatError(f"{path}: /{name} must be integer [N] like /{split}/y; "
                                       f"found {keys.dtype} {keys.shape}")
             if n_features is not None and X.shape[1] != n_features:
-                raise FormatError(f"{path}: /train/X has {n_features} features but "
+                raise FormatError(f"{path}: /{SPLITS[0]}/X has {n_features} features but "
                                   f"/{split}/X has {X.shape[1]}")
             n_features = int(X.shape[1])
             rows[split] = int(X.shape[0])

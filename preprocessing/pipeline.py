@@ -6,7 +6,7 @@
     parse    each rank parses its pieces (byte ranges / whole zip members)
     number   allgather of piece sizes -> each record's file and line
     clean    drop + count per reason; --max-invalid-share check per file
-    split    household hash -> train/test; exact global statistics (allreduce)
+    split    household hash -> train/val/test; exact global statistics (allreduce)
     shuffle  random key per household and per record, distributed bucket sort
              (Alltoallv): households in random order, each one's rows together;
              keyed hash of each household (the /s/household keys)
@@ -55,6 +55,7 @@ class Settings:
     out: str
     seed: int = 0
     test_fraction: float = 0.2
+    val_fraction: float = 0.0  # share of the training households in /val (0: no /val)
     max_invalid_share: float = 0.05
     compression: h5write.Compression = field(default_factory=h5write.Compression)
     like: str | None = None
@@ -79,6 +80,7 @@ class Report:
     out_bytes: int
     steps: dict[str, float] = field(default_factory=dict)
     per_rank: list = field(default_factory=list)  # [hash s, read s, bytes] per rank
+    val: int | None = None  # rows of /val, None when the file has none
 
 
 def _wait_for_all(comm, nap: float = 2e-4) -> None:
@@ -288,11 +290,12 @@ def check_invalid_share(settings: Settings, counts: np.ndarray, firsts: list) ->
 
 def record_dtype(task: Task, codebook: Codebook) -> np.dtype:
     """One kept record as it travels between ranks: the compact code of every
-    feature, the label, the split, the household's shuffle key, the household
+    feature, the label, the split (:data:`preprocessing.shuffle.TRAIN`, ``VAL``
+    or ``TEST``), the household's shuffle key, the household
     id, the record's own shuffle key and (filled after the shuffle) the
     household's keyed hash (~55 bytes)."""
     fields = [(f.name, code_dtype(f, codebook)) for f in task.features]
-    return np.dtype(fields + [("__y", np.int8), ("__test", np.bool_), ("__key", np.uint64),
+    return np.dtype(fields + [("__y", np.int8), ("__split", np.uint8), ("__key", np.uint64),
                               ("__hh", np.int64), ("__row", np.uint64),
                               ("__hkey", np.uint64)])
 
@@ -309,8 +312,9 @@ def build_records(settings: Settings, parsed: list[Parsed], offsets,
         for feature in settings.task.features:
             part[feature.name] = c.codes[feature.name]
         part["__y"] = c.label
-        part["__test"] = shuffle.test_households(c.household, settings.seed,
-                                                 settings.test_fraction)
+        part["__split"] = shuffle.split_households(c.household, settings.seed,
+                                                   settings.test_fraction,
+                                                   settings.val_fraction)
         rows = first + np.flatnonzero(c.reason == 0)
         part["__key"] = shuffle.household_keys(settings.seed, c.household)
         part["__hh"] = c.household
@@ -322,8 +326,8 @@ def build_records(settings: Settings, parsed: list[Parsed], offsets,
 
 def global_sums(comm, settings: Settings, records: np.ndarray) -> dict[str, tuple]:
     """Exact (count, sum, sum of squares) of each numeric feature over the
-    training split, added over the ranks."""
-    train = records[~records["__test"]]
+    training split (without the validation rows), added over the ranks."""
+    train = records[records["__split"] == shuffle.TRAIN]
     mine = {f.name: enc.local_sums(train[f.name]) for f in settings.task.features
             if f.kind == "numeric"}
     totals = {}
@@ -429,7 +433,7 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
     """Create, fill and commit the output file; collective. Returns its size.
 
     Args:
-        splits: ``"train"``/``"test"`` -> (this rank's records in final order,
+        splits: ``"train"``/``"val"``/``"test"`` -> (this rank's records in final order,
             their first global row, the split's global row count and
             household count).
         attrs_later: called on every rank after the rows are written; returns
@@ -514,19 +518,23 @@ class _Clock:
         self.last = now
 
 
-def split_and_shuffle(comm, records: np.ndarray, secret: bytes) -> dict[str, tuple]:
+def split_and_shuffle(comm, records: np.ndarray, secret: bytes,
+                      with_val: bool = False) -> dict[str, tuple]:
     """Distributed sort by (household key, household, record key), then each
     household's keyed hash (``__hkey``); collective.
 
     Returns:
-        ``"train"``/``"test"`` -> (this rank's records of the split in final
+        ``"train"``/``"val"``/``"test"`` (``"val"`` only ``with_val``), in the
+        order they are written -> (this rank's records of the split in final
         order, the global row of the first of them, the split's global size,
         the split's global number of households).
     """
     received, order = shuffle.sort_across_ranks(records, "__key", comm, ties=("__hh", "__row"))
-    in_test = received["__test"][order]
+    split = received["__split"][order]
+    codes = {"train": shuffle.TRAIN, "val": shuffle.VAL, "test": shuffle.TEST}
+    names = [s for s in h5format.SPLITS if with_val or s != "val"]
     splits = {}
-    for name, selection in (("train", order[~in_test]), ("test", order[in_test])):
+    for name, selection in ((n, order[split == codes[n]]) for n in names):
         part = shuffle.take(received, selection)
         part["__hkey"] = households.household_keys(part["__hh"], secret)
         # A household is whole on this rank (one bucket) and consecutive.
@@ -555,6 +563,7 @@ def attributes(settings: Settings, encoding_text: str, drop_counts: dict,
                      "sha256": digests[inp.path], "rows": int(rows_per_file[inp.index])}
                     for inp in settings.inputs],
         "seed": settings.seed, "test_fraction": settings.test_fraction,
+        "val_fraction": settings.val_fraction,
         "created_by": f"mpidp {version}".strip(),
         "label": str(task.label), "universe": ",".join(map(str, task.universe)),
         "like": os.path.basename(settings.like) if settings.like else "",
@@ -625,9 +634,15 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
         sums = global_sums(comm, settings, records)
         encoding_text = enc.build(task, settings.codebook, sums, settings.layout).to_json()
     clock("split+stats")
-    splits = split_and_shuffle(comm, records, settings.household_secret)
+    splits = split_and_shuffle(comm, records, settings.household_secret,
+                               with_val=settings.val_fraction > 0)
     del records
     clock("shuffle")
+    if "val" in splits and splits["val"][2] == 0:  # the same totals on every rank
+        raise PrepError(f"--val-fraction {settings.val_fraction:g} put none of the "
+                        f"{splits['train'][3]:,} training households in the validation "
+                        "split: too few households; give a larger --val-fraction, more "
+                        "data, or --val-fraction 0 for a file without one", collective=True)
 
     drop_counts = {name: int(per_reason[i]) for i, name in enumerate(reasons)
                    if i > 0 and (per_reason[i] or name == "universe")}
@@ -638,6 +653,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
                            {name: split[3] for name, split in splits.items()}), clock)
     return Report(records=int(per_reason.sum()), kept=int(per_reason[0]),
                   train=splits["train"][2], test=splits["test"][2],
+                  val=splits["val"][2] if "val" in splits else None,
                   n_features=enc.Encoding.from_json(encoding_text).n_features,
                   drop_counts=drop_counts, seconds=time.perf_counter() - clock.started,
                   out_bytes=out_bytes, steps=clock.steps, per_rank=per_rank)

@@ -4,7 +4,9 @@ Reads official person files (psam_pNN.csv, ssYYpXX.csv, or the Census
 Bureau's csv_pXX.zip; one or many states) and writes the HDF5 file that
 `mpidp train` reads (layout: docs/preprocessing.md). Every rank
 parses its own byte range of the inputs; statistics are global; households
-are split into train/test by SERIALNO; the rows are shuffled across ranks,
+are split into train/val/test by SERIALNO (val: a share of the training
+households, scored every epoch by `mpidp train`; test: read once, at the
+end); the rows are shuffled across ranks,
 each household's persons kept together. Every row carries a household key,
 a keyed hash of its SERIALNO (never the serial itself), for
 `mpidp train --privacy-unit household`; the hash's secret is random per run
@@ -17,6 +19,7 @@ examples:
   mpiexec -n 2 mpidp prep psam_p10.csv --out pums.h5 --task income --seed 7
   mpiexec -n 2 mpidp prep csv_pri.zip --out ri.h5 --like pums.h5
   mpiexec -n 2 mpidp prep csv_pde.zip --out commute.h5 --task-file commute.toml
+  mpiexec -n 2 mpidp prep csv_pri.zip --out score.h5 --like pums.h5 --test-fraction 1
 """
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ from preprocessing import (atomic, dictionary, encoding, h5format, h5write, hous
                            inputs, taskfile, tasks)
 from preprocessing.errors import PrepError
 from preprocessing.pipeline import Settings, agree, prepare
+
+#: --val-fraction when not given (and --test-fraction is below 1).
+DEFAULT_VAL_FRACTION = 0.1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "[features] (NAME = \"numeric\" or \"categorical\"); see "
                         "docs/preprocessing.md, Tasks")
     parser.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
-                        help="share of households in the test split (default: 0.2)")
+                        help="share of households in the test split (default: 0.2); 1 "
+                        "makes a file only for scoring (`mpidp eval`, with --like the "
+                        "model's training file): every row in test, none to train on")
+    parser.add_argument("--val-fraction", type=float, default=None, metavar="F",
+                        help="share of the *training* households moved to a validation "
+                        "split, which `mpidp train` scores every epoch (and selects the "
+                        "best epoch on) so that the test split is read once, at the end; "
+                        "0: no validation split (default: 0.1, or 0 with --test-fraction 1)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the household split and the shuffle (default: 0)")
     parser.add_argument("--like", metavar="OTHER.h5",
@@ -120,8 +133,19 @@ def make_settings(args: argparse.Namespace):
     Raises:
         PrepError: anything the user must fix before a record is parsed.
     """
-    if not 0.0 <= args.test_fraction < 1.0:
-        raise PrepError(f"--test-fraction {args.test_fraction}: must be in [0, 1)")
+    if not 0.0 <= args.test_fraction <= 1.0:
+        raise PrepError(f"--test-fraction {args.test_fraction}: must be in [0, 1] (1: a "
+                        "file only for scoring)")
+    val_fraction = args.val_fraction
+    if val_fraction is None:
+        val_fraction = 0.0 if args.test_fraction == 1.0 else DEFAULT_VAL_FRACTION
+    if not 0.0 <= val_fraction < 1.0:
+        raise PrepError(f"--val-fraction {val_fraction}: must be in [0, 1) (0: no "
+                        "validation split)")
+    if args.test_fraction == 1.0 and val_fraction > 0:
+        raise PrepError(f"--val-fraction {val_fraction:g} with --test-fraction 1: a file "
+                        "only for scoring has no training households to take a validation "
+                        "split from; drop --val-fraction")
     if not 0.0 <= args.max_invalid_share <= 1.0:
         raise PrepError(f"--max-invalid-share {args.max_invalid_share}: must be in [0, 1]")
     if args.seed < 0:
@@ -180,6 +204,7 @@ def make_settings(args: argparse.Namespace):
         sources[inp.index] = chosen
     return Settings(inputs=found, sources=sources, task=task, codebook=codebook,
                     out=args.out, seed=args.seed, test_fraction=args.test_fraction,
+                    val_fraction=val_fraction,
                     max_invalid_share=args.max_invalid_share, compression=compression,
                     like=args.like, like_encoding=like_encoding, layout=layout,
                     quiet=args.quiet,
@@ -250,7 +275,9 @@ def summary(report, settings, ranks: int) -> str:
         f"{report.seconds:.2f} s on {ranks} rank{'s' if ranks > 1 else ''}",
         f"  read    {report.records:>12,} records from {files} file{'s' if files > 1 else ''}"
         f" ({rate:,.0f} records/s)",
-        f"  kept    {report.kept:>12,} (train {report.train:,}, test {report.test:,}; "
+        f"  kept    {report.kept:>12,} (train {report.train:,}, "
+        + (f"val {report.val:,}, " if report.val is not None else "")
+        + f"test {report.test:,}; "
         f"{report.n_features} features, task {settings.task.name})",
         f"  dropped {report.records - report.kept:>12,} ({drops}; universe: {universe})",
     ])

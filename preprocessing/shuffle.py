@@ -8,8 +8,11 @@ with ``s`` is ``mix(s + (i + 1) * GAMMA)``, where ``mix`` is a bijection of
 it, so the output cannot depend on how the input was split over the ranks.
 
 * **Split.** A household goes to the test split when the uniform number
-  drawn from ``(seed, household id)`` is below ``test_fraction``: all its
-  members land on the same side, with no communication.
+  u drawn from ``(seed, household id)`` is below ``test_fraction`` t: all
+  its members land on the same side, with no communication. Of the others,
+  it goes to the validation split when ``u < t + v (1 - t)`` for
+  ``val_fraction`` v: a share v of the training households, drawn from the
+  same number, so the test split is the same with or without one.
 * **Shuffle, households kept together.** A household gets the key
   ``mix(s' + (h + 1) * GAMMA)`` from its id h (:func:`household_keys`), and
   record ``(file f, row i)`` the key ``mix(s + (id + 1) * GAMMA)`` with
@@ -71,6 +74,28 @@ def test_households(household: np.ndarray, seed: int, test_fraction: float) -> n
         return np.zeros(household.shape, dtype=bool)
     u = to_unit(draw(stream_seed(seed, "split"), household.astype(np.int64).view(np.uint64)))
     return u < test_fraction
+
+
+#: Split codes of :func:`split_households`.
+TRAIN, VAL, TEST = 0, 1, 2
+
+
+def split_households(household: np.ndarray, seed: int, test_fraction: float,
+                     val_fraction: float = 0.0) -> np.ndarray:
+    """uint8 per record: :data:`TRAIN`, :data:`VAL` or :data:`TEST`, by household.
+
+    Test is exactly :func:`test_households`; val is a share ``val_fraction``
+    of the remaining (training) households, from the same uniform number.
+    """
+    split = np.zeros(household.shape, dtype=np.uint8)
+    if test_fraction <= 0 and val_fraction <= 0:
+        return split
+    u = to_unit(draw(stream_seed(seed, "split"), household.astype(np.int64).view(np.uint64)))
+    if val_fraction > 0:
+        split[u < test_fraction + val_fraction * (1.0 - test_fraction)] = VAL
+    if test_fraction > 0:
+        split[u < test_fraction] = TEST
+    return split
 
 
 def household_keys(seed: int, household: np.ndarray) -> np.ndarray:

@@ -3,11 +3,13 @@
 Each bad input must give one line `mpidp: error: <file>[, line N]: ...`, exit
 code 2, and leave no file (final or temporary) behind.
 """
+import json
 import os
 import zipfile
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from launcher import mpidp
@@ -208,3 +210,85 @@ def test_bench_prep_reports_a_failing_run_in_one_line(tmp_path):
     assert len(errors) == 1 and "mpidp prep" in errors[0] and "failed with exit code 2" \
         in errors[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _prep_in_process(argv: list[str]):
+    """`mpidp prep argv` in this process (1 rank); returns its Report."""
+    import argparse
+
+    from collectives.runtime import MPI
+    from preprocessing.pipeline import prepare
+    from preprocessing.prep import add_arguments, make_settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return prepare(MPI.COMM_SELF, make_settings(parser.parse_args([*argv, "--quiet"])),
+                   threads=1)
+
+
+def test_val_split_takes_whole_households_from_the_training_split(tmp_path, good_csv):
+    """--val-fraction (default 0.1) moves a share of the *training* households to
+    /val: the test split is the one a file without val has, and no household
+    is on two sides."""
+    from preprocessing.h5format import read_info
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(bytes(range(32)))
+    common = [str(good_csv), "--seed", "2", "--household-secret", str(secret)]
+    report = _prep_in_process([*common, "--out", str(tmp_path / "v.h5")])
+    _prep_in_process([*common, "--out", str(tmp_path / "none.h5"), "--val-fraction", "0"])
+    _prep_in_process([*common, "--out", str(tmp_path / "half.h5"), "--val-fraction", "0.5"])
+    info = read_info(str(tmp_path / "v.h5"))
+    assert info.splits == ("train", "val", "test") and report.val == info.rows["val"] > 0
+    assert not read_info(str(tmp_path / "none.h5")).has_val  # 0: no /val at all
+    with h5py.File(tmp_path / "v.h5", "r") as v, h5py.File(tmp_path / "none.h5", "r") as n, \
+            h5py.File(tmp_path / "half.h5", "r") as h:
+        assert v.attrs["val_fraction"] == 0.1 and n.attrs["val_fraction"] == 0.0
+        keys = {s: v[f"{s}/household"][:] for s in ("train", "val", "test")}
+        for split, k in keys.items():
+            starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+            assert len(np.unique(k)) == len(starts), split  # each household consecutive
+        assert not set(keys["val"]) & set(keys["train"])
+        assert not set(keys["val"]) & set(keys["test"])
+        households = json.loads(v.attrs["households"])
+        assert households == {s: len(np.unique(k)) for s, k in keys.items()}
+        share = households["val"] / (households["val"] + households["train"])
+        assert 0.03 < share < 0.2
+        half = json.loads(h.attrs["households"])
+        assert 0.35 < half["val"] / (half["val"] + half["train"]) < 0.65
+        for other in (n, h):  # the same test split, row for row
+            assert np.array_equal(v["test/household"][:], other["test/household"][:])
+            assert np.array_equal(v["test/y"][:], other["test/y"][:])
+            # AGEP is standardised with the training rows' statistics, val excluded
+            assert json.loads(v.attrs["feature_names"])[0] == "AGEP"
+            assert np.array_equal(v["test/X"][:, 1:], other["test/X"][:, 1:])
+        # train + val of the file with val are the training rows of the one without
+        assert sorted(n["train/household"][:]) == sorted(np.r_[keys["train"], keys["val"]])
+        assert "val" not in n
+
+
+def test_a_file_only_for_scoring_and_bad_fractions(tmp_path, good_csv):
+    """--test-fraction 1: every row in test, no train rows and no val split;
+    fractions that cannot work are one clear error, and nothing is written."""
+    from preprocessing.h5format import read_info
+
+    first = str(tmp_path / "first.h5")
+    _prep_in_process([str(good_csv), "--out", first])
+    score = str(tmp_path / "score.h5")
+    report = _prep_in_process([str(good_csv), "--out", score, "--test-fraction", "1",
+                               "--like", first])
+    info = read_info(score)
+    assert info.rows == {"train": 0, "test": report.kept} and report.val is None
+    assert report.kept == sum(read_info(first).rows.values())
+    for argv, expected in (
+            (["--test-fraction", "1", "--val-fraction", "0.1"],
+             "--val-fraction 0.1 with --test-fraction 1: a file only for scoring"),
+            (["--val-fraction", "1"], "--val-fraction 1.0: must be in [0, 1)"),
+            (["--test-fraction", "1.5"], "--test-fraction 1.5: must be in [0, 1]"),
+            (["--val-fraction", "0.0001"], "--val-fraction 0.0001 put none of the")):
+        out = tmp_path / "bad" / "o.h5"
+        out.parent.mkdir(exist_ok=True)
+        message = _error_in_process([str(good_csv), "--out", str(out), *argv])
+        assert message.startswith(expected), message
+        assert "\n" not in message
+        assert not list(out.parent.iterdir())  # no output, no temporary file

@@ -27,11 +27,12 @@ def test_the_reader_describes_a_written_file(tmp_path):
     path = synthetic.write(tmp_path / "d.h5", rows=40, features=5, test_rows=10, n_classes=3)
     info = h5format.read_info(path)
     assert info.rows == {"train": 40, "test": 10}
+    assert info.splits == ("train", "test") and not info.has_val  # an older file
     assert (info.n_features, info.n_classes, info.task) == (5, 3, "synthetic")
     assert len(info.feature_names) == 5
     with h5py.File(path, "r") as f:
         assert info.fingerprint == h5format.fingerprint(f.attrs["encoding"])
-        for split in h5format.SPLITS:
+        for split in h5format.REQUIRED_SPLITS:
             assert f[h5format.x_name(split)].dtype == np.dtype(h5format.X_DTYPE)
             assert f[h5format.y_name(split)].dtype == np.dtype(h5format.Y_DTYPE)
 
@@ -43,3 +44,28 @@ def test_a_bad_file_is_a_format_error_a_user_can_act_on(tmp_path):
     bad = synthetic.write(tmp_path / "v.h5", rows=8, features=3, attrs={"format_version": 9})
     with pytest.raises(h5format.FormatError, match=r"format_version=9 is not supported"):
         h5format.read_info(bad)
+
+
+def test_the_val_split_is_optional_and_checked_when_present(tmp_path):
+    path = synthetic.write(tmp_path / "v.h5", rows=40, features=5, test_rows=10, val_rows=6)
+    info = h5format.read_info(path)
+    assert info.rows == {"train": 40, "val": 6, "test": 10}
+    assert info.splits == h5format.SPLITS == ("train", "val", "test") and info.has_val
+    assert info.summary()["rows"]["val"] == 6
+    with h5py.File(path, "r") as f:  # no new format version: older readers ignore /val
+        assert f.attrs["format_version"] == h5format.FORMAT_VERSION
+        assert f[h5format.household_name("val")].shape == (6,)
+    empty = h5format.read_info(synthetic.write(tmp_path / "e.h5", rows=40, features=5,
+                                               val_rows=0))
+    assert empty.rows["val"] == 0 and empty.has_val
+    for damage, message in ((lambda f: f.__delitem__("val/y"), r"missing /val/X or /val/y"),
+                            (lambda f: f.__delitem__("val/household"), r"/val/household is "
+                             "missing"),
+                            (lambda f: (f.__delitem__("val/X"), f.create_dataset(
+                                "val/X", data=np.zeros((6, 4), np.float32))),
+                             r"/train/X has 5 features but /val/X has 4")):
+        bad = synthetic.write(tmp_path / "bad.h5", rows=40, features=5, val_rows=6)
+        with h5py.File(bad, "r+") as f:
+            damage(f)
+        with pytest.raises(h5format.FormatError, match=message):
+            h5format.read_info(bad)

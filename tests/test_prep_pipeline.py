@@ -111,9 +111,10 @@ def _raw_frame(paths: list[str]) -> pl.DataFrame:
 
 
 def _expected(paths, encoding: dict, seed: int, test_fraction: float,
-              secret: bytes = bytes(32)):
-    """(train X, train y, test X, test y, train household keys, test household
-    keys) computed independently from the text."""
+              secret: bytes = bytes(32), val_fraction: float = 0.1):
+    """(train X, train y, test X, test y, val X, val y, train, test and val
+    household keys) computed independently from the text, the rows kept and
+    each one's split (shuffle.TRAIN, VAL, TEST)."""
     raw = _raw_frame(paths)
     age = raw["AGEP"].cast(pl.Int64, strict=False)
     sex_ok = raw["SEX"].is_not_null()
@@ -125,7 +126,7 @@ def _expected(paths, encoding: dict, seed: int, test_fraction: float,
     household = (serial.str.slice(0, 4).cast(pl.Int64) * 10**8
                  + (serial.str.slice(4, 2) == "GQ").cast(pl.Int64) * 10**7
                  + serial.str.slice(6).cast(pl.Int64)).to_numpy()
-    in_test = shuffle.test_households(household, seed, test_fraction)
+    split = shuffle.split_households(household, seed, test_fraction, val_fraction)
     files, row_numbers = rows["__file"].to_numpy(), rows["__row"].to_numpy()
     keys = np.zeros(len(files), dtype=np.uint64)
     for f in np.unique(files):
@@ -146,12 +147,12 @@ def _expected(paths, encoding: dict, seed: int, test_fraction: float,
     X = np.stack(columns, axis=1).astype(np.float32)
     y = (rows["ESR"] == "1").fill_null(False).to_numpy().astype(np.int8)
     out, hashed = [], []
-    for mask in (~in_test, in_test):
+    for mask in (split == shuffle.TRAIN, split == shuffle.TEST, split == shuffle.VAL):
         chosen = np.flatnonzero(mask)
         order = chosen[np.lexsort((keys[chosen], household[chosen], house_keys[chosen]))]
         out += [X[order], y[order]]
         hashed.append(households.household_keys(household[order], secret))
-    return out + hashed, rows, in_test
+    return out + hashed, rows, split
 
 
 @pytest.mark.mpi(min_size=1)
@@ -164,30 +165,38 @@ def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs, secr
         return
     with h5py.File(out, "r") as handle:
         attrs = dict(handle.attrs)
-        got = [handle[k][:] for k in ("train/X", "train/y", "test/X", "test/y",
-                                      "train/household", "test/household")]
+        got = [handle[k][:] for k in ("train/X", "train/y", "test/X", "test/y", "val/X",
+                                      "val/y", "train/household", "test/household",
+                                      "val/household")]
     encoding = json.loads(attrs["encoding"])
-    (train_x, train_y, test_x, test_y, train_h, test_h), rows, in_test = _expected(
-        paths, encoding, SEED, 0.2, bytes(range(32)))
-    # Statistics: the training split's mean and population std of AGEP.
-    train_age = rows["AGEP"].cast(pl.Float64).to_numpy()[~in_test]
+    (train_x, train_y, test_x, test_y, val_x, val_y, train_h, test_h, val_h), rows, split = \
+        _expected(paths, encoding, SEED, 0.2, bytes(range(32)))
+    # Statistics: the training split's mean and population std of AGEP (val excluded).
+    train_age = rows["AGEP"].cast(pl.Float64).to_numpy()[split == shuffle.TRAIN]
     agep = encoding["features"][0]
     assert agep["mean"] == pytest.approx(train_age.mean(), rel=1e-12)
     assert agep["std"] == pytest.approx(train_age.std(), rel=1e-12)
     # Same rows, in the order of the shuffle keys.
     np.testing.assert_allclose(got[0], train_x, atol=1e-6)
     np.testing.assert_allclose(got[2], test_x, atol=1e-6)
+    np.testing.assert_allclose(got[4], val_x, atol=1e-6)
     assert np.array_equal(got[1], train_y) and np.array_equal(got[3], test_y)
+    assert np.array_equal(got[5], val_y)
     assert got[0].dtype == np.float32 and got[1].dtype == np.int8
-    assert 0.17 < len(test_y) / (len(test_y) + len(train_y)) < 0.23
+    total = len(test_y) + len(train_y) + len(val_y)
+    assert 0.17 < len(test_y) / total < 0.23
+    assert 0.07 < len(val_y) / (len(val_y) + len(train_y)) < 0.13  # 0.1 of training rows
     # Household keys: the keyed hash of each row's SERIALNO, households consecutive.
-    assert np.array_equal(got[4], train_h) and np.array_equal(got[5], test_h)
-    assert got[4].dtype == np.uint64
-    for keys in (got[4], got[5]):
+    assert np.array_equal(got[6], train_h) and np.array_equal(got[7], test_h)
+    assert np.array_equal(got[8], val_h)
+    assert got[6].dtype == np.uint64
+    for keys in (got[6], got[7], got[8]):
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
         assert len(np.unique(keys)) == len(starts)  # no household split in two
+    assert not set(got[8]) & (set(got[6]) | set(got[7]))  # nor on two sides
     assert json.loads(attrs["households"]) == {
-        "train": len(np.unique(got[4])), "test": len(np.unique(got[5]))}
+        "train": len(np.unique(got[6])), "val": len(np.unique(got[8])),
+        "test": len(np.unique(got[7]))}
     # Attributes of the contract (preprocessing/h5format.py).
     assert attrs["format"] == "mpidp" and attrs["format_version"] == 2
     assert attrs["task"] == "employment" and attrs["n_classes"] == 2
@@ -195,6 +204,7 @@ def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs, secr
     assert len(names) == got[0].shape[1] == 99 and names[0] == "AGEP"
     assert attrs["encoding_fingerprint"] == hashlib.sha256(attrs["encoding"].encode()).hexdigest()
     assert attrs["seed"] == SEED and attrs["test_fraction"] == 0.2
+    assert attrs["val_fraction"] == 0.1
     assert attrs["created_by"] == "mpidp test"
     drops = json.loads(attrs["drop_counts"])
     assert {k: v for k, v in drops.items() if k != "universe"} == damaged
@@ -298,8 +308,8 @@ def test_compressed_output_has_the_same_rows(comm, shared_tmp, compression, secr
     if comm.Get_rank() == 0:
         with h5py.File(plain, "r") as a, h5py.File(packed, "r") as b:
             assert b["train/X"].compression == "gzip"
-            for key in ("train/X", "train/y", "test/X", "test/y", "train/household",
-                        "test/household"):
+            for key in ("train/X", "train/y", "val/X", "val/y", "test/X", "test/y",
+                        "train/household", "val/household", "test/household"):
                 assert np.array_equal(a[key][:], b[key][:]), key
         assert os.path.getsize(packed) < os.path.getsize(plain) / 5
 
@@ -354,7 +364,7 @@ def test_income_task_on_real_files(comm, shared_tmp):
     positive = int(((num["PINCP"] > 50000) & inside).fill_null(False).sum())
     with h5py.File(out, "r") as handle:
         assert handle.attrs["task"] == "income"
-        y = np.concatenate([handle["train/y"][:], handle["test/y"][:]])
+        y = np.concatenate([handle["train/y"][:], handle["val/y"][:], handle["test/y"][:]])
         names = json.loads(handle.attrs["feature_names"])
     assert int(y.sum()) == positive
     assert "OCCP=0010" in names and "WKHP=blank" in names and "POBP=006" in names

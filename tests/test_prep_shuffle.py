@@ -36,6 +36,19 @@ def test_households_stay_together_and_the_share_is_right():
     assert not shuffle.test_households(households, 5, 0.0).any()
 
 
+def test_val_is_a_share_of_the_training_households_and_test_does_not_move():
+    households = np.arange(40_000)
+    split = shuffle.split_households(households, seed=5, test_fraction=0.2, val_fraction=0.1)
+    in_test = shuffle.test_households(households, seed=5, test_fraction=0.2)
+    assert np.array_equal(split == shuffle.TEST, in_test)  # the same test split
+    val = np.mean(split[split != shuffle.TEST] == shuffle.VAL)
+    assert abs(val - 0.1) < 0.01  # of the training households, not of all
+    assert not shuffle.split_households(households, 5, 0.0, 0.0).any()
+    assert (shuffle.split_households(households, 5, 1.0, 0.0) == shuffle.TEST).all()
+    only_val = shuffle.split_households(households, 5, 0.0, 0.3)
+    assert set(np.unique(only_val)) == {shuffle.TRAIN, shuffle.VAL}
+
+
 def test_shuffle_keys_are_distinct_and_uniform():
     keys = np.concatenate([shuffle.shuffle_keys(1, f, np.arange(100_000)) for f in range(3)])
     assert len(np.unique(keys)) == len(keys)

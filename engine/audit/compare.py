@@ -141,8 +141,10 @@ def main(argv=None) -> int:
         inputs = sorted(glob.glob(args.inputs))
         if not inputs:
             parser.error(f"--inputs {args.inputs}: no such files")
+        # --val-fraction 0: every household not in test is a training one, as
+        # before prep wrote validation splits (the audit needs none)
         _run(mpi + ["prep", *inputs, "--like", args.data, "--test-fraction",
-                    SMALL_TEST_FRACTION, "--out", small])
+                    SMALL_TEST_FRACTION, "--val-fraction", "0", "--out", small])
     attributes = [a for a in args.attributes.split(",") if a]
     results = []
     for name, data, options in runs(args.data, small):

@@ -106,11 +106,13 @@ def rows_in_memory(rows: int, features: int, seed: int = 0) -> tuple[np.ndarray,
 def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
           test_rows: int | None = None, n_classes: int = 2, seed: int = 0,
           numeric: int = 2, attrs: dict | None = None, households: bool = True,
-          codes: bool = False) -> str:
+          codes: bool = False, val_rows: int | None = None) -> str:
     """Write a contract-format file; returns its path.
 
     Args:
         rows: training rows; test_rows: test rows (default rows // 4).
+        val_rows: rows of a validation split ``/val`` (0: an empty one), or
+            None (the default) for a file without one, as older files.
         features: F; ``numeric`` of them are N(0,1), the rest one-hot groups.
         attrs: root attributes overriding the defaults (to make bad files).
         households: household keys (version 2), or none (version 1).
@@ -132,7 +134,7 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
     if codes:
         names, encoding, make_rows = _as_codes(numeric, groups, make_rows)
     return _write(path, rows, test_rows, names, encoding, n_classes, seed, "synthetic",
-                  make_rows, attrs, households)
+                  make_rows, attrs, households, val_rows)
 
 
 def _as_codes(numeric: int, groups: list[int], make_rows):
@@ -212,18 +214,24 @@ def write_dense(path: str | os.PathLike, rows: int = 400_000, features: int = 20
 
 def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
            n_classes: int, seed: int, task: str, make_rows, attrs: dict | None,
-           households: bool) -> str:
-    """Both splits, chunk by chunk from ``make_rows(n) -> (X, y)``, the
-    household keys, then the attributes (layout: :mod:`preprocessing.h5format`);
-    written under a temporary name and renamed."""
+           households: bool, val_rows: int | None = None) -> str:
+    """The splits (``val`` only when ``val_rows`` is not None), chunk by chunk
+    from ``make_rows(n) -> (X, y)``, the household keys, then the attributes
+    (layout: :mod:`preprocessing.h5format`); written under a temporary name
+    and renamed. The train and test rows do not depend on ``val_rows``."""
     import h5py  # deferred: keeps `mpidp bench --help` fast (bench scaling imports this module)
 
     features = len(names)
     encoding_text = json.dumps(encoding)
     tmp = f"{path}.tmp{os.getpid()}"
     counts: dict[str, int] = {}
+    sizes = {"train": rows, "test": test_rows}
+    if val_rows is not None:
+        sizes["val"] = val_rows
     with h5py.File(tmp, "w") as f:
-        for split, n in (("train", rows), ("test", test_rows)):
+        # train, test, then val: the rows drawn for train and test stay those of a
+        # file without val
+        for split, n in sizes.items():
             chunk_rows = max(1, min(n, 4096, (1 << 22) // max(1, features)))
             X = f.create_dataset(h5format.x_name(split), (n, features),
                                  dtype=h5format.X_DTYPE,
@@ -246,7 +254,9 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
                 "encoding": encoding_text,
                 "encoding_fingerprint": h5format.fingerprint(encoding_text),
                 "drop_counts": json.dumps({}), "sources": json.dumps([]), "seed": seed,
-                "test_fraction": test_rows / max(1, rows + test_rows),
+                "test_fraction": test_rows / max(1, rows + test_rows + (val_rows or 0)),
+                "val_fraction": (None if val_rows is None
+                                 else val_rows / max(1, rows + val_rows)),
                 "created_by": "mpidp engine.bench.synthetic",
                 "households": json.dumps(counts) if households else None,
                 "household_key": "random synthetic keys" if households else None}
@@ -260,6 +270,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=790_000)
     parser.add_argument("--test-rows", type=int, default=None)
+    parser.add_argument("--val-rows", type=int, default=None,
+                        help="rows of a validation split (default: none)")
     parser.add_argument("--features", type=int, default=100)
     parser.add_argument("--classes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -275,7 +287,8 @@ def main(argv=None) -> int:
                     test_rows=args.test_rows, seed=args.seed)
     else:
         write(args.out, rows=args.rows, features=args.features, test_rows=args.test_rows,
-              n_classes=args.classes, seed=args.seed, codes=args.codes)
+              n_classes=args.classes, seed=args.seed, codes=args.codes,
+              val_rows=args.val_rows)
     print(args.out)
     return 0
 
