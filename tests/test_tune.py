@@ -433,3 +433,16 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path):
                    "lr=0.1", timeout=60)
     assert result.returncode == 2 and "has no val split" in result.stderr
     assert not out.exists()
+
+
+def test_a_signal_the_trainer_forgot_is_still_counted():
+    """A group stops after a trial when a signal came during it, although the
+    trainer forgets the signals it handled (engine.stopping.signal_count)."""
+    import signal
+
+    from engine import stopping
+
+    before = stopping.signal_count()
+    stopping._record(signal.SIGTERM, None)
+    stopping.forget_signals()
+    assert stopping.received() == [] and stopping.signal_count() == before + 1

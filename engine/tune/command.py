@@ -622,6 +622,10 @@ def _report(opts: Options, space, info, trials, results: dict, statement, size: 
     for r in records:
         if r["status"] == "failed":
             print(f"  trial {r['trial']} failed: {r['message']}")
+    if not trials:
+        print("the number of trials drawn (K ~ Poisson) is 0: nothing was trained, nothing "
+              f"chosen, no privacy spent; report: {opts.out}/{search.REPORT_FILE}", flush=True)
+        return 0
     if chosen is None:
         print(f"mpidp: error: no trial finished ({len(records)} failed); the report is in "
               f"{opts.out}/{search.REPORT_FILE}", file=sys.stderr, flush=True)

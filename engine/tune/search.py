@@ -38,14 +38,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 import collectives
+from collectives import MPI
 from engine.errors import MpidpError, WriteFailed
-from engine.stopping import StartupInterrupted, check_startup
+from engine.stopping import StartupInterrupted, check_startup, signal_count
 from engine.tune.space import describe_point, from_plain, plain, settings_key
 
 TRIALS_FILE = "trials.jsonl"
@@ -242,6 +244,7 @@ class GroupRunner:
         self.color = color
         self.val = val_shard
         self.rank = comm.Get_rank()
+        self.stop = False  # a stop signal came during the last trial, after its last step
 
     def _noise(self, trial: Trial) -> float:
         value = 0.0
@@ -269,6 +272,7 @@ class GroupRunner:
         record = {"trial": trial.number, "key": trial.key, "settings": trial.settings,
                   "group": self.color, "ranks": self.comm.Get_size()}
         start = time.perf_counter()
+        signals = signal_count()
         try:
             run = engine.train(self.s.data, comm=self.comm, quiet=True, **options)
         except StartupInterrupted:
@@ -279,9 +283,12 @@ class GroupRunner:
             record.update(status="failed", message=f"{type(exc).__name__}: {exc}",
                           wall_s=time.perf_counter() - start)
             self._finish(record, trial)
+            self.stop = bool(self.comm.allreduce(int(signal_count() > signals), op=MPI.MAX))
             return record
-        if run.exit_code != 0:
-            return None  # stopped by a signal: not finished
+        if run.exit_code != 0:  # stopped by a signal: not finished, nothing kept
+            if self.rank == 0:
+                shutil.rmtree(trial.directory(self.s.out), ignore_errors=True)
+            return None
         result = score(run.model, self.val, self.comm, self.s.base.get("allreduce", "auto"))
         last = run.history[-1] if run.history else {}
         record.update(status="ok", message=None, epsilon=run.epsilon, delta=run.delta,
@@ -298,6 +305,9 @@ class GroupRunner:
                           val_units=result["units"])
         record["wall_s"] = time.perf_counter() - start
         self._finish(record, trial)
+        # A signal after the trial's last step finished it, and the trainer forgot
+        # it on the way out: the group stops after recording it.
+        self.stop = bool(self.comm.allreduce(int(signal_count() > signals), op=MPI.MAX))
         return record
 
     def _finish(self, record: dict, trial: Trial) -> None:
@@ -339,12 +349,15 @@ def run_search(settings: Settings, info, pending: list[Trial], parallel: int, co
     val = read_shard(info, "val", sub, min_rows_per_rank=0, unit=unit)
     runner = GroupRunner(settings, sub, color, val)
     records, stopped = [], False
-    for trial in mine:
+    for i, trial in enumerate(mine):
         record = runner.run(trial)
         if record is None:
             stopped = True
             break
         records.append(record)
+        if runner.stop and i + 1 < len(mine):
+            stopped = True
+            break
     # Not in a `finally`: freeing is collective, and after an error some ranks
     # would wait in it while the job should end.
     sub.Free()
