@@ -616,16 +616,16 @@ def _report(opts: Options, space, info, trials, results: dict, statement, size: 
         "elapsed_s": elapsed,
     }
     outputs.write_json(Path(opts.out) / search.REPORT_FILE, document, "--out")
+    if not trials:
+        print("the number of trials drawn (K ~ Poisson) is 0: nothing was trained, nothing "
+              f"chosen, no privacy spent; report: {opts.out}/{search.REPORT_FILE}", flush=True)
+        return 0
     print("")
     for line in report.table(records, space.varied, chosen, tuned):
         print(line)
     for r in records:
         if r["status"] == "failed":
             print(f"  trial {r['trial']} failed: {r['message']}")
-    if not trials:
-        print("the number of trials drawn (K ~ Poisson) is 0: nothing was trained, nothing "
-              f"chosen, no privacy spent; report: {opts.out}/{search.REPORT_FILE}", flush=True)
-        return 0
     if chosen is None:
         print(f"mpidp: error: no trial finished ({len(records)} failed); the report is in "
               f"{opts.out}/{search.REPORT_FILE}", file=sys.stderr, flush=True)

@@ -28,9 +28,8 @@ model and score). If Q is (lambda, eps(lambda))-RDP, then:
   E[K] = eta (1-gamma) / (gamma (1 - gamma^eta)) for eta > 0 and
   (1/gamma - 1) / log(1/gamma) for eta = 0. The bound holds for every
   lambda_hat >= 1 and eps_hat = eps(lambda_hat), so :func:`tnb_curve` takes
-  the smallest over the orders of the grid (this is where the brief form
-  "(1 + eta)(1 - 1/lambda) eps_hat + (1 + eta) log(1/gamma)/lambda" comes
-  from: it is the special case lambda_hat = lambda).
+  the smallest over the orders of the grid (the form with lambda in place
+  of lambda_hat, often quoted, is the special case lambda_hat = lambda).
 * **Theorem 6** (K ~ Poisson(mu)): if Q is also (eps_hat, delta_hat)-DP with
   e^eps_hat <= 1 + 1/(lambda - 1), the search is (lambda, eps')-RDP with
 
