@@ -446,3 +446,26 @@ def test_a_signal_the_trainer_forgot_is_still_counted():
     stopping._record(signal.SIGTERM, None)
     stopping.forget_signals()
     assert stopping.received() == [] and stopping.signal_count() == before + 1
+
+
+def test_points_invalid_only_together_are_left_out(monkeypatch):
+    """A combination TrainConfig refuses is dropped and counted; none left is exit 2."""
+    from engine.cli import build_parser
+    from engine.config import TrainConfig
+    from engine.tune import command
+
+    real = TrainConfig.validate
+
+    def validate(self):
+        if self.optimizer == "adam" and self.lr > 0.1:
+            raise ConfigError("adam with a large lr (a rule for this test)", collective=True)
+        real(self)
+
+    monkeypatch.setattr(TrainConfig, "validate", validate)
+    args = build_parser(only="tune").parse_args(["tune", "--data", "x.h5", "--no-dp"])
+    opts = command.Options(args, 1)
+    points, dropped, reason = command._valid_points(
+        space.parse("lr=0.1,0.5;optimizer=sgd,adam", None), opts)
+    assert len(points) == 3 and dropped == 1 and "lr=0.5 optimizer=adam" in reason
+    _, dropped, _ = command._valid_points(space.parse("lr=0.5;optimizer=adam", None), opts)
+    assert dropped == 1
