@@ -461,7 +461,7 @@ def run(args: argparse.Namespace) -> int:
     """Collective: the search (module docstring); returns the exit code."""
     from engine import stopping
     from engine.shard import read_info
-    from engine.tune import privacy, report, search
+    from engine.tune import privacy, search
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
