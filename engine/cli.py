@@ -46,6 +46,8 @@ ENGINE_COMMANDS: dict[str, tuple[str, str]] = {
              "versions, MPI library, ranks, kernels, threads (paste into bug reports)"),
     "train": ("engine.train_command", "train a model with DP-SGD (or --no-dp) over MPI ranks"),
     "eval": ("engine.evaluate", "accuracy and loss of a checkpoint on a prepared file"),
+    "tune": ("engine.tune.command", "hyperparameter search: trials side by side, chosen on the "
+             "val split, the tuning's privacy cost stated"),
     "audit": ("engine.audit.command",
               "attack a checkpoint: membership inference and model inversion"),
     "privacy": ("engine.dp.privacy", "epsilon from (q, sigma, steps, delta), or sigma from a "

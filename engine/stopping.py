@@ -66,6 +66,10 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 #: in order (the handlers append; the program reads).
 _received: list[int] = []
 _raising = False
+#: Signals recorded since the program started; never forgotten (a caller that
+#: runs several trainers in turn, as ``mpidp tune``, asks whether one came
+#: during a run that forgot it on the way out).
+_count = 0
 
 
 def signal_name(signum: int | None) -> str:
@@ -107,7 +111,9 @@ class StartupInterrupted(MpidpError):
 
 
 def _record(signum, frame) -> None:
+    global _count
     _received.append(signum)
+    _count += 1
     if _raising:
         raise Interrupted(signum)
 
@@ -173,6 +179,12 @@ def handled_signals(raising: bool) -> Iterator[None]:
 def received() -> list[int]:
     """The signals recorded so far (a copy)."""
     return list(_received)
+
+
+def signal_count() -> int:
+    """How many stop signals this process has recorded in all (local;
+    :func:`forget_signals` does not reset it)."""
+    return _count
 
 
 def forget_signals() -> None:
