@@ -122,6 +122,24 @@ def test_train_job_on_two_nodes_sees_all_ranks(cluster, job_env, prepared, tmp_p
     assert 100 <= left <= 120 and lead == max(10, left // 10)
 
 
+def test_tune_job_runs_its_trials_side_by_side_on_two_nodes(cluster, job_env, prepared,
+                                                           tmp_path):
+    _, data = prepared
+    out = tmp_path / "tune"
+    result = cluster.run(JOBS / "tune.sbatch", "--nodes=2", "--ntasks-per-node=1",
+                         "--ntasks=2", f"--output={tmp_path}/tune-%j.out", cwd=ROOT,
+                         env=dict(job_env, DATA=str(data), OUT_DIR=str(out),
+                                  TUNE_ARGS="--no-dp --space lr=0.01,0.05;epochs=1 "
+                                            "--parallel 2 --seed 1"))
+    assert result.ok, result.output
+    report = json.loads((out / "tune.json").read_text())
+    assert report["ranks"] == 2 and report["parallel"] == 2
+    assert sorted(t["group"] for t in report["trials"]) == [0, 1]
+    best = max(report["trials"], key=lambda t: t["val_accuracy"])
+    assert report["chosen"]["trial"] == best["trial"]
+    assert "train it again with:" in result.output
+
+
 def test_plain_srun_singletons_are_refused(cluster, job_env, tmp_path):
     # srun --mpi=none: every rank is a singleton of size 1. mpidp must refuse.
     result = cluster.run(JOBS / "bench_allreduce.sbatch", "--nodes=1", "--ntasks-per-node=2",
