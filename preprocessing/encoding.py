@@ -42,7 +42,10 @@ class Encoding:
     """The features of a prepared file, in column order.
 
     ``features`` holds one dict per source variable: ``{"name", "kind",
-    "categories"}`` or ``{"name", "kind", "mean", "std", "blank"}``.
+    "categories"}`` or ``{"name", "kind", "mean", "std", "blank"}``, the latter
+    with ``"buckets": n`` when the code is also one-hot modulo n (columns
+    ``"PUMA%0"`` .. ``"PUMA%1023"``; in the codes layout one code column
+    ``"PUMA%"``, its last category for a blank).
     """
 
     features: tuple[dict, ...]
@@ -86,6 +89,11 @@ class Encoding:
                 names.append(f["name"])
                 if f["blank"]:
                     names.append(f"{f['name']}=blank")
+                buckets = f.get("buckets", 0)
+                if buckets and self.layout == "codes":
+                    names.append(f"{f['name']}%")
+                elif buckets:
+                    names += [f"{f['name']}%{i}" for i in range(buckets)]
         return names
 
     @property
@@ -99,8 +107,11 @@ class Encoding:
         if self.layout != "codes":
             return []
         names = self.feature_names
-        return [(names.index(f["name"]), len(f["categories"]), f["name"])
-                for f in self.features if f["kind"] == "categorical"]
+        columns = [(names.index(f["name"]), len(f["categories"]), f["name"])
+                   for f in self.features if f["kind"] == "categorical"]
+        columns += [(names.index(f"{f['name']}%"), f["buckets"] + 1, f"{f['name']}%")
+                    for f in self.features if f.get("buckets")]
+        return sorted(columns)
 
 
 def local_sums(values: np.ndarray) -> tuple[int, int, int]:
@@ -138,6 +149,8 @@ def build(task: Task, codebook: Codebook, stats: dict[str, tuple[int, int, int]]
             mean, std = mean_std(*stats[feature.name])
             features.append({"name": feature.name, "kind": "numeric", "mean": mean,
                              "std": std, "blank": variable.blank_allowed})
+            if feature.buckets:
+                features[-1]["buckets"] = feature.buckets
     return Encoding(tuple(features), layout)
 
 
@@ -152,6 +165,10 @@ def check_compatible(encoding: Encoding, task: Task, codebook: Codebook, like: s
         if spec["kind"] != feature.kind:
             raise PrepError(f"{like}: feature {feature.name} is {spec['kind']} there, "
                             f"{feature.kind} in task '{task.name}'")
+        if spec.get("buckets", 0) != feature.buckets:
+            raise PrepError(f"{like}: feature {feature.name} has {spec.get('buckets', 0)} "
+                            f"buckets there, {feature.buckets} in task '{task.name}'; "
+                            "prepare both files with the same mpidp version")
         if feature.kind == "categorical":
             ours = category_names(codebook[feature.name])
             if sorted(spec["categories"]) != sorted(ours):
@@ -191,6 +208,11 @@ class Encoder:
                 self.plan.append((name, "numeric",
                                   (column, float(spec["mean"]), float(spec["std"]), blank_col)))
                 column += 2 if spec["blank"] else 1
+                buckets = spec.get("buckets", 0)
+                if buckets:
+                    coded = encoding.layout == "codes"
+                    self.plan.append((name, "bucket", (column, buckets, coded)))
+                    column += 1 if coded else buckets
 
     def encode(self, codes: dict[str, np.ndarray], out: np.ndarray) -> None:
         """Fill ``out`` (float32 ``[n, F]``, C order) with the encoded rows."""
@@ -200,7 +222,16 @@ class Encoder:
         base = np.arange(n, dtype=np.int64) * self.n_features
         for name, kind, how in self.plan:
             values = codes[name][:n]
-            if kind == "code":
+            if kind == "bucket":
+                col, buckets, coded = how
+                blank = values == NUMERIC_BLANK
+                bucket = np.where(blank, buckets, values.astype(np.int64) % buckets)
+                if coded:
+                    out[:, col] = bucket
+                else:  # a blank has no bucket (its own column says it is blank)
+                    rows = np.flatnonzero(~blank)
+                    flat[base[rows] + col + bucket[rows]] = 1.0
+            elif kind == "code":
                 out[:, how[0]] = how[1][values]
             elif kind == "categorical":
                 flat[base + how[values]] = 1.0

@@ -30,6 +30,11 @@ numbered within its state), 70,202 possible categories of which a state
 uses a few dozen: one-hot over the dictionary would be 70,000 mostly empty
 columns, and categories taken from the data would make files of different
 states incompatible. folktables too hands them to models as raw numbers.
+A number is all a tree needs to split places apart, but an MLP cannot, so
+they are *also* one-hot over :data:`PLACE_BUCKETS` buckets, the code
+modulo 1024 (``Feature.buckets``): columns fixed in advance, the same for
+every state, that tell an MLP which place a row is in (two PUMA codes of
+the range share a bucket only if they differ by a multiple of 1024).
 ``OCCP`` (531 categories), ``POBP`` (224) and ``ST`` (52) are listed code
 by code in the dictionary and stay categorical.
 
@@ -121,15 +126,20 @@ class Feature:
         kind: ``"categorical"`` (one-hot) or ``"numeric"`` (standardised).
         sources: the columns it can be read from, in order of preference;
             default: the column of the same name.
+        buckets: numeric features only: also one-hot the code modulo this
+            many buckets (0: no), for codes that name places (PUMA).
     """
 
     name: str
     kind: str = "categorical"
     sources: tuple[Source, ...] = ()
+    buckets: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ("categorical", "numeric"):
             raise ValueError(f"{self.name}: kind must be 'categorical' or 'numeric'")
+        if self.buckets and (self.kind != "numeric" or self.buckets < 2):
+            raise ValueError(f"{self.name}: buckets need a numeric feature and at least 2")
         if not self.sources:
             object.__setattr__(self, "sources", (Source(self.name),))
 
@@ -194,12 +204,16 @@ def _features(*names: str) -> tuple[Feature, ...]:
     rest categorical."""
     special = {"RELP": RELP}
     return tuple(special.get(name) or Feature(name, "numeric" if name in NUMERIC else
-                                              "categorical")
+                                              "categorical",
+                                              buckets=PLACE_BUCKETS if name in PLACES else 0)
                  for name in names)
 
 
 #: The built-in tasks' numeric features (see the module docstring for PUMA).
 NUMERIC = frozenset({"AGEP", "WKHP", "PINCP", "POVPIP", "JWMNP", "PUMA", "POWPUMA"})
+#: Numeric codes of places, also one-hot over PLACE_BUCKETS buckets (module docstring).
+PLACES = frozenset({"PUMA", "POWPUMA"})
+PLACE_BUCKETS = 1024
 
 EMPLOYMENT = Task(
     name="employment",
@@ -247,7 +261,7 @@ MOBILITY = Task(
 TRAVEL_TIME = Task(
     name="travel_time",
     description="ACSTravelTime: commute longer than 20 minutes (JWMNP > 20) of employed "
-    "persons over 16 (PUMA, POWPUMA numeric)",
+    "persons over 16 (PUMA, POWPUMA numeric and bucketed)",
     features=_features("AGEP", "SCHL", "MAR", "SEX", "DIS", "ESP", "MIG", "RELP", "RAC1P",
                        "PUMA", "ST", "CIT", "OCCP", "JWTR", "POWPUMA", "POVPIP"),
     label=Condition("JWMNP", ">", 20),

@@ -408,3 +408,35 @@ def test_codes_layout_holds_the_one_hot_rows_as_category_codes(comm, shared_tmp,
         with pytest.raises(PrepError, match="--encoding onehot differs from the layout"):
             _settings([str(zips / "csv_pde.zip"), "--out", again, "--like", codes,
                        "--encoding", "onehot"])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_place_codes_are_numeric_and_one_hot_modulo_1024(comm, shared_tmp, secret_file):
+    """travel_time's PUMA and POWPUMA: the standardised code, and the code modulo
+    1024 one-hot (or one code column in the codes layout, 1024 meaning blank)."""
+    zips = pums_zips()
+    onehot, codes = str(shared_tmp / "tt_oh.h5"), str(shared_tmp / "tt_codes.h5")
+    common = [str(zips / "csv_pde.zip"), "--task", "travel_time", "--household-secret",
+              secret_file]
+    _run(comm, [*common, "--out", onehot])
+    _run(comm, [*common, "--out", codes, "--encoding", "codes"])
+    if comm.Get_rank() != 0:
+        return
+    with h5py.File(onehot, "r") as a, h5py.File(codes, "r") as b:
+        wide, narrow = a["train/X"][:], b["train/X"][:]
+        wide_names = json.loads(a.attrs["feature_names"])
+        narrow_names = json.loads(b.attrs["feature_names"])
+        spec = {f["name"]: f for f in json.loads(a.attrs["encoding"])["features"]}
+    for name in ("PUMA", "POWPUMA"):
+        assert spec[name]["kind"] == "numeric" and spec[name]["buckets"] == 1024
+        code = np.rint(wide[:, wide_names.index(name)].astype(np.float64) * spec[name]["std"]
+                       + spec[name]["mean"]).astype(int)
+        block = [i for i, n in enumerate(wide_names) if n.startswith(name + "%")]
+        assert len(block) == 1024
+        blank = (wide[:, wide_names.index(name + "=blank")] == 1 if name + "=blank"
+                 in wide_names else np.zeros(len(wide), bool))
+        assert (wide[:, block].sum(1) == ~blank).all()
+        np.testing.assert_array_equal(wide[~blank][:, block].argmax(1), code[~blank] % 1024)
+        column = narrow[:, narrow_names.index(name + "%")]
+        np.testing.assert_array_equal(column, np.where(blank, 1024, code % 1024))
+    assert (narrow_names.index("PUMA%"), 1025, "PUMA%") in read_info(codes).code_columns
