@@ -12,7 +12,8 @@ rank (``collective = True`` on the instance, e.g. after the ranks agreed on a
 check), only rank 0 prints it and the ranks exit normally with its code.
 
 A stop signal turned into an exception (:class:`engine.stopping.Interrupted`,
-or a plain ``KeyboardInterrupt``) ends the job with one line from rank 0 and
+or a plain ``KeyboardInterrupt``) ends the job with one line (from the first
+rank of each node to handle it, :func:`_first_to_say_so`) and
 exit code 128 + the signal's number: every rank leaves with ``os._exit``,
 without the collective ``MPI_Finalize`` (a rank still inside a collective
 would make it wait forever) and without ``MPI_Abort``; the launcher then
@@ -64,6 +65,48 @@ def _end_job(code: int, comm: "MPI.Comm") -> "None":
     raise SystemExit(code)
 
 
+#: Marker files of :func:`_first_to_say_so` (in /dev/shm: node-local, in memory).
+STOP_MARKER = "/dev/shm/mpidp-stop-{ppid}-{start}"
+
+
+def _first_to_say_so(rank: int) -> bool:
+    """Whether this rank is the first of its node to report a stop signal.
+
+    Every rank of a job gets the signal, and the first to leave ends the job,
+    so the line cannot be left to rank 0: it may be waiting in a collective
+    for a rank that already left, unable to run Python's handler. The ranks
+    of one launch on a node share a parent (the launcher's proxy or
+    slurmstepd): the first to create that parent's marker file says it. One
+    line per node; where there is no /dev/shm or /proc, rank 0 says it.
+    """
+    try:
+        ppid = os.getppid()
+        with open(f"/proc/{ppid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]  # field 22: start time
+        path = STOP_MARKER.format(ppid=ppid, start=start)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except (OSError, IndexError):
+        return rank == 0
+    _remove_stale_markers(path)
+    return True
+
+
+def _remove_stale_markers(keep: str) -> None:
+    """Unlink markers whose launcher has ended (a marker outlives its job)."""
+    for name in os.listdir("/dev/shm"):
+        if not name.startswith("mpidp-stop-"):
+            continue
+        path = os.path.join("/dev/shm", name)
+        ppid = name.split("-")[2]
+        if path != keep and not os.path.exists(f"/proc/{ppid}"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 def _leave(code: int, comm: "MPI.Comm") -> "None":
     """End this rank with ``code`` now, without MPI_Finalize (see module docstring)."""
     sys.stdout.flush()
@@ -110,7 +153,7 @@ def run_spmd(main: Callable[[], int | None], comm: "MPI.Comm | None" = None) -> 
     except KeyboardInterrupt as exc:  # Ctrl-C, or engine.stopping.Interrupted
         signum = int(getattr(exc, "signum", signal.SIGINT))
         code = 128 + signum
-        if rank == 0:
+        if size == 1 or _first_to_say_so(rank):
             _emit(f"mpidp: stopped by {signal.Signals(signum).name} (exit code {code})")
         _leave(code, comm)
     except BaseException as exc:  # noqa: B902 - every failure must end the job

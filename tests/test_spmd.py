@@ -50,3 +50,14 @@ def test_run_spmd_returns_main_exit_code():
     with pytest.raises(SystemExit) as raised:
         run_spmd(lambda: sys.exit(3))
     assert raised.value.code == 3
+
+
+def test_only_the_first_rank_of_a_node_reports_a_stop(tmp_path, monkeypatch):
+    """Ranks of one launch share a parent: the first to create the parent's
+    marker prints the stop line, the others (same parent) do not."""
+    from engine import spmd
+
+    monkeypatch.setattr(spmd, "STOP_MARKER", str(tmp_path / "stop-{ppid}-{start}"))
+    assert spmd._first_to_say_so(rank=1) is True
+    assert spmd._first_to_say_so(rank=0) is False
+    assert len(list(tmp_path.iterdir())) == 1
