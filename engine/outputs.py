@@ -23,11 +23,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Callable
 
 from engine.errors import OutputError, WriteFailed
+from preprocessing.atomic import probe_directory
 
 
 def _parent(path: Path) -> Path:
@@ -35,16 +35,12 @@ def _parent(path: Path) -> Path:
 
 
 def _probe(directory: Path, option: str, path: Path) -> None:
-    """Create and remove a file in ``directory`` (permission bits say nothing for
-    root, nor for a read-only file system)."""
-    probe = directory / f".mpidp-probe-{uuid.uuid4().hex[:8]}"
+    """Raise OutputError unless a file can be created in ``directory``."""
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        probe_directory(directory)
     except OSError as exc:
         raise OutputError(f"{option} {path}: cannot write in {directory}: "
                           f"{exc.strerror}") from None
-    os.close(fd)
-    os.unlink(probe)
 
 
 def _check_parent(path: Path, option: str) -> None:

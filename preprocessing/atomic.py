@@ -29,13 +29,18 @@ def check_writable(path: str, option: str = "--out") -> None:
     if not os.path.isdir(directory):
         what = "is not a directory" if os.path.exists(directory) else "does not exist"
         raise PrepError(f"{path}: cannot write the output: {directory} {what}")
-    probe = temporary_name(path)
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        probe_directory(directory)
     except OSError as exc:
         raise PrepError(f"{path}: cannot write the output: {exc.strerror} "
                         f"(in {directory})") from None
-    os.close(fd)
+
+
+def probe_directory(directory: str | os.PathLike) -> None:
+    """Create and remove a hidden file in ``directory`` (permission bits say
+    nothing for root, nor for a read-only file system); raises the OSError."""
+    probe = os.path.join(directory, f".mpidp-probe-{uuid.uuid4().hex[:8]}")
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     os.unlink(probe)
 
 

@@ -370,14 +370,20 @@ def test_income_task_on_real_files(comm, shared_tmp):
     assert "OCCP=0010" in names and "WKHP=blank" in names and "POBP=006" in names
 
 
+def _both_layouts(comm, shared_tmp, secret_file, zip_name: str, task: str) -> tuple[str, str]:
+    """One state's file prepared for ``task`` one-hot and as codes (one secret:
+    the same rows); the two paths."""
+    onehot, codes = (str(shared_tmp / f"{task}_{layout}.h5") for layout in ("oh", "codes"))
+    common = [str(pums_zips() / zip_name), "--task", task, "--household-secret", secret_file]
+    _run(comm, [*common, "--out", onehot])
+    _run(comm, [*common, "--out", codes, "--encoding", "codes"])
+    return onehot, codes
+
+
 @pytest.mark.mpi(min_size=1)
 def test_codes_layout_holds_the_one_hot_rows_as_category_codes(comm, shared_tmp, secret_file):
     zips = pums_zips()
-    onehot, codes = str(shared_tmp / "oh.h5"), str(shared_tmp / "codes.h5")
-    common = [str(zips / "csv_pri.zip"), "--task", "income", "--household-secret",
-              secret_file]
-    _run(comm, [*common, "--out", onehot])
-    _run(comm, [*common, "--out", codes, "--encoding", "codes"])
+    onehot, codes = _both_layouts(comm, shared_tmp, secret_file, "csv_pri.zip", "income")
     if comm.Get_rank() == 0:
         with h5py.File(onehot, "r") as a, h5py.File(codes, "r") as b:
             assert (a.attrs["format_version"], b.attrs["format_version"]) == (2, 3)
@@ -414,12 +420,8 @@ def test_codes_layout_holds_the_one_hot_rows_as_category_codes(comm, shared_tmp,
 def test_place_codes_are_numeric_and_one_hot_modulo_1024(comm, shared_tmp, secret_file):
     """travel_time's PUMA and POWPUMA: the standardised code, and the code modulo
     1024 one-hot (or one code column in the codes layout, 1024 meaning blank)."""
-    zips = pums_zips()
-    onehot, codes = str(shared_tmp / "tt_oh.h5"), str(shared_tmp / "tt_codes.h5")
-    common = [str(zips / "csv_pde.zip"), "--task", "travel_time", "--household-secret",
-              secret_file]
-    _run(comm, [*common, "--out", onehot])
-    _run(comm, [*common, "--out", codes, "--encoding", "codes"])
+    onehot, codes = _both_layouts(comm, shared_tmp, secret_file, "csv_pde.zip",
+                                  "travel_time")
     if comm.Get_rank() != 0:
         return
     with h5py.File(onehot, "r") as a, h5py.File(codes, "r") as b:

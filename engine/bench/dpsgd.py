@@ -34,7 +34,6 @@ Run it on one rank (``mpidp bench dpsgd``). The ``mpidp-*`` methods run
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 import warnings
@@ -53,6 +52,18 @@ METHODS = ("mpidp-dp", "mpidp-nondp", "mpidp-generic", "mpidp-household", "mpidp
            "opacus-ghost-embedding")
 #: Methods on the embedding-mlp model (the others train the MLP).
 EMBEDDING_METHODS = ("embedding-dp", "embedding-nondp", "opacus-ghost-embedding")
+#: Ratios of time per example printed and written: (JSON key, the slower
+#: method, the faster one, the printed label).
+RATIOS = (
+    ("dp_over_nondp", "mpidp-dp", "mpidp-nondp", "DP / non-DP"),
+    ("generic_over_fused", "mpidp-generic", "mpidp-dp", "generic / fused DP"),
+    ("secure_over_dp", "mpidp-secure", "mpidp-dp", "secure-noise / plain DP"),
+    ("household_over_person", "mpidp-household", "mpidp-dp", "household / person DP"),
+    ("embedding_dp_over_nondp", "embedding-dp", "embedding-nondp",
+     "embedding-dp / embedding-nondp"),
+    ("embedding_over_opacus_ghost", "opacus-ghost-embedding", "embedding-dp",
+     "opacus-ghost-embedding / embedding-dp"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,38 +111,6 @@ def _load(args) -> tuple[np.ndarray, np.ndarray, int, str, np.ndarray | None, li
             synthetic.feature_names(args.features))
 
 
-def code_view(X: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
-    """The rows of one-hot ``X`` (with the ones column) in the ``codes`` layout.
-
-    Columns named ``NAME=VALUE`` that share a ``NAME`` and hold exactly one 1
-    per row become one column of the index of that 1; other columns are kept.
-
-    Returns:
-        (float32 rows with the ones column, ``(column, categories, name)`` per
-        code column).
-    """
-    blocks: dict[str, list[int]] = {}
-    for i, name in enumerate(names):
-        prefix, sep, _ = name.partition("=")
-        if sep:
-            blocks.setdefault(prefix, []).append(i)
-    body = X[:, :-1]
-    coded = {prefix: cols for prefix, cols in blocks.items()
-             if len(cols) > 1 and np.array_equal(body[:, cols].sum(1), np.ones(len(X)))}
-    in_block = {i: prefix for prefix, cols in coded.items() for i in cols}
-    columns: list[np.ndarray] = []
-    code_columns: list[tuple[int, int, str]] = []
-    for i in range(body.shape[1]):
-        prefix = in_block.get(i)
-        if prefix is None:
-            columns.append(body[:, i])
-        elif i == coded[prefix][0]:
-            code_columns.append((len(columns), len(coded[prefix]), prefix))
-            columns.append(body[:, coded[prefix]].argmax(1).astype(np.float32))
-    columns.append(np.ones(len(X), dtype=np.float32))
-    return np.stack(columns, 1).astype(np.float32), code_columns
-
-
 def _steppers(args, spec, X, y, groups=None, names=()):
     """name -> (one-step function taking a row tensor and returning its batch size)."""
     # deferred: torch, kept out of `mpidp bench --help`
@@ -154,7 +133,8 @@ def _steppers(args, spec, X, y, groups=None, names=()):
     steps = {}
 
     if wanted & set(EMBEDDING_METHODS):
-        Xc, code_columns = code_view(X, list(names))
+        body, code_columns = synthetic.onehot_to_codes(X[:, :-1], list(names))
+        Xc = np.column_stack([body, X[:, -1]])  # the ones column of a shard's rows
         if not code_columns:
             raise ConfigError("the embedding methods need one-hot groups (columns named "
                               "NAME=VALUE, one 1 per row); the data has none", collective=True)
@@ -362,32 +342,13 @@ def run(args: argparse.Namespace) -> int:
     result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
               "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
               "data": source, "steps": args.steps, "repeats": args.repeats}
-    if ref and "mpidp-nondp" in median:
-        # Median of the per-round ratios: both methods of a round ran seconds apart,
-        # so a load change on a shared machine cancels out.
-        result["dp_over_nondp"] = statistics.median(
-            nd / dp for nd, dp in zip(rates["mpidp-nondp"], rates["mpidp-dp"]))
-        print(f"DP / non-DP time per example: {result['dp_over_nondp']:.3f}")
-    if ref and "mpidp-generic" in median:
-        result["generic_over_fused"] = statistics.median(
-            dp / ge for ge, dp in zip(rates["mpidp-generic"], rates["mpidp-dp"]))
-        print(f"generic / fused DP time per example: {result['generic_over_fused']:.3f}")
-    if ref and "mpidp-secure" in median:
-        result["secure_over_dp"] = statistics.median(
-            dp / se for se, dp in zip(rates["mpidp-secure"], rates["mpidp-dp"]))
-        print(f"secure-noise / plain DP time per example: {result['secure_over_dp']:.3f}")
-    if ref and "mpidp-household" in median:
-        result["household_over_person"] = statistics.median(
-            dp / hh for hh, dp in zip(rates["mpidp-household"], rates["mpidp-dp"]))
-        print(f"household / person DP time per example: "
-              f"{result['household_over_person']:.3f}")
-    for name, over, key in (("embedding-nondp", "embedding-dp", "embedding_dp_over_nondp"),
-                            ("embedding-dp", "opacus-ghost-embedding",
-                             "embedding_over_opacus_ghost")):
-        if name in median and over in median:
-            # per-round ratios, as above: time per example of `over` over `name`'s
-            result[key] = statistics.median(a / b for a, b in zip(rates[name], rates[over]))
-            print(f"{over} / {name} time per example: {result[key]:.3f}")
+    # Median of the per-round ratios: both methods of a round ran seconds apart,
+    # so a load change on a shared machine cancels out.
+    for key, slower, faster, label in RATIOS:
+        if slower in median and faster in median:
+            result[key] = statistics.median(
+                f / sl for sl, f in zip(rates[slower], rates[faster]))
+            print(f"{label} time per example: {result[key]:.3f}")
     result["speedup"] = {name: ref / rate for name, rate in median.items()} if ref else {}
     if args.json:
         outputs.write_json(args.json, result, "--json")

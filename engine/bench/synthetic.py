@@ -137,28 +137,55 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
                   make_rows, attrs, households, val_rows)
 
 
+def onehot_to_codes(X: np.ndarray, names: list[str]) -> tuple[np.ndarray,
+                                                           list[tuple[int, int, str]]]:
+    """Rows of one-hot features ``X`` (``[n, F]``, no ones column) in the
+    ``codes`` layout of :class:`preprocessing.encoding.Encoding`.
+
+    Columns named ``NAME=VALUE`` that share a ``NAME`` and hold exactly one 1
+    per row become one column of the index of that 1 (in place of the first of
+    them); other columns (numbers, a numeric feature's ``=blank`` flag) are kept.
+
+    Returns:
+        (float32 rows, ``(column, categories, name)`` per code column).
+    """
+    blocks: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        prefix, sep, _ = name.partition("=")
+        if sep:
+            blocks.setdefault(prefix, []).append(i)
+    coded = {prefix: cols for prefix, cols in blocks.items()
+             if np.array_equal(X[:, cols].sum(1), np.ones(len(X)))}
+    in_block = {i: prefix for prefix, cols in coded.items() for i in cols}
+    columns: list[np.ndarray] = []
+    code_columns: list[tuple[int, int, str]] = []
+    for i in range(X.shape[1]):
+        prefix = in_block.get(i)
+        if prefix is None:
+            columns.append(X[:, i])
+        elif i == coded[prefix][0]:
+            code_columns.append((len(columns), len(coded[prefix]), prefix))
+            columns.append(X[:, coded[prefix]].argmax(1))
+    out = np.stack(columns, 1) if columns else np.empty((len(X), 0))
+    return out.astype(np.float32), code_columns
+
+
 def _as_codes(numeric: int, groups: list[int], make_rows):
-    """Column names, the ``encoding`` attribute (the ``codes`` layout of
-    :class:`preprocessing.encoding.Encoding`) and a row maker that turns each
-    one-hot group of ``make_rows``' rows into its code column."""
+    """Column names, the ``encoding`` attribute (the ``codes`` layout) and a row
+    maker that turns each one-hot group of ``make_rows``' rows into its code."""
     features = [{"name": f"NUM{i}", "kind": "numeric", "mean": 0.0, "std": 1.0,
                  "blank": False} for i in range(numeric)]
     features += [{"name": f"CAT{g}", "kind": "categorical",
                   "categories": [str(v) for v in range(size)]}
                  for g, size in enumerate(groups)]
     encoding = {"version": 1, "features": features, "layout": "codes"}
-    names = [f["name"] for f in features]
-    starts = numeric + np.concatenate([[0], np.cumsum(groups)[:-1]]).astype(np.int64)
+    onehot_names = feature_names(numeric + sum(groups), numeric)
 
     def coded(n):
         X, y = make_rows(n)
-        out = np.empty((X.shape[0], numeric + len(groups)), dtype=np.float32)
-        out[:, :numeric] = X[:, :numeric]
-        for j, (start, size) in enumerate(zip(starts, groups)):
-            out[:, numeric + j] = X[:, start:start + size].argmax(1)
-        return out, y
+        return onehot_to_codes(X, onehot_names)[0], y
 
-    return names, encoding, coded
+    return [f["name"] for f in features], encoding, coded
 
 
 #: Logistic slope (in units of the margin's standard deviation) of write_dense:

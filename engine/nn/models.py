@@ -198,9 +198,8 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
         check_layout(name, code_columns, path)
         widths = () if name == "logreg" else tuple(hidden)
         if name == "embedding-mlp":
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed % 2 ** 63)
-                model = EmbeddingModel(n_features, n_classes, code_columns, widths)
+            model = _seeded(seed, lambda: EmbeddingModel(n_features, n_classes,
+                                                         code_columns, widths))
             model.module_obj.to(device)
             return model
         return MLPModel(MLPSpec.build(n_features, widths, n_classes), name)
@@ -208,12 +207,18 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
         factory, label = factories.load_factory(name), name
     else:
         factory, label = given, _label(given)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed % 2 ** 63)
-        module = factories.build(factory, n_features, n_classes, label)
+    module = _seeded(seed, lambda: factories.build(factory, n_features, n_classes, label))
     if given is None or not isinstance(given, nn.Module):
         module = module.to(device)
     return TorchModel(module, label)
+
+
+def _seeded(seed: int, build: Callable[[], Any]) -> Any:
+    """``build()`` with torch's global generator seeded by the run's seed (and
+    restored after), so every rank draws the same initial parameters."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed % 2 ** 63)
+        return build()
 
 
 def _label(given: Any) -> str:
