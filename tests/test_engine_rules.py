@@ -27,6 +27,7 @@ from engine.dp import rules
 from engine.dp.clipping import FuncClipper, LayerClipper
 from engine.dp.naive import naive_clipped_sum
 from engine.dp.rules import FuncRule, SlowPathWarning, has_fast_rule, rule_for
+from engine.dp.rules.conv import Chooser
 from engine.dp.rules.linear import OuterSums
 from engine.errors import ConfigError
 from engine.nn.module_engine import ModuleEngine
@@ -35,6 +36,8 @@ SETTINGS = settings(max_examples=20, deadline=None)
 batch_sizes = st.sampled_from([0, 1, 2, 5])
 dtypes = st.sampled_from([torch.float32, torch.float64])
 ghosts = st.sampled_from([None, True, False])  # OuterSums: by size, forced on, forced off
+#: conv ways: unfolded patches, the grouped weight-gradient kernel, or timed (Chooser)
+conv_ways = st.sampled_from([None, "unfold", "grouped"])
 
 
 def _reference(layer: nn.Module, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -68,7 +71,7 @@ def _groups(k: int, seed: int) -> torch.Tensor:
 
 
 def _check_rule(layer: nn.Module, a: torch.Tensor, dtype: torch.dtype, seed: int,
-                ghost: bool | None = None) -> None:
+                ghost: bool | None = None, way: str | None = None) -> None:
     """The layer's rule (run in ``dtype``) against the float64 loop."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -83,7 +86,7 @@ def _check_rule(layer: nn.Module, a: torch.Tensor, dtype: torch.dtype, seed: int
     k = a.shape[0]
 
     layer = layer.to(dtype)
-    OuterSums.ghost = ghost
+    OuterSums.ghost, Chooser.forced = ghost, way
     try:
         term = rule_for(layer)(layer, a.to(dtype) if a.is_floating_point() else a,
                                b64.to(dtype))
@@ -104,7 +107,7 @@ def _check_rule(layer: nn.Module, a: torch.Tensor, dtype: torch.dtype, seed: int
             want_groups[h] = sum(float(w[rows].sum(0).square().sum()) for w in want.values())
         _close(term.group_sq_norms(groups), want_groups, dtype, "group norms")
     finally:
-        OuterSums.ghost = None
+        OuterSums.ghost, Chooser.forced = None, None
 
 
 @SETTINGS
@@ -173,34 +176,55 @@ def _conv_case(draw, dims: int):
 
 
 CONV_SETTINGS = settings(max_examples=25, deadline=None)
+conv_batch_sizes = st.sampled_from([0, 1, 2, 5, 9])  # 9: timed by the Chooser
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch's, on its own copy
 @CONV_SETTINGS
-@given(k=batch_sizes, case=_conv_case(1), ghost=ghosts, dtype=dtypes,
+@given(k=conv_batch_sizes, case=_conv_case(1), ghost=ghosts, way=conv_ways, dtype=dtypes,
        seed=st.integers(0, 10_000))
 @example(k=3, case=(nn.Conv1d(2, 4, 2, padding="same"), (2, 5)),  # odd padding: on the right
-         ghost=None, dtype=torch.float64, seed=0)
+         ghost=None, way=None, dtype=torch.float64, seed=0)
 @example(k=2, case=(nn.Conv1d(4, 6, 3, stride=2, dilation=2, groups=2, padding=2,
                               padding_mode="reflect"), (4, 9)),
-         ghost=True, dtype=torch.float64, seed=1)
-def test_conv1d_rule(k, case, ghost, dtype, seed):
+         ghost=True, way="grouped", dtype=torch.float64, seed=1)
+def test_conv1d_rule(k, case, ghost, way, dtype, seed):
     layer, shape = case
     a = torch.randn(k, *shape, generator=torch.Generator().manual_seed(seed))
-    _check_rule(layer, a, dtype, seed, ghost)
+    _check_rule(layer, a, dtype, seed, ghost, way)
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same'")
 @CONV_SETTINGS
-@given(k=batch_sizes, case=_conv_case(2), ghost=ghosts, dtype=dtypes,
+@given(k=conv_batch_sizes, case=_conv_case(2), ghost=ghosts, way=conv_ways, dtype=dtypes,
        seed=st.integers(0, 10_000))
 @example(k=3, case=(nn.Conv2d(2, 4, (2, 3), padding="same", dilation=(1, 2), groups=2,
                               padding_mode="circular"), (2, 4, 5)),
-         ghost=False, dtype=torch.float64, seed=0)
-def test_conv2d_rule(k, case, ghost, dtype, seed):
+         ghost=False, way="grouped", dtype=torch.float64, seed=0)
+def test_conv2d_rule(k, case, ghost, way, dtype, seed):
     layer, shape = case
     a = torch.randn(k, *shape, generator=torch.Generator().manual_seed(seed))
-    _check_rule(layer, a, dtype, seed, ghost)
+    _check_rule(layer, a, dtype, seed, ghost, way)
+
+
+def test_conv_chooser_times_both_ways_once_per_shape(monkeypatch):
+    """A batch of at least MIN_ROWS rows times both ways, keeps the faster for the
+    layer's shape (exact either way), and later batches reuse the choice."""
+    monkeypatch.setattr(Chooser, "chosen", {})
+    calls = []
+    import engine.dp.rules.conv as conv
+
+    for name in ("_unfold_term", "_grouped_term"):
+        way = getattr(conv, name)
+        monkeypatch.setattr(conv, name, lambda *args, _w=way, _n=name: calls.append(_n) or _w(*args))
+    layer = nn.Conv2d(3, 4, 3, padding=1).double()
+    k = Chooser.MIN_ROWS + 1
+    _check_rule(layer, torch.randn(k, 3, 6, 6), torch.float64, 3)
+    assert sorted(set(calls)) == ["_grouped_term", "_unfold_term"] and len(calls) == 4
+    (way,) = Chooser.chosen.values()
+    calls.clear()
+    _check_rule(layer, torch.randn(k, 3, 6, 6), torch.float64, 4)
+    assert calls == ["_" + way + "_term"]
 
 
 # --- whole models --------------------------------------------------------------
