@@ -200,7 +200,8 @@ class _DirStore:
         try:
             return (self.path / name).read_bytes()
         except OSError as exc:
-            raise ImageFormatError(f"{self.path / name}: cannot be read ({one_line(exc)})") from None
+            raise ImageFormatError(f"{self.path / name}: cannot be read "
+                                   f"({one_line(exc)})") from None
 
 
 class _TarStore:
