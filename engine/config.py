@@ -163,11 +163,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data and model")
     data.add_argument("--data", required=True, help="prepared HDF5 file (mpidp prep)")
     data.add_argument("--model", default=d.model,
-                      metavar="mlp|logreg|embedding-mlp|MODULE:FACTORY",
+                      metavar="mlp|logreg|embedding-mlp|mnist-small|mnist-large|resnet20|"
+                      "MODULE:FACTORY",
                       help="mlp (fused kernels, widths from --hidden), logreg (no hidden "
                       "layer), embedding-mlp (for files prepared with --encoding codes: "
                       "8 learned numbers per category of each categorical feature, then an "
-                      "MLP of the --hidden widths; clipped per layer), or MODULE:FACTORY: "
+                      "MLP of the --hidden widths; clipped per layer); for image files "
+                      "(prep --format mnist|cifar10): mnist-small (conv 32, pool, conv 64, "
+                      "pool, linear 120: 0.40 M parameters on MNIST), mnist-large (conv 32, "
+                      "conv 64, pool, linear 206: 2.6 M) or resnet20 (the ResNet-20 of "
+                      "mlbench 1a, 0.27 M, with GroupNorm in place of BatchNorm: BatchNorm "
+                      "normalises by the whole batch's statistics, so one example's "
+                      "gradient depends on the others and clipping no longer bounds its "
+                      "influence); or MODULE:FACTORY: "
                       "your function (n_features, n_classes) -> "
                       "torch.nn.Module in an importable module, called on every rank after "
                       "seeding torch with the run's seed; it is clipped per layer "

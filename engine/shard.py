@@ -7,7 +7,9 @@ moves forward to the next household boundary (the first row whose
 household key differs from the row before: prep writes a household's rows
 consecutively), so every household lies whole on one rank, and the shard
 lists where its households start.
-The features land in a float32 array with one extra trailing column of ones:
+The features land in a float32 array with one extra trailing column of ones
+(an image file's uint8 pixels normalised per channel on the way, by its
+``channel_mean`` and ``channel_std``):
 the bias "feature" of the first layer in the book-keeping layout
 (:mod:`engine.nn.fast_mlp`), so a sampled batch is one contiguous gather.
 
@@ -111,17 +113,46 @@ def _rows_buffer(rows: int, cols: int) -> np.ndarray:
     return np.frombuffer(area, dtype=np.float32, count=rows * cols).reshape(rows, cols)
 
 
-def _read_rows(path: str, split: str, lo: int, hi: int, n_features: int) -> tuple:
+def _read_rows(info: DataInfo, split: str, lo: int, hi: int) -> tuple:
     import h5py  # deferred: keeps `mpidp bench --help` fast (bench dpsgd imports this module)
 
+    n_features = info.n_features
     X = _rows_buffer(hi - lo, n_features + 1)
     X[:, n_features] = 1.0
-    with h5py.File(path, "r") as f:
-        if hi > lo:
+    with h5py.File(info.path, "r") as f:
+        if hi > lo and info.is_image:
+            _read_pixels(f[h5format.x_name(split)], lo, hi, info, X)
+        elif hi > lo:
             f[h5format.x_name(split)].read_direct(X, source_sel=np.s_[lo:hi],
-                                        dest_sel=np.s_[:, :n_features])
+                                                  dest_sel=np.s_[:, :n_features])
         y = np.asarray(f[h5format.y_name(split)][lo:hi], dtype=np.int64)
     return X, y
+
+
+#: Image rows read (as uint8) and normalised at a time.
+_PIXEL_CHUNK = 4096
+
+
+def pixel_tables(info: DataInfo) -> np.ndarray:
+    """float32 ``[C, 256]``: the normalised value of each byte, per channel
+    (``(v / 255 - mean_c) / std_c``, the file's ``channel_mean`` / ``channel_std``)."""
+    levels = np.arange(256, dtype=np.float64) / 255.0
+    mean = np.asarray(info.channel_mean, dtype=np.float64)[:, None]
+    std = np.asarray(info.channel_std, dtype=np.float64)[:, None]
+    return ((levels[None, :] - mean) / std).astype(np.float32)
+
+
+def _read_pixels(dataset, lo: int, hi: int, info: DataInfo, X: np.ndarray) -> None:
+    """Rows ``lo..hi`` of an image file's uint8 ``X``, normalised per channel into
+    ``X[:, :F]`` (a table lookup per channel; chunks bound the uint8 copy)."""
+    tables = pixel_tables(info)
+    plane = info.image_shape[1] * info.image_shape[2]
+    for start in range(lo, hi, _PIXEL_CHUNK):
+        stop = min(hi, start + _PIXEL_CHUNK)
+        raw = dataset[start:stop]
+        for c, table in enumerate(tables):
+            cols = np.s_[c * plane:(c + 1) * plane]
+            np.take(table, raw[:, cols], out=X[start - lo:stop - lo, cols])
 
 
 def _household_cut(keys, n: int, cut: int) -> int:
@@ -217,7 +248,7 @@ def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
             if min_rows_per_rank and hi == lo:
                 raise DataError(f"{info.path}: /{split} has too few households for the "
                                 f"{size} ranks of this job; use fewer ranks or more data")
-        X, y = _read_rows(info.path, split, lo, hi, info.n_features)
+        X, y = _read_rows(info, split, lo, hi)
         if y.size and (y.min() < 0 or y.max() >= info.n_classes):
             bad = int(np.flatnonzero((y < 0) | (y >= info.n_classes))[0]) + lo
             raise DataError(f"{info.path}: /{split}/y[{bad}] = {int(y[bad - lo])} is outside "

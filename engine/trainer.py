@@ -270,7 +270,8 @@ class Trainer:
         self.model = models.resolve(cfg.model, cfg.hidden, self.info.n_features,
                                     self.info.n_classes, self.seed, self.placement.device,
                                     given=self.given_model,
-                                    code_columns=self.info.code_columns, path=cfg.data)
+                                    code_columns=self.info.code_columns, path=cfg.data,
+                                    image_shape=self.info.image_shape)
         if payload is not None:
             models.check_resume(payload["model"], self.model,
                                 str(ckpt.path_in(cfg.checkpoint_dir)))

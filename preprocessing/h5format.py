@@ -40,6 +40,14 @@ file must have). One-hot files are still written as version 2, and a
 version-3 file is refused by older readers instead of being trained on as
 if its codes were numbers.
 
+Version 4 holds images (``mpidp prep --format mnist|cifar10``): ``/s/X`` is
+uint8 ``[N, C*H*W]``, each row an image's pixels in ``C, H, W`` order, and
+the ``image_shape`` (``[C, H, W]``), ``channel_mean`` and ``channel_std``
+attributes (of the training pixels scaled to ``[0, 1]``) say how a reader
+unflattens and normalises them; an image has no household, so there is no
+``/s/household``. Older readers refuse the file instead of training on raw
+bytes.
+
 Root attributes are :data:`ATTRIBUTES`; dicts and lists are stored as JSON
 strings (:func:`attribute_value`). Only :data:`REQUIRED` ones are needed to
 train on a file.
@@ -48,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -59,11 +68,15 @@ from preprocessing.errors import PrepError
 FORMAT = "mpidp"
 #: The ``format_version`` writers write, and the versions readers accept.
 FORMAT_VERSION = 2
-FORMAT_VERSIONS = (1, 2, 3)
+FORMAT_VERSIONS = (1, 2, 3, 4)
 #: The first version with household keys.
 HOUSEHOLD_VERSION = 2
 #: The version of files whose categorical features are integer codes.
 CODES_VERSION = 3
+#: The version of image files (uint8 pixels, no household keys).
+IMAGE_VERSION = 4
+#: Element type of an image file's ``X``.
+IMAGE_DTYPE = "uint8"
 #: The splits a file may have, in the order they are written.
 SPLITS = ("train", "val", "test")
 #: The splits every file has.
@@ -101,6 +114,10 @@ ATTRIBUTES: dict[str, str] = {
     "like": "prep only: the file whose encoding was reused (--like), or ''",
     "households": "JSON: households per split (version 2; val included when present)",
     "household_key": "how /s/household was made (version 2): " + HOUSEHOLD_KEY,
+    "image_shape": "images only (version 4): JSON [C, H, W] of each row's pixels",
+    "channel_mean": "images only: JSON list of C means of the training pixels / 255",
+    "channel_std": "images only: JSON list of C standard deviations of the training "
+                   "pixels / 255 (a reader feeds (pixel / 255 - mean) / std)",
 }
 #: Attributes a reader needs (the others describe how the file was made).
 REQUIRED = ("format", "format_version", "n_classes")
@@ -179,6 +196,16 @@ class DataInfo:
     #: ``(column, number of categories, name)`` of each integer-code column
     #: (format version 3, ``--encoding codes``); empty for one-hot files.
     code_columns: tuple[tuple[int, int, str], ...] = ()
+    #: ``(C, H, W)`` of an image file (format version 4); empty for tabular files.
+    image_shape: tuple[int, ...] = ()
+    #: Per channel: mean and standard deviation of the training pixels / 255.
+    channel_mean: tuple[float, ...] = ()
+    channel_std: tuple[float, ...] = ()
+
+    @property
+    def is_image(self) -> bool:
+        """Whether the file holds images (uint8 pixels to normalise on load)."""
+        return bool(self.image_shape)
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -241,10 +268,12 @@ def read_info(path: str) -> DataInfo:
             if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0]:
                 raise FormatError(f"{path}: /{split}/X must be [N, F] and /{split}/y [N]; "
                                   f"found {X.shape} and {y.shape}")
-            if X.dtype.kind != "f" or y.dtype.kind not in "iu":
-                raise FormatError(f"{path}: /{split}/X must be float and /{split}/y "
+            x_kind = "u" if version == IMAGE_VERSION else "f"
+            if X.dtype.kind != x_kind or y.dtype.kind not in "iu":
+                raise FormatError(f"{path}: /{split}/X must be "
+                                  f"{'uint8' if x_kind == 'u' else 'float'} and /{split}/y "
                                   f"integer; found {X.dtype} and {y.dtype}")
-            if version >= HOUSEHOLD_VERSION:
+            if has_households(version):
                 name = household_name(split)
                 if name not in f:
                     raise FormatError(f"{path}: format_version={version} but /{name} is "
@@ -271,6 +300,7 @@ def read_info(path: str) -> DataInfo:
             raise FormatError(f"{path}: {len(names)} feature_names for {n_features} "
                               "feature columns")
         code_columns = _code_columns(path, f.attrs, version, n_features)
+        image = _image_layout(path, f.attrs, version, n_features)
         encoding_fingerprint = _attr(f.attrs, "encoding_fingerprint", "") or ""
         if not encoding_fingerprint and names:
             encoding_fingerprint = "names:" + hashlib.sha256(
@@ -278,14 +308,41 @@ def read_info(path: str) -> DataInfo:
         return DataInfo(path=path, n_features=n_features, n_classes=n_classes, rows=rows,
                         feature_names=names, task=str(_attr(f.attrs, "task", "") or ""),
                         fingerprint=encoding_fingerprint,
-                        households=version >= HOUSEHOLD_VERSION,
-                        code_columns=code_columns)
+                        households=has_households(version),
+                        code_columns=code_columns, **image)
+
+
+def has_households(version: int) -> bool:
+    """Whether files of ``version`` have household keys (2 and 3: not images)."""
+    return HOUSEHOLD_VERSION <= version < IMAGE_VERSION
+
+
+def _image_layout(path: str, attrs, version: int, n_features: int) -> dict:
+    """The image attributes of a version-4 file, checked (``{}`` for other versions)."""
+    if version != IMAGE_VERSION:
+        return {}
+    try:
+        shape = tuple(int(v) for v in json.loads(_attr(attrs, "image_shape", "")))
+        mean = tuple(float(v) for v in json.loads(_attr(attrs, "channel_mean", "")))
+        std = tuple(float(v) for v in json.loads(_attr(attrs, "channel_std", "")))
+    except (ValueError, TypeError):
+        raise FormatError(f"{path}: format_version={version} needs the attributes "
+                          "image_shape, channel_mean and channel_std as JSON lists; "
+                          "re-run `mpidp prep --format mnist|cifar10`") from None
+    if (len(shape) != 3 or min(shape) < 1 or shape[0] * shape[1] * shape[2] != n_features
+            or len(mean) != shape[0] or len(std) != shape[0]
+            or not all(s > 0 and math.isfinite(s) for s in std)
+            or not all(math.isfinite(m) for m in mean)):
+        raise FormatError(f"{path}: image_shape {list(shape)}, channel_mean {list(mean)} "
+                          f"and channel_std {list(std)} do not describe its rows of "
+                          f"{n_features} pixels; re-run `mpidp prep --format mnist|cifar10`")
+    return {"image_shape": shape, "channel_mean": mean, "channel_std": std}
 
 
 def _code_columns(path: str, attrs, version: int,
                   n_features: int) -> tuple[tuple[int, int, str], ...]:
     """The code columns a version-3 file's ``encoding`` attribute describes."""
-    if version < CODES_VERSION:
+    if version != CODES_VERSION:
         return ()
     from preprocessing.encoding import Encoding  # deferred: only version 3 needs it
 

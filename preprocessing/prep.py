@@ -20,6 +20,8 @@ examples:
   mpiexec -n 2 mpidp prep csv_pri.zip --out ri.h5 --like pums.h5
   mpiexec -n 2 mpidp prep csv_pde.zip --out commute.h5 --task-file commute.toml
   mpiexec -n 2 mpidp prep csv_pri.zip --out score.h5 --like pums.h5 --test-fraction 1
+  mpidp prep --format mnist ../shared/data/mnist --out mnist.h5 --val-fraction 0
+  mpidp prep --format cifar10 cifar-10-binary.tar.gz --out cifar10.h5
 """
 from __future__ import annotations
 
@@ -37,11 +39,26 @@ from preprocessing.pipeline import Settings, agree, prepare
 
 #: --val-fraction when not given (and --test-fraction is below 1).
 DEFAULT_VAL_FRACTION = 0.1
+#: --test-fraction when not given (PUMS, and an image set without its official test split).
+DEFAULT_TEST_FRACTION = 0.2
+#: --format values: PUMS person files, or an image set (preprocessing.images).
+FORMATS = ("pums", "mnist", "cifar10")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="FILE_OR_ZIP",
-                        help="PUMS person files (.csv) or the Census zips holding them")
+                        help="PUMS person files (.csv) or the Census zips holding them; "
+                        "with --format mnist|cifar10, the directory of the official "
+                        "files (or cifar-10-binary.tar.gz)")
+    parser.add_argument("--format", choices=FORMATS, default="pums",
+                        help="what the inputs are: pums (default), mnist (the four idx "
+                        "files, gzipped or not, from http://yann.lecun.com/exdb/mnist/; "
+                        "the test pair alone is split by --test-fraction) or cifar10 "
+                        "(the binary version, data_batch_1..5.bin and test_batch.bin, "
+                        "or its .tar.gz, from https://www.cs.toronto.edu/~kriz/cifar.html; "
+                        "the python version's pickles are read without running them). "
+                        "Images are stored as uint8 with their per-channel mean and std "
+                        "and normalised on load; nothing is downloaded")
     parser.add_argument("--out", required=True, metavar="FILE.h5",
                         help="the HDF5 file to write (replaced atomically if it exists)")
     parser.add_argument("--task", choices=list(tasks.TASKS), default=None, metavar="NAME",
@@ -52,8 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "condition, e.g. \"PINCP > 50000\"), universe (conditions) and "
                         "[features] (NAME = \"numeric\" or \"categorical\"); see "
                         "docs/preprocessing.md, Tasks")
-    parser.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
-                        help="share of households in the test split (default: 0.2); 1 "
+    parser.add_argument("--test-fraction", type=float, default=None, metavar="F",
+                        help="share of households (images) in the test split (default: "
+                        "0.2; images: the official test set, when present); 1 "
                         "makes a file only for scoring (`mpidp eval`, with --like the "
                         "model's training file): every row in test, none to train on")
     parser.add_argument("--val-fraction", type=float, default=None, metavar="F",
@@ -127,22 +145,24 @@ def _read_like(path: str) -> tuple[str, str]:
         raise PrepError(f"{path}: cannot read it as HDF5 ({exc})") from None
 
 
-def make_settings(args: argparse.Namespace):
-    """Check the command line and the inputs (rank 0); returns Settings.
+def common_settings(args: argparse.Namespace) -> tuple[float, float, "h5write.Compression"]:
+    """Check the options of every format: (test fraction, val fraction, compression).
 
     Raises:
-        PrepError: anything the user must fix before a record is parsed.
+        PrepError: a fraction out of range, a val split with nothing to train,
+            a negative seed, an unknown compression.
     """
-    if not 0.0 <= args.test_fraction <= 1.0:
-        raise PrepError(f"--test-fraction {args.test_fraction}: must be in [0, 1] (1: a "
+    test_fraction = DEFAULT_TEST_FRACTION if args.test_fraction is None else args.test_fraction
+    if not 0.0 <= test_fraction <= 1.0:
+        raise PrepError(f"--test-fraction {test_fraction}: must be in [0, 1] (1: a "
                         "file only for scoring)")
     val_fraction = args.val_fraction
     if val_fraction is None:
-        val_fraction = 0.0 if args.test_fraction == 1.0 else DEFAULT_VAL_FRACTION
+        val_fraction = 0.0 if test_fraction == 1.0 else DEFAULT_VAL_FRACTION
     if not 0.0 <= val_fraction < 1.0:
         raise PrepError(f"--val-fraction {val_fraction}: must be in [0, 1) (0: no "
                         "validation split)")
-    if args.test_fraction == 1.0 and val_fraction > 0:
+    if test_fraction == 1.0 and val_fraction > 0:
         raise PrepError(f"--val-fraction {val_fraction:g} with --test-fraction 1: a file "
                         "only for scoring has no training households to take a validation "
                         "split from; drop --val-fraction")
@@ -154,6 +174,16 @@ def make_settings(args: argparse.Namespace):
         compression = h5write.Compression.parse(args.compression)
     except ValueError as exc:
         raise PrepError(f"--compression: {exc}") from None
+    return test_fraction, val_fraction, compression
+
+
+def make_settings(args: argparse.Namespace):
+    """Check the command line and the inputs (rank 0); returns Settings.
+
+    Raises:
+        PrepError: anything the user must fix before a record is parsed.
+    """
+    test_fraction, val_fraction, compression = common_settings(args)
     if args.task and args.task_file:
         raise PrepError(f"--task {args.task} and --task-file {args.task_file}: give one "
                         "of them")
@@ -203,7 +233,7 @@ def make_settings(args: argparse.Namespace):
         chosen.pop("SERIALNO")
         sources[inp.index] = chosen
     return Settings(inputs=found, sources=sources, task=task, codebook=codebook,
-                    out=args.out, seed=args.seed, test_fraction=args.test_fraction,
+                    out=args.out, seed=args.seed, test_fraction=test_fraction,
                     val_fraction=val_fraction,
                     max_invalid_share=args.max_invalid_share, compression=compression,
                     like=args.like, like_encoding=like_encoding, layout=layout,
@@ -246,6 +276,8 @@ def run(args: argparse.Namespace) -> int:
         PrepError: bad input or settings (on every rank).
     """
     comm = MPI.COMM_WORLD
+    if args.format != "pums":
+        return _run_images(comm, args)
     threads = _threads_per_rank(comm)
     # Before polars' first import (the parser's): polars reads it once.
     os.environ.setdefault("POLARS_MAX_THREADS", str(threads))
@@ -261,6 +293,24 @@ def run(args: argparse.Namespace) -> int:
         for r, (hashing, parsing, size) in enumerate(report.per_rank):
             print(f"  rank {r:<3} parsed and cleaned {size / 1e6:.0f} MB in {parsing:.2f} s, "
                   f"then {hashing:.2f} s to finish its sha256", flush=True)
+    return 0
+
+
+def _run_images(comm, args: argparse.Namespace) -> int:
+    """``--format mnist|cifar10`` (:mod:`preprocessing.images.prepare`)."""
+    from preprocessing.images import prepare as images  # deferred: only images need it
+
+    def check():
+        images.check_options(args)
+        _, val_fraction, compression = common_settings(args)
+        atomic.check_writable(args.out)
+        return val_fraction, compression
+
+    val_fraction, compression = comm.bcast(
+        agree(comm, lambda: check() if comm.Get_rank() == 0 else None), root=0)
+    report = images.prepare_images(comm, args, val_fraction, compression, _version())
+    if comm.Get_rank() == 0 and not args.quiet:
+        print(images.summary(report, args, comm.Get_size()), flush=True)
     return 0
 
 

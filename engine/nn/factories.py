@@ -8,6 +8,8 @@ user's function ``FACTORY(n_features, n_classes) -> torch.nn.Module`` in an
 importable module (the current directory is on the path), called on every
 rank after seeding torch with the run's shared seed, so ranks build the same
 initial model; the trainer still checks a parameter digest across ranks.
+``mnist-small``, ``mnist-large`` and ``resnet20`` are the built-in image
+models (:mod:`engine.nn.image_models`), built for the file's image shape.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from engine.errors import ConfigError
 if TYPE_CHECKING:  # torch is imported where a model is built: `--help` stays fast
     from torch import nn
 
-#: Built-in model names: the fused MLPs, then embedding-mlp.
-BUILTIN = ("mlp", "logreg", "embedding-mlp")
+#: Built-in model names: the fused MLPs, embedding-mlp, then the image models
+#: (:mod:`engine.nn.image_models`, for files of ``mpidp prep --format mnist|cifar10``).
+BUILTIN = ("mlp", "logreg", "embedding-mlp", "mnist-small", "mnist-large", "resnet20")
 
 
 def check_name(name: str) -> None:

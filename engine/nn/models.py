@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.errors import CheckpointError, ConfigError
-from engine.nn import factories
+from engine.nn import factories, image_models
 from engine.nn.embedding_mlp import EmbeddingMLP
 from engine.nn.fast_mlp import FastMLP
 from engine.nn.model import MLPSpec, flat_from_module, init_params, layer_views, to_module
@@ -141,6 +141,19 @@ class EmbeddingModel(TorchModel):
         return {**super().to_dict(), "spec": self.spec}
 
 
+class ImageModel(TorchModel):
+    """``--model mnist-small|mnist-large|resnet20`` (:mod:`engine.nn.image_models`),
+    recorded by its name, image shape and classes so that ``mpidp eval`` can
+    rebuild it."""
+
+    def __init__(self, name: str, image_shape, n_classes: int) -> None:
+        self.spec = {"image_shape": [int(s) for s in image_shape], "n_classes": n_classes}
+        super().__init__(image_models.build(name, image_shape, n_classes), name)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "spec": self.spec}
+
+
 def build_embedding_mlp(spec: dict) -> EmbeddingMLP:
     """The :class:`EmbeddingMLP` an :class:`EmbeddingModel` spec describes."""
     return EmbeddingMLP(spec["n_features"], spec["n_classes"],
@@ -169,7 +182,8 @@ def check_layout(name: str, code_columns, path: str) -> None:
 
 def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int, seed: int,
             device: torch.device, given: nn.Module | Callable[[int, int], nn.Module] | None = None,
-            code_columns: tuple = (), path: str = "the data file") -> MLPModel | TorchModel:
+            code_columns: tuple = (), path: str = "the data file",
+            image_shape: tuple = ()) -> MLPModel | TorchModel:
     """The model a run trains.
 
     Args:
@@ -185,6 +199,8 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
         code_columns, path: the data file's integer-code columns
             (:attr:`~preprocessing.h5format.DataInfo.code_columns`) and its
             name, for embedding-mlp and :func:`check_layout`.
+        image_shape: the file's ``(C, H, W)`` (empty for tabular files), for
+            the image models.
 
     Raises:
         ConfigError: a bad name, a factory that fails, a module of the wrong
@@ -194,6 +210,11 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
     if given is None and name == "python":
         raise ConfigError("this run's model was given as a Python object (engine.train's "
                           "model=): pass the same model= to resume it", collective=True)
+    if given is None and name in image_models.IMAGE_MODELS:
+        image_models.check_fits(name, image_shape, n_features, path)
+        model = _seeded(seed, lambda: ImageModel(name, image_shape, n_classes))
+        model.module_obj.to(device)
+        return model
     if given is None and name in factories.BUILTIN:
         check_layout(name, code_columns, path)
         widths = () if name == "logreg" else tuple(hidden)
@@ -272,6 +293,9 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
         return lambda xb: mlp_logits(spec, params, xb)
     if name == "embedding-mlp":
         module = build_embedding_mlp(recorded["spec"])
+    elif name in image_models.IMAGE_MODELS:
+        module = image_models.build(name, recorded["spec"]["image_shape"],
+                                    recorded["spec"]["n_classes"])
     else:
         module = factories.build(factories.load_factory(name), n_features, n_classes, name)
     count = sum(p.numel() for p in module.parameters())

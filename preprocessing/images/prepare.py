@@ -1,0 +1,214 @@
+"""``mpidp prep --format mnist|cifar10``: official image files into the prepared HDF5 file.
+
+The same contract as the PUMS files (:mod:`preprocessing.h5format`), as
+format version 4: ``/train``, ``/val`` (``--val-fraction``) and ``/test``,
+each ``X`` uint8 ``[N, C*H*W]`` (an image's pixels in C, H, W order) and
+``y`` int8 ``[N]``, rows in a random order; the image shape and the
+per-channel mean and standard deviation of the training pixels (scaled to
+``[0, 1]``) are attributes, and readers normalise on load
+(:mod:`engine.shard`).
+
+Splits: the official test images are the test split and the official
+training images the rest (``--test-fraction`` does not apply and is
+refused). When only one official split is there (the shared MNIST test
+set, 10,000 images), its images are split by ``--test-fraction`` (default
+0.2). ``--val-fraction`` then moves a share of the training images to
+``/val``.
+
+Image sets are small (CIFAR-10 is 180 MB of pixels), so rank 0 reads,
+splits and writes the file while the other ranks wait (yielding the CPU)
+and agree on the outcome: every rank raises the same one-line error, and
+the file appears whole, under its final name, or not at all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from preprocessing import atomic, h5format
+from preprocessing.errors import PrepError
+from preprocessing.images.cifar10 import read_cifar10
+from preprocessing.images.imageset import ImageSet
+from preprocessing.images.mnist import read_mnist
+from preprocessing.pipeline import agree
+
+#: ``--format`` values that name image sets, and their readers.
+READERS = {"mnist": read_mnist, "cifar10": read_cifar10}
+#: PUMS-only options, by argparse name: an image set refuses them when given.
+PUMS_ONLY = {"task": "--task", "task_file": "--task-file", "like": "--like",
+             "encoding": "--encoding", "universe": "--universe",
+             "household_secret": "--household-secret", "check_fields": "--check-fields"}
+#: Rows of uint8 pixels written at a time.
+_WRITE_ROWS = 8192
+
+
+@dataclass
+class ImageReport:
+    """What ``prepare_images`` did (rank 0's numbers; every rank gets them)."""
+
+    out_bytes: int
+    seconds: float
+    images: int
+    files: int
+    rows: dict[str, int]
+    shape: tuple[int, ...]
+    n_classes: int
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse options that contradict an image format (one line).
+
+    Raises:
+        PrepError: more than one input, or a PUMS-only option.
+    """
+    if len(args.inputs) != 1:
+        raise PrepError(f"--format {args.format} reads one directory (or, for cifar10, the "
+                        f"official .tar.gz); got {len(args.inputs)} inputs")
+    for name, option in PUMS_ONLY.items():
+        if getattr(args, name, None):
+            raise PrepError(f"{option} applies to PUMS files, not to --format "
+                            f"{args.format} images; drop it")
+    if args.max_invalid_share != 0.05:
+        raise PrepError(f"--max-invalid-share applies to PUMS files, not to --format "
+                        f"{args.format} images; drop it")
+
+
+def split_sets(sets: dict[str, ImageSet], test_fraction: float | None, val_fraction: float,
+               seed: int, where: str) -> dict[str, np.ndarray]:
+    """Row indices of each split into the concatenation ``train + test`` of the
+    official sets, shuffled with ``seed``: ``{"train", "val", "test"}`` (``val``
+    only when ``val_fraction > 0``).
+
+    Raises:
+        PrepError: ``--test-fraction`` given while both official splits are
+            there, or a split that would be empty for training.
+    """
+    rng = np.random.default_rng(seed)
+    n_train = len(sets["train"]) if "train" in sets else 0
+    n_test = len(sets["test"]) if "test" in sets else 0
+    if n_train and n_test:
+        if test_fraction is not None:
+            raise PrepError(f"--test-fraction {test_fraction:g}: {where} has the official "
+                            "test images, which are the test split; drop --test-fraction")
+        train, test = rng.permutation(n_train), n_train + rng.permutation(n_test)
+    else:
+        fraction = 0.2 if test_fraction is None else test_fraction
+        pool = rng.permutation(n_train + n_test)
+        cut = len(pool) - int(round(fraction * len(pool)))
+        train, test = pool[:cut], pool[cut:]
+    n_val = int(round(val_fraction * len(train)))
+    out = {"train": train[n_val:], "test": test}
+    if val_fraction > 0:
+        out["val"] = train[:n_val]
+    return out
+
+
+def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
+    """Per-channel mean and standard deviation of uint8 ``[N, C, H, W]`` / 255
+    (float64 sums; a constant channel gets 1, so normalising never divides by 0)."""
+    if images.shape[0] == 0:
+        return [0.0] * images.shape[1], [1.0] * images.shape[1]
+    means, stds = [], []
+    for c in range(images.shape[1]):
+        counts = np.bincount(images[:, c].ravel(), minlength=256).astype(np.float64)
+        levels = np.arange(256) / 255.0
+        total = counts.sum()
+        mean = float(counts @ levels / total)
+        var = float(counts @ (levels - mean) ** 2 / total)
+        means.append(mean)
+        stds.append(float(np.sqrt(var)) if var > 0 else 1.0)
+    return means, stds
+
+
+def _write(path: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], attrs: dict,
+           compression) -> None:
+    import h5py  # deferred: keeps `mpidp prep --help` fast
+
+    options = {"compression": "gzip", "compression_opts": compression.level,
+               "shuffle": True} if compression.enabled else {}
+    with h5py.File(path, "w") as f:
+        for split in h5format.SPLITS:
+            if split not in splits:
+                continue
+            images, labels = splits[split]
+            n, width = images.shape[0], int(np.prod(images.shape[1:]))
+            chunk = (max(1, min(n, (1 << 20) // width)), width) if n else None
+            X = f.create_dataset(h5format.x_name(split), (n, width), dtype=h5format.IMAGE_DTYPE,
+                                 chunks=chunk, **(options if n else {}))
+            for start in range(0, n, _WRITE_ROWS):
+                X[start:start + _WRITE_ROWS] = images[start:start + _WRITE_ROWS].reshape(-1, width)
+            f.create_dataset(h5format.y_name(split), data=labels.astype(h5format.Y_DTYPE))
+        h5format.write_attributes(f.attrs, attrs)
+
+
+def _prepare(args: argparse.Namespace, val_fraction: float, compression,
+             version: str) -> ImageReport:
+    """Rank 0's work: read, split, compute the statistics, write atomically."""
+    start = time.perf_counter()
+    source = args.inputs[0]
+    sets = READERS[args.format](source)
+    splits = split_sets(sets, args.test_fraction, val_fraction, args.seed, source)
+    order = [s for s in ("train", "test") if s in sets]
+    images = np.concatenate([sets[s].images for s in order])
+    labels = np.concatenate([sets[s].labels for s in order])
+    n_classes = sets[order[0]].n_classes
+    chosen = {name: (images[rows], labels[rows]) for name, rows in splits.items()}
+    stats_from = chosen["train"][0] if len(splits["train"]) else images
+    mean, std = channel_stats(stats_from)
+    shape = tuple(int(s) for s in images.shape[1:])
+    layout = {"image_shape": list(shape), "channel_mean": mean, "channel_std": std}
+    attrs = {**h5format.identity(h5format.IMAGE_VERSION), **layout,
+             "task": args.format, "n_classes": n_classes,
+             "encoding_fingerprint": h5format.fingerprint(json.dumps(
+                 {"format": args.format, **layout}, sort_keys=True)),
+             "sources": [entry for s in order for entry in sets[s].source],
+             "seed": args.seed, "test_fraction": len(splits["test"]) / max(1, len(images)),
+             "val_fraction": val_fraction, "created_by": f"mpidp {version}".strip(),
+             "drop_counts": {}}
+    temporary = atomic.temporary_name(args.out)
+    try:
+        _write(temporary, chosen, attrs, compression)
+        atomic.commit(temporary, args.out)
+    except OSError as exc:
+        raise PrepError(f"{args.out}: cannot write the output: {exc}") from None
+    finally:
+        atomic.discard(temporary)
+    return ImageReport(out_bytes=os.path.getsize(args.out),
+                       seconds=time.perf_counter() - start, images=len(images),
+                       files=sum(len(sets[s].source) for s in order),
+                       rows={name: len(rows) for name, rows in splits.items()},
+                       shape=shape, n_classes=n_classes)
+
+
+def prepare_images(comm, args: argparse.Namespace, val_fraction: float, compression,
+                   version: str) -> ImageReport:
+    """Collective over ``comm``: prepare ``args.inputs[0]`` as ``args.format`` into
+    ``args.out`` (rank 0 works, the others wait); returns rank 0's report on
+    every rank.
+
+    Raises:
+        PrepError: (collective) a missing or malformed file, a contradicting
+            option, an output that cannot be written; nothing is left behind.
+    """
+    report = agree(comm, lambda: _prepare(args, val_fraction, compression, version)
+                   if comm.Get_rank() == 0 else None)
+    return comm.bcast(report, root=0)
+
+
+def summary(report: ImageReport, args: argparse.Namespace, ranks: int) -> str:
+    """The lines printed after a successful run."""
+    shape = "x".join(map(str, report.shape))
+    splits = ", ".join(f"{name} {report.rows[name]:,}" for name in h5format.SPLITS
+                       if name in report.rows)
+    return "\n".join([
+        f"mpidp prep: wrote {args.out} ({report.out_bytes / 1e6:.1f} MB) in "
+        f"{report.seconds:.2f} s on {ranks} rank{'s' if ranks > 1 else ''}",
+        f"  read    {report.images:>12,} {args.format} images of {shape} from "
+        f"{report.files} file{'s' if report.files > 1 else ''}",
+        f"  kept    {report.images:>12,} ({splits}; {report.n_classes} classes)",
+    ])
