@@ -1,4 +1,5 @@
-"""The scaling figure: speed-up (with the ideal line), time per epoch, comm/compute.
+"""The scaling figures: speed-up (with the ideal line), time per epoch, comm/compute;
+and the data-parallel sweep's (:func:`plot_sweep`).
 
 One PNG, one line per series (:func:`engine.bench.scaling_report.series_key`);
 oversubscribed points are drawn hollow. With a target accuracy, a fourth
@@ -62,6 +63,74 @@ def plot(summaries: list[dict], path: str, title: str) -> None:
     times.set_ylim(bottom=0)
     ratio.set_ylim(bottom=0)
     speed.legend(fontsize=6, loc="upper left")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_sweep(summaries: list[dict], path: str, title: str) -> None:
+    """The data-parallel sweep's figure (``--preset dp-sweep``): one row of panels
+    per privacy mode; against the ranks, steady (second-epoch) examples/s, the
+    first-epoch overhead, and mpidp's examples/s over its peer's (when the peers
+    ran). One colour per model and batch, one line style per data repeat; the
+    peers' examples/s dashed and hollow in the first panel."""
+    import matplotlib  # deferred: only --plot needs matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from engine.bench.scaling_report import is_mpidp, peer_column
+
+    modes = [dp for dp in (False, True) if any(bool(s["dp"]) == dp for s in summaries)]
+    peers = any(s.get("vs_peer") for s in summaries)
+    panels = 3 if peers else 2
+    fig, axes = plt.subplots(len(modes), panels, figsize=(4.4 * panels, 3.6 * len(modes)),
+                             squeeze=False)
+    all_ranks = sorted({s["ranks"] for s in summaries})
+    combos = list(dict.fromkeys((s.get("model"), s.get("grid_batch")) for s in summaries))
+    colours = {c: f"C{i % 10}" for i, c in enumerate(combos)}
+    repeats = sorted({s.get("data_repeat") or 1 for s in summaries})
+    styles = {r: ("-", "--", ":", "-.")[i % 4] for i, r in enumerate(repeats)}
+    for row, dp in zip(axes, modes):
+        rate, overhead = row[0], row[1]
+        for (model, batch) in combos:
+            for repeat in repeats:
+                def series(mine: bool) -> list[dict]:
+                    return sorted((s for s in summaries if bool(s["dp"]) == dp
+                                   and (s.get("model"), s.get("grid_batch")) == (model, batch)
+                                   and (s.get("data_repeat") or 1) == repeat
+                                   and is_mpidp(s) == mine), key=lambda s: s["ranks"])
+                members, others = series(True), series(False)
+                if not members:
+                    continue
+                colour, style = colours[(model, batch)], styles[repeat]
+                label = f"{model} B={batch} x{repeat}"
+                x = [s["ranks"] for s in members]
+                rate.plot(x, [s.get("examples_per_s") for s in members], marker="o",
+                          color=colour, linestyle=style, label=label)
+                if others:
+                    rate.plot([s["ranks"] for s in others],
+                              [s.get("examples_per_s") for s in others], marker="o",
+                              markerfacecolor="white", color=colour, linestyle=style,
+                              alpha=0.6)
+                overhead.plot(x, [s.get("first_epoch_overhead_s") for s in members],
+                              marker="o", color=colour, linestyle=style)
+                if peers:
+                    row[2].plot(x, [s.get("vs_peer") for s in members], marker="o",
+                                color=colour, linestyle=style)
+        what = "DP-SGD" if dp else "non-private"
+        rate.set_ylabel(f"{what}: examples/s, 2nd epoch\n(hollow: peer)")
+        overhead.set_ylabel(f"{what}: 1st - 2nd epoch, s")
+        if peers:
+            row[2].set_ylabel(f"{what}: {peer_column(dp)} (examples/s)")
+            row[2].axhline(1.0, color="grey", linestyle=":")
+        for ax in row:
+            ax.set_xlabel("ranks")
+            ax.set_xticks(all_ranks)
+            ax.grid(True, alpha=0.3)
+        rate.set_ylim(bottom=0)
+        rate.legend(fontsize=6, loc="best")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

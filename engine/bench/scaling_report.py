@@ -8,6 +8,13 @@ launch of ``mpidp train`` at one rank count::
      "ranks": int, "nodes": int, "layout": "1x2", "batch_size": B (global),
      "oversubscribed": bool, "command": str, "epochs": [per-epoch records of train]}
 
+and, from the image presets and the peers, ``"model"``, ``"grid_batch"`` (the
+grid's batch: global for strong scaling, per rank for weak), ``"data_repeat"``
+and ``"impl"`` (``mpidp``, or the peer ``torch-ddp`` / ``opacus-ddp`` of
+:mod:`engine.bench.ddp_baseline`, whose records have the same schema; a
+peer's ``comm_s`` may be null: DDP overlaps its all-reduce with the backward
+pass).
+
 Definitions (the seed project's and mlbench's):
 
 * the first epoch is reported apart (start-up: kernels compiled, buffers
@@ -24,7 +31,12 @@ Definitions (the seed project's and mlbench's):
 * time to accuracy: training seconds (sum of epoch times, evaluation
   excluded) until the first evaluation at or above the target; accuracy
   after time: the last evaluation within the budget (:mod:`engine.stopping`);
-* cost: nodes x training hours x price per node-hour.
+* cost: nodes x training hours x price per node-hour;
+* first-epoch overhead: the first epoch's time minus the steady epochs'
+  average (start-up paid once); examples/s of the first epoch and of the
+  steady ones apart;
+* mpidp / peer: mpidp's examples/s over its peer's (the same configuration
+  in PyTorch DDP, or Opacus' distributed DP-SGD for DP runs), steady epochs.
 """
 from __future__ import annotations
 
@@ -35,7 +47,19 @@ from typing import Iterable
 from engine.stopping import accuracy_after_time, time_to_accuracy
 
 #: Fields that name a series: runs of one series differ only in ranks (and layout).
-SERIES_FIELDS = ("mode", "dp", "allreduce", "threads")
+#: The last four are absent (None) from the tabular presets' and older runs.
+SERIES_FIELDS = ("mode", "dp", "allreduce", "threads", "model", "grid_batch", "data_repeat",
+                 "impl")
+#: How the tables name each implementation.
+IMPL_NAMES = {"mpidp": "mpidp", "torch-ddp": "DDP", "opacus-ddp": "Opacus-DDP"}
+#: What each peer is, in a series' title.
+IMPL_TITLES = {"torch-ddp": "PyTorch DistributedDataParallel",
+               "opacus-ddp": "Opacus distributed DP-SGD"}
+
+
+def is_mpidp(run: dict) -> bool:
+    """Whether a run (or summary) is mpidp's own (not a peer's)."""
+    return run.get("impl") in (None, "mpidp")
 
 
 def series_key(run: dict) -> tuple:
@@ -51,7 +75,15 @@ def describe_series(summary: dict) -> str:
     threads = summary["threads"]
     threads_text = ("threads per rank = cores // ranks per node" if threads == "auto"
                     else f"{threads} thread(s) per rank")
-    return (f"{batch}, {'DP-SGD' if summary['dp'] else 'non-private SGD'}, "
+    head = ""
+    if summary.get("model"):
+        head = f"{summary['model']}, "
+        if (summary.get("data_repeat") or 1) > 1:
+            head += f"training rows x{summary['data_repeat']}, "
+    if not is_mpidp(summary):
+        return (f"peer: {IMPL_TITLES.get(summary['impl'], summary['impl'])}: {head}{batch}, "
+                f"{'DP-SGD' if summary['dp'] else 'non-private SGD'}, {threads_text}")
+    return (f"{head}{batch}, {'DP-SGD' if summary['dp'] else 'non-private SGD'}, "
             f"all-reduce {summary['allreduce']}, {threads_text}")
 
 
@@ -59,8 +91,12 @@ def short_series(summary: dict) -> str:
     """A few words naming a series (for narrow tables)."""
     batch = (f"weak b={summary['local_batch']:g}/rank" if summary["mode"] == "weak"
              else f"strong B={summary['batch_size']}")
-    return (f"{'DP' if summary['dp'] else 'non-DP'} {batch} {summary['allreduce']} "
-            f"threads={summary['threads']}")
+    head = f"{summary['model']} " if summary.get("model") else ""
+    if (summary.get("data_repeat") or 1) > 1:
+        head += f"x{summary['data_repeat']} "
+    impl = "" if is_mpidp(summary) else f"{IMPL_NAMES.get(summary['impl'], summary['impl'])} "
+    return (f"{impl}{head}{'DP' if summary['dp'] else 'non-DP'} {batch} "
+            f"{summary['allreduce']} threads={summary['threads']}")
 
 
 def _mean(values: list[float]) -> float | None:
@@ -83,7 +119,7 @@ def summarize(runs: list[dict], target_accuracy: float | None = None,
     first = runs[0]
     if any(series_key(r) != series_key(first) or r["ranks"] != first["ranks"] for r in runs):
         raise ValueError("summarize() combines repeats of one configuration only")
-    steady, firsts, comm, compute, rates = [], [], [], [], []
+    steady, firsts, comm, compute, rates, first_rates = [], [], [], [], [], []
     accuracies, epsilons, totals, ttas, after = [], [], [], [], []
     single_epoch = False
     for run in runs:
@@ -93,9 +129,11 @@ def summarize(runs: list[dict], target_accuracy: float | None = None,
         if not rest:
             rest, single_epoch = epochs[:1], True
         steady += [e["epoch_time_s"] for e in rest]
-        comm += [e["comm_s"] for e in rest]
-        compute += [e["compute_s"] for e in rest]
+        comm += [e["comm_s"] for e in rest if e.get("comm_s") is not None]
+        compute += [e["compute_s"] for e in rest if e.get("compute_s") is not None]
         rates += [e["examples_per_s"] for e in rest if e.get("examples_per_s")]
+        if epochs[0].get("examples_per_s"):
+            first_rates.append(epochs[0]["examples_per_s"])
         evaluated = [e for e in epochs if e.get("test_accuracy") is not None]
         if evaluated:
             accuracies.append(evaluated[-1]["test_accuracy"])
@@ -110,12 +148,15 @@ def summarize(runs: list[dict], target_accuracy: float | None = None,
     avg_comm, avg_compute = _mean(comm), _mean(compute)
     summary = {name: first.get(name) for name in (*SERIES_FIELDS, "ranks", "nodes", "layout",
                                                   "batch_size", "oversubscribed")}
+    first_epoch, steady_avg = statistics.median(firsts), _mean(steady)
     summary.update(
         local_batch=first["batch_size"] / first["ranks"],
         threads_used=first["epochs"][-1].get("threads"),
         repeats=len(runs), epochs_run=round(_mean([len(r["epochs"]) for r in runs])),
-        first_epoch_s=statistics.median(firsts),
-        epoch_avg_s=_mean(steady), epoch_min_s=min(steady), epoch_max_s=max(steady),
+        first_epoch_s=first_epoch,
+        epoch_avg_s=steady_avg, epoch_min_s=min(steady), epoch_max_s=max(steady),
+        first_epoch_overhead_s=None if single_epoch else first_epoch - steady_avg,
+        first_examples_per_s=statistics.median(first_rates) if first_rates else None,
         steady_epochs=len(steady), steady_is_first_epoch=single_epoch,
         comm_s=avg_comm, compute_s=avg_compute,
         comm_compute_ratio=(avg_comm / avg_compute if avg_compute else None),
@@ -179,6 +220,38 @@ def add_speedups(summaries: list[dict]) -> list[dict]:
     return summaries
 
 
+def add_peers(summaries: list[dict]) -> list[dict]:
+    """Give each mpidp summary its peer's figures, in place: ``peer`` (the peer's
+    impl), ``peer_examples_per_s``, ``peer_first_epoch_s``, ``peer_epoch_avg_s``
+    and ``vs_peer`` = mpidp's examples/s over the peer's (steady epochs); None
+    where the peer did not run. The peer is the summary of the same series
+    (all but ``impl``), ranks and layout whose impl is the peer of its privacy
+    mode: torch-ddp for non-private runs, opacus-ddp for DP ones."""
+    def key(s: dict) -> tuple:
+        return (tuple(s.get(f) for f in SERIES_FIELDS if f != "impl"), s["ranks"],
+                s.get("layout"))
+
+    peers = {(key(s), s["impl"]): s for s in summaries if not is_mpidp(s)}
+    if not peers:
+        return summaries
+    for s in summaries:
+        if not is_mpidp(s):
+            continue
+        impl = "opacus-ddp" if s["dp"] else "torch-ddp"
+        peer = peers.get((key(s), impl))
+        mine, theirs = s.get("examples_per_s"), peer and peer.get("examples_per_s")
+        s.update(peer=impl, peer_examples_per_s=theirs,
+                 peer_first_epoch_s=peer["first_epoch_s"] if peer else None,
+                 peer_epoch_avg_s=peer["epoch_avg_s"] if peer else None,
+                 vs_peer=mine / theirs if mine and theirs else None)
+    return summaries
+
+
+def peer_column(dp: bool) -> str:
+    """The header of the mpidp / peer ratio for DP or non-private rows."""
+    return f"mpidp / {IMPL_NAMES['opacus-ddp' if dp else 'torch-ddp']}"
+
+
 def add_cost(summaries: list[dict], price_per_node_hour: float) -> list[dict]:
     """Fill ``node_hours`` and ``cost`` (of the training time of the run) and,
     with a target, ``cost_to_accuracy``, in place."""
@@ -200,8 +273,11 @@ def _cell(value, fmt: str, width: int) -> str:
     return format(value, fmt).rjust(width)
 
 
-def _columns(summaries: list[dict]) -> list[tuple[str, str, str, int]]:
-    """(key, header, format, width) of the scaling table's columns."""
+def _columns(summaries: list[dict], block: list[dict] | None = None
+             ) -> list[tuple[str, str, str, int]]:
+    """(key, header, format, width) of the scaling table's columns (the columns of
+    the peers' figures when any summary has them; their header names the peer
+    of ``block``'s privacy mode)."""
     cols = [("ranks_text", "ranks", "s", 6), ("layout", "layout", "s", 6),
             ("threads_used", "threads", "d", 7),
             ("first_epoch_s", "1st epoch s", ".3f", 11), ("epoch_avg_s", "avg s/epoch", ".3f", 11),
@@ -210,6 +286,12 @@ def _columns(summaries: list[dict]) -> list[tuple[str, str, str, int]]:
             ("comm_s", "comm s", ".3f", 7), ("compute_s", "compute s", ".3f", 9),
             ("comm_compute_ratio", "comm/comp", ".3f", 9),
             ("test_accuracy", "test acc", ".4f", 8), ("epsilon", "epsilon", ".3f", 7)]
+    if any("vs_peer" in s for s in summaries):
+        dp = bool((block or summaries)[0]["dp"])
+        peer = IMPL_NAMES["opacus-ddp" if dp else "torch-ddp"]
+        cols += [("examples_per_s", "ex/s", ".0f", 8),
+                 ("peer_examples_per_s", f"{peer} ex/s", ".0f", max(8, len(peer) + 5)),
+                 ("vs_peer", peer_column(dp), ".2f", len(peer_column(dp)))]
     if any("tta_s" in s for s in summaries):
         target = next(s["target_accuracy"] for s in summaries if "tta_s" in s)
         cols += [("tta_s", f"s to {target:g}", ".2f", 9), ("tta_epochs", "epochs", "g", 6),
@@ -227,10 +309,10 @@ def _ranks_text(s: dict) -> str:
 def format_table(summaries: list[dict]) -> str:
     """The aligned scaling table: one block per series, a footnote for
     oversubscribed runs and for series whose speed-up base is not one rank."""
-    cols = _columns(summaries)
     lines = []
     for key in dict.fromkeys(series_key(s) for s in summaries):
         members = [s for s in summaries if series_key(s) == key]
+        cols = _columns(summaries, members)
         lines.append(describe_series(members[0]))
         lines.append("  ".join(header.rjust(width) for _, header, _, width in cols))
         for s in members:
@@ -249,6 +331,70 @@ def format_table(summaries: list[dict]) -> str:
     notes.append("1st epoch: start-up included (kernels compiled, buffers allocated); "
                  "avg/min/max and everything right of them: the other epochs; times "
                  "exclude evaluation")
+    if any("vs_peer" in s for s in summaries):
+        notes.append(PEER_NOTE)
+    return "\n".join(lines + notes)
+
+
+#: The footnote of tables with the peers' columns.
+PEER_NOTE = ("mpidp / DDP, mpidp / Opacus-DDP: mpidp's examples/s over its peer's on the "
+             "same configuration (PyTorch DistributedDataParallel for non-private runs, "
+             "Opacus' distributed DP-SGD for DP ones), steady epochs; peers' rows: "
+             "python -m engine.bench.ddp_baseline (comm s: Opacus' all-reduce; DDP overlaps "
+             "its own with the backward pass, not measured)")
+
+
+def _sweep_columns(dp: bool, peers: bool) -> list[tuple[str, str, str, int]]:
+    cols = [("impl_name", "impl", "s", 10), ("model", "model", "s", 11),
+            ("grid_batch", "batch", "d", 5), ("repeat_text", "data", "s", 4),
+            ("ranks_text", "ranks", "s", 5), ("threads_used", "threads", "d", 7),
+            ("first_epoch_s", "1st epoch s", ".3f", 11), ("epoch_avg_s", "2nd epoch s", ".3f", 11),
+            ("first_epoch_overhead_s", "overhead s", ".3f", 10),
+            ("first_examples_per_s", "1st ex/s", ".0f", 8),
+            ("examples_per_s", "2nd ex/s", ".0f", 8), ("speedup", "speed-up", ".2f", 8),
+            ("test_accuracy", "test acc", ".4f", 8), ("epsilon", "epsilon", ".3f", 7)]
+    if peers:
+        peer = IMPL_NAMES["opacus-ddp" if dp else "torch-ddp"]
+        cols += [("peer_examples_per_s", f"{peer} ex/s", ".0f", max(8, len(peer) + 5)),
+                 ("vs_peer", peer_column(dp), ".2f", len(peer_column(dp)))]
+    return cols
+
+
+def format_sweep_table(summaries: list[dict]) -> str:
+    """The data-parallel sweep's table (``--preset dp-sweep``): one block per
+    privacy mode, one row per model, batch, data repeat, implementation and
+    rank count, the first and the second (steady) epoch apart, the speed-up
+    over the fewest ranks, and on mpidp's rows the peer's examples/s and the
+    ratio."""
+    peers = any("vs_peer" in s for s in summaries)
+    lines = []
+    for dp in (False, True):
+        block = [s for s in summaries if bool(s["dp"]) == dp]
+        if not block:
+            continue
+        block.sort(key=lambda s: (str(s.get("model")), s.get("grid_batch") or 0,
+                                  s.get("data_repeat") or 1, not is_mpidp(s), s["ranks"]))
+        cols = _sweep_columns(dp, peers)
+        lines.append(f"{'DP-SGD' if dp else 'non-private SGD'}, strong scaling (global "
+                     "batch), speed-up over the fewest ranks of each row's series"
+                     + (f"; peer: {IMPL_TITLES['opacus-ddp' if dp else 'torch-ddp']}"
+                        if peers else ""))
+        lines.append("  ".join(header.rjust(width) for _, header, _, width in cols))
+        for s in block:
+            row = dict(s, ranks_text=_ranks_text(s), impl_name=IMPL_NAMES.get(
+                s.get("impl") or "mpidp", s.get("impl")), repeat_text=f"x{s.get('data_repeat') or 1}")
+            lines.append("  ".join(_cell(row.get(k), fmt, width) for k, _, fmt, width in cols))
+        lines.append("")
+    notes = ["1st epoch: start-up included (kernels compiled, buffers allocated); 2nd: the "
+             "steady epochs (the second when a run has two); overhead = 1st - 2nd; data xR: "
+             "the training rows repeated R times; times exclude evaluation"]
+    if any(s.get("oversubscribed") for s in summaries):
+        notes.append("* oversubscribed: more ranks x threads than cores")
+    if any(s.get("steady_is_first_epoch") for s in summaries):
+        notes.append("runs of one epoch: the 2nd-epoch columns repeat the first, and there "
+                     "is no overhead")
+    if peers:
+        notes.append(PEER_NOTE)
     return "\n".join(lines + notes)
 
 
@@ -272,6 +418,11 @@ def format_cost_table(summaries: list[dict]) -> str:
 def markdown_table(summaries: list[dict]) -> str:
     """The same results as a markdown table (for docs/results.md)."""
     cols = [c for c in _columns(summaries) if c[0] not in ("layout",)]
+    if any("vs_peer" in s for s in summaries):
+        cols = [c if c[0] != "vs_peer" else ("vs_peer", "mpidp / peer", c[2], c[3])
+                for c in cols]
+        cols = [c if c[0] != "peer_examples_per_s" else (c[0], "peer ex/s", c[2], c[3])
+                for c in cols]
     lines = ["| series | " + " | ".join(h for _, h, _, _ in cols) + " |",
              "|---|" + "---:|" * len(cols)]
     for s in summaries:

@@ -1,0 +1,574 @@
+"""The peers' run of an ``mpidp train`` configuration: PyTorch DDP, or Opacus' distributed DP-SGD.
+
+``mpidp bench scaling --baseline ddp`` launches this module beside every
+``mpidp train`` run, under the same launcher and with the same options::
+
+    mpiexec -n 2 python -m engine.bench.ddp_baseline --data F --model mnist-small \\
+        --epochs 2 --batch-size 256 --lr 0.05 --momentum 0.9 --no-dp --seed 1 \\
+        --metrics ddp.jsonl
+
+What is the same as ``mpidp train``:
+
+* the data: each rank reads the shard ``mpidp train`` reads
+  (:func:`engine.shard.read_info` / :func:`engine.shard.read_shard`: rows
+  ``[r*N//p, (r+1)*N//p)``, an image file's pixels normalised per channel);
+* the model: ``--model mnist-small|mnist-large|resnet20``
+  (:func:`engine.nn.image_models.build`, built after seeding torch with
+  ``--seed``, as ``mpidp train`` builds it), or for ``--model mlp|logreg``
+  the ``nn.Sequential`` of the same widths with the same initial parameters
+  (:func:`engine.nn.model.init_params`);
+* the optimisation: expected global batch B (Poisson sampling at rate
+  q = B/N on every rank, or fixed batches with ``--sampling shuffle``),
+  steps per epoch ``round(N/B)``, the gradient summed over the batch and
+  divided by B, SGD with ``--momentum`` (``--nesterov``) and
+  ``--weight-decay`` (torch's), or Adam; the learning-rate schedule
+  (``constant``, ``inv-sqrt``, ``step`` with ``--lr-warmup-epochs``,
+  ``--lr-milestones``, ``--lr-decay``);
+* threads: ``--threads``, else cores // ranks on the node (mpidp's policy);
+* the records: one JSON line per epoch in the schema of ``mpidp train
+  --metrics`` (``epoch_time_s``, ``train_time_s``, ``examples_per_s``,
+  ``comm_s``, ``test_accuracy``, ``epsilon``...), so
+  :mod:`engine.bench.scaling_report` tabulates them as it does mpidp's.
+
+How it runs: rank and size come from mpi4py; rank 0 opens a
+``torch.distributed.TCPStore`` on a port the OS picks and broadcasts the
+port over MPI, and every rank joins the process group with gloo (NCCL with
+``--device cuda``). Non-private runs (``--no-dp``) train the model wrapped in
+``torch.nn.parallel.DistributedDataParallel`` (gradients all-reduced in
+buckets during the backward pass, overlapped with it: ``comm_s`` is not
+measured, null). DP runs use Opacus' distributed mode: the model in
+``opacus.distributed.DifferentiallyPrivateDistributedDataParallel``, then
+``PrivacyEngine.make_private(module, optimizer, data_loader,
+noise_multiplier, max_grad_norm)`` (per-example gradients from hooks, flat
+clipping, ``DistributedDPOptimizer``: noise drawn on rank 0, each parameter's
+gradient all-reduced after clipping; ``comm_s`` is the time in that
+all-reduce). Sampling is Opacus' Poisson sampler
+(``UniformWithReplacementSampler``, rate q over the rank's shard, as
+``mpidp train`` samples); its batches of row indices gather the rows from the
+shard directly (the data loader's per-example collation would time Python,
+not Opacus). Because every rank reads a shard rather than the whole set, the
+loader given to ``make_private`` is not replaced by Opacus' distributed one
+(which would split each shard again); the optimizer's expected batch is set
+to B / ranks, so its sum over ranks divided by the ranks is the sum over the
+global batch divided by B, as in mpidp. Epsilon in the records is mpidp's
+accountant's (PLD) for the same q, sigma and steps.
+
+If Opacus cannot be imported, a DP run exits with code 2 and one line saying
+so (``mpidp bench scaling`` then reports those rows as skipped).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import numpy as np
+
+from collectives import MPI
+from collectives.runtime import available_cores, launch_info
+from engine.errors import ConfigError
+from engine.spmd import run_spmd
+
+#: mpidp train options that choose mpidp's own machinery (all-reduce algorithm,
+#: kernels, accountant, progress bar): accepted, recorded and ignored here.
+IGNORED_OPTIONS = {"--allreduce": 1, "--kernels": 1, "--noise-scheme": 1, "--accountant": 1,
+                   "--eval-every": 1, "--progress": 0, "--no-progress": 0,
+                   "--select-on": 1}
+#: Schedules the baseline can follow.
+SCHEDULES = ("constant", "inv-sqrt", "step")
+#: Test rows evaluated at a time.
+EVAL_BATCH = 1024
+
+
+class BaselineError(ConfigError):
+    """A setting the baseline cannot reproduce, or a missing package (exit 2)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, collective=True)
+
+
+class _RankZeroParser(argparse.ArgumentParser):
+    """Usage and parse errors printed by rank 0 only (every rank parses the same line)."""
+
+    def _print_message(self, message, file=None):
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            super()._print_message(message, file)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options (a subset of ``mpidp train``'s, with the same meaning)."""
+    p = _RankZeroParser(
+        prog="python -m engine.bench.ddp_baseline",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True)
+    p.add_argument("--model", default="mlp",
+                   help="mlp, logreg, mnist-small, mnist-large or resnet20 (default: mlp)")
+    p.add_argument("--hidden", default="128,128")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant")
+    p.add_argument("--lr-warmup-epochs", type=float, default=0.0)
+    p.add_argument("--lr-milestones", default="")
+    p.add_argument("--lr-decay", type=float, default=0.1)
+    p.add_argument("--sampling", choices=("poisson", "shuffle"), default="poisson")
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--noise-multiplier", type=float, default=None)
+    p.add_argument("--delta", type=float, default=1e-5)
+    p.add_argument("--no-dp", dest="dp", action="store_false")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--metrics", default=None)
+    p.add_argument("--target-accuracy", type=float, default=None)
+    p.add_argument("--time-budget", type=float, default=None)
+    p.add_argument("--master-addr", default=None,
+                   help="address of rank 0's TCP store (default: 127.0.0.1 when every "
+                   "rank is on one node, else rank 0's host name)")
+    return p
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The options, and the ``mpidp train`` options given that do not apply here.
+
+    Raises:
+        BaselineError: an option of ``mpidp train`` the baseline cannot follow.
+    """
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    ignored, i = [], 0
+    while i < len(rest):
+        word = rest[i]
+        name = word.split("=", 1)[0]
+        if name not in IGNORED_OPTIONS:
+            raise BaselineError(f"{word}: the DDP baseline cannot reproduce this mpidp train "
+                                "option; drop it (or run with --baseline none)")
+        takes = IGNORED_OPTIONS[name] if "=" not in word else 0
+        ignored += rest[i:i + 1 + takes]
+        i += 1 + takes
+    return args, ignored
+
+
+def check(args: argparse.Namespace) -> None:
+    """Raise BaselineError for settings that cannot work (one line)."""
+    if args.epochs < 1 or args.batch_size < 1:
+        raise BaselineError("--epochs and --batch-size must be at least 1")
+    if args.dp and args.noise_multiplier is None:
+        raise BaselineError("a DP baseline needs --noise-multiplier (or --no-dp)")
+    if not args.dp and args.noise_multiplier is not None:
+        raise BaselineError("--no-dp trains without privacy: drop --noise-multiplier")
+    if args.nesterov and not args.momentum > 0:
+        raise BaselineError("--nesterov needs --momentum > 0")
+    milestones(args.lr_milestones)
+
+
+def milestones(text: str) -> list[int]:
+    """``"82,109"`` -> ``[82, 109]`` (epochs)."""
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise BaselineError(f"--lr-milestones {text!r}: expected comma-separated epochs") \
+            from None
+    return sorted(values)
+
+
+def learning_rate(args: argparse.Namespace, update: int, steps_per_epoch: int,
+                  ranks: int) -> float:
+    """The learning rate of update ``update`` (1-based), as ``mpidp train`` sets it.
+
+    ``step``: a linear warm-up over the first ``--lr-warmup-epochs`` epochs from
+    ``lr / ranks`` (the one-worker rate of a rate scaled linearly with the
+    workers, Goyal et al. 2017) to ``lr``, then ``lr`` times ``--lr-decay`` per
+    ``--lr-milestones`` epoch passed.
+    """
+    base = float(args.lr)
+    if args.lr_schedule == "constant":
+        return base
+    if args.lr_schedule == "inv-sqrt":
+        return base / math.sqrt(update)
+    epoch = (update - 1) / steps_per_epoch  # epochs completed before this update
+    warm = args.lr_warmup_epochs * steps_per_epoch
+    if warm > 0 and update <= warm:
+        start = base / max(1, ranks)
+        return start + (base - start) * update / warm
+    passed = sum(1 for m in milestones(args.lr_milestones) if epoch >= m)
+    return base * args.lr_decay ** passed
+
+
+# ------------------------------------------------------------------ set-up
+def configure_threads(requested: int | None) -> int:
+    """mpidp's policy (``engine.trainer.configure_threads``): ``--threads``, else
+    cores // ranks on this node; flush-to-zero for denormals, as mpidp runs."""
+    import torch
+
+    local = launch_info().local_ranks or 1
+    threads = requested or max(1, available_cores() // local)
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    return threads
+
+
+def init_process_group(comm, device: str, master_addr: str | None) -> str:
+    """Join ``torch.distributed`` (gloo; NCCL on GPUs) through a TCP store on a
+    port rank 0 lets the OS pick and broadcasts over MPI; returns the backend."""
+    import torch.distributed as dist
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    names = comm.allgather(MPI.Get_processor_name())
+    if master_addr is None:
+        master_addr = "127.0.0.1" if len(set(names)) == 1 else None
+    if master_addr is None:
+        master_addr = comm.bcast(socket.gethostname() if rank == 0 else None, root=0)
+    timeout = timedelta(seconds=120)
+    store, error = None, None
+    if rank == 0:
+        try:
+            store = dist.TCPStore(master_addr, 0, size, True, timeout=timeout,
+                                  wait_for_workers=False)
+        except Exception as exc:  # noqa: BLE001 (reported on every rank below)
+            error = f"rank 0 cannot open a TCP store on {master_addr}: {exc}"
+    port = comm.bcast((store.port if store is not None else None, error), root=0)
+    if port[1]:
+        raise BaselineError(port[1])
+    if rank != 0:
+        store = dist.TCPStore(master_addr, port[0], size, False, timeout=timeout)
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                            timeout=timeout)
+    return backend
+
+
+def build_model(args: argparse.Namespace, info, seed: int):
+    """The model ``mpidp train --model`` trains, with its initial parameters."""
+    import torch
+
+    from engine.nn import image_models
+    from engine.nn.model import MLPSpec, init_params, parse_hidden, to_module
+
+    if args.model in image_models.IMAGE_MODELS:
+        image_models.check_fits(args.model, info.image_shape, info.n_features, info.path)
+        with torch.random.fork_rng(devices=[]):  # as engine.nn.models._seeded
+            torch.manual_seed(seed % 2 ** 63)
+            return image_models.build(args.model, info.image_shape, info.n_classes)
+    if args.model in ("mlp", "logreg"):
+        if info.is_image or info.code_columns:
+            raise BaselineError(f"--model {args.model} on {info.path}: the baseline trains "
+                                "the MLP on one-hot tabular files only")
+        hidden = () if args.model == "logreg" else parse_hidden(args.hidden)
+        spec = MLPSpec.build(info.n_features, hidden, info.n_classes)
+        return to_module(spec, init_params(spec, seed))
+    raise BaselineError(f"--model {args.model}: the DDP baseline builds mlp, logreg, "
+                        "mnist-small, mnist-large and resnet20")
+
+
+def _shared_seed(comm, seed: int | None) -> int:
+    if seed is not None:
+        return int(seed)
+    return int(comm.bcast(int(np.random.SeedSequence().entropy % (2 ** 62))
+                          if comm.Get_rank() == 0 else None, root=0))
+
+
+# ------------------------------------------------------------------ training
+class Run:
+    """One baseline run on this rank (collective methods: every rank calls them)."""
+
+    def __init__(self, args: argparse.Namespace, ignored: list[str], comm) -> None:
+        import torch
+
+        from engine.shard import read_info, read_shard
+
+        self.args, self.ignored, self.comm = args, ignored, comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.threads = configure_threads(args.threads)
+        if args.device == "cuda":
+            local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+            if not torch.cuda.is_available():
+                raise BaselineError("--device cuda: torch sees no CUDA device")
+            self.device = torch.device("cuda", local_rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        self.info = read_info(args.data, comm)
+        n = self.info.rows["train"]
+        if args.batch_size > n:
+            raise BaselineError(f"--batch-size {args.batch_size} exceeds the {n} training "
+                                f"rows of {args.data}")
+        self.n_train = n
+        self.q = args.batch_size / n
+        self.steps_per_epoch = max(1, round(n / args.batch_size))
+        self.seed = _shared_seed(comm, args.seed)
+        self.module = build_model(args, self.info, self.seed).to(self.device)
+        train = read_shard(self.info, "train", comm, min_rows_per_rank=1)
+        self.X = torch.from_numpy(np.ascontiguousarray(train.X[:, :-1])).to(self.device)
+        self.y = torch.from_numpy(train.y).to(self.device)
+        del train
+        self.eval_split = "val" if self.info.has_val else "test"
+        evaluated = read_shard(self.info, self.eval_split, comm, min_rows_per_rank=0)
+        self.eval_X = torch.from_numpy(np.ascontiguousarray(evaluated.X[:, :-1]))
+        self.eval_y = torch.from_numpy(evaluated.y)
+        self.test_X = self.test_y = None
+        if self.info.has_val:
+            test = read_shard(self.info, "test", comm, min_rows_per_rank=0)
+            self.test_X = torch.from_numpy(np.ascontiguousarray(test.X[:, :-1]))
+            self.test_y = torch.from_numpy(test.y)
+        self.backend = init_process_group(comm, args.device, args.master_addr)
+        self.generator = torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + 7919 * self.rank) % 2 ** 63)
+        self.comm_s = 0.0
+        self._setup_training()
+
+    def _sgd(self, params):
+        import torch
+
+        a = self.args
+        if a.optimizer == "adam":
+            return torch.optim.Adam(params, lr=a.lr, weight_decay=a.weight_decay)
+        return torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, nesterov=a.nesterov,
+                               weight_decay=a.weight_decay)
+
+    def _sampler(self):
+        """Batches of local row indices for one epoch."""
+        import torch
+
+        n_local = int(self.y.shape[0])
+        if self.args.sampling == "poisson":
+            from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+            return UniformWithReplacementSampler(num_samples=n_local, sample_rate=self.q,
+                                                 generator=self.generator,
+                                                 steps=self.steps_per_epoch)
+        b = self.args.batch_size
+        local = b * (self.rank + 1) // self.size - b * self.rank // self.size
+        steps, generator = self.steps_per_epoch, self.generator
+
+        class Shuffled:  # fixed-size batches from reshuffled passes (mpidp's --sampling shuffle)
+            def __len__(self):
+                return steps
+
+            def __iter__(self):
+                order, at = torch.randperm(n_local, generator=generator), 0
+                for _ in range(steps):
+                    if at + local > n_local:
+                        order, at = torch.randperm(n_local, generator=generator), 0
+                    yield order[at:at + local].tolist()
+                    at += local
+
+        return Shuffled()
+
+    def _setup_training(self) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        a = self.args
+        self.loss_scale = self.size / a.batch_size  # sum over the rank's rows * P/B
+        if not a.dp:
+            self.impl = "torch-ddp"
+            self.model = DDP(self.module,
+                             device_ids=[self.device.index] if a.device == "cuda" else None)
+            self.optimizer = self._sgd(self.model.parameters())
+            self.batches = self._sampler()
+            return
+        try:
+            import opacus
+            from opacus import PrivacyEngine
+            from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+        except ImportError as exc:
+            raise BaselineError(f"Opacus is not installed ({exc}): no Opacus-DDP baseline "
+                                "for DP runs (pip install opacus)") from None
+        import warnings
+
+        warnings.filterwarnings("ignore", module="opacus")
+        self.impl = "opacus-ddp"
+        self.opacus_version = opacus.__version__
+        wrapped = DPDDP(self.module)
+        optimizer = self._sgd(wrapped.parameters())
+        self.batches = self._sampler()
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(self.X[:1].cpu(), self.y[:1].cpu()),
+            batch_sampler=self.batches)
+        self.model, self.optimizer, _ = PrivacyEngine().make_private(
+            module=wrapped, optimizer=optimizer, data_loader=loader,
+            noise_multiplier=a.noise_multiplier, max_grad_norm=a.max_grad_norm,
+            poisson_sampling=False)
+        # Expected batch per rank: the rank's sum over the ranks divided by the
+        # ranks is then the global sum divided by B (module docstring).
+        self.optimizer.expected_batch_size = a.batch_size / self.size
+        reduce = self.optimizer.reduce_gradients
+
+        def timed_reduce():
+            started = time.perf_counter()
+            reduce()
+            self.comm_s += time.perf_counter() - started
+
+        self.optimizer.reduce_gradients = timed_reduce
+
+    def _loss(self, logits, yb):
+        import torch
+
+        total = torch.nn.functional.cross_entropy(logits, yb, reduction="sum")
+        if self.args.dp:  # Opacus' "mean": the optimizer divides by the expected batch
+            return total / max(1, int(yb.shape[0])), total
+        return total * self.loss_scale, total
+
+    def train_epoch(self, epoch: int, update: int) -> tuple[dict, int]:
+        """One epoch; returns the rank-local sums and the last update's index."""
+        self.model.train()
+        self.comm_s = 0.0
+        loss_sum, examples, lr = 0.0, 0, None
+        started = time.perf_counter()
+        for indices in self.batches:
+            update += 1
+            lr = learning_rate(self.args, update, self.steps_per_epoch, self.size)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            idx = torch_index(indices, self.device)
+            xb, yb = self.X[idx], self.y[idx]
+            self.optimizer.zero_grad(set_to_none=True)
+            loss, total = self._loss(self.model(xb), yb)
+            loss.backward()
+            self.optimizer.step()
+            loss_sum += float(total.detach())
+            examples += int(yb.shape[0])
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - started
+        return {"loss_sum": loss_sum, "examples": examples, "wall": wall,
+                "comm_s": self.comm_s, "lr": lr}, update
+
+    def evaluate(self, X, y) -> tuple[float | None, float | None, int]:
+        """Collective: accuracy and mean loss over every rank's rows."""
+        import torch
+
+        self.module.eval()
+        correct, loss = 0, 0.0
+        with torch.no_grad():
+            for start in range(0, int(y.shape[0]), EVAL_BATCH):
+                xb = X[start:start + EVAL_BATCH].to(self.device)
+                yb = y[start:start + EVAL_BATCH].to(self.device)
+                logits = self.module(xb)
+                loss += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+                correct += int((logits.argmax(1) == yb).sum())
+        sums = self.comm.allreduce(np.array([correct, loss, int(y.shape[0])], np.float64),
+                                   op=MPI.SUM)
+        rows = int(sums[2])
+        if rows == 0:
+            return None, None, 0
+        return float(sums[0] / rows), float(sums[1] / rows), rows
+
+    def run(self) -> int:
+        from engine import metrics as metrics_mod
+        from engine.stopping import stop_reason
+
+        a = self.args
+        history, update, total_time = [], 0, 0.0
+        if self.rank == 0:
+            print(self._banner(), flush=True)
+            print(metrics_mod.header(val=self.info.has_val), flush=True)
+        for epoch in range(a.epochs):
+            local, update = self.train_epoch(epoch, update)
+            sums = self.comm.allreduce(np.array([local["loss_sum"], local["examples"],
+                                                 local["wall"], local["comm_s"]], np.float64),
+                                       op=MPI.SUM)
+            examples = int(sums[1])
+            wall = float(sums[2]) / self.size
+            comm_s = float(sums[3]) / self.size if a.dp else None
+            total_time += wall
+            record = {
+                "epoch": epoch + 1, "step": update,
+                "train_loss": float(sums[0]) / examples if examples else None,
+                "train_examples": examples, "epoch_time_s": wall, "train_time_s": total_time,
+                "examples_per_s": examples / wall if wall > 0 else None,
+                "comm_s": comm_s, "compute_s": wall - comm_s if comm_s is not None else None,
+                "comm_compute_ratio": (comm_s / (wall - comm_s)
+                                       if comm_s is not None and wall > comm_s else None),
+                "ranks": self.size, "threads": self.threads, "resumed_mid_epoch": False,
+                "impl": self.impl, "backend": self.backend, "lr": local["lr"],
+                "epsilon": None, "delta": None, "noise_multiplier": None,
+                "sampling": a.sampling, "ignored_options": self.ignored,
+            }
+            if a.dp:
+                from engine.dp.accountant import epsilon_for
+
+                record.update(epsilon=epsilon_for(self.q, a.noise_multiplier, update, a.delta),
+                              delta=a.delta, noise_multiplier=a.noise_multiplier,
+                              opacus=self.opacus_version)
+                if a.sampling != "poisson":
+                    record["epsilon_valid"] = False
+            accuracy, loss, _ = self.evaluate(self.eval_X, self.eval_y)
+            key = "val" if self.info.has_val else "test"
+            record.update({f"{key}_accuracy": accuracy, f"{key}_loss": loss})
+            reason = stop_reason(record, a.target_accuracy, a.time_budget)
+            last = reason is not None or epoch + 1 == a.epochs
+            if reason:
+                record["stop_reason"] = reason
+            if last and self.test_X is not None:
+                accuracy, loss, _ = self.evaluate(self.test_X, self.test_y)
+                record.update(test_accuracy=accuracy, test_loss=loss)
+            record = {k: (metrics_mod.finite_or_none(v) if isinstance(v, float) else v)
+                      for k, v in record.items()}
+            history.append(record)
+            if self.rank == 0:
+                print(metrics_mod.row(record, val=self.info.has_val), flush=True)
+                if a.metrics:
+                    metrics_mod.write_records(a.metrics, history)
+            if last:
+                break
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        return 0
+
+    def _banner(self) -> str:
+        a = self.args
+        n_params = sum(p.numel() for p in self.module.parameters())
+        what = (f"Opacus {self.opacus_version} DP-SGD (sigma {a.noise_multiplier:g}, C "
+                f"{a.max_grad_norm:g})" if a.dp else "non-private")
+        ignored = f"; ignored: {' '.join(self.ignored)}" if self.ignored else ""
+        return (f"ddp_baseline: {self.impl} over {self.backend}, {self.size} rank(s) x "
+                f"{self.threads} thread(s); {a.model} ({n_params:,} parameters); {what}; "
+                f"expected batch {a.batch_size} ({a.sampling}), {self.steps_per_epoch} "
+                f"steps/epoch, {self.n_train:,} training rows{ignored}")
+
+
+def torch_index(indices, device):
+    """A list of row indices (or a tensor) as an int64 tensor on ``device``."""
+    import torch
+
+    if isinstance(indices, torch.Tensor):
+        return indices.to(device=device, dtype=torch.int64)
+    return torch.as_tensor(indices, dtype=torch.int64, device=device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every rank: parse, train, write the records (rank 0)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    comm = MPI.COMM_WORLD
+
+    def command() -> int:
+        try:
+            args, ignored = parse_args(words)
+        except SystemExit as exc:  # argparse printed its message
+            return int(exc.code or 0)
+        check(args)
+        if args.metrics:
+            directory = os.path.dirname(os.path.abspath(args.metrics))
+            if not os.path.isdir(directory):
+                raise BaselineError(f"--metrics {args.metrics}: {directory} does not exist")
+        return Run(args, ignored, comm).run()
+
+    return run_spmd(command, comm)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
