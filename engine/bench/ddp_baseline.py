@@ -387,6 +387,8 @@ class Run:
         import warnings
 
         warnings.filterwarnings("ignore", module="opacus")
+        # Opacus' hooks on a first layer whose input needs no gradient: expected, harmless
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
         self.impl = "opacus-ddp"
         self.opacus_version = opacus.__version__
         wrapped = DPDDP(self.module)

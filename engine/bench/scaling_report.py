@@ -289,9 +289,10 @@ def _columns(summaries: list[dict], block: list[dict] | None = None
     if any("vs_peer" in s for s in summaries):
         dp = bool((block or summaries)[0]["dp"])
         peer = IMPL_NAMES["opacus-ddp" if dp else "torch-ddp"]
-        cols += [("examples_per_s", "ex/s", ".0f", 8),
-                 ("peer_examples_per_s", f"{peer} ex/s", ".0f", max(8, len(peer) + 5)),
-                 ("vs_peer", peer_column(dp), ".2f", len(peer_column(dp)))]
+        cols.append(("examples_per_s", "ex/s", ".0f", 8))
+        if block is None or is_mpidp(block[0]):  # a peer's own block has no peer
+            cols += [("peer_examples_per_s", f"{peer} ex/s", ".0f", max(8, len(peer) + 5)),
+                     ("vs_peer", peer_column(dp), ".2f", len(peer_column(dp)))]
     if any("tta_s" in s for s in summaries):
         target = next(s["target_accuracy"] for s in summaries if "tta_s" in s)
         cols += [("tta_s", f"s to {target:g}", ".2f", 9), ("tta_epochs", "epochs", "g", 6),

@@ -391,15 +391,18 @@ def write_images(path: str | os.PathLike, shape: tuple[int, int, int] = (1, 28, 
     ``channel_mean`` and ``channel_std`` of the training pixels / 255, the
     encoding fingerprint of the layout, ``task`` ``synthetic-images``. Rows are
     generated and written in chunks (little memory for large files), under a
-    temporary name renamed at the end. The test images are drawn after the
-    training ones, so ``rows`` alone changes which images are test images.
+    temporary name renamed at the end. Training and test images come from two
+    random streams, so the test images do not depend on ``rows`` (the data
+    repeats of ``mpidp bench scaling --preset dp-sweep`` are scored on the same
+    test set).
     """
     import h5py  # deferred: as in _write
 
     c, h, w = (int(v) for v in shape)
     width = c * h * w
     templates = image_templates((c, h, w), n_classes, seed)
-    rng = np.random.default_rng(seed)
+    streams = {"train": np.random.default_rng([seed, 0]),
+               "test": np.random.default_rng([seed, 1])}
     counts = np.zeros((c, 256), dtype=np.int64)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
@@ -410,7 +413,8 @@ def write_images(path: str | os.PathLike, shape: tuple[int, int, int] = (1, 28, 
                                      dtype=h5format.IMAGE_DTYPE, chunks=chunk)
                 y = f.create_dataset(h5format.y_name(split), (n,), dtype=h5format.Y_DTYPE)
                 for start in range(0, n, IMAGE_CHUNK):
-                    xb, yb = image_rows(rng, min(IMAGE_CHUNK, n - start), templates)
+                    xb, yb = image_rows(streams[split], min(IMAGE_CHUNK, n - start),
+                                        templates)
                     X[start:start + len(yb)] = xb
                     y[start:start + len(yb)] = yb
                     if split == "train":
