@@ -163,3 +163,51 @@ def test_collect_builds_table_json_and_plot(tmp_path, capsys):
     (tmp_path / "1x1" / "metrics.jsonl").unlink()
     with pytest.raises(BenchError, match="no metrics.jsonl"):
         args._run(args)
+
+
+def _image_run(ranks, times, impl="mpidp", dp=False, comm=0.1, **kw):
+    run = _run(ranks, times, dp=dp, comm=comm or 0.0, model="mnist-small", grid_batch=256,
+               data_repeat=1, impl=impl, oversubscribed=False, **kw)
+    if comm is None:
+        for e in run["epochs"]:
+            e["comm_s"] = e["compute_s"] = None
+    return run
+
+
+def test_peers_side_by_side():
+    """Each mpidp summary gets its peer's examples/s and the ratio; the peers are
+    series of their own (DDP's comm_s is null: it overlaps the backward pass)."""
+    runs = [_image_run(1, [3.0, 2.0]), _image_run(2, [3.0, 1.0]),
+            _image_run(1, [1.0, 4.0], impl="torch-ddp", comm=None),
+            _image_run(2, [1.0, 2.5], impl="torch-ddp", comm=None),
+            _image_run(1, [9.0, 8.0], dp=True), _image_run(1, [2.0, 16.0], dp=True,
+                                                            impl="opacus-ddp")]
+    summaries = report.add_peers(report.add_speedups(
+        [report.summarize(g) for g in report.group_runs(runs)]))
+    by = {(s["impl"], s["dp"], s["ranks"]): s for s in summaries}
+    ddp = by[("torch-ddp", False, 2)]
+    assert ddp["comm_s"] is None and ddp["speedup"] == pytest.approx(1.6)
+    mine = by[("mpidp", False, 2)]
+    assert mine["peer"] == "torch-ddp" and mine["peer_examples_per_s"] == 400.0
+    assert mine["vs_peer"] == pytest.approx(1000 / 400)
+    assert mine["first_epoch_overhead_s"] == pytest.approx(2.0)
+    assert mine["first_examples_per_s"] == pytest.approx(1000 / 3)
+    assert by[("mpidp", True, 1)]["vs_peer"] == pytest.approx(2.0)
+    assert by[("mpidp", True, 1)]["peer"] == "opacus-ddp"
+    assert "vs_peer" not in ddp
+    text = report.format_table(summaries)
+    assert "mpidp / DDP" in text and "mpidp / Opacus-DDP" in text
+    assert "peer: PyTorch DistributedDataParallel: mnist-small, strong scaling" in text
+    sweep = report.format_sweep_table(summaries)
+    nodp, dp = sweep.split("DP-SGD, strong")[0], sweep.split("DP-SGD, strong")[1]
+    assert "mpidp / DDP" in nodp and "mpidp / Opacus-DDP" in dp
+    rows = [line for line in nodp.splitlines() if "mnist-small" in line]
+    assert len(rows) == 4 and len({len(line) for line in rows}) == 1  # aligned
+    assert rows[1].split()[:5] == ["mpidp", "mnist-small", "256", "x1", "2"]
+    assert rows[1].split()[-2:] == ["400", "2.50"]  # DDP ex/s, mpidp / DDP
+    assert "overhead = 1st - 2nd" in sweep
+    # No peers: no peer columns, and the old tables unchanged.
+    alone = [report.summarize([r]) for r in runs[:2]]
+    report.add_peers(report.add_speedups(alone))
+    assert "DDP" not in report.format_table(alone)
+    assert "DDP" not in report.format_sweep_table(alone)

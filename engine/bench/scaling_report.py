@@ -403,12 +403,13 @@ def format_cost_table(summaries: list[dict]) -> str:
     """The money table (the seed's): nodes x training hours x price per node-hour."""
     price = summaries[0]["price_per_node_hour"]
     with_tta = any("cost_to_accuracy" in s for s in summaries)
-    head = (f"{'series':<40} {'ranks':>6} {'layout':>6} {'train s':>9} {'node-hours':>10} "
+    width = max([40] + [len(short_series(s)) for s in summaries])
+    head = (f"{'series':<{width}} {'ranks':>6} {'layout':>6} {'train s':>9} {'node-hours':>10} "
             f"{'cost':>10}" + (f" {'cost to acc':>11}" if with_tta else ""))
     lines = [f"cost at {price:g} per node-hour (training time of each run: "
              f"{summaries[0]['epochs_run']} epochs or until it stopped)", head]
     for s in summaries:
-        line = (f"{short_series(s):<40} {_ranks_text(s):>6} {s.get('layout') or '-':>6} "
+        line = (f"{short_series(s):<{width}} {_ranks_text(s):>6} {s.get('layout') or '-':>6} "
                 f"{s['train_time_s']:>9.2f} {s['node_hours']:>10.5f} {s['cost']:>10.5f}")
         if with_tta:
             line += " " + _cell(s.get("cost_to_accuracy"), ".5f", 11)
