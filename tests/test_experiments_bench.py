@@ -334,3 +334,35 @@ def test_synthetic_images_are_what_prep_writes(tmp_path):
     with h5py.File(tiled) as f:
         assert np.array_equal(f["train/X"][:], np.tile(X, (3, 1)))
         assert f.attrs["channel_mean"] == attrs["channel_mean"]
+
+
+def _train_accepts(*options: str) -> bool:
+    from engine.bench.scaling import check_train_options
+
+    return check_train_options({"train_argv": ["train", "--data", "-", *options]}) is None
+
+
+def test_mlbench_1a_on_tiny_images_or_what_it_needs(tmp_path, capsys):
+    """mlbench-1a's schedule needs mpidp train --nesterov, --lr-schedule step and its
+    warm-up and milestones: without them the preset is refused before any data is
+    written; with them, a tiny run reports both mlbench metrics and the peer."""
+    cache, out = tmp_path / "cache", tmp_path / "1a.json"
+    argv = ("--preset", "mlbench-1a", "--ranks", "1", "--epochs", "1", "--image-shape",
+            "3x8x8", "--rows", "128", "--test-rows", "64", "--threads", "1",
+            "--target-accuracy", "0.01", "--time-budget", "600", "--baseline", "ddp",
+            "--cache", str(cache), "--json", str(out))
+    if not _train_accepts("--nesterov", "--lr-schedule", "step", "--lr-warmup-epochs", "5",
+                          "--lr-milestones", "82,109", "--lr-decay", "0.1"):
+        with pytest.raises(BenchError, match="refuses the planned options"):
+            _run(*argv)
+        assert not cache.exists()
+        return
+    assert _run(*argv) == 0
+    text = capsys.readouterr().out
+    assert "synthetic 3x32x32" not in text and "synthetic 3x8x8 images" in text
+    assert "not CIFAR-10" in text and "s to 0.01" in text and "acc@600s" in text
+    doc = json.loads(out.read_text())
+    mine = [s for s in doc["summaries"] if s["impl"] == "mpidp"][0]
+    assert mine["model"] == "resnet20" and mine["batch_size"] == 32 and mine["mode"] == "weak"
+    assert mine["tta_epochs"] == 1 and mine["accuracy_after_time"] is not None
+    assert mine["peer"] == "torch-ddp" and mine["vs_peer"] > 0

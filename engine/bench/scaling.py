@@ -745,12 +745,16 @@ def run(args: argparse.Namespace) -> int:
         notes += settings.notes
         # Fail now, not after writing the data (a dry run needs no launcher binary).
         (launcher_words if settings.dry_run else launcher_argv)(settings.launcher, 1)
+        refused = check_train_options(plan(settings, {r: "-" for r in settings.repeat_list},
+                                           "")[0])
+        if refused and not settings.dry_run:
+            raise BenchError(f"this mpidp train refuses the planned options ({refused}); "
+                             f"--preset {settings.preset} needs an mpidp train that has them")
         data, source = ensure_data(settings, write=not settings.dry_run)
         keep = settings.keep
         workdir = keep or tempfile.mkdtemp(prefix="mpidp-scaling-")
         os.makedirs(workdir, exist_ok=True)
         configs = plan(settings, data, workdir)
-        refused = check_train_options(configs[0])
         if settings.dry_run:
             for config in configs:
                 print(shown_command(config, settings.launcher))
@@ -760,9 +764,6 @@ def run(args: argparse.Namespace) -> int:
             if not keep:
                 shutil.rmtree(workdir, ignore_errors=True)
             return 0
-        if refused:
-            raise BenchError(f"this mpidp train refuses the planned options ({refused}); "
-                             f"--preset {settings.preset} needs an mpidp train that has them")
         cores = available_cores() if settings.launcher.startswith("mpiexec") else None
         runs = []
         total = len(configs) * settings.repeat
