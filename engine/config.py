@@ -29,7 +29,7 @@ FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
                    "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
                    "sampling", "noise_scheme", "model", "hidden", "seed", "device",
                    "weight_decay", "lr_schedule", "privacy_unit", "secure_noise",
-                   "select_on")
+                   "select_on", "nesterov", "lr_warmup_epochs", "lr_milestones", "lr_decay")
 #: What the run's final model is (``--select-on``): the parameters of the epoch
 #: with the best validation accuracy, or those of the last epoch.
 SELECT_ON = ("val_accuracy", "last")
@@ -53,6 +53,10 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     lr_schedule: str = "constant"
+    nesterov: bool = False
+    lr_warmup_epochs: float = 0.0
+    lr_milestones: tuple[int, ...] = ()
+    lr_decay: float = 0.1
     max_grad_norm: float = 1.0
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
@@ -104,6 +108,19 @@ class TrainConfig:
             fail(f"--momentum {self.momentum} must be in [0, 1)")
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
             fail(f"--weight-decay {self.weight_decay} must be a number >= 0")
+        if self.nesterov and (self.optimizer != "sgd" or not self.momentum):
+            fail("--nesterov is a form of SGD momentum: it needs --optimizer sgd and "
+                 "--momentum above 0")
+        if self.lr_schedule != "step" and (self.lr_warmup_epochs or self.lr_milestones):
+            fail("--lr-warmup-epochs and --lr-milestones shape --lr-schedule step; add it")
+        if not (self.lr_warmup_epochs >= 0 and math.isfinite(self.lr_warmup_epochs)):
+            fail(f"--lr-warmup-epochs {self.lr_warmup_epochs} must be a number >= 0")
+        if any(m < 1 for m in self.lr_milestones) or \
+                list(self.lr_milestones) != sorted(set(self.lr_milestones)):
+            fail(f"--lr-milestones {','.join(map(str, self.lr_milestones))}: epochs "
+                 "counted from 0, each at least 1, increasing")
+        if not 0 < self.lr_decay <= 1:
+            fail(f"--lr-decay {self.lr_decay} must be in (0, 1]")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             fail(f"--target-accuracy {self.target_accuracy} must be in (0, 1]")
         if self.time_budget is not None and not self.time_budget > 0:
@@ -202,8 +219,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "minimises loss + L2/2 |w|^2 (torch's weight_decay; no privacy cost) "
                        "(default: 0)")
     train.add_argument("--lr-schedule", choices=SCHEDULES, default=d.lr_schedule,
-                       help="constant, or inv-sqrt: lr / sqrt(t) at update t = 1, 2, ... "
-                       "(mlbench task 2a) (default: constant)")
+                       help="constant; inv-sqrt: lr / sqrt(t) at update t = 1, 2, ... "
+                       "(mlbench task 2a); or step: a linear warm-up over "
+                       "--lr-warmup-epochs from lr / ranks to lr, then lr times --lr-decay "
+                       "at each of --lr-milestones (mlbench task 1a) (default: constant)")
+    train.add_argument("--lr-warmup-epochs", type=float, default=d.lr_warmup_epochs,
+                       metavar="E", help="--lr-schedule step: epochs of linear warm-up "
+                       "(default: 0)")
+    train.add_argument("--lr-milestones", type=_int_list, default=d.lr_milestones,
+                       metavar="E,E", help="--lr-schedule step: epochs (from 0) at whose "
+                       "start the rate is multiplied by --lr-decay, e.g. 82,109")
+    train.add_argument("--lr-decay", type=float, default=d.lr_decay,
+                       help=f"--lr-schedule step: factor at each milestone (default: "
+                       f"{d.lr_decay})")
+    train.add_argument("--nesterov", action="store_true",
+                       help="Nesterov momentum (SGD): p -= lr (g + momentum v)")
     train.add_argument("--sampling", choices=("poisson", "shuffle"), default=d.sampling,
                        help="poisson (what the accountant assumes) or shuffle (fixed-size "
                        "batches: epsilon is then NOT a guarantee) (default: poisson)")
@@ -300,6 +330,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--no-progress", dest="progress", action="store_false")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    """``"82,109"`` -> ``(82, 109)`` (argparse type; empty: none)."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers, e.g. "
+                                         "82,109") from None
+
+
 def from_args(args: argparse.Namespace, check: bool = True) -> TrainConfig:
     """Build the config from parsed arguments; validate it unless ``check`` is
     false (a resume validates after taking the recorded settings).
@@ -311,6 +350,8 @@ def from_args(args: argparse.Namespace, check: bool = True) -> TrainConfig:
         data=args.data, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         optimizer=args.optimizer, momentum=args.momentum,
         weight_decay=args.weight_decay, lr_schedule=args.lr_schedule,
+        nesterov=args.nesterov, lr_warmup_epochs=args.lr_warmup_epochs,
+        lr_milestones=tuple(args.lr_milestones), lr_decay=args.lr_decay,
         target_accuracy=args.target_accuracy, time_budget=args.time_budget,
         max_grad_norm=args.max_grad_norm,
         noise_multiplier=args.noise_multiplier, target_epsilon=args.target_epsilon,

@@ -434,7 +434,8 @@ class Trainer:
                                        cfg.noise_scheme, device=device, backend=cfg.kernels,
                                        secure=cfg.secure_noise)
         self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum,
-                                         cfg.weight_decay, backend=cfg.kernels)
+                                         cfg.weight_decay, backend=cfg.kernels,
+                                         nesterov=cfg.nesterov)
         self.step = 0
         self.local = {"loss_sum": 0.0, "examples": 0, "clipped": 0}
         if payload is not None:
@@ -752,7 +753,10 @@ class Trainer:
                 for _ in range(first, self.steps_per_epoch):
                     control[0] = 1.0 if stop.requested else 0.0
                     if scheduled:
-                        opt.lr = learning_rate(cfg.lr_schedule, cfg.lr, self.step + 1)
+                        opt.lr = learning_rate(
+                            cfg.lr_schedule, cfg.lr, self.step + 1, self.steps_per_epoch,
+                            cfg.lr_warmup_epochs, cfg.lr / self.size, cfg.lr_milestones,
+                            cfg.lr_decay)
                     t0 = pc()
                     rows = from_numpy(sampler.sample(self.step))
                     k, loss, clipped = dp_step(rows, times, t0,

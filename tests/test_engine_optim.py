@@ -25,6 +25,24 @@ def test_sgd_matches_torch(momentum, backend):
     assert torch.allclose(mine.params, ref.detach(), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
+def test_nesterov_sgd_matches_torch(weight_decay):
+    g = torch.Generator().manual_seed(1)
+    p0 = torch.randn(30, generator=g, dtype=torch.float64)
+    mine = SGD(p0.clone(), lr=0.05, momentum=0.9, weight_decay=weight_decay, nesterov=True)
+    ref = torch.nn.Parameter(p0.clone())
+    opt = torch.optim.SGD([ref], lr=0.05, momentum=0.9, weight_decay=weight_decay,
+                          nesterov=True)
+    for _ in range(5):
+        grad = torch.randn(30, generator=g, dtype=torch.float64)
+        mine.step(grad * 2, scale=0.5)
+        ref.grad = grad.clone()
+        opt.step()
+    assert torch.allclose(mine.params, ref.detach(), rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="momentum"):
+        SGD(p0.clone(), lr=0.1, momentum=0.0, nesterov=True)
+
+
 def test_sgd_kernel_backend_falls_back_when_forced_one_has_none():
     p = torch.zeros(4)
     assert SGD(p, lr=0.1, momentum=0.9)._kernel.backend == "numba"

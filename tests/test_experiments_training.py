@@ -26,6 +26,33 @@ def test_inv_sqrt_schedule_by_hand():
         learning_rate("cosine", 1.0, 1)
 
 
+def test_step_schedule_warms_up_then_decays_at_the_milestones():
+    """mlbench 1a's shape: 10 updates per epoch, 2 warm-up epochs from 0.025 to
+    0.1, then x0.1 from epoch 4 and again from epoch 6 (epochs counted from 0)."""
+    def lr(t):
+        return learning_rate("step", 0.1, t, steps_per_epoch=10, warmup_epochs=2,
+                             warmup_from=0.025, milestones=(4, 6), decay=0.1)
+    assert lr(1) == pytest.approx(0.025 + 0.075 / 20)
+    assert lr(10) == pytest.approx(0.0625) and lr(20) == pytest.approx(0.1)
+    assert [lr(t) for t in (21, 40)] == [pytest.approx(0.1)] * 2  # epochs 2, 3
+    assert [lr(t) for t in (41, 60)] == [pytest.approx(0.01)] * 2  # epochs 4, 5
+    assert lr(61) == pytest.approx(0.001) and lr(1000) == pytest.approx(0.001)
+    assert learning_rate("step", 0.1, 5, steps_per_epoch=10) == 0.1  # no warm-up, no milestone
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(nesterov=True, momentum=0.0), "--nesterov"),
+    (dict(nesterov=True, optimizer="adam"), "--nesterov"),
+    (dict(lr_milestones=(5,)), "--lr-schedule step"),
+    (dict(lr_schedule="step", lr_milestones=(9, 5)), "increasing"),
+    (dict(lr_schedule="step", lr_decay=0.0), "--lr-decay"),
+    (dict(lr_schedule="step", lr_warmup_epochs=-1.0), "--lr-warmup-epochs"),
+])
+def test_step_schedule_and_nesterov_settings_are_checked(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(data="x.h5", **settings).validate()
+
+
 def test_weight_decay_sgd_by_hand():
     p = torch.tensor([1.0, 2.0], dtype=torch.float64)
     opt = SGD(p, lr=0.1, momentum=0.0, weight_decay=0.1)

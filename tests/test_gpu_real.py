@@ -213,3 +213,56 @@ def test_training_on_gpus(comm, shared_tmp):
     assert torch.equal(first.params, second.params)
     assert first.history[-1]["epsilon"] == pytest.approx(
         run(noise_multiplier=1.0).history[-1]["epsilon"])
+
+
+@pytest.mark.parametrize("name, shape", [("mnist-small", (1, 28, 28)),
+                                         ("mnist-large", (1, 28, 28)),
+                                         ("resnet20", (3, 32, 32))])
+def test_image_model_dp_step_on_the_gpu_equals_the_cpu(name, shape):
+    """The per-layer rules on CUDA (the conv chooser timing both ways with
+    synchronisation) give the CPU's clipped sum."""
+    from engine.nn.image_models import build
+    from engine.nn.module_engine import ModuleEngine
+
+    g = torch.Generator().manual_seed(4)
+    width = shape[0] * shape[1] * shape[2]
+    X = torch.cat([torch.randn(64, width, generator=g), torch.ones(64, 1)], 1)
+    y = torch.randint(0, 10, (64,), generator=g)
+    out = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        model = build(name, shape, 10).to(device)
+        n = sum(p.numel() for p in model.parameters())
+        engine = ModuleEngine(model, torch.zeros(n, device=device),
+                              (X[:8].to(device), y[:8].to(device)), 10, capacity=64)
+        k = engine.load(X.to(device), y.to(device), torch.arange(48))
+        loss, clipped = engine.clipped_sum(k, 0.5)
+        out[device] = (loss, clipped, engine.grad.cpu())
+    assert out["cuda"][1] == out["cpu"][1]
+    assert out["cuda"][0] == pytest.approx(out["cpu"][0], rel=1e-4)
+    assert torch.allclose(out["cuda"][2], out["cpu"][2], rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_image_models_train_on_gpus(comm, shared_tmp):
+    """A short DP run of each image model with --device cuda."""
+    import engine
+    from image_files import mnist_dir
+    from preprocessing.h5write import Compression
+    from preprocessing.images.prepare import prepare_images
+
+    if torch.cuda.device_count() < comm.Get_size():
+        pytest.skip(f"{comm.Get_size()} ranks but {torch.cuda.device_count()} GPU(s)")
+    if comm.Get_rank() == 0:
+        mnist_dir(shared_tmp / "mnist", n_train=256, n_test=64)
+    comm.Barrier()
+
+    class Args:
+        format, inputs, out, seed, test_fraction = "mnist", [str(shared_tmp / "mnist")], \
+            str(shared_tmp / "mnist.h5"), 0, None
+    prepare_images(comm, Args, 0.0, Compression(), "test")
+    for name in ("mnist-small", "mnist-large", "resnet20"):
+        run = engine.train(Args.out, model=name, comm=comm, epochs=1, batch_size=32,
+                           target_epsilon=8.0, device="cuda", quiet=True, seed=1)
+        assert run.epsilon == pytest.approx(8.0, rel=1e-3)
+        assert all(np.isfinite(r["train_loss"]) for r in run.history)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import os
 import pickle
 import struct
-import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from image_files import idx_bytes, write_tar
 from preprocessing.errors import PrepError
 from preprocessing.images import ImageFormatError, ImageSet, read_cifar10, read_mnist
 
@@ -40,10 +39,6 @@ def raises_one_line(call, *fragments: str) -> ImageFormatError:
 
 
 # ---------------------------------------------------------------- MNIST files
-
-def idx_bytes(magic: int, dims: tuple[int, ...], payload: bytes) -> bytes:
-    return struct.pack(f">I{len(dims)}I", magic, *dims) + payload
-
 
 def write(path: Path, data: bytes, gz: bool) -> Path:
     path = path.with_name(path.name + ".gz") if gz else path
@@ -295,15 +290,6 @@ def write_dir(root: Path, files: dict[str, bytes]) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         (root / name).write_bytes(data)
-
-
-def write_tar(path: Path, files: dict[str, bytes], prefix: str) -> Path:
-    with tarfile.open(path, "w:gz") as archive:
-        for name, data in files.items():
-            info = tarfile.TarInfo(prefix + name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return path
 
 
 def check_cifar(sets: dict[str, ImageSet], expected: dict[str, tuple]) -> None:

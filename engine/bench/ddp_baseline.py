@@ -71,6 +71,7 @@ import numpy as np
 from collectives import MPI
 from collectives.runtime import available_cores, launch_info
 from engine.errors import ConfigError
+from engine.nn.schedule import SCHEDULES
 from engine.spmd import run_spmd
 
 #: mpidp train options that choose mpidp's own machinery (all-reduce algorithm,
@@ -78,8 +79,6 @@ from engine.spmd import run_spmd
 IGNORED_OPTIONS = {"--allreduce": 1, "--kernels": 1, "--noise-scheme": 1, "--accountant": 1,
                    "--eval-every": 1, "--progress": 0, "--no-progress": 0,
                    "--select-on": 1}
-#: Schedules the baseline can follow.
-SCHEDULES = ("constant", "inv-sqrt", "step")
 #: Test rows evaluated at a time.
 EVAL_BATCH = 1024
 
@@ -183,25 +182,15 @@ def milestones(text: str) -> list[int]:
 
 def learning_rate(args: argparse.Namespace, update: int, steps_per_epoch: int,
                   ranks: int) -> float:
-    """The learning rate of update ``update`` (1-based), as ``mpidp train`` sets it.
+    """The learning rate of update ``update`` (1-based), from the function ``mpidp
+    train`` uses (:func:`engine.nn.schedule.learning_rate`; ``step``: a linear
+    warm-up over ``--lr-warmup-epochs`` from ``lr / ranks`` to ``lr``, then ``lr``
+    times ``--lr-decay`` per ``--lr-milestones`` epoch passed)."""
+    from engine.nn.schedule import learning_rate as schedule
 
-    ``step``: a linear warm-up over the first ``--lr-warmup-epochs`` epochs from
-    ``lr / ranks`` (the one-worker rate of a rate scaled linearly with the
-    workers, Goyal et al. 2017) to ``lr``, then ``lr`` times ``--lr-decay`` per
-    ``--lr-milestones`` epoch passed.
-    """
-    base = float(args.lr)
-    if args.lr_schedule == "constant":
-        return base
-    if args.lr_schedule == "inv-sqrt":
-        return base / math.sqrt(update)
-    epoch = (update - 1) / steps_per_epoch  # epochs completed before this update
-    warm = args.lr_warmup_epochs * steps_per_epoch
-    if warm > 0 and update <= warm:
-        start = base / max(1, ranks)
-        return start + (base - start) * update / warm
-    passed = sum(1 for m in milestones(args.lr_milestones) if epoch >= m)
-    return base * args.lr_decay ** passed
+    return schedule(args.lr_schedule, args.lr, update, steps_per_epoch,
+                    args.lr_warmup_epochs, args.lr / max(1, ranks),
+                    tuple(milestones(args.lr_milestones)), args.lr_decay)
 
 
 # ------------------------------------------------------------------ set-up

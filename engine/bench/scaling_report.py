@@ -31,6 +31,8 @@ Definitions (the seed project's and mlbench's):
 * time to accuracy: training seconds (sum of epoch times, evaluation
   excluded) until the first evaluation at or above the target; accuracy
   after time: the last evaluation within the budget (:mod:`engine.stopping`);
+  both on the validation accuracy in runs on a file with a ``/val`` split
+  (what training stops on), else on the test accuracy;
 * cost: nodes x training hours x price per node-hour;
 * first-epoch overhead: the first epoch's time minus the steady epochs'
   average (start-up paid once); examples/s of the first epoch and of the
@@ -44,7 +46,7 @@ import math
 import statistics
 from typing import Iterable
 
-from engine.stopping import accuracy_after_time, time_to_accuracy
+from engine.stopping import accuracy_after_time, monitored_accuracy, time_to_accuracy
 
 #: Fields that name a series: runs of one series differ only in ranks (and layout).
 #: The last four are absent (None) from the tabular presets' and older runs.
@@ -139,7 +141,7 @@ def summarize(runs: list[dict], target_accuracy: float | None = None,
             accuracies.append(evaluated[-1]["test_accuracy"])
         if epochs[-1].get("epsilon") is not None:
             epsilons.append(epochs[-1]["epsilon"])
-        history = _with_train_time(epochs)
+        history = _monitored(_with_train_time(epochs))
         totals.append(history[-1]["train_time_s"])
         if target_accuracy is not None:
             ttas.append(time_to_accuracy(history, target_accuracy))
@@ -190,6 +192,16 @@ def _with_train_time(epochs: list[dict]) -> list[dict]:
         total += e["epoch_time_s"]
         out.append(dict(e, train_time_s=total))
     return out
+
+
+def _monitored(epochs: list[dict]) -> list[dict]:
+    """The records as the stopping metrics read them: in a run that scores a
+    validation split every epoch (and the test split once, at the end), the
+    accuracy is the validation accuracy, the one training stopped on
+    (:func:`engine.stopping.monitored_accuracy`)."""
+    if not any("val_accuracy" in e for e in epochs):
+        return epochs
+    return [dict(e, test_accuracy=monitored_accuracy(e)) for e in epochs]
 
 
 def group_runs(runs: Iterable[dict]) -> list[list[dict]]:

@@ -29,7 +29,8 @@ def _kernel(op: str, device, backend: str | None):
 
 
 class SGD:
-    """``v = m v + g``; ``p -= lr v`` (PyTorch's momentum convention).
+    """``v = m v + g``; ``p -= lr v`` (PyTorch's momentum convention), or with
+    ``nesterov``, ``p -= lr (g + m v)`` (PyTorch's Nesterov form).
 
     The momentum update is one ``sgd_update`` kernel (:mod:`kernels.registry`),
     bound to the gradient buffer of the first step: pass the same buffer every
@@ -37,8 +38,12 @@ class SGD:
     """
 
     def __init__(self, params: torch.Tensor, lr: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0, backend: str | None = None):
+                 weight_decay: float = 0.0, backend: str | None = None,
+                 nesterov: bool = False):
+        if nesterov and not momentum:
+            raise ValueError("Nesterov momentum needs a momentum above 0")
         self.params, self.lr, self.momentum = params, float(lr), float(momentum)
+        self.nesterov = nesterov
         self.weight_decay = float(weight_decay)
         self.velocity = torch.zeros_like(params) if momentum else None
         self._g = torch.empty_like(params) if weight_decay else None
@@ -57,12 +62,17 @@ class SGD:
         if self.velocity is None:
             self.params.add_(grad, alpha=-self.lr * scale)
             return
+        self._started = True
+        if self.nesterov:  # torch ops: the fused kernel has the classic form only
+            self.velocity.mul_(self.momentum).add_(grad, alpha=scale)
+            self.params.add_(grad, alpha=-self.lr * scale)
+            self.params.add_(self.velocity, alpha=-self.lr * self.momentum)
+            return
         if grad is not self._bound_to:
             self._update = registry.bind(self._kernel, params=self.params,
                                          velocity=self.velocity, grad=grad)
             self._bound_to = grad
         # The velocity starts at zero, so the first step gives v = scale * grad.
-        self._started = True
         self._update(scale=scale, lr=self.lr, momentum=self.momentum)
 
     def state_dict(self) -> dict:
@@ -113,12 +123,13 @@ class Adam:
 
 
 def build(name: str, params: torch.Tensor, lr: float, momentum: float = 0.9,
-          weight_decay: float = 0.0, backend: str | None = None):
+          weight_decay: float = 0.0, backend: str | None = None, nesterov: bool = False):
     """The optimizer called ``name`` (``sgd`` or ``adam``) over ``params``;
-    ``backend`` forces a kernel back-end (``"torch"``) where one is used."""
+    ``backend`` forces a kernel back-end (``"torch"``) where one is used;
+    ``nesterov`` (SGD only) Nesterov momentum."""
     if name == "sgd":
         return SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                   backend=backend)
+                   backend=backend, nesterov=nesterov)
     if name == "adam":
         return Adam(params, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"optimizer {name!r} not in {NAMES}")

@@ -1,0 +1,122 @@
+"""The built-in image models: their sizes, their refusals, exact per-example
+clipping through the per-layer rules, and short DP and non-private runs on
+every rank count."""
+from __future__ import annotations
+
+import hashlib
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import engine
+from engine.dp.naive import naive_clipped_sum
+from engine.dp.rules import SlowPathWarning
+from engine.errors import ConfigError
+from engine.nn import image_models, models
+from engine.nn.module_engine import ModuleEngine
+from image_files import cifar10_tar, mnist_dir
+from preprocessing.h5write import Compression
+from preprocessing.images.prepare import prepare_images
+
+
+@pytest.mark.parametrize("name, shape, count", [
+    ("mnist-small", (1, 28, 28), 396_466), ("mnist-large", (1, 28, 28), 2_605_156),
+    ("resnet20", (3, 32, 32), 272_474)])
+def test_sizes_are_the_documented_ones(name, shape, count):
+    model = image_models.build(name, shape, 10)
+    assert sum(p.numel() for p in model.parameters()) == count
+    assert model(torch.zeros(2, shape[0] * shape[1] * shape[2])).shape == (2, 10)
+    assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+@pytest.mark.parametrize("name, shape, n_features, says", [
+    ("resnet20", (), 99, "holds tabular rows"),
+    ("mnist-small", (1, 3, 3), 9, "at least 4x4"),
+    ("mnist-large", (1, 28, 28), 700, "does not match"),
+])
+def test_a_model_that_does_not_fit_the_file_is_refused(name, shape, n_features, says):
+    with pytest.raises(ConfigError, match=says) as info:
+        models.resolve(name, (), n_features, 10, 0, torch.device("cpu"),
+                       image_shape=shape, path="x.h5")
+    assert info.value.collective and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name, shape", [("mnist-small", (1, 8, 8)),
+                                         ("mnist-large", (1, 6, 6)),
+                                         ("resnet20", (3, 8, 8))])
+@pytest.mark.parametrize("way", [None, "unfold", "grouped"])
+def test_per_layer_clipping_equals_the_per_example_loop(name, shape, way):
+    """Every layer has a rule (no torch.func fallback) and the clipped sum is the
+    naive loop's, with the residual additions of resnet20 and both conv ways."""
+    from engine.dp.rules.conv import Chooser
+
+    torch.manual_seed(0)
+    model = image_models.build(name, shape, 10).double()
+    k, width = 9, shape[0] * shape[1] * shape[2]
+    x = torch.randn(k, width + 1, dtype=torch.float64)
+    x[:, -1] = 1
+    y = torch.randint(0, 10, (k,))
+    n = sum(p.numel() for p in model.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowPathWarning)
+        engine_ = ModuleEngine(model, torch.zeros(n, dtype=torch.float64), (x[:4], y[:4]), 10)
+    assert engine_.rule == "per-layer rules"
+    engine_.load(x, y, torch.arange(k))
+    Chooser.forced = way
+    try:
+        loss, clipped = engine_.clipped_sum(k, 0.5)
+    finally:
+        Chooser.forced = None
+    want, want_loss, want_clipped = naive_clipped_sum(model, x[:, :-1], y, 0.5)
+    assert torch.allclose(engine_.grad, want, rtol=1e-9, atol=1e-11)
+    assert loss == pytest.approx(want_loss) and clipped == want_clipped
+
+
+@pytest.fixture(scope="module")
+def image_files(tmp_path_factory):
+    """An MNIST-shaped and a CIFAR-shaped prepared file, small, on every rank."""
+    from collectives import MPI
+
+    comm = MPI.COMM_WORLD
+    root = Path(comm.bcast(str(tmp_path_factory.mktemp("img")) if comm.Get_rank() == 0
+                           else None))
+    if comm.Get_rank() == 0:
+        mnist_dir(root / "mnist", n_train=96, n_test=32)
+        cifar10_tar(root / "c.tar.gz", per_batch=12)
+    comm.Barrier()
+    out = {}
+    for fmt, source in (("mnist", root / "mnist"), ("cifar10", root / "c.tar.gz")):
+        class Args:
+            format, inputs, out, seed, test_fraction = fmt, [str(source)], \
+                str(root / f"{fmt}.h5"), 0, None
+        prepare_images(comm, Args, 0.0, Compression(), "test")
+        out[fmt] = Args.out
+    return out
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name, fmt", [("mnist-small", "mnist"), ("mnist-large", "mnist"),
+                                       ("resnet20", "cifar10")])
+@pytest.mark.parametrize("dp", [True, False])
+def test_each_model_trains_dp_and_non_private(image_files, comm, name, fmt, dp):
+    """One short epoch on every rank: the ranks end with the same parameters (the
+    trainer checks a digest too), finite losses, epsilon for DP runs, and the
+    model mpidp eval rebuilds from the checkpoint entry scores like the run's."""
+    options = dict(target_epsilon=8.0, max_grad_norm=1.0) if dp else dict(dp=False)
+    run = engine.train(image_files[fmt], model=name, comm=comm, epochs=1, batch_size=16,
+                       lr=0.05, quiet=True, seed=2, threads=1, **options)
+    params = torch.nn.utils.parameters_to_vector(run.model.parameters()).detach()
+    digests = comm.allgather(hashlib.sha256(params.numpy().tobytes()).hexdigest())
+    assert len(set(digests)) == 1
+    assert all(torch.isfinite(torch.tensor(r["train_loss"])) for r in run.history)
+    assert (run.epsilon is not None) == dp
+    from engine.shard import read_info
+    info = read_info(image_files[fmt])
+    entry = models.ImageModel(name, info.image_shape, info.n_classes).to_dict()
+    logits = models.checkpoint_logits(entry, params, info.n_features, info.n_classes, "run")
+    x = torch.randn(3, info.n_features + 1)
+    run.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(logits(x), run.model(x[:, :-1]))
