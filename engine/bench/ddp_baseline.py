@@ -59,7 +59,6 @@ so (``mpidp bench scaling`` then reports those rows as skipped).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import socket
 import sys

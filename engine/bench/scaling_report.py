@@ -394,8 +394,9 @@ def format_sweep_table(summaries: list[dict]) -> str:
                         if peers else ""))
         lines.append("  ".join(header.rjust(width) for _, header, _, width in cols))
         for s in block:
-            row = dict(s, ranks_text=_ranks_text(s), impl_name=IMPL_NAMES.get(
-                s.get("impl") or "mpidp", s.get("impl")), repeat_text=f"x{s.get('data_repeat') or 1}")
+            impl = s.get("impl") or "mpidp"
+            row = dict(s, ranks_text=_ranks_text(s), impl_name=IMPL_NAMES.get(impl, impl),
+                       repeat_text=f"x{s.get('data_repeat') or 1}")
             lines.append("  ".join(_cell(row.get(k), fmt, width) for k, _, fmt, width in cols))
         lines.append("")
     notes = ["1st epoch: start-up included (kernels compiled, buffers allocated); 2nd: the "
