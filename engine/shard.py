@@ -230,6 +230,9 @@ def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
         raise ValueError(f"unit {unit!r} not in {UNITS}")
     size, rank = comm.Get_size(), comm.Get_rank()
     n = info.rows[split]
+    if unit == "household" and info.is_image:
+        raise DataError(f"{info.path} holds images, which have no households: train with "
+                        "--privacy-unit person (each image its own unit)", collective=True)
     if unit == "household" and not info.households:
         raise DataError(f"{info.path} has no household keys (prepared by an older mpidp, "
                         "format_version 1); re-run `mpidp prep` on its CSV files to train "

@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seed of the household split and the shuffle (default: 0)")
     parser.add_argument("--like", metavar="OTHER.h5",
                         help="encode exactly like this prepared file (its categories, "
-                        "statistics and column order), e.g. for other states or years")
+                        "statistics and column order), e.g. for other states or years; "
+                        "images: normalise with its channel statistics (a file to score "
+                        "a model on)")
     parser.add_argument("--encoding", choices=encoding.LAYOUTS, default=None,
                         help="how categorical features are stored: onehot, one 0/1 column "
                         "per category (every model; the default), or codes, one column "

@@ -120,3 +120,11 @@ def test_each_model_trains_dp_and_non_private(image_files, comm, name, fmt, dp):
     run.model.eval()
     with torch.no_grad():
         assert torch.allclose(logits(x), run.model(x[:, :-1]))
+
+
+def test_images_have_no_households(image_files):
+    from engine.errors import DataError
+
+    with pytest.raises(DataError, match="images, which have no households"):
+        engine.train(image_files["mnist"], model="mnist-small", epochs=1, quiet=True,
+                     privacy_unit="household", target_epsilon=1.0)

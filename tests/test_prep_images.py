@@ -136,6 +136,32 @@ def test_test_fraction_is_refused_when_the_official_test_split_is_there(tmp_path
     assert not (tmp_path / "x.h5").exists()
 
 
+def test_a_scoring_file_like_the_training_file_shares_its_statistics(tmp_path):
+    """--like: a file only for scoring normalises with the training file's channel
+    statistics, so its fingerprint matches (mpidp eval accepts it); --like of a
+    tabular file or of other images is refused in one line."""
+    train = tmp_path / "train.h5"
+    assert mpidp(1, "prep", "--format", "mnist", str(mnist_dir(tmp_path / "a", 60, 20)),
+                 "--out", str(train)).returncode == 0
+    score = tmp_path / "score.h5"
+    other = mnist_dir(tmp_path / "b", n_train=0, n_test=30, seed=9)
+    done = mpidp(2, "prep", "--format", "mnist", str(other), "--out", str(score),
+                 "--test-fraction", "1", "--like", str(train))
+    assert done.returncode == 0, done.stderr
+    a, b = read_info(str(train)), read_info(str(score))
+    assert (b.channel_mean, b.channel_std, b.fingerprint) == \
+        (a.channel_mean, a.channel_std, a.fingerprint)
+    assert b.rows == {"train": 0, "test": 30}
+    cifar = tmp_path / "c.h5"
+    assert mpidp(1, "prep", "--format", "cifar10",
+                 str(cifar10_tar(tmp_path / "c.tar.gz", per_batch=4)), "--out",
+                 str(cifar)).returncode == 0
+    done = mpidp(1, "prep", "--format", "mnist", str(other), "--out", str(tmp_path / "x.h5"),
+                 "--test-fraction", "1", "--like", str(cifar))
+    assert done.returncode == 2 and "holds cifar10 images of 3x32x32" in done.stderr
+    assert not (tmp_path / "x.h5").exists()
+
+
 def test_image_file_checks(tmp_path):
     """A version-4 file must say how to unflatten and normalise its pixels, and
     a tabular version cannot hold uint8 pixels."""

@@ -6,7 +6,8 @@ each ``X`` uint8 ``[N, C*H*W]`` (an image's pixels in C, H, W order) and
 ``y`` int8 ``[N]``, rows in a random order; the image shape and the
 per-channel mean and standard deviation of the training pixels (scaled to
 ``[0, 1]``) are attributes, and readers normalise on load
-(:mod:`engine.shard`).
+(:mod:`engine.shard`). ``--like FILE`` takes the statistics of another image
+file instead (a file to score a model on, normalised as its training file).
 
 Splits: the official test images are the test split and the official
 training images the rest (``--test-fraction`` does not apply and is
@@ -40,8 +41,7 @@ from preprocessing.pipeline import agree
 #: ``--format`` values that name image sets, and their readers.
 READERS = {"mnist": read_mnist, "cifar10": read_cifar10}
 #: PUMS-only options, by argparse name: an image set refuses them when given.
-PUMS_ONLY = {"task": "--task", "task_file": "--task-file", "like": "--like",
-             "encoding": "--encoding", "universe": "--universe",
+PUMS_ONLY = {"task": "--task", "task_file": "--task-file", "encoding": "--encoding", "universe": "--universe",
              "household_secret": "--household-secret", "check_fields": "--check-fields"}
 #: Rows of uint8 pixels written at a time.
 _WRITE_ROWS = 8192
@@ -125,6 +125,26 @@ def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
     return means, stds
 
 
+def like_statistics(path: str, fmt: str, shape: tuple[int, ...]) -> tuple[list, list]:
+    """The channel means and standard deviations of the image file ``path``
+    (``--like``: a file to score a model with is normalised as its training
+    file was, so its encoding fingerprint matches).
+
+    Raises:
+        PrepError: ``path`` is not a prepared image file of ``fmt`` and ``shape``.
+    """
+    try:
+        info = h5format.read_info(path)
+    except h5format.FormatError as exc:
+        raise PrepError(f"--like {path}: {exc}") from None
+    if not info.is_image or info.task != fmt or tuple(info.image_shape) != shape:
+        what = (f"{info.task} images of {'x'.join(map(str, info.image_shape))}"
+                if info.is_image else "tabular rows")
+        raise PrepError(f"--like {path} holds {what}; these are {fmt} images of "
+                        f"{'x'.join(map(str, shape))}")
+    return list(info.channel_mean), list(info.channel_std)
+
+
 def _write(path: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], attrs: dict,
            compression) -> None:
     import h5py  # deferred: keeps `mpidp prep --help` fast
@@ -158,9 +178,12 @@ def _prepare(args: argparse.Namespace, val_fraction: float, compression,
     labels = np.concatenate([sets[s].labels for s in order])
     n_classes = sets[order[0]].n_classes
     chosen = {name: (images[rows], labels[rows]) for name, rows in splits.items()}
-    stats_from = chosen["train"][0] if len(splits["train"]) else images
-    mean, std = channel_stats(stats_from)
     shape = tuple(int(s) for s in images.shape[1:])
+    like = getattr(args, "like", None)
+    if like:
+        mean, std = like_statistics(like, args.format, shape)
+    else:
+        mean, std = channel_stats(chosen["train"][0] if len(splits["train"]) else images)
     layout = {"image_shape": list(shape), "channel_mean": mean, "channel_std": std}
     attrs = {**h5format.identity(h5format.IMAGE_VERSION), **layout,
              "task": args.format, "n_classes": n_classes,
@@ -169,7 +192,7 @@ def _prepare(args: argparse.Namespace, val_fraction: float, compression,
              "sources": [entry for s in order for entry in sets[s].source],
              "seed": args.seed, "test_fraction": len(splits["test"]) / max(1, len(images)),
              "val_fraction": val_fraction, "created_by": f"mpidp {version}".strip(),
-             "drop_counts": {}}
+             "drop_counts": {}, "like": like or ""}
     temporary = atomic.temporary_name(args.out)
     try:
         _write(temporary, chosen, attrs, compression)
