@@ -131,7 +131,7 @@ def test_factory_names_and_failures_are_one_line_errors(tmp_path, monkeypatch):
     model = factories.build(factories.load_factory("my_models:good"), F_IN, CLASSES, "x")
     assert isinstance(model, nn.Linear) and model.out_features == CLASSES
     for name, message in [
-        ("my_models", "choose mlp, logreg, embedding-mlp or MODULE:FACTORY"),
+        ("my_models", "choose mlp, logreg, embedding-mlp, mnist-small, mnist-large, resnet20 or MODULE:FACTORY"),
         ("broken_models:good", "cannot import 'broken_models': ModuleNotFoundError"),
         ("my_models:missing", "has no 'missing'"),
         ("my_models:value", "'value' is not callable"),
