@@ -226,7 +226,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--lr-warmup-epochs", type=float, default=d.lr_warmup_epochs,
                        metavar="E", help="--lr-schedule step: epochs of linear warm-up "
                        "(default: 0)")
-    train.add_argument("--lr-milestones", type=_int_list, default=d.lr_milestones,
+    train.add_argument("--lr-milestones", type=int_list, default=d.lr_milestones,
                        metavar="E,E", help="--lr-schedule step: epochs (from 0) at whose "
                        "start the rate is multiplied by --lr-decay, e.g. 82,109")
     train.add_argument("--lr-decay", type=float, default=d.lr_decay,
@@ -330,7 +330,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--no-progress", dest="progress", action="store_false")
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     """``"82,109"`` -> ``(82, 109)`` (argparse type; empty: none)."""
     try:
         return tuple(int(v) for v in text.split(",") if v.strip())

@@ -159,7 +159,8 @@ def _number(value: float | None) -> str:
     return f"{value:.4f}" if value is not None else "nan"
 
 
-def _shared_seed(comm, seed: int | None) -> int:
+def shared_seed(comm, seed: int | None) -> int:
+    """Collective: ``seed``, or rank 0's random one on every rank (when None)."""
     if seed is not None:
         return int(seed)
     return int(comm.bcast(secrets.randbits(62) if comm.Get_rank() == 0 else None, root=0))
@@ -266,7 +267,7 @@ class Trainer:
             except PrivacyError as exc:
                 exc.collective = True
                 raise
-        self.seed = _shared_seed(comm, payload["seed"] if payload else cfg.seed)
+        self.seed = shared_seed(comm, payload["seed"] if payload else cfg.seed)
         self.model = models.resolve(cfg.model, cfg.hidden, self.info.n_features,
                                     self.info.n_classes, self.seed, self.placement.device,
                                     given=self.given_model,

@@ -41,6 +41,8 @@ from preprocessing.pipeline import Settings, agree, prepare
 DEFAULT_VAL_FRACTION = 0.1
 #: --test-fraction when not given (PUMS, and an image set without its official test split).
 DEFAULT_TEST_FRACTION = 0.2
+#: --max-invalid-share when not given.
+DEFAULT_MAX_INVALID_SHARE = 0.05
 #: --format values: PUMS person files, or an image set (preprocessing.images).
 FORMATS = ("pums", "mnist", "cifar10")
 
@@ -98,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compression", default="none", metavar="none|gzip[:LEVEL]",
                         help="compression of the datasets (default: none, the fastest "
                         "to write and to read)")
-    parser.add_argument("--max-invalid-share", type=float, default=0.05, metavar="F",
+    parser.add_argument("--max-invalid-share", type=float,
+                        default=DEFAULT_MAX_INVALID_SHARE, metavar="F",
                         help="fail when more than this share of a file's records is "
                         "invalid (default: 0.05); fewer are dropped and counted")
     parser.add_argument("--check-fields", action="store_true",

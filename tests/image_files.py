@@ -69,3 +69,17 @@ def cifar10_tar(path: Path, per_batch: int, seed: int = 0) -> Path:
         records = np.concatenate([labels[:, None], images.reshape(per_batch, -1)], axis=1)
         files[name] = records.astype(np.uint8).tobytes()
     return write_tar(path, files, "cifar-10-batches-bin/")
+
+
+def prepare(comm, fmt: str, source: Path, out: Path) -> str:
+    """Collective: ``mpidp prep --format fmt source --out out --val-fraction 0``
+    in-process (preprocessing.images.prepare), returning ``out`` as a string."""
+    from argparse import Namespace
+
+    from preprocessing.h5write import Compression
+    from preprocessing.images.prepare import prepare_images
+
+    args = Namespace(format=fmt, inputs=[str(source)], out=str(out), seed=0,
+                     test_fraction=None)
+    prepare_images(comm, args, 0.0, Compression(), "test")
+    return args.out

@@ -16,9 +16,7 @@ from engine.dp.rules import SlowPathWarning
 from engine.errors import ConfigError
 from engine.nn import image_models, models
 from engine.nn.module_engine import ModuleEngine
-from image_files import cifar10_tar, mnist_dir
-from preprocessing.h5write import Compression
-from preprocessing.images.prepare import prepare_images
+from image_files import cifar10_tar, mnist_dir, prepare
 
 
 @pytest.mark.parametrize("name, shape, count", [
@@ -86,14 +84,8 @@ def image_files(tmp_path_factory):
         mnist_dir(root / "mnist", n_train=96, n_test=32)
         cifar10_tar(root / "c.tar.gz", per_batch=12)
     comm.Barrier()
-    out = {}
-    for fmt, source in (("mnist", root / "mnist"), ("cifar10", root / "c.tar.gz")):
-        class Args:
-            format, inputs, out, seed, test_fraction = fmt, [str(source)], \
-                str(root / f"{fmt}.h5"), 0, None
-        prepare_images(comm, Args, 0.0, Compression(), "test")
-        out[fmt] = Args.out
-    return out
+    return {fmt: prepare(comm, fmt, source, root / f"{fmt}.h5")
+            for fmt, source in (("mnist", root / "mnist"), ("cifar10", root / "c.tar.gz"))}
 
 
 @pytest.mark.mpi(min_size=1)

@@ -292,7 +292,7 @@ def test_ddp_baseline_builds_mpidps_model_and_schedule(tmp_path):
     mlp = ddp_baseline.build_model(args, tab, 2)
     assert [m.weight.shape[1] for m in mlp if hasattr(m, "weight")] == [5, 4]
 
-    args = Namespace(lr=0.4, lr_schedule="step", lr_warmup_epochs=2, lr_milestones="3,5",
+    args = Namespace(lr=0.4, lr_schedule="step", lr_warmup_epochs=2, lr_milestones=(3, 5),
                      lr_decay=0.1)
     lr = [ddp_baseline.learning_rate(args, t, 10, 4) for t in range(1, 61)]
     assert lr[0] == pytest.approx(0.1 + 0.3 / 20) and lr[19] == pytest.approx(0.4)

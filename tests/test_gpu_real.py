@@ -247,22 +247,16 @@ def test_image_model_dp_step_on_the_gpu_equals_the_cpu(name, shape):
 def test_image_models_train_on_gpus(comm, shared_tmp):
     """A short DP run of each image model with --device cuda."""
     import engine
-    from image_files import mnist_dir
-    from preprocessing.h5write import Compression
-    from preprocessing.images.prepare import prepare_images
+    from image_files import mnist_dir, prepare
 
     if torch.cuda.device_count() < comm.Get_size():
         pytest.skip(f"{comm.Get_size()} ranks but {torch.cuda.device_count()} GPU(s)")
     if comm.Get_rank() == 0:
         mnist_dir(shared_tmp / "mnist", n_train=256, n_test=64)
     comm.Barrier()
-
-    class Args:
-        format, inputs, out, seed, test_fraction = "mnist", [str(shared_tmp / "mnist")], \
-            str(shared_tmp / "mnist.h5"), 0, None
-    prepare_images(comm, Args, 0.0, Compression(), "test")
+    data = prepare(comm, "mnist", shared_tmp / "mnist", shared_tmp / "mnist.h5")
     for name in ("mnist-small", "mnist-large", "resnet20"):
-        run = engine.train(Args.out, model=name, comm=comm, epochs=1, batch_size=32,
+        run = engine.train(data, model=name, comm=comm, epochs=1, batch_size=32,
                            target_epsilon=8.0, device="cuda", quiet=True, seed=1)
         assert run.epsilon == pytest.approx(8.0, rel=1e-3)
         assert all(np.isfinite(r["train_loss"]) for r in run.history)

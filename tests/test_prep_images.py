@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from image_files import cifar10_tar, idx_bytes, learnable, mnist_dir
+from image_files import cifar10_tar, idx_bytes, learnable, mnist_dir, prepare
 from launcher import mpidp
 from preprocessing import h5format
 from preprocessing.h5format import FormatError, read_info
@@ -84,9 +84,10 @@ def test_both_formats_prepare_under_mpiexec(tmp_path, ranks):
         single = tmp_path / "c1.h5"
         assert mpidp(1, "prep", "--format", "cifar10", str(tar), "--out", str(single),
                      "--val-fraction", "0").returncode == 0
+        many = _rows(out10)
         for split, (X, y) in _rows(single).items():
-            assert np.array_equal(X, _rows(out10)[split][0])
-            assert np.array_equal(y, _rows(out10)[split][1])
+            assert np.array_equal(X, many[split][0])
+            assert np.array_equal(y, many[split][1])
 
 
 def _bad_mnist(folder: Path, case: str) -> Path:
@@ -194,12 +195,7 @@ def test_shard_normalises_pixels_per_channel(shared_tmp, comm):
         cifar10_tar(tar, per_batch=7)
     comm.Barrier()
 
-    class Args:  # what prep's command line gives prepare_images
-        format, inputs, out, seed, test_fraction = "cifar10", [str(tar)], str(path), 0, None
-
-    from preprocessing.h5write import Compression
-    from preprocessing.images.prepare import prepare_images
-    prepare_images(comm, Args, 0.0, Compression(), "test")
+    prepare(comm, "cifar10", tar, path)
     info = agree(comm, lambda: read_info(str(path)))
     shard = read_shard(info, "train", comm, min_rows_per_rank=1)
     raw, _ = _rows(path)["train"]

@@ -68,7 +68,7 @@ from datetime import timedelta
 import numpy as np
 
 from collectives import MPI
-from collectives.runtime import available_cores, launch_info
+from engine.config import int_list
 from engine.errors import ConfigError
 from engine.nn.schedule import SCHEDULES
 from engine.spmd import run_spmd
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant")
     p.add_argument("--lr-warmup-epochs", type=float, default=0.0)
-    p.add_argument("--lr-milestones", default="")
+    p.add_argument("--lr-milestones", type=int_list, default=())
     p.add_argument("--lr-decay", type=float, default=0.1)
     p.add_argument("--sampling", choices=("poisson", "shuffle"), default="poisson")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
@@ -166,17 +166,6 @@ def check(args: argparse.Namespace) -> None:
         raise BaselineError("--no-dp trains without privacy: drop --noise-multiplier")
     if args.nesterov and not args.momentum > 0:
         raise BaselineError("--nesterov needs --momentum > 0")
-    milestones(args.lr_milestones)
-
-
-def milestones(text: str) -> list[int]:
-    """``"82,109"`` -> ``[82, 109]`` (epochs)."""
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise BaselineError(f"--lr-milestones {text!r}: expected comma-separated epochs") \
-            from None
-    return sorted(values)
 
 
 def learning_rate(args: argparse.Namespace, update: int, steps_per_epoch: int,
@@ -189,22 +178,10 @@ def learning_rate(args: argparse.Namespace, update: int, steps_per_epoch: int,
 
     return schedule(args.lr_schedule, args.lr, update, steps_per_epoch,
                     args.lr_warmup_epochs, args.lr / max(1, ranks),
-                    tuple(milestones(args.lr_milestones)), args.lr_decay)
+                    args.lr_milestones, args.lr_decay)
 
 
 # ------------------------------------------------------------------ set-up
-def configure_threads(requested: int | None) -> int:
-    """mpidp's policy (``engine.trainer.configure_threads``): ``--threads``, else
-    cores // ranks on this node; flush-to-zero for denormals, as mpidp runs."""
-    import torch
-
-    local = launch_info().local_ranks or 1
-    threads = requested or max(1, available_cores() // local)
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)
-    return threads
-
-
 def init_process_group(comm, device: str, master_addr: str | None) -> str:
     """Join ``torch.distributed`` (gloo; NCCL on GPUs) through a TCP store on a
     port rank 0 lets the OS pick and broadcasts over MPI; returns the backend."""
@@ -237,16 +214,14 @@ def init_process_group(comm, device: str, master_addr: str | None) -> str:
 
 def build_model(args: argparse.Namespace, info, seed: int):
     """The model ``mpidp train --model`` trains, with its initial parameters."""
-    import torch
-
     from engine.nn import image_models
     from engine.nn.model import MLPSpec, init_params, parse_hidden, to_module
+    from engine.nn.models import seeded
 
     if args.model in image_models.IMAGE_MODELS:
         image_models.check_fits(args.model, info.image_shape, info.n_features, info.path)
-        with torch.random.fork_rng(devices=[]):  # as engine.nn.models._seeded
-            torch.manual_seed(seed % 2 ** 63)
-            return image_models.build(args.model, info.image_shape, info.n_classes)
+        return seeded(seed, lambda: image_models.build(args.model, info.image_shape,
+                                                        info.n_classes))
     if args.model in ("mlp", "logreg"):
         if info.is_image or info.code_columns:
             raise BaselineError(f"--model {args.model} on {info.path}: the baseline trains "
@@ -258,13 +233,6 @@ def build_model(args: argparse.Namespace, info, seed: int):
                         "mnist-small, mnist-large and resnet20")
 
 
-def _shared_seed(comm, seed: int | None) -> int:
-    if seed is not None:
-        return int(seed)
-    return int(comm.bcast(int(np.random.SeedSequence().entropy % (2 ** 62))
-                          if comm.Get_rank() == 0 else None, root=0))
-
-
 # ------------------------------------------------------------------ training
 class Run:
     """One baseline run on this rank (collective methods: every rank calls them)."""
@@ -273,10 +241,11 @@ class Run:
         import torch
 
         from engine.shard import read_info, read_shard
+        from engine.trainer import configure_threads, shared_seed
 
         self.args, self.ignored, self.comm = args, ignored, comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.threads = configure_threads(args.threads)
+        self.threads, _ = configure_threads(args.threads)
         if args.device == "cuda":
             local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
             if not torch.cuda.is_available():
@@ -293,7 +262,7 @@ class Run:
         self.n_train = n
         self.q = args.batch_size / n
         self.steps_per_epoch = max(1, round(n / args.batch_size))
-        self.seed = _shared_seed(comm, args.seed)
+        self.seed = shared_seed(comm, args.seed)
         self.module = build_model(args, self.info, self.seed).to(self.device)
         train = read_shard(self.info, "train", comm, min_rows_per_rank=1)
         self.X = torch.from_numpy(np.ascontiguousarray(train.X[:, :-1])).to(self.device)

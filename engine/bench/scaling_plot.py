@@ -63,10 +63,7 @@ def plot(summaries: list[dict], path: str, title: str) -> None:
     times.set_ylim(bottom=0)
     ratio.set_ylim(bottom=0)
     speed.legend(fontsize=6, loc="upper left")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    _save(fig, path, title)
 
 
 def plot_sweep(summaries: list[dict], path: str, title: str) -> None:
@@ -131,6 +128,13 @@ def plot_sweep(summaries: list[dict], path: str, title: str) -> None:
             ax.grid(True, alpha=0.3)
         rate.set_ylim(bottom=0)
         rate.legend(fontsize=6, loc="best")
+    _save(fig, path, title)
+
+
+def _save(fig, path: str, title: str) -> None:
+    """Title, lay out, write (80 dpi) and close a figure."""
+    import matplotlib.pyplot as plt
+
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

@@ -212,14 +212,14 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
                           "model=): pass the same model= to resume it", collective=True)
     if given is None and name in image_models.IMAGE_MODELS:
         image_models.check_fits(name, image_shape, n_features, path)
-        model = _seeded(seed, lambda: ImageModel(name, image_shape, n_classes))
+        model = seeded(seed, lambda: ImageModel(name, image_shape, n_classes))
         model.module_obj.to(device)
         return model
     if given is None and name in factories.BUILTIN:
         check_layout(name, code_columns, path)
         widths = () if name == "logreg" else tuple(hidden)
         if name == "embedding-mlp":
-            model = _seeded(seed, lambda: EmbeddingModel(n_features, n_classes,
+            model = seeded(seed, lambda: EmbeddingModel(n_features, n_classes,
                                                          code_columns, widths))
             model.module_obj.to(device)
             return model
@@ -228,13 +228,13 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
         factory, label = factories.load_factory(name), name
     else:
         factory, label = given, _label(given)
-    module = _seeded(seed, lambda: factories.build(factory, n_features, n_classes, label))
+    module = seeded(seed, lambda: factories.build(factory, n_features, n_classes, label))
     if given is None or not isinstance(given, nn.Module):
         module = module.to(device)
     return TorchModel(module, label)
 
 
-def _seeded(seed: int, build: Callable[[], Any]) -> Any:
+def seeded(seed: int, build: Callable[[], Any]) -> Any:
     """``build()`` with torch's global generator seeded by the run's seed (and
     restored after), so every rank draws the same initial parameters."""
     with torch.random.fork_rng(devices=[]):

@@ -37,6 +37,7 @@ from preprocessing.images.cifar10 import read_cifar10
 from preprocessing.images.imageset import ImageSet
 from preprocessing.images.mnist import read_mnist
 from preprocessing.pipeline import agree
+from preprocessing.prep import DEFAULT_MAX_INVALID_SHARE
 
 #: ``--format`` values that name image sets, and their readers.
 READERS = {"mnist": read_mnist, "cifar10": read_cifar10}
@@ -73,7 +74,7 @@ def check_options(args: argparse.Namespace) -> None:
         if getattr(args, name, None):
             raise PrepError(f"{option} applies to PUMS files, not to --format "
                             f"{args.format} images; drop it")
-    if args.max_invalid_share != 0.05:
+    if args.max_invalid_share != DEFAULT_MAX_INVALID_SHARE:
         raise PrepError(f"--max-invalid-share applies to PUMS files, not to --format "
                         f"{args.format} images; drop it")
 
