@@ -64,6 +64,7 @@ from engine.stopping import monitored_accuracy
 from engine.step import PHASES, DPStep
 from engine.stopping import (StopRequest, check_startup, forget_signals, signal_name,
                              stop_reason)
+from kernels import registry
 
 #: Steps between progress-bar updates and between finiteness checks.
 PROGRESS_EVERY = 32
@@ -395,6 +396,17 @@ class Trainer:
             exc.collective = True
             raise
 
+    def _choose_kernels(self, device: torch.device) -> str | None:
+        """Collective: the kernel family every rank runs (``--kernels``, checked
+        by a probe kernel on GPUs; the first that runs when not given)."""
+        chosen, error = self.cfg.kernels, None
+        try:
+            chosen = registry.choose(device, self.cfg.kernels)
+        except registry.BackendUnusable as exc:
+            error = ConfigError(f"--kernels {self.cfg.kernels}: {exc}")
+        agree(self.comm, error)
+        return chosen
+
     def _build_state(self, payload: dict | None) -> None:
         cfg, n_params = self.cfg, self.model.n_params
         device = self.placement.device
@@ -420,9 +432,10 @@ class Trainer:
                                           self.seed, self.rank)
         expected = self.sampler.expected_local_batch()
         capacity = int(expected + 6 * math.sqrt(expected) + 16)
+        kernels = self._choose_kernels(device)
         probe = (torch.from_numpy(self.train.X[:4]), torch.from_numpy(self.train.y[:4]))
         self.engine = self.model.build_engine(self.grad, self.seed, probe, self.info.n_classes,
-                                              capacity, cfg.kernels)
+                                              capacity, kernels)
         self.params = params = self.engine.params
         if payload is not None:
             with torch.no_grad():
@@ -432,10 +445,10 @@ class Trainer:
         if cfg.dp:
             std = self.accountant.sigma * cfg.max_grad_norm
             self.noise = GaussianNoise(n_params, std, self.size, self.rank, self.seed,
-                                       cfg.noise_scheme, device=device, backend=cfg.kernels,
+                                       cfg.noise_scheme, device=device, backend=kernels,
                                        secure=cfg.secure_noise)
         self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum,
-                                         cfg.weight_decay, backend=cfg.kernels,
+                                         cfg.weight_decay, backend=kernels,
                                          nesterov=cfg.nesterov)
         self.step = 0
         self.local = {"loss_sum": 0.0, "examples": 0, "clipped": 0}

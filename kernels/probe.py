@@ -1,8 +1,10 @@
 """Which kernel back-ends this process can use, and why not when it cannot.
 
-For ``mpidp info``: local probes that compile and launch nothing, and import
-an optional back-end only inside its own probe. They report; they do not
-choose (the registry, :mod:`kernels.registry`, does).
+For ``mpidp info``: local probes that import an optional back-end only inside
+its own probe. Where a GPU is found, a GPU back-end also compiles and
+launches the registry's one-thread probe kernel (:func:`kernels.registry.check`),
+since importing and seeing the GPU does not prove the first compile works.
+They report; they do not choose (the registry does).
 """
 from __future__ import annotations
 
@@ -33,6 +35,16 @@ def cuda_simulator_enabled() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
+def _checked(name: str, backend: str, detail: str) -> Availability:
+    """``backend`` found a GPU: usable only if its probe kernel runs."""
+    from kernels import registry  # deferred: the registry imports torch
+
+    why = registry.check(backend)
+    if why is None:
+        return Availability(name, True, detail)
+    return Availability(name, False, f"{detail}, but {why}")
+
+
 def numba_cpu() -> Availability:
     version = _version("numba")
     if version is None:
@@ -54,7 +66,7 @@ def numba_cuda() -> Availability:
         from numba import cuda  # here, not at the top: only this probe needs the CUDA target
 
         if cuda.is_available():
-            return Availability("numba-cuda", True, f"{len(cuda.gpus)} GPU(s)")
+            return _checked("numba-cuda", "numba_cuda", f"{len(cuda.gpus)} GPU(s)")
         return Availability("numba-cuda", False, "no CUDA driver or GPU found")
     except Exception as exc:  # noqa: BLE001 - report, never crash the probe
         return Availability("numba-cuda", False, f"{type(exc).__name__}: {exc}")
@@ -76,8 +88,8 @@ def cupy() -> Availability:
 
     try:
         if cp.is_available():
-            return Availability("cupy", True,
-                                f"cupy {version}, {cp.cuda.runtime.getDeviceCount()} GPU(s)")
+            return _checked("cupy", "cupy",
+                            f"cupy {version}, {cp.cuda.runtime.getDeviceCount()} GPU(s)")
     except Exception as exc:  # noqa: BLE001
         return Availability("cupy", False, f"cupy {version}: {type(exc).__name__}: {exc}")
     return Availability("cupy", False, f"cupy {version}: no usable GPU")

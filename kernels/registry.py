@@ -77,6 +77,14 @@ class UnknownKernel(LookupError):
     """No kernel for an op on a device (and back-end)."""
 
 
+class BackendUnusable(RuntimeError):
+    """A GPU back-end imports but cannot compile or launch a kernel here."""
+
+
+#: GPU back-end name -> None (its probe kernel ran) or why it cannot run.
+_CHECKED: dict[str, str | None] = {}
+
+
 def register(op: str, *, backend: str) -> Callable[[Callable], Callable]:
     """Decorator: register ``fn`` as ``backend``'s kernel for ``op``.
 
@@ -160,6 +168,59 @@ def get(op: str, device="cpu", backend: str | None = None) -> Callable:
                             + (f" and back-end {backend!r}" if backend else "")
                             + (f"; not importable: {', '.join(missing)}" if missing else ""))
     return candidates[0]
+
+
+def check(backend: str) -> str | None:
+    """Compile and launch a one-thread probe kernel of GPU back-end ``backend``.
+
+    Returns None when it ran, else why not (one line). Importing a back-end
+    is not enough: numba-cuda can import, see the GPU and then fail at its
+    first compile. Cached per process; call it after the rank's GPU is bound
+    (the probe runs on the current device).
+    """
+    if BACKENDS[backend].device != "cuda":
+        raise ValueError(f"{backend!r} is not a GPU back-end")
+    if backend not in _CHECKED:
+        try:
+            importlib.import_module(f"kernels.{backend}.launch").self_check()
+        except ImportError as exc:
+            _CHECKED[backend] = f"not importable ({type(exc).__name__}: {exc})"
+        except Exception as exc:  # noqa: BLE001 - any failure of the probe is the answer
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            _CHECKED[backend] = f"cannot compile or launch a kernel ({type(exc).__name__}: {first})"
+        else:
+            _CHECKED[backend] = None
+    return _CHECKED[backend]
+
+
+def choose(device, backend: str | None = None) -> str | None:
+    """The kernel family to run on ``device``: ``backend`` once checked, or the
+    first GPU back-end whose probe kernel runs.
+
+    On the CPU (or for the generic ``"torch"``) nothing is probed and
+    ``backend`` is returned as given (None: the registry's preference). On a
+    GPU, ``None`` gives the first of the device's back-ends (:data:`BACKENDS`
+    order) that passes :func:`check`, and ``"torch"`` when none does.
+
+    Raises:
+        BackendUnusable: ``backend`` was named and cannot run here (the
+            message says why and which families can).
+    """
+    dtype = _device_type(device)
+    if dtype != "cuda" or backend == "torch":
+        return backend
+    _load(dtype)
+    reasons = {b.family: check(b.name) for b in BACKENDS.values() if b.device == "cuda"}
+    usable = [family for family, why in reasons.items() if why is None] + ["torch"]
+    if backend is None:
+        return usable[0]
+    if backend not in reasons:
+        raise BackendUnusable(f"no {backend!r} back-end for {dtype!r}; "
+                              f"usable here: {', '.join(usable)}")
+    if reasons[backend] is not None:
+        raise BackendUnusable(f"the {backend} back-end on {dtype!r}: {reasons[backend]}; "
+                              f"usable here: {', '.join(usable)}")
+    return backend
 
 
 def bind(kernel: Callable, **buffers) -> Callable:

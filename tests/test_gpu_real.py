@@ -179,8 +179,9 @@ def test_each_rank_binds_its_own_gpu(comm):
         pytest.skip(f"{comm.Get_size()} ranks but {torch.cuda.device_count()} GPU(s)")
     placement = select("cuda", comm)
     assert torch.cuda.current_device() == placement.device.index
-    names = comm.allgather(torch.cuda.get_device_properties(placement.device).uuid)
-    assert len(set(map(str, names))) == comm.Get_size()
+    # str(): torch's UUID object does not pickle
+    names = comm.allgather(str(torch.cuda.get_device_properties(placement.device).uuid))
+    assert len(set(names)) == comm.Get_size()
 
 
 @pytest.mark.mpi(min_size=1)
@@ -215,14 +216,47 @@ def test_training_on_gpus(comm, shared_tmp):
         run(noise_multiplier=1.0).history[-1]["epsilon"])
 
 
+def test_a_gpu_back_end_is_chosen_by_its_probe_kernel(monkeypatch, tmp_path):
+    """--kernels names a back-end whose first compile fails: one line, before
+    any step; no --kernels: the first back-end whose probe kernel runs."""
+    from engine.bench import synthetic
+    from engine.config import TrainConfig
+    from engine.errors import ConfigError
+    from engine.trainer import Trainer
+    from mpi4py import MPI
+
+    path = synthetic.write(str(tmp_path / "d.h5"), rows=600, features=6, test_rows=60, seed=1)
+
+    def trainer(**kw):
+        cfg = TrainConfig(data=path, epochs=1, batch_size=64, hidden=(8,), seed=3,
+                          progress=False, dp=False, device="cuda", **kw)
+        cfg.validate()
+        return Trainer(cfg, MPI.COMM_SELF, out=io.StringIO())
+
+    assert registry.check("cupy") is None  # the real probe, on this GPU
+    chosen = trainer()
+    assert chosen.run() == 0 and chosen.engine.backends["clip_rows"] == registry.choose("cuda")
+    broken = ("cannot compile or launch a kernel (AttributeError: module 'numpy' has no "
+              "attribute 'row_stack')")
+    monkeypatch.setitem(registry._CHECKED, "numba_cuda", broken)
+    with pytest.raises(ConfigError, match=r"^--kernels numba: the numba back-end .*row_stack.*"
+                                          r"usable here: cupy, torch$"):
+        trainer(kernels="numba").run()
+    assert trainer().run() == 0
+
+
 @pytest.mark.parametrize("name, shape", [("mnist-small", (1, 28, 28)),
                                          ("mnist-large", (1, 28, 28)),
                                          ("resnet20", (3, 32, 32))])
-def test_image_model_dp_step_on_the_gpu_equals_the_cpu(name, shape):
+def test_image_model_dp_step_on_the_gpu_equals_the_cpu(name, shape, monkeypatch):
     """The per-layer rules on CUDA (the conv chooser timing both ways with
-    synchronisation) give the CPU's clipped sum."""
+    synchronisation) give the CPU's clipped sum, in full float32: cuDNN's
+    convolutions run in TF32 by default (torch's setting, kept by mpidp), which
+    moves gradients by ~1e-3 of their scale, through every layer."""
     from engine.nn.image_models import build
     from engine.nn.module_engine import ModuleEngine
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
 
     g = torch.Generator().manual_seed(4)
     width = shape[0] * shape[1] * shape[2]
@@ -240,7 +274,11 @@ def test_image_model_dp_step_on_the_gpu_equals_the_cpu(name, shape):
         out[device] = (loss, clipped, engine.grad.cpu())
     assert out["cuda"][1] == out["cpu"][1]
     assert out["cuda"][0] == pytest.approx(out["cpu"][0], rel=1e-4)
-    assert torch.allclose(out["cuda"][2], out["cpu"][2], rtol=1e-3, atol=1e-5)
+    # float32 sums in other orders (cuDNN's algorithms, the conv way each
+    # device chose) through up to 20 layers: compared as a whole vector
+    error = float((out["cuda"][2] - out["cpu"][2]).norm() / out["cpu"][2].norm())
+    print(f"{name}: relative error of the clipped sum {error:.2e}")
+    assert error < 1e-4
 
 
 @pytest.mark.mpi(min_size=1)

@@ -47,6 +47,59 @@ def test_ops_generic_on_gpu_have_no_cuda_kernel_module():
                 assert has_kernel == (op not in registry.GENERIC_ON_GPU), (name, op)
 
 
+@pytest.fixture
+def probes(monkeypatch):
+    """Each GPU back-end's probe kernel replaced: ``probes[name] = exception or None``."""
+    import types
+
+    outcome: dict[str, BaseException | None] = {}
+
+    def fake_import(name, real=__import__("importlib").import_module):
+        backend = name.split(".")[1] if name.startswith("kernels.") else None
+        if name.endswith(".launch") and backend in outcome:
+            def self_check():
+                if outcome[backend] is not None:
+                    raise outcome[backend]
+            return types.SimpleNamespace(self_check=self_check)
+        return real(name)
+
+    monkeypatch.setattr(registry.importlib, "import_module", fake_import)
+    monkeypatch.setattr(registry, "_CHECKED", {})
+    monkeypatch.setattr(registry, "_load", lambda device_type="": None)
+    return outcome
+
+
+def test_a_gpu_back_end_that_cannot_compile_is_not_chosen(probes):
+    """numba-cuda 0.30.4 under numpy 2.5 imports, sees the GPU, then fails in
+    its first compile: the probe kernel finds that before any training step."""
+    probes["cupy"] = ImportError("No module named 'cupy'")
+    probes["numba_cuda"] = AttributeError("module 'numpy' has no attribute 'row_stack'")
+    assert registry.choose("cuda") == "torch"  # the generic kernels still run
+    assert registry.choose("cuda", "torch") == "torch"
+    with pytest.raises(registry.BackendUnusable,
+                       match=r"numba back-end .*cannot compile or launch a kernel "
+                             r"\(AttributeError: module 'numpy' has no attribute 'row_stack'\); "
+                             r"usable here: torch$"):
+        registry.choose(torch.device("cuda"), "numba")
+    with pytest.raises(registry.BackendUnusable, match=r"cupy back-end .*not importable"):
+        registry.choose("cuda", "cupy")
+
+
+def test_the_first_gpu_back_end_whose_probe_runs_is_chosen_once(probes):
+    probes["cupy"] = RuntimeError("nvrtc: error: invalid value for --gpu-architecture\nmore")
+    probes["numba_cuda"] = None
+    assert registry.choose("cuda") == "numba"
+    assert registry.check("cupy") == ("cannot compile or launch a kernel (RuntimeError: nvrtc: "
+                                      "error: invalid value for --gpu-architecture)")
+    probes["numba_cuda"] = RuntimeError("not probed again")
+    assert registry.check("numba_cuda") is None  # cached per process
+    probes.clear()  # any probe now would import the real modules, which fail here
+    assert registry.choose("cpu", "numba") == "numba"  # the CPU is never probed
+    assert registry.choose("cpu") is None
+    with pytest.raises(ValueError, match="not a GPU back-end"):
+        registry.check("numba_cpu")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k", [0, 1, 50])
 @pytest.mark.parametrize("C", [1e-3, 2.0, 1e6])

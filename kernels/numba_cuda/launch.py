@@ -66,3 +66,22 @@ def stream(t: torch.Tensor):
     if found is None:
         found = _STREAMS[pointer] = cuda.external_stream(pointer)
     return found
+
+
+@cuda.jit
+def _probe(out):
+    out[0] = 1.0
+
+
+def self_check() -> None:
+    """Compile and launch one one-thread kernel on the current GPU (the simulator's CPU).
+
+    ``numba-cuda`` can import and find the GPU yet fail at its first compile
+    (numba-cuda 0.30.4 with numpy 2.5 does, inside its own lowering), so the
+    registry calls this before choosing the back-end. Raises whatever the
+    compile or launch raises, or RuntimeError for a wrong result.
+    """
+    t = torch.zeros(1, dtype=torch.float32, device="cpu" if SIMULATED else "cuda")
+    _probe[1, 1, stream(t)](array(t))
+    if t.item() != 1.0:  # .item() synchronizes with torch's stream
+        raise RuntimeError("a one-thread probe kernel ran but did not write its result")

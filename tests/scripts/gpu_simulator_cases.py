@@ -54,6 +54,13 @@ def test_the_cuda_registry_under_the_simulator_is_numba():
             assert "numba" in registry.backends(op, "cuda")
 
 
+def test_the_numba_probe_kernel_compiles_and_runs():
+    """What the engine checks before choosing the back-end on a GPU."""
+    assert registry.check("numba_cuda") is None
+    assert registry.choose("cuda") in ("cupy", "numba")  # CuPy first where it is installed
+    assert registry.choose("cuda", "numba") == "numba"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k,C", [(0, 1.0), (1, 1e6), (5, 0.3), (6, 1e-3)])
 def test_clip_rows_matches_cpu_and_the_naive_loop(dtype, k, C):
