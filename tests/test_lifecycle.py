@@ -408,8 +408,11 @@ def test_signals_recorded_in_the_program_only(monkeypatch):
         monkeypatch.setattr(sys, "orig_argv", orig, raising=False)
         assert stopping.is_mpidp_program() is expected, argv
     monkeypatch.undo()
-    probe = ("import signal, engine; "
-             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    # Python's handler set first: a child inherits SIGINT ignored from a
+    # parent started in the background (bash without job control), and then
+    # Python installs none of its own
+    probe = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "import engine; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             timeout=60, env=clean_env())
     assert result.stdout.strip() == "True", result.stderr
