@@ -46,6 +46,7 @@ setup(
             "pytest>=8.0",
             "pytest-mpi>=0.6",
             "pytest-timeout>=2.3",
+            "pytest-xdist>=3.5",  # tests/run_suite.py spreads the serial stage over the cores
             "hypothesis>=6.100",
             # The independent accountant the PLD is checked against (its PRV);
             # needs torch, which the Makefile pins to the CPU wheel.

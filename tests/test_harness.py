@@ -38,3 +38,13 @@ def test_failure_on_one_rank_is_rank_zeros_failure():
 def test_passing_run_passes():
     result, _ = _pytest_under_mpi(3, "passes")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_serial_stage_takes_one_worker_per_core_up_to_four(monkeypatch):
+    import run_suite
+
+    for cores, workers in ((1, 0), (2, 2), (3, 3), (16, 4)):
+        monkeypatch.setattr(run_suite.os, "sched_getaffinity", lambda pid, c=cores: set(range(c)))
+        assert run_suite.default_workers() == workers
+    monkeypatch.setitem(sys.modules, "xdist", None)  # not installed: one process
+    assert run_suite.default_workers() == 0
