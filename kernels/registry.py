@@ -210,17 +210,17 @@ def choose(device, backend: str | None = None) -> str | None:
     if dtype != "cuda" or backend == "torch":
         return backend
     _load(dtype)
-    reasons = {b.family: check(b.name) for b in BACKENDS.values() if b.device == "cuda"}
-    usable = [family for family, why in reasons.items() if why is None] + ["torch"]
-    if backend is None:
-        return usable[0]
-    if backend not in reasons:
-        raise BackendUnusable(f"no {backend!r} back-end for {dtype!r}; "
-                              f"usable here: {', '.join(usable)}")
-    if reasons[backend] is not None:
-        raise BackendUnusable(f"the {backend} back-end on {dtype!r}: {reasons[backend]}; "
-                              f"usable here: {', '.join(usable)}")
-    return backend
+    names = {b.family: b.name for b in BACKENDS.values() if b.device == "cuda"}
+    if backend is None:  # the first that runs: the others are not compiled at all
+        return next((family for family, name in names.items() if check(name) is None),
+                    "torch")
+    if backend in names and check(names[backend]) is None:
+        return backend
+    usable = ", ".join([f for f, name in names.items() if check(name) is None] + ["torch"])
+    if backend not in names:
+        raise BackendUnusable(f"no {backend!r} back-end for {dtype!r}; usable here: {usable}")
+    raise BackendUnusable(f"the {backend} back-end on {dtype!r}: {check(names[backend])}; "
+                          f"usable here: {usable}")
 
 
 def bind(kernel: Callable, **buffers) -> Callable:

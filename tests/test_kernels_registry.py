@@ -100,6 +100,13 @@ def test_the_first_gpu_back_end_whose_probe_runs_is_chosen_once(probes):
         registry.check("numba_cpu")
 
 
+def test_no_back_end_after_the_first_that_runs_is_compiled(probes):
+    probes["cupy"] = None
+    probes["numba_cuda"] = AssertionError("numba-cuda compiled although CuPy runs")
+    assert registry.choose("cuda") == "cupy"
+    assert "numba_cuda" not in registry._CHECKED
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k", [0, 1, 50])
 @pytest.mark.parametrize("C", [1e-3, 2.0, 1e6])
