@@ -182,7 +182,9 @@ def check(backend: str) -> str | None:
         raise ValueError(f"{backend!r} is not a GPU back-end")
     if backend not in _CHECKED:
         try:
-            importlib.import_module(f"kernels.{backend}.launch").self_check()
+            written = importlib.import_module(f"kernels.{backend}.launch").self_check()
+            if written.item() != 1.0:  # .item() synchronizes with the kernel's stream
+                raise RuntimeError("the probe kernel ran but did not write its result")
         except ImportError as exc:
             _CHECKED[backend] = f"not importable ({type(exc).__name__}: {exc})"
         except Exception as exc:  # noqa: BLE001 - any failure of the probe is the answer

@@ -76,16 +76,16 @@ def launch(fn, t: torch.Tensor, grid: tuple, block: tuple, args: tuple) -> None:
 _PROBE_SOURCE = 'extern "C" __global__ void mpidp_probe(float* out) { out[0] = 1.0f; }\n'
 
 
-def self_check() -> None:
-    """Compile (NVRTC) and launch one one-thread kernel on the current GPU.
+def self_check() -> torch.Tensor:
+    """Compile (NVRTC) and launch one one-thread kernel on the current GPU;
+    returns the one-element tensor it wrote 1.0 into.
 
     Importing CuPy proves little: NVRTC or the driver can still refuse the
     first compile (a CUDA 12 CuPy next to a CUDA 13 NVRTC), so the registry
-    calls this before choosing the back-end. Raises whatever the compile or
-    launch raises, or RuntimeError for a wrong result.
+    calls this before choosing the back-end (and checks the value). Raises
+    whatever the compile or launch raises.
     """
     t = torch.zeros(1, dtype=torch.float32, device="cuda")
     fn = cupy.RawModule(code=_PROBE_SOURCE, options=OPTIONS).get_function("mpidp_probe")
     launch(fn, t, (1,), (1,), (pointer(t),))
-    if t.item() != 1.0:  # .item() synchronizes with torch's stream
-        raise RuntimeError("a one-thread probe kernel ran but did not write its result")
+    return t

@@ -42,8 +42,9 @@ from preprocessing.prep import DEFAULT_MAX_INVALID_SHARE
 #: ``--format`` values that name image sets, and their readers.
 READERS = {"mnist": read_mnist, "cifar10": read_cifar10}
 #: PUMS-only options, by argparse name: an image set refuses them when given.
-PUMS_ONLY = {"task": "--task", "task_file": "--task-file", "encoding": "--encoding", "universe": "--universe",
-             "household_secret": "--household-secret", "check_fields": "--check-fields"}
+PUMS_ONLY = {"task": "--task", "task_file": "--task-file", "encoding": "--encoding",
+             "universe": "--universe", "household_secret": "--household-secret",
+             "check_fields": "--check-fields"}
 #: Rows of uint8 pixels written at a time.
 _WRITE_ROWS = 8192
 
