@@ -685,7 +685,13 @@ class Trainer:
                     self.opened = True
                     self.lock = ckpt.open_directory(self.cfg.checkpoint_dir, self.cfg.resume,
                                                     self.cfg.metrics, self.comm)
-                return self._run(stop)
+                code = self._run(stop)
+                # every rank returns only once the directory is free again, so
+                # a caller's next run or check on any rank finds it unlocked
+                if self.lock is not None:
+                    self.lock.release()
+                self.comm.Barrier()
+                return code
             finally:
                 if self.lock is not None:
                     self.lock.release()
