@@ -31,7 +31,6 @@ import ctypes
 import ctypes.util
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -43,6 +42,7 @@ import numpy as np
 
 from collectives.core_probe import CoreProbe
 from collectives.describe import format_size
+from collectives import machine
 from collectives.dispatch import algorithm_for, allreduce, forget
 from collectives.plans import comm_state
 from collectives.registry import get, names
@@ -562,10 +562,9 @@ def describe_run(comm: Any, auto_placement: str = "") -> str:
              MPI.THREAD_MULTIPLE: "multiple"}.get(MPI.Query_thread(), "?")
     placement = (f"oversubscribed: {info.local_ranks} ranks on {info.cores} cores"
                  if info.oversubscribed else f"{info.cores} cores")
-    library = MPI.Get_library_version().strip().splitlines()[0]
     auto = f", auto's placement '{auto_placement}'" if auto_placement else ""
-    return (f"{comm.Get_size()} ranks ({placement}{auto}), {platform.node()}, "
-            f"{library.strip()}, MPI thread level {level}")
+    return (f"{comm.Get_size()} ranks ({placement}{auto}), {machine.one_line()}, "
+            f"MPI thread level {level}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -631,8 +630,11 @@ def run(args: argparse.Namespace) -> int:
     records = measure(comm, algorithms, sizes_bytes, args.datatype, args.op, args.iters,
                       args.warmup_iters, bool(args.check), args.rounds, args.time, on_row)
     stolen = comm.allreduce(steal_percent(ticks, cpu_ticks()) or 0.0, op=MPI.MAX)
+    facts = machine.describe()
     for record in records:
         record["copy_ceiling_gbps"] = ceiling
+        record.update(cpu=facts["cpu"], vector_extensions=facts["vector_extensions"],
+                      mpi_library=facts["mpi"])
     wrong = sum(r["wrong"] or 0 for r in records)
     if rank == 0:
         print(steal_line(stolen, records), file=out)

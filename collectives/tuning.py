@@ -33,7 +33,6 @@ import atexit
 import json
 import math
 import os
-import platform
 import socket
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.runtime import MPI
+from collectives.machine import cpu_model, mpi_library
 
 #: Candidates, in the order of exploration. ``naive`` (the seed project's
 #: baseline) is never faster than these.
@@ -289,20 +288,8 @@ class TunedPlan:
 # ---------------------------------------------------------------- the file
 def machine_key(size: int, nodes: int, placement: str) -> str:
     """Host, CPU model, MPI library and rank layout: what a tuning depends on."""
-    library = MPI.Get_library_version().splitlines()[0].strip()
-    return (f"{socket.gethostname()}|{cpu_model()}|{library}|{size} ranks on {nodes} "
+    return (f"{socket.gethostname()}|{cpu_model()}|{mpi_library()}|{size} ranks on {nodes} "
             f"node(s)|{placement}")
-
-
-def cpu_model() -> str:
-    """``model name`` from /proc/cpuinfo, else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def tuning_file() -> Path | None:

@@ -60,6 +60,8 @@ ENGINE_BENCHMARKS: dict[str, tuple[str, str]] = {
                    "steps): seconds, peak memory, Opacus' PRV side by side"),
     "dpsgd": ("engine.bench.dpsgd", "DP-SGD vs non-DP, naive per-example loop and Opacus, "
               "side by side"),
+    "noise": ("engine.bench.noise", "the Gaussian noise kernel vs torch's and numpy's "
+              "samplers: ns per sample"),
     "scaling": ("engine.bench.scaling", "mpidp train at several rank counts: time per "
                 "epoch, speed-up, comm/compute, time to accuracy, cost"),
 }

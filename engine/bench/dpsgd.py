@@ -40,7 +40,7 @@ import warnings
 
 import numpy as np
 
-from collectives import MPI
+from collectives import MPI, machine
 from engine import outputs
 from engine.bench import synthetic
 from engine.errors import ConfigError, OutputError
@@ -322,6 +322,8 @@ def run(args: argparse.Namespace) -> int:
           f"{args.batch_size}, {threads} thread(s), {args.steps} steps x {args.repeats} "
           f"rounds (naive: {args.naive_steps} steps)" + ("" if have_opacus else
                                                            "; Opacus not installed"))
+    where = machine.describe()
+    print(f"machine: {machine.one_line(where)}")
     for fn in steps.values():  # warm-up: compile kernels, fault pages in
         for rows in batches(3):
             fn(rows)
@@ -341,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:<24} {rate:>12,.0f} {n / rate:>9.2f} {ratio:>12}")
     result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
               "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
-              "data": source, "steps": args.steps, "repeats": args.repeats}
+              "data": source, "steps": args.steps, "repeats": args.repeats, "machine": where}
     # Median of the per-round ratios: both methods of a round ran seconds apart,
     # so a load change on a shared machine cancels out.
     for key, slower, faster, label in RATIOS:

@@ -109,7 +109,7 @@ import time
 from pathlib import Path
 
 import collectives
-from collectives import MPI
+from collectives import MPI, machine as machine_facts
 from collectives.launch import child_env, launcher_argv, launcher_words
 from collectives.runtime import available_cores
 from engine import outputs
@@ -688,17 +688,8 @@ def collect(directories: list[str]) -> list[dict]:
 # ------------------------------------------------------------ machine
 def machine() -> dict:
     """Where the benchmark ran (for the JSON and the header)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"host": platform.node(), "cpu": cpu, "cores": available_cores(),
-            "memory_gib": _memory_gib(), "python": platform.python_version(),
-            "mpi": MPI.Get_library_version().strip().splitlines()[0].strip()}
+    return {**machine_facts.describe(), "memory_gib": _memory_gib(),
+            "python": platform.python_version()}
 
 
 def _memory_gib() -> float | None:
@@ -804,8 +795,8 @@ def run(args: argparse.Namespace) -> int:
         report.add_cost(summaries, args.price_per_node_hour)
     load_after = _load()
     print(f"\nmpidp bench scaling{f' --preset {preset}' if preset else ''}: {source}")
-    print(f"machine: {where['host']}, {where['cpu']}, {where['cores']} cores, "
-          f"{where['memory_gib']} GiB; {where['mpi']}; load average before "
+    print(f"machine: {machine_facts.one_line(where)}; {where['memory_gib']} GiB; load "
+          f"average before "
           f"{load_before}, after {load_after}\n")
     sweep = preset == "dp-sweep"
     print(report.format_sweep_table(summaries) if sweep else report.format_table(summaries))
