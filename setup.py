@@ -70,5 +70,5 @@ setup(
             "numba-cuda[cu13]>=0.20",
         ],
     },
-    entry_points={"console_scripts": ["mpidp = engine.cli:main"]},
+    entry_points={"console_scripts": ["mpidp = engine.cli:console"]},
 )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from typing import Sequence
 
@@ -175,5 +176,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_spmd(command)
 
 
+def console() -> int:
+    """The ``mpidp`` console script: :func:`main`, then a stop signal that
+    arrives after the command finished is ignored. The work is done and
+    written by then; a Ctrl-C during MPI_Finalize would otherwise kill the
+    rank *by* the signal, and mpiexec would report the job as failed."""
+    code = main()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

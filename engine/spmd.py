@@ -14,11 +14,12 @@ check), only rank 0 prints it and the ranks exit normally with its code.
 A stop signal turned into an exception (:class:`engine.stopping.Interrupted`,
 or a plain ``KeyboardInterrupt``) ends the job with one line (from the first
 rank of each node to handle it, :func:`_first_to_say_so`) and
-exit code 128 + the signal's number: every rank leaves with ``os._exit``,
-without the collective ``MPI_Finalize`` (a rank still inside a collective
-would make it wait forever) and without ``MPI_Abort``; the launcher then
-ends ranks that had not received the signal. No rank dies *by* the signal,
-so mpiexec prints no "BAD TERMINATION" banner.
+exit code 128 + the signal's number: every rank leaves through
+``MPI_Abort`` with that code (:func:`_leave`), without the collective
+``MPI_Finalize`` (a rank still inside a collective would make it wait
+forever); the launcher ends the ranks still inside MPI and reports the
+code. No rank dies *by* the signal, so mpiexec prints no "BAD TERMINATION"
+banner.
 
 Exit codes (the table: docs/lifecycle.md): 0 success, 1 internal error (a
 traceback was printed), 2 bad input, 128 + n stopped by signal n, others as
@@ -107,14 +108,39 @@ def _remove_stale_markers(keep: str) -> None:
                 pass
 
 
-def _leave(code: int, comm: "MPI.Comm") -> "None":
-    """End this rank with ``code`` now, without MPI_Finalize (see module docstring)."""
+def _leave(code: int, comm: "MPI.Comm", speaker: bool = True) -> "None":
+    """End the job with ``code`` now, without MPI_Finalize (see module docstring).
+
+    With more than one rank this is ``MPI_Abort(code)``, not ``os._exit``: a
+    rank that leaves on its own makes the launcher kill the ranks still
+    waiting inside MPI (where Python cannot run its signal handler), and
+    MPICH's mpiexec then reports one of *those* (exit 9, SIGKILL) as often as
+    the stop's 130; an abort carries its code to the launcher. The library's
+    own "application called MPI_Abort" line is sent to /dev/null: the job's
+    one line was printed already. A rank that did not print it waits
+    :data:`ABORT_GRACE_S` first, so its abort cannot kill the rank that does
+    before the line is out.
+    """
     sys.stdout.flush()
     sys.stderr.flush()
     if comm.Get_size() > 1:
         remove_shm_files()
-        os._exit(code)
+        if not speaker:
+            time.sleep(ABORT_GRACE_S)
+        _silence_stderr()
+        comm.Abort(code)
+        os._exit(code)  # not reached: Abort does not return
     raise SystemExit(code)
+
+
+def _silence_stderr() -> None:
+    """Point file descriptor 2 at /dev/null (what the MPI library prints on abort)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    except OSError:
+        pass
 
 
 def _line(exc: BaseException) -> str:
@@ -153,9 +179,10 @@ def run_spmd(main: Callable[[], int | None], comm: "MPI.Comm | None" = None) -> 
     except KeyboardInterrupt as exc:  # Ctrl-C, or engine.stopping.Interrupted
         signum = int(getattr(exc, "signum", signal.SIGINT))
         code = 128 + signum
-        if size == 1 or _first_to_say_so(rank):
+        speaker = size == 1 or _first_to_say_so(rank)
+        if speaker:
             _emit(f"mpidp: stopped by {signal.Signals(signum).name} (exit code {code})")
-        _leave(code, comm)
+        _leave(code, comm, speaker)
     except BaseException as exc:  # noqa: B902 - every failure must end the job
         if is_user_error(exc):
             code = int(exc.exit_code)

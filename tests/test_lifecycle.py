@@ -519,7 +519,8 @@ def test_a_locked_directory_is_refused_on_every_rank(comm, shared_tmp):
 
 
 # ------------------------------------------------------- the command itself
-BANNED = ("Traceback", "BAD TERMINATION", "KeyboardInterrupt", "Exception ignored")
+BANNED = ("Traceback", "BAD TERMINATION", "KeyboardInterrupt", "Exception ignored",
+          "MPI_Abort")
 
 
 def _clean(result_text: str) -> None:
@@ -533,8 +534,8 @@ def _train_argv(data, d, *extra):
             "--hidden", "8", "--no-progress", *extra]
 
 
-def _popen(argv, env=None):
-    return subprocess.Popen([mpiexec_path(), "-n", "2", *argv], stdout=subprocess.PIPE,
+def _popen(argv, env=None, ranks=2):
+    return subprocess.Popen([mpiexec_path(), "-n", str(ranks), *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env=env or clean_env(MPIEXEC_TIMEOUT="150"))
 
@@ -611,21 +612,27 @@ def test_command_outputs_refused_before_any_work(tmp_path, read_only_dir):
 
 
 def test_command_interrupt_of_other_commands(tmp_path):
-    """Commands without steps (prep here) stop at once on SIGINT: one line, 130."""
+    """Commands without steps (prep here) stop at once on SIGINT: one line, 130,
+    nothing written, no MPI library message, at 2 and 3 ranks, early and late
+    (the exit code when some rank waits inside MPI: tests/test_spmd.py)."""
     csv = tmp_path / "p.csv"
     subprocess.run([sys.executable, "-m", "engine.cli", "synth", "--rows", "400000",
                     "--seed", "0", "--out", str(csv), "--quiet"], check=True, timeout=300)
-    proc = _popen([sys.executable, "-m", "engine.cli", "prep", str(csv), "--out",
-                   str(tmp_path / "p.h5")])
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    if proc.returncode != 0:  # not finished before the signal
-        assert proc.returncode == 130, err
+    for ranks, delay in ((2, 1.0), (3, 0.5), (3, 1.0)):
+        out_file = tmp_path / f"p{ranks}-{delay}.h5"
+        proc = _popen([sys.executable, "-m", "engine.cli", "prep", str(csv), "--out",
+                       str(out_file)], ranks=ranks)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
         _clean(out + err)
-        assert [x for x in err.splitlines() if x.startswith("mpidp")] == \
-            ["mpidp: stopped by SIGINT (exit code 130)"]
-        assert not (tmp_path / "p.h5").exists()
+        if proc.returncode == 0:  # finished before the signal: the file is whole
+            assert out_file.exists()
+            continue
+        assert proc.returncode == 130, (ranks, delay, err)
+        assert [x for x in err.splitlines() if x.strip()] == \
+            ["mpidp: stopped by SIGINT (exit code 130)"], (ranks, delay)
+        assert not out_file.exists()
 
 
 def test_eval_names_the_task_before_the_feature_count(tmp_path, data):

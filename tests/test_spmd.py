@@ -61,3 +61,14 @@ def test_only_the_first_rank_of_a_node_reports_a_stop(tmp_path, monkeypatch):
     assert spmd._first_to_say_so(rank=1) is True
     assert spmd._first_to_say_so(rank=0) is False
     assert len(list(tmp_path.iterdir())) == 1
+
+
+@pytest.mark.parametrize("fail_rank", [0, 2])
+def test_interrupt_while_the_others_wait_in_mpi_is_exit_130_every_time(fail_rank):
+    """The ranks still inside MPI are ended by the launcher. When the stopped
+    rank left on its own (``os._exit``), mpiexec reported one of those killed
+    ranks instead (exit 9, SIGKILL): this test failed on its first run."""
+    for _ in range(5):
+        result = run_mpi(3, [sys.executable, SCRIPT, "interrupt", str(fail_rank)], timeout=60)
+        assert result.returncode == 130, result.stdout + result.stderr
+        assert result.stderr.strip().splitlines() == ["mpidp: stopped by SIGINT (exit code 130)"]

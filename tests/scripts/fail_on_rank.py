@@ -4,6 +4,8 @@ Usage: fail_on_rank.py KIND FAIL_RANK, KIND one of
   crash       an unexpected exception (traceback expected)
   user        a user error (one line, exit code 2)
   collective  a user error raised on every rank (rank 0 prints it once)
+  interrupt   a Ctrl-C seen by that rank alone (the others wait inside MPI,
+              where Python cannot act on it)
 """
 import sys
 
@@ -25,6 +27,8 @@ def main() -> None:
     if comm.Get_rank() == fail_rank:
         if kind == "crash":
             raise ZeroDivisionError("deliberate failure before the collective")
+        if kind == "interrupt":
+            raise KeyboardInterrupt
         raise BadInput("deliberate bad input on one rank")
     comm.Barrier()  # the failing rank never arrives
 
