@@ -157,6 +157,10 @@ class LayerClipper(_FlatGradient):
     def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
         super().__init__(model, grad)
         self.layers = leaf_layers(model)
+        # each layer's own parameters, as views of grad: {layer name: {param: view}}
+        self._layer_views = {name: {pname: self._grad_views[f"{name}.{pname}" if name else pname]
+                                    for pname, _ in m.named_parameters(recurse=False)}
+                             for name, m in self.layers}
         self._announced: set[str] = set()
         for name, m in self.layers:
             if not has_fast_rule(m):
@@ -201,9 +205,10 @@ class LayerClipper(_FlatGradient):
         Returns:
             (summed loss, number of examples whose gradient was scaled down).
         """
-        self.grad.zero_()
         if x.shape[0] == 0:
+            self.grad.zero_()
             return 0.0, 0
+        # every layer's parameters are written below: grad needs no zeroing
         records: dict[nn.Module, list] = {m: [] for _, m in self.layers}
         hooks = [m.register_forward_hook(
             lambda mod, inp, out: records[mod].append((inp, out)))
@@ -232,9 +237,12 @@ class LayerClipper(_FlatGradient):
             factors = (torch.ones_like(sq) if max_norm is None
                        else clip_factors(sq, max_norm))
         for (name, _), term in zip(self.layers, terms):
-            prefix = f"{name}." if name else ""
+            into = getattr(term, "clipped_sum_into", None)
+            if into is not None:  # writes its views itself (no temporary, no copy)
+                into(factors, self._layer_views[name])
+                continue
             for pname, value in term.clipped_sum(factors).items():
-                self._grad_views[prefix + pname].copy_(value)
+                self._layer_views[name][pname].copy_(value)
         clipped = 0 if max_norm is None else int((factors < 1).sum())
         return float(total.detach()), clipped
 

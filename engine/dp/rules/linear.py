@@ -51,6 +51,15 @@ class _LinearTerm:
             out["bias"] = cb.sum(0)
         return out
 
+    def clipped_sum_into(self, factors: torch.Tensor, views: dict[str, torch.Tensor]) -> None:
+        """:meth:`clipped_sum` written straight into ``views`` (one GEMM into the
+        weight's slice of the flat buffer, no temporary); scales ``b`` in place,
+        so the term is spent afterwards."""
+        cb = self.b.mul_(factors[:, None])
+        torch.mm(cb.t(), self.a, out=views["weight"])
+        if self.has_bias:
+            torch.sum(cb, 0, out=views["bias"])
+
     def group_sq_norms(self, groups: torch.Tensor) -> torch.Tensor:
         index, _ = padded_index(groups, self.a.shape[0])
         a = self.a
