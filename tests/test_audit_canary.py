@@ -113,6 +113,8 @@ def test_the_correct_engine_never_audits_above_its_claim(data, comm, seed):
     assert result.epsilon_lower_bound <= result.claimed_epsilon, result.text()
     # the margin these sizes give (a bound near the claim would flake)
     assert result.epsilon_lower_bound < 1.0, result.text()
+    # the f-DP analysis of the same guesses: under the claim too
+    assert result.epsilon_fdp < 1.5, result.text()
 
 
 @pytest.mark.mpi(min_size=1)
@@ -129,6 +131,7 @@ def test_noise_on_one_rank_only_is_detected_in_every_seed(data, comm, seed):
     result = canary.run_canary_audit(data, comm, **RUN, epsilon=1.0, seed=seed,
                                      noise_ranks=[0])
     assert result.detected and result.epsilon_lower_bound > 2.0, result.text()
+    assert result.epsilon_fdp > result.claimed_epsilon, result.text()  # caught by both
     assert result.noise_ranks == [0]
 
 
@@ -159,6 +162,7 @@ def test_mpidp_audit_attack_canary_on_two_ranks(data, tmp_path):
                  "--hidden", "32", "--seed", "1", "--json", str(out))
     assert done.returncode == 0, done.stderr
     assert "canary audit (white-box, one run): epsilon >=" in done.stdout
+    assert "f-DP analysis of the same guesses: epsilon >=" in done.stdout
     report = json.loads(out.read_text())["canary"]
     assert report["ranks"] == 2 and report["m"] == 500 and not report["detected"]
     refused = mpidp(2, "audit", "--attack", "canary", "--data", data, "--canaries", "5000",

@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from engine.audit import one_run
+from engine.audit import one_run, one_run_fdp
 from engine.dp.streams import STREAM_CANARY_COINS, STREAM_CANARY_SECRETS, seed_sequence
 from engine.errors import ConfigError
 
@@ -157,7 +157,17 @@ class CanaryAudit:
     noise_ranks: list[int] | None
     canary_samples: int  # canary inclusions over all steps and ranks
     test_accuracy: float | None
+    # the f-DP analysis of the same scores (engine.audit.one_run_fdp): the
+    # paper's empirical epsilon under the Gaussian-DP family, its guess size,
+    # correct count and ceiling
+    epsilon_fdp: float = 0.0
+    k_in_fdp: int = 0
+    k_out_fdp: int = 0
+    correct_fdp: int = 0
+    ceiling_fdp: float = 0.0
     analysis: str = "Steinke, Nasr, Jagielski 2023 (exact binomial), white-box Dirac canaries"
+    analysis_fdp: str = ("Mahloujifar, Melis, Chaudhuri 2025 (f-DP, Gaussian-DP hypotheses; "
+                         "epsilon of the largest rejected mu at delta)")
 
     @property
     def detected(self) -> bool:
@@ -185,7 +195,11 @@ class CanaryAudit:
                 f"guesses right) {self.ceiling:.3f}\n"
                 f"  run: {self.steps} steps, q={self.q:.4g} (N={self.n_train} rows; canaries "
                 f"not counted), sigma={self.sigma:.4f}, {self.ranks} rank(s){noise}\n"
-                f"  analysis: {self.analysis}")
+                f"  analysis: {self.analysis}\n"
+                f"  f-DP analysis of the same guesses: epsilon >= {self.epsilon_fdp:.3f} as "
+                f"Gaussian DP (k+={self.k_in_fdp} k-={self.k_out_fdp}, "
+                f"{self.correct_fdp}/{self.k_in_fdp + self.k_out_fdp} correct; ceiling "
+                f"{self.ceiling_fdp:.3f}): {self.analysis_fdp}")
 
 
 def check_request(m: int, guesses: int | None, confidence: float) -> None:
@@ -297,8 +311,13 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
     if rank == 0:  # the same inputs on every rank; one computes, all receive
         ks = (one_run.default_guess_sizes(m) if guesses is None
               else [((guesses + 1) // 2, guesses // 2)])
-        found = one_run.audit(scores(state["residuals"], trainer.q), state["included"],
-                              delta, confidence, ks)
+        evidence = scores(state["residuals"], trainer.q)
+        found = one_run.audit(evidence, state["included"], delta, confidence, ks)
+        fdp = one_run.audit(evidence, state["included"], delta, confidence, ks,
+                            bound=one_run_fdp.epsilon_lower_bound)
+        top_fdp = max(one_run_fdp.epsilon_lower_bound(m, k_in + k_out, k_in + k_out, delta,
+                                                      1.0 - (1.0 - confidence) / len(ks))
+                      for k_in, k_out in ks)
         # what all guesses right would show at the largest guess size tried
         each = 1.0 - (1.0 - confidence) / len(ks)
         top = max(one_run.ceiling(m, k_in + k_out, delta, each) for k_in, k_out in ks)
@@ -311,5 +330,7 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
             steps=trainer.total_steps, q=trainer.q, sigma=trainer.accountant.sigma,
             n_train=trainer.n_train, ranks=size, noise_scale=float(noise_scale),
             noise_ranks=noise_ranks, canary_samples=sampled,
-            test_accuracy=last.get("test_accuracy"))
+            test_accuracy=last.get("test_accuracy"), epsilon_fdp=fdp.epsilon,
+            k_in_fdp=fdp.k_in, k_out_fdp=fdp.k_out, correct_fdp=fdp.correct,
+            ceiling_fdp=top_fdp)
     return comm.bcast(result, root=0)

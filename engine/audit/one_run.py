@@ -100,7 +100,7 @@ class Audit:
 
 
 def audit(scores: np.ndarray, included: np.ndarray, delta: float, confidence: float = 0.95,
-          ks: list[tuple[int, int]] | None = None) -> Audit:
+          ks: list[tuple[int, int]] | None = None, bound=None) -> Audit:
     """The best lower bound over the guess sizes ``ks`` = [(k+, k-), ...].
 
     Args:
@@ -111,7 +111,11 @@ def audit(scores: np.ndarray, included: np.ndarray, delta: float, confidence: fl
             at 1 - (1 - confidence) / len(ks)).
         ks: guess sizes to try; default: guess on 1%, 2%, 5%, 10%, 20% and 50%
             of the canaries, split evenly between "in" and "out".
+        bound: ``(m, r, v, delta, confidence) -> epsilon``, the analysis;
+            default :func:`epsilon_lower_bound` (this module's theorem);
+            :func:`engine.audit.one_run_fdp.epsilon_lower_bound` is the f-DP one.
     """
+    bound = epsilon_lower_bound if bound is None else bound
     scores, included = np.asarray(scores, float), np.asarray(included, bool)
     m = int(scores.size)
     if m == 0 or included.shape != scores.shape:
@@ -128,8 +132,8 @@ def audit(scores: np.ndarray, included: np.ndarray, delta: float, confidence: fl
         correct = int(included[order[:k_in]].sum()) + int((~included[order[m - k_out:]]).sum()
                                                           if k_out else 0)
         r = k_in + k_out
-        bound = epsilon_lower_bound(m, r, correct, delta, each)
-        if best is None or bound > best.epsilon:
-            best = Audit(bound, m, r, correct, k_in, k_out, ceiling(m, r, delta, each),
+        found = bound(m, r, correct, delta, each)
+        if best is None or found > best.epsilon:
+            best = Audit(found, m, r, correct, k_in, k_out, bound(m, r, r, delta, each),
                          confidence, len(ks))
     return best
