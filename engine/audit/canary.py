@@ -36,7 +36,10 @@ ordinary ``mpidp train`` run (:class:`engine.trainer.Trainer`, the one
   valid bound; this one gives a strong one.
 * :func:`engine.audit.one_run.audit` turns the scores and the secret
   inclusion vector into the bound (exact binomial tails; Bonferroni over the
-  guess sizes it tries).
+  guess sizes it tries); the same guesses also go through the f-DP analysis
+  (:mod:`engine.audit.one_run_fdp`, Gaussian-DP hypotheses), reported beside
+  it. ``detected`` uses the binomial bound, which assumes nothing beyond the
+  claimed (epsilon, delta).
 
 The bound is a LOWER bound on the run's true epsilon, at the audit's
 confidence: a correct engine never exceeds its claim (but for the
