@@ -62,15 +62,21 @@ ranks add their share (a bug that skips the noise on the other ranks).
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.audit import one_run, one_run_fdp
-from engine.dp.streams import STREAM_CANARY_COINS, STREAM_CANARY_SECRETS, seed_sequence
+from engine.dp.streams import (STREAM_CANARY_COINS, STREAM_CANARY_ROWS, STREAM_CANARY_SECRETS,
+                               seed_sequence)
 from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 #: Smallest noise level the score assumes for a canary (in units of C):
 #: residuals without noise differ from 0 or 1 by float32 rounding only.
@@ -87,6 +93,31 @@ def secrets(m: int, n_params: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     coords = rng.choice(n_params, size=m, replace=False).astype(np.int64)
     included = rng.random(m) < 0.5
     return coords, included
+
+
+def canary_rows(m: int, n_features: int, n_classes: int, seed: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The black-box canaries, the same on every rank: m rows ``X`` (float32
+    ``[m, n_features + 1]``, standard normal features and the ones column:
+    out of the data's distribution, so only training on a row fits it), a
+    uniformly random label each (int64), and which rows are included (bool,
+    probability 1/2 each)."""
+    rng = np.random.Generator(np.random.PCG64(seed_sequence(seed, 0, STREAM_CANARY_ROWS)))
+    X = np.ones((m, n_features + 1), dtype=np.float32)
+    X[:, :-1] = rng.standard_normal((m, n_features), dtype=np.float32)
+    y = rng.integers(0, n_classes, size=m, dtype=np.int64)
+    included = rng.random(m) < 0.5
+    return X, y, included
+
+
+def row_scores(logits: "torch.Tensor", y: np.ndarray) -> np.ndarray:
+    """Black-box score per canary row: minus its cross-entropy loss under the
+    final model (a row trained on tends to be fitted: lower loss)."""
+    import torch
+
+    loss = torch.nn.functional.cross_entropy(logits.double(), torch.from_numpy(y),
+                                             reduction="none")
+    return -loss.numpy()
 
 
 def scores(residuals: np.ndarray, q: float) -> np.ndarray:
@@ -168,6 +199,12 @@ class CanaryAudit:
     k_out_fdp: int = 0
     correct_fdp: int = 0
     ceiling_fdp: float = 0.0
+    # black-box: m canary rows (random inputs and labels) scored by their loss
+    # under the final model only; both analyses
+    epsilon_blackbox: float = 0.0
+    epsilon_blackbox_fdp: float = 0.0
+    correct_blackbox: int = 0
+    guesses_blackbox: int = 0
     analysis: str = "Steinke, Nasr, Jagielski 2023 (exact binomial), white-box Dirac canaries"
     analysis_fdp: str = ("Mahloujifar, Melis, Chaudhuri 2025 (f-DP, Gaussian-DP hypotheses; "
                          "epsilon of the largest rejected mu at delta)")
@@ -202,7 +239,11 @@ class CanaryAudit:
                 f"  f-DP analysis of the same guesses: epsilon >= {self.epsilon_fdp:.3f} as "
                 f"Gaussian DP (k+={self.k_in_fdp} k-={self.k_out_fdp}, "
                 f"{self.correct_fdp}/{self.k_in_fdp + self.k_out_fdp} correct; ceiling "
-                f"{self.ceiling_fdp:.3f}): {self.analysis_fdp}")
+                f"{self.ceiling_fdp:.3f}): {self.analysis_fdp}\n"
+                f"  black-box (final model only, {self.m} canary rows scored by their loss): "
+                f"epsilon >= {self.epsilon_blackbox:.3f} (binomial), "
+                f"{self.epsilon_blackbox_fdp:.3f} (f-DP); {self.correct_blackbox}/"
+                f"{self.guesses_blackbox} correct")
 
 
 def check_request(m: int, guesses: int | None, confidence: float) -> None:
@@ -244,6 +285,8 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
     Raises (every rank): ConfigError for m larger than the model allows,
     guesses outside 1..m, a confidence outside (0, 1), or bad run settings.
     """
+    import torch
+
     from collectives import MPI
     from engine.config import TrainConfig
     from engine.trainer import Trainer
@@ -266,6 +309,14 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
 
     class _AuditedTrainer(Trainer):
         def _build_state(self, payload):
+            # the black-box canary rows: canary j joins rank j % p's shard when
+            # included, before the sampler is built, so it is sampled as a row
+            X_c, y_c, in_c = canary_rows(m, self.train.X.shape[1] - 1, self.info.n_classes, seed)
+            mine = np.flatnonzero(in_c & (np.arange(m) % self.size == self.rank))
+            self.train = dataclasses.replace(
+                self.train, X=np.concatenate([self.train.X, X_c[mine]]),
+                y=np.concatenate([self.train.y, y_c[mine]]))
+            state.update(rows=(X_c, y_c, in_c))
             super()._build_state(payload)
             n_params = self.model.n_params
             if m > n_params:
@@ -310,6 +361,8 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
     if used != trainer.total_steps:
         raise RuntimeError(f"the audited run took {used} of {trainer.total_steps} steps")
     sampled = int(comm.allreduce(state["hook"].sampled, op=MPI.SUM))
+    X_c, y_c, in_c = state["rows"]
+    final = trainer.engine.logits(torch.from_numpy(X_c))  # every rank holds the model
     result = None
     if rank == 0:  # the same inputs on every rank; one computes, all receive
         ks = (one_run.default_guess_sizes(m) if guesses is None
@@ -324,6 +377,10 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
         # what all guesses right would show at the largest guess size tried
         each = 1.0 - (1.0 - confidence) / len(ks)
         top = max(one_run.ceiling(m, k_in + k_out, delta, each) for k_in, k_out in ks)
+        rows_evidence = row_scores(final, y_c)
+        black = one_run.audit(rows_evidence, in_c, delta, confidence, ks)
+        black_fdp = one_run.audit(rows_evidence, in_c, delta, confidence, ks,
+                                  bound=one_run_fdp.epsilon_lower_bound)
         last = trainer.history[-1] if trainer.history else {}
         result = CanaryAudit(
             epsilon_lower_bound=found.epsilon, claimed_epsilon=trainer.accountant.epsilon(),
@@ -335,5 +392,7 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
             noise_ranks=noise_ranks, canary_samples=sampled,
             test_accuracy=last.get("test_accuracy"), epsilon_fdp=fdp.epsilon,
             k_in_fdp=fdp.k_in, k_out_fdp=fdp.k_out, correct_fdp=fdp.correct,
-            ceiling_fdp=top_fdp)
+            ceiling_fdp=top_fdp, epsilon_blackbox=black.epsilon,
+            epsilon_blackbox_fdp=black_fdp.epsilon, correct_blackbox=black.correct,
+            guesses_blackbox=black.guesses)
     return comm.bcast(result, root=0)

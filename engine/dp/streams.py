@@ -13,6 +13,8 @@ STREAM_SAMPLER, STREAM_NOISE, STREAM_SHUFFLE = 0, 1, 2
 #: for its canaries' Poisson sampling, and the audit's secrets (which
 #: coordinates, which canaries are included), drawn alike on every rank.
 STREAM_CANARY_COINS, STREAM_CANARY_SECRETS = 3, 4
+#: The black-box canary rows' secrets (inputs, labels, inclusion), alike on every rank.
+STREAM_CANARY_ROWS = 5
 
 
 def seed_sequence(seed: int, rank: int, stream: int, *extra: int) -> np.random.SeedSequence:
