@@ -20,11 +20,14 @@ and measures what an attacker learns about the training rows:
                exact (Clopper-Pearson) intervals.
 
   canary       (``--attack canary``, alone, no checkpoint) trains its own run
-               with --canaries m white-box gradient canaries and gives a
-               statistical LOWER bound on that run's epsilon, to compare with
-               the claimed one (one-run audit of Steinke, Nasr and Jagielski
-               2023; :mod:`engine.audit.canary`). A bound above the claim
-               means the engine leaks more than it says.
+               with --canaries m white-box gradient canaries and m canary
+               rows, and gives statistical LOWER bounds on that run's
+               epsilon, to compare with the claimed one: white-box (every
+               step's sum) and black-box (the final model only), each by
+               the one-run theorem of Steinke, Nasr and Jagielski 2023 and
+               by the f-DP analysis of Mahloujifar, Melis and Chaudhuri
+               2025 (:mod:`engine.audit.canary`). A white-box binomial bound
+               above the claim means the engine leaks more than it says.
 
 An AUC near 0.5 and inversion accuracy near the baseline mean the attacks
 learned nothing; they are lower bounds on what an attacker can do, not a
