@@ -13,8 +13,8 @@ def test_each_lane_is_numpys_sfc64_bit_for_bit():
     as numpy's SFC64 from the same state."""
     for seed in (0, 1, 2**40 + 3):
         state = seed_lanes(np.random.SeedSequence(seed))
-        assert np.array_equal(state[:, 0],
-                              np.random.SFC64(np.random.SeedSequence(seed)).state["state"]["state"])
+        numpy_state = np.random.SFC64(np.random.SeedSequence(seed)).state["state"]["state"]
+        assert np.array_equal(state[:, 0], numpy_state)
         start = state.copy()
         out = np.empty((500, LANES), dtype=np.uint64)
         sfc64_raw(state, out)
