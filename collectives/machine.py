@@ -6,6 +6,7 @@ not hold on the next.
 """
 from __future__ import annotations
 
+import functools
 import platform
 from pathlib import Path
 
@@ -15,14 +16,20 @@ from collectives.runtime import MPI, available_cores
 VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512vl")
 
 
-def _cpuinfo_field(name: str) -> str | None:
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, ...]:
+    """The lines of /proc/cpuinfo (empty where there is none), read once."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip().lower() == name:
-                return value.strip()
+        return tuple(Path("/proc/cpuinfo").read_text().splitlines())
     except OSError:
-        pass
+        return ()
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    for line in _cpuinfo():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == name:
+            return value.strip()
     return None
 
 

@@ -403,6 +403,15 @@ class Lock:
             _remove_if_empty(self.path.parent)
 
 
+def release_everywhere(lock: "Lock | None", comm) -> None:
+    """Collective: the holder (rank 0) removes ``lock``, then every rank
+    returns, so no rank returns while the directory still looks busy to the
+    caller's next command or check."""
+    if lock is not None:
+        lock.release()
+    comm.Barrier()
+
+
 def _remove_if_empty(directory: Path) -> None:
     try:
         directory.rmdir()  # only succeeds when empty

@@ -686,11 +686,7 @@ class Trainer:
                     self.lock = ckpt.open_directory(self.cfg.checkpoint_dir, self.cfg.resume,
                                                     self.cfg.metrics, self.comm)
                 code = self._run(stop)
-                # every rank returns only once the directory is free again, so
-                # a caller's next run or check on any rank finds it unlocked
-                if self.lock is not None:
-                    self.lock.release()
-                self.comm.Barrier()
+                ckpt.release_everywhere(self.lock, self.comm)
                 return code
             finally:
                 if self.lock is not None:

@@ -361,26 +361,22 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
     if used != trainer.total_steps:
         raise RuntimeError(f"the audited run took {used} of {trainer.total_steps} steps")
     sampled = int(comm.allreduce(state["hook"].sampled, op=MPI.SUM))
-    X_c, y_c, in_c = state["rows"]
-    final = trainer.engine.logits(torch.from_numpy(X_c))  # every rank holds the model
     result = None
     if rank == 0:  # the same inputs on every rank; one computes, all receive
         ks = (one_run.default_guess_sizes(m) if guesses is None
               else [((guesses + 1) // 2, guesses // 2)])
-        evidence = scores(state["residuals"], trainer.q)
-        found = one_run.audit(evidence, state["included"], delta, confidence, ks)
-        fdp = one_run.audit(evidence, state["included"], delta, confidence, ks,
-                            bound=one_run_fdp.epsilon_lower_bound)
-        top_fdp = max(one_run_fdp.epsilon_lower_bound(m, k_in + k_out, k_in + k_out, delta,
-                                                      1.0 - (1.0 - confidence) / len(ks))
-                      for k_in, k_out in ks)
-        # what all guesses right would show at the largest guess size tried
-        each = 1.0 - (1.0 - confidence) / len(ks)
-        top = max(one_run.ceiling(m, k_in + k_out, delta, each) for k_in, k_out in ks)
-        rows_evidence = row_scores(final, y_c)
-        black = one_run.audit(rows_evidence, in_c, delta, confidence, ks)
-        black_fdp = one_run.audit(rows_evidence, in_c, delta, confidence, ks,
-                                  bound=one_run_fdp.epsilon_lower_bound)
+        analyses = (one_run.epsilon_lower_bound, one_run_fdp.epsilon_lower_bound)
+
+        def audited(evidence: np.ndarray, included: np.ndarray) -> list:
+            return [one_run.audit(evidence, included, delta, confidence, ks, bound=bound)
+                    for bound in analyses]
+
+        found, fdp = audited(scores(state["residuals"], trainer.q), state["included"])
+        X_c, y_c, in_c = state["rows"]
+        black, black_fdp = audited(row_scores(trainer.engine.logits(torch.from_numpy(X_c)),
+                                              y_c), in_c)
+        top, top_fdp = (one_run.largest_ceiling(m, ks, delta, confidence, bound)
+                        for bound in analyses)
         last = trainer.history[-1] if trainer.history else {}
         result = CanaryAudit(
             epsilon_lower_bound=found.epsilon, claimed_epsilon=trainer.accountant.epsilon(),

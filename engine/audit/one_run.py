@@ -77,6 +77,15 @@ def ceiling(m: int, r: int, delta: float, confidence: float = 0.95) -> float:
     return epsilon_lower_bound(m, r, r, delta, confidence)
 
 
+def largest_ceiling(m: int, ks: list[tuple[int, int]], delta: float, confidence: float = 0.95,
+                    bound=None) -> float:
+    """What all guesses right would show at the largest guess size of ``ks``,
+    at the confidence :func:`audit` tests each size at (``bound`` as there)."""
+    bound = epsilon_lower_bound if bound is None else bound
+    each = 1.0 - (1.0 - confidence) / len(ks)
+    return max(bound(m, k_in + k_out, k_in + k_out, delta, each) for k_in, k_out in ks)
+
+
 def default_guess_sizes(m: int) -> list[tuple[int, int]]:
     """The (k+, k-) pairs :func:`audit` tries by default: guesses on 1%, 2%, 5%,
     10%, 20% and 50% of m canaries, split evenly between "in" and "out"."""

@@ -795,9 +795,8 @@ def run(args: argparse.Namespace) -> int:
         report.add_cost(summaries, args.price_per_node_hour)
     load_after = _load()
     print(f"\nmpidp bench scaling{f' --preset {preset}' if preset else ''}: {source}")
-    print(f"machine: {machine_facts.one_line(where)}; {where['memory_gib']} GiB; load "
-          f"average before "
-          f"{load_before}, after {load_after}\n")
+    print(f"machine: {machine_facts.one_line(where)}; {where['memory_gib']} GiB; "
+          f"load average before {load_before}, after {load_after}\n")
     sweep = preset == "dp-sweep"
     print(report.format_sweep_table(summaries) if sweep else report.format_table(summaries))
     if (preset or "").startswith("mlbench") and target is not None and budget is None:

@@ -459,7 +459,7 @@ def _open_out(out: str, state: dict, created_state: bool, trials, finished: dict
 
 def run(args: argparse.Namespace) -> int:
     """Collective: the search (module docstring); returns the exit code."""
-    from engine import stopping
+    from engine import checkpoint, stopping
     from engine.shard import read_info
     from engine.tune import privacy, search
 
@@ -563,26 +563,18 @@ def run(args: argparse.Namespace) -> int:
             say(f"mpidp tune: stopped by a signal with {left} trial(s) not finished; the "
                 f"finished ones are kept in {opts.out}/{search.TRIALS_FILE}: run the same "
                 f"command again to continue (exit code {EXIT_CHECKPOINTED})")
-            _release(lock, comm)
+            checkpoint.release_everywhere(lock, comm)
             return EXIT_CHECKPOINTED
         code = 0
         if rank == 0:
             code = _report(opts, space, info, trials, {**finished, **{r["key"]: r
                                                                         for r in records}},
                            statement, size, parallel, time.perf_counter() - started)
-        _release(lock, comm)
+        checkpoint.release_everywhere(lock, comm)
         return int(comm.bcast(code, root=0))
     finally:
         if lock is not None:
             lock.release()
-
-
-def _release(lock, comm) -> None:
-    """Collective: rank 0 removes the lock, then every rank returns, so no rank
-    returns while ``out`` still looks busy to the caller's next command."""
-    if lock is not None:
-        lock.release()
-    comm.Barrier()
 
 
 def _report(opts: Options, space, info, trials, results: dict, statement, size: int,
