@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 #: Exit codes of mpidp (one table: docs/lifecycle.md). 2 is for bad input only.
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
+EXIT_CLAIM_REFUTED = 4  # mpidp audit --attack canary: the run leaks more than its epsilon says
 EXIT_LOCKED = 73  # EX_CANTCREAT: the checkpoint directory is in use by another run
 EXIT_WRITE_FAILED = 74  # EX_IOERR: an output could not be written midway (disk full, read-only)
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: interrupted, checkpoint written; rerun with --resume

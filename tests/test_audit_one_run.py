@@ -117,3 +117,24 @@ def test_fdp_rejection_follows_the_evidence():
         one_run_fdp.rejects(10, 11, 3, strong, tau)
     with pytest.raises(ValueError, match="confidence"):
         one_run_fdp.mu_lower_bound(10, 5, 3, confidence=1.0)
+
+
+def test_dpsgd_curve_at_full_batch_is_gaussian_dp_and_errs_towards_the_weaker_claim():
+    """At q = 1, T steps of noise sigma are exactly sqrt(T)/sigma-GDP: the
+    curve from the accountant's PLD matches it, never stronger."""
+    exact = one_run_fdp._gdp_fbar_inverse(1.0)
+    ours = one_run_fdp.dpsgd_fbar_inverse(1.0, 5.0, 25, 1e-5)
+    for y in (1e-6, 1e-4, 1e-2, 0.1, 0.5, 0.9):
+        assert 0.97 * exact(y) <= ours(y) <= exact(y)
+    assert ours(0.0) == 0.0 and ours(1.0) == 1.0
+    # subsampling makes a run more private: the inverse grows towards y
+    sub = one_run_fdp.dpsgd_fbar_inverse(0.1, 5.0, 25, 1e-5)
+    assert all(ours(y) < sub(y) <= y for y in (1e-4, 1e-2, 0.1, 0.5))
+
+
+def test_curve_from_epsilon_delta_pairs_is_the_pure_dp_curve():
+    """One pair (eps, 0): f(a) = max(0, 1 - e^eps a, e^-eps (1 - a))."""
+    inverse = one_run_fdp.curve_fbar_inverse(np.array([1.0]), np.array([0.0]), points=20000)
+    for a in (1e-3, 0.05, 0.2, 0.6):
+        fbar = 1 - max(0.0, 1 - math.e * a, (1 - a) / math.e)
+        assert inverse(fbar) == pytest.approx(a, rel=2e-3) and inverse(fbar) <= a

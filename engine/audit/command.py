@@ -26,8 +26,10 @@ and measures what an attacker learns about the training rows:
                step's sum) and black-box (the final model only), each by
                the one-run theorem of Steinke, Nasr and Jagielski 2023 and
                by the f-DP analysis of Mahloujifar, Melis and Chaudhuri
-               2025 (:mod:`engine.audit.canary`). A white-box binomial bound
-               above the claim means the engine leaks more than it says.
+               2025 (:mod:`engine.audit.canary`); and tests the claim
+               itself: the white-box guesses against the run's own privacy
+               curve (the accountant's PLD). Refuted means the engine leaks
+               more than it says (exit code 4).
 
 An AUC near 0.5 and inversion accuracy near the baseline mean the attacks
 learned nothing; they are lower bounds on what an attacker can do, not a
@@ -45,8 +47,8 @@ Exit codes: 0 done, 2 bad input (missing or unreadable files, a checkpoint
 and data file of different tasks, encodings or sizes, splits too small, an
 attribute the file does not have, a --json file that cannot be written:
 checked before the audit runs), 3 the reference model diverged (use
---no-calibration or fewer --reference-epochs), 74 the report could not be
-written at the end.
+--no-calibration or fewer --reference-epochs), 4 the canary audit refuted
+the run's privacy claim, 74 the report could not be written at the end.
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ import numpy as np
 from collectives import MPI
 from engine import __version__, outputs
 from engine.audit import membership, report as report_mod
-from engine.errors import ConfigError, DataError, MpidpError, WriteFailed, agree
+from engine.errors import (EXIT_CLAIM_REFUTED, ConfigError, DataError, MpidpError, WriteFailed,
+                           agree)
 from engine.shard import read_shard
 
 ATTACK_GROUPS = ("membership", "inversion")
@@ -363,7 +366,8 @@ def run(args: argparse.Namespace) -> int:
     """Collective: ``mpidp audit`` on every rank of COMM_WORLD."""
     cfg = config_from_args(args)
     if CANARY in cfg.attacks:
-        run_canary(cfg, args, MPI.COMM_WORLD)
+        report = run_canary(cfg, args, MPI.COMM_WORLD)
+        return EXIT_CLAIM_REFUTED if report["canary"]["detected"] else 0
     else:
         run_audit(cfg, MPI.COMM_WORLD)
     return 0

@@ -93,6 +93,17 @@ def default_guess_sizes(m: int) -> list[tuple[int, int]]:
                    for f in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)})
 
 
+def correct_guesses(scores: np.ndarray, included: np.ndarray,
+                    ks: list[tuple[int, int]]) -> list[int]:
+    """Correct guesses at each (k+, k-) of ``ks``: "in" for the k+ highest
+    scores, "out" for the k- lowest (ties broken by position, stably)."""
+    order = np.argsort(-np.asarray(scores, float), kind="stable")
+    included = np.asarray(included, bool)
+    m = order.size
+    return [int(included[order[:k_in]].sum())
+            + (int((~included[order[m - k_out:]]).sum()) if k_out else 0) for k_in, k_out in ks]
+
+
 @dataclass(frozen=True)
 class Audit:
     """The result of :func:`audit`."""
@@ -135,11 +146,8 @@ def audit(scores: np.ndarray, included: np.ndarray, delta: float, confidence: fl
         if k_in < 0 or k_out < 0 or k_in + k_out > m or k_in + k_out == 0:
             raise ValueError(f"guess sizes k+={k_in}, k-={k_out} do not fit {m} canaries")
     each = 1.0 - (1.0 - confidence) / len(ks)
-    order = np.argsort(-scores, kind="stable")
     best = None
-    for k_in, k_out in ks:
-        correct = int(included[order[:k_in]].sum()) + int((~included[order[m - k_out:]]).sum()
-                                                          if k_out else 0)
+    for (k_in, k_out), correct in zip(ks, correct_guesses(scores, included, ks)):
         r = k_in + k_out
         found = bound(m, r, correct, delta, each)
         if best is None or found > best.epsilon:

@@ -23,12 +23,24 @@ it as "the run is not as private as a Gaussian mechanism of that
 epsilon": a claim about the trade-off curve's family, the paper's empirical
 epsilon; :mod:`engine.audit.one_run` gives the bound that assumes nothing
 beyond (epsilon, delta). DP-SGD with Poisson sampling is close to, not
-exactly, Gaussian DP.
+exactly, Gaussian DP (exactly, at q = 1).
+
+**The run's own claim as the hypothesis.** The accountant certifies more
+than one epsilon: the whole privacy curve of the run (its PLD at q, sigma
+and the steps). :func:`dpsgd_fbar_inverse` turns that curve into the f of
+Algorithm 3, so the guesses can test the claim itself: if they reject it,
+the run is not the mechanism its epsilon was computed for (a privacy bug).
+Every approximation errs towards a weaker hypothesis, which is harder to
+reject: dp-accounting's pessimistic PLD (delta(eps) rounded up), f as the
+envelope over a finite epsilon grid, and the inverse read at the grid point
+below.
 """
 from __future__ import annotations
 
 import math
 from statistics import NormalDist
+
+import numpy as np
 
 #: mu search range: a bound at the top is reported as this mu's epsilon.
 MU_MAX = 30.0
@@ -106,3 +118,48 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float,
                         confidence: float = 0.95) -> float:
     """:func:`mu_lower_bound` as epsilon at ``delta`` (the module docstring's reading)."""
     return gdp_epsilon(mu_lower_bound(m, r, v, confidence), delta)
+
+
+def curve_fbar_inverse(epsilons: np.ndarray, deltas: np.ndarray, points: int = 2000):
+    """f̄^{-1} of the trade-off curve of a mechanism that is (eps, delta(eps))-DP
+    for every pair given (eps >= 0, both directions):
+    f(a) = max over the pairs of max(0, 1 - delta - e^eps a, e^-eps (1 - delta - a)).
+    ``points`` type-I errors, log-spaced down to 1e-16, tabulate it."""
+    eps = np.asarray(epsilons, dtype=np.float64)[None, :]
+    dl = np.asarray(deltas, dtype=np.float64)[None, :]
+    alpha = np.concatenate([[0.0], np.logspace(-16, 0, points)])[:, None]
+    f = np.maximum(1 - dl - np.exp(eps) * alpha, np.exp(-eps) * (1 - dl - alpha)).max(axis=1)
+    fbar = np.maximum.accumulate(1 - np.clip(f, 0.0, 1.0))
+    alpha = alpha[:, 0]
+
+    def inverse(y: float) -> float:
+        if y <= 0.0:
+            return 0.0
+        if y >= 1.0:
+            return 1.0
+        i = int(np.searchsorted(fbar, y, side="left"))  # first fbar >= y
+        return float(alpha[max(i - 1, 0)])  # the grid point below: the weaker claim
+    return inverse
+
+
+def dpsgd_fbar_inverse(q: float, sigma: float, steps: int, delta: float, points: int = 1500):
+    """f̄^{-1} of a DP-SGD run's privacy curve: Poisson rate ``q``, noise
+    multiplier ``sigma``, ``steps`` steps, from the accountant's PLD
+    (:func:`engine.dp.accountant.composed_pld`; ``delta`` picks its grid).
+
+    Raises:
+        engine.errors.PrivacyError: as the accountant.
+    """
+    from engine.dp.accountant import composed_pld
+
+    pld = composed_pld(q, sigma, steps, delta)
+    top = math.inf
+    for tail in (1e-12, 1e-10, 1e-8):  # dp-accounting truncates the tails near 1e-15
+        top = float(pld.get_epsilon_for_delta(min(tail, delta)))
+        if math.isfinite(top):
+            break
+    if not math.isfinite(top):
+        raise ValueError(f"no finite epsilon at delta {delta:g} for q={q}, sigma={sigma}")
+    epsilons = np.linspace(0.0, max(top, 1e-6) * 1.05, points)
+    deltas = np.asarray(pld.get_delta_for_epsilon(epsilons), dtype=np.float64)
+    return curve_fbar_inverse(epsilons, deltas)

@@ -274,6 +274,26 @@ def pld_grid(q: float, sigma: float, steps: int, delta: float,
     return interval
 
 
+def composed_pld(q: float, sigma: float, steps: int, delta: float):
+    """dp-accounting's PLD of the whole run (pessimistic, on the grid where
+    epsilon at ``delta`` has converged): the run's privacy curve, for
+    questions beyond one epsilon (the canary audit's hypothesis).
+
+    Raises:
+        PrivacyError: as :func:`epsilon_for`.
+    """
+    check_delta(delta)
+    _check_run(q, steps)
+    if not sigma > 0 or steps < 1:
+        raise PrivacyError(f"need a noise multiplier > 0 and steps >= 1, got {sigma}, {steps}")
+    interval = pld_grid(q, float(sigma), int(steps), delta)
+    try:
+        effective = _effective_interval(q, float(sigma), int(steps), interval)
+        return _step_pld(q, float(sigma), effective).self_compose(int(steps))
+    except _PLD_FAILURES as exc:
+        raise _pld_failed(q, sigma, steps, exc) from None
+
+
 def epsilon_for(q: float, sigma: float, steps: int, delta: float, kind: str = DEFAULT_KIND,
                 interval: float | None = None) -> float:
     """Epsilon after ``steps`` DP-SGD steps at rate q and noise multiplier sigma.
