@@ -25,6 +25,15 @@ below, and one kernel in every back-end that implements it:
     by it in place. Returns how many rows were scaled down (the rows of the
     groups with factor < 1). H = 0 (k = 0) is valid; with groups of one row
     it is ``clip_rows``.
+``clip_linear_rows(acts, grads, bias, extra, max_norm, factors) -> int``
+    ``clip_rows`` for the generic path's Linear layers (:mod:`engine.dp.rules`),
+    as autograd hands them over: ``acts[l]`` is layer l's input (k x d_in,
+    any strides, no column of ones), ``grads[l]`` the loss gradient at its
+    output (k x d_out), ``bias[l]`` whether the layer has a bias (then the
+    squared norm gains ``|grads[l][i]|^2``), ``extra`` None or ``[k]`` squared
+    norms of the model's other layers, added to each row's. Writes the
+    factors into ``factors`` (``[k]``, float32 or float64), scales the
+    ``grads`` rows in place and returns how many rows were clipped.
 ``relu_backward(grad, out) -> None``
     ``grad[i, j] = 0`` where ``out[i, j] <= 0`` (``out`` is the ReLU output,
     possibly a strided view).

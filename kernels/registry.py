@@ -52,6 +52,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
 MODULES = {
     "clip_rows": "clip_rows",
     "clip_groups": "clip_groups",
+    "clip_linear_rows": "clip_linear_rows",
     "relu_backward": "relu_backward",
     "softmax_xent": "softmax_xent",
     "sgd_update": "sgd_update",
@@ -62,8 +63,9 @@ OPS = tuple(MODULES)
 #: Ops without CUDA kernels of their own: on GPUs the generic torch kernel runs
 #: (the SGD update is two element-wise torch ops, one launch each; its Numba
 #: kernel exists to save the CPU's per-op dispatch cost; the per-group
-#: clipping's padded batched GEMMs are what a GPU runs well anyway).
-GENERIC_ON_GPU = ("sgd_update", "clip_groups")
+#: clipping's padded batched GEMMs are what a GPU runs well anyway; the generic
+#: path's Linear clipping is a few launches per layer there).
+GENERIC_ON_GPU = ("sgd_update", "clip_groups", "clip_linear_rows")
 
 #: (op, back-end name) -> kernel.
 _KERNELS: dict[tuple[str, str], Callable] = {}

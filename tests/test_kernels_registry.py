@@ -166,6 +166,44 @@ def test_softmax_xent_numba_equals_torch_and_autograd(classes, k):
         assert torch.allclose(grad, want_grad.to(grad.dtype), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_softmax_xent_refuses_a_label_out_of_range(backend):
+    grad = torch.empty(2, 3)
+    with pytest.raises((IndexError, RuntimeError)):
+        registry.get("softmax_xent", "cpu", backend)(torch.zeros(2, 3), torch.tensor([0, 3]),
+                                                     grad)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("k", [0, 1, 37])
+@pytest.mark.parametrize("with_extra", [False, True])
+def test_clip_linear_rows_is_the_per_example_loop(backend, k, with_extra):
+    """Three Linear layers (one without bias, the first one's input a strided
+    view), rows clipped to C = 1: norms, factors and scaled rows as the
+    per-example gradients give them."""
+    g = torch.Generator().manual_seed(k + 7 * with_extra)
+    full = torch.randn(k, 6, generator=g)
+    acts = [full[:, :5], torch.randn(k, 4, generator=g), torch.randn(k, 3, generator=g)]
+    grads = [torch.randn(k, 4, generator=g), torch.randn(k, 3, generator=g) * 0.01,
+             torch.randn(k, 2, generator=g)]
+    bias = [True, False, True]
+    extra = torch.rand(k, generator=g) if with_extra else None
+    want_sq = torch.zeros(k, dtype=torch.float64) if extra is None else extra.double().clone()
+    for a, b, has_bias in zip(acts, grads, bias):
+        for i in range(k):
+            w = torch.outer(b[i], a[i]).double()
+            want_sq[i] += w.square().sum() + (b[i].double().square().sum() if has_bias else 0)
+    want_f = torch.clamp(1.0 / want_sq.sqrt(), max=1.0)
+    scaled = [b.clone() for b in grads]
+    factors = torch.empty(k)
+    clipped = registry.get("clip_linear_rows", "cpu", backend)(acts, scaled, bias, extra, 1.0,
+                                                               factors)
+    assert clipped == int((want_sq.sqrt() > 1.0).sum())
+    assert torch.allclose(factors.double(), want_f, rtol=1e-5)
+    for b, s in zip(grads, scaled):
+        assert torch.allclose(s, b * want_f[:, None].float(), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_sgd_update_numba_equals_torch(dtype):
     g = torch.Generator().manual_seed(3)

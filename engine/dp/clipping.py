@@ -35,6 +35,7 @@ from torch.nn import functional as F
 
 from engine.dp.rules import (FuncRule, LayerTerm, SlowPathWarning, group_sq_norms_of,
                              has_fast_rule, refusal, rule_for)
+from kernels import registry
 
 
 def clip_factors(sq_norms: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -162,6 +163,9 @@ class LayerClipper(_FlatGradient):
                                     for pname, _ in m.named_parameters(recurse=False)}
                              for name, m in self.layers}
         self._announced: set[str] = set()
+        self._clip_linear = registry.get("clip_linear_rows", self.grad.device)
+        self._softmax_xent = registry.get("softmax_xent", self.grad.device)
+        self._factors = self.grad.new_empty(256)
         for name, m in self.layers:
             if not has_fast_rule(m):
                 self._announce(name, m, "has no per-layer rule")
@@ -210,25 +214,36 @@ class LayerClipper(_FlatGradient):
             return 0.0, 0
         # every layer's parameters are written below: grad needs no zeroing
         records: dict[nn.Module, list] = {m: [] for _, m in self.layers}
-        hooks = [m.register_forward_hook(
-            lambda mod, inp, out: records[mod].append((inp, out)))
-            for _, m in self.layers]
+
+        def record(module: nn.Module, inputs: tuple, output) -> None:
+            seen = records.get(module)
+            if seen is not None:
+                seen.append((inputs, output))
+
+        # one global hook for the forward pass: a fraction of the cost of
+        # registering and removing one per layer at every step
+        hook = nn.modules.module.register_module_forward_hook(record)
         try:
             logits = self.model(x)
         finally:
-            for h in hooks:
-                h.remove()
+            hook.remove()
         for name, m in self.layers:
             if len(records[m]) != 1:
                 raise ValueError(f"layer {name!r} ran {len(records[m])} times in one "
                                  "forward pass; use FuncClipper")
-        total = F.cross_entropy(logits, y, reduction="sum")
         outs = [records[m][0][1] for _, m in self.layers]
-        out_grads = torch.autograd.grad(total, outs, allow_unused=True)
+        # the loss's gradient at the logits by one kernel (softmax - onehot),
+        # autograd only from there to the layer outputs
+        dlogits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        total = self._softmax_xent(logits.detach(), y, dlogits)
+        out_grads = torch.autograd.grad(logits, outs, grad_outputs=dlogits, allow_unused=True)
         terms = []
         for (name, m), out, b in zip(self.layers, outs, out_grads):
             b = torch.zeros_like(out) if b is None else b
             terms.append(self._term(name, m, records[m][0][0], b, x.shape[0]))
+        if groups is None and max_norm is not None and \
+                any(getattr(t, "book_keeping", False) for t in terms):
+            return total, self._clip_book_keeping(terms, max_norm)
         if groups is not None and max_norm is not None:
             factors = _row_factors(clip_factors(
                 sum(t.group_sq_norms(groups) for t in terms), max_norm), groups)
@@ -244,7 +259,29 @@ class LayerClipper(_FlatGradient):
             for pname, value in term.clipped_sum(factors).items():
                 self._layer_views[name][pname].copy_(value)
         clipped = 0 if max_norm is None else int((factors < 1).sum())
-        return float(total.detach()), clipped
+        return total, clipped
+
+
+    def _clip_book_keeping(self, terms: list, max_norm: float) -> int:
+        """Clip with one ``clip_linear_rows`` kernel for the book-keeping
+        (Linear) terms, the others' squared norms added in; write every
+        layer's sum. Returns the rows clipped."""
+        linear = [t for t in terms if getattr(t, "book_keeping", False)]
+        others = [t for t in terms if not getattr(t, "book_keeping", False)]
+        k = linear[0].b.shape[0]
+        if self._factors.shape[0] < k:
+            self._factors = self.grad.new_empty(k + k // 4)
+        factors = self._factors[:k]
+        extra = sum(t.sq_norms for t in others) if others else None
+        clipped = self._clip_linear([t.a for t in linear], [t.b for t in linear],
+                                    [t.has_bias for t in linear], extra, max_norm, factors)
+        for (name, _), term in zip(self.layers, terms):
+            if getattr(term, "book_keeping", False):
+                term.scaled_sum_into(self._layer_views[name])
+                continue
+            for pname, value in term.clipped_sum(factors).items():
+                self._layer_views[name][pname].copy_(value)
+        return clipped
 
 
 class FuncClipper(_FlatGradient):

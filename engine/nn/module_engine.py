@@ -162,7 +162,8 @@ class ModuleEngine:
         return {"clip_rows": "torch"}
 
     def _allocate(self, capacity: int, width: int) -> None:
-        self.x = torch.empty(capacity, width, dtype=self.dtype, device=self.device)
+        # the features only, contiguous: the model's input needs no copy
+        self.x = torch.empty(capacity, width - 1, dtype=self.dtype, device=self.device)
         self.y = torch.empty(capacity, dtype=torch.int64, device=self.device)
         self.capacity = capacity
 
@@ -173,7 +174,7 @@ class ModuleEngine:
             rows = rows.to(self.device, non_blocking=True)
         if k > self.capacity:
             self._allocate(k + k // 4, X.shape[1])
-        torch.index_select(X, 0, rows, out=self.x[:k])
+        torch.index_select(X[:, :-1], 0, rows, out=self.x[:k])
         torch.index_select(y, 0, rows, out=self.y[:k])
         return k
 
@@ -181,7 +182,7 @@ class ModuleEngine:
                     groups: torch.Tensor | None = None) -> tuple[float, int]:
         """Write ``sum_i c_i grad_i`` of the ``k`` loaded rows into ``grad``
         (same contract as FastMLP.clipped_sum, groups included)."""
-        x = self.x[:k, :-1]
+        x = self.x[:k]
         if max_norm is None:  # non-private: nothing is clipped, groups or not
             return self.clipper.summed(x, self.y[:k])
         if groups is None:

@@ -21,6 +21,8 @@ def _softmax_xent(logits, labels, grad):
             s += math.exp(logits[i, j] - m)
         lse = m + math.log(s)
         y = labels[i]
+        if y < 0 or y >= logits.shape[1]:  # a write out of bounds otherwise
+            raise IndexError("a label is outside 0 .. classes - 1")
         for j in range(logits.shape[1]):
             grad[i, j] = math.exp(logits[i, j] - lse)
         grad[i, y] -= 1.0

@@ -37,12 +37,19 @@ def _gram_sum(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor) -> torch.Te
 
 
 class _LinearTerm:
+    #: The clipper may clip this term's rows itself (``clip_linear_rows``,
+    #: all book-keeping layers in one kernel) and then call
+    #: :meth:`scaled_sum_into`; ``sq_norms`` is computed only when asked for.
+    book_keeping = True
+
     def __init__(self, layer: nn.Linear, a: torch.Tensor, b: torch.Tensor):
         self.a, self.b, self.has_bias = a, b, layer.bias is not None
-        b_sq = b.square().sum(1)
-        self.sq_norms = a.square().sum(1) * b_sq
-        if self.has_bias:
-            self.sq_norms = self.sq_norms + b_sq
+
+    @property
+    def sq_norms(self) -> torch.Tensor:
+        b_sq = self.b.square().sum(1)
+        a_sq = self.a.square().sum(1)
+        return (a_sq + 1 if self.has_bias else a_sq) * b_sq
 
     def clipped_sum(self, factors: torch.Tensor) -> dict[str, torch.Tensor]:
         cb = self.b * factors[:, None]
@@ -55,10 +62,14 @@ class _LinearTerm:
         """:meth:`clipped_sum` written straight into ``views`` (one GEMM into the
         weight's slice of the flat buffer, no temporary); scales ``b`` in place,
         so the term is spent afterwards."""
-        cb = self.b.mul_(factors[:, None])
-        torch.mm(cb.t(), self.a, out=views["weight"])
+        self.b.mul_(factors[:, None])
+        self.scaled_sum_into(views)
+
+    def scaled_sum_into(self, views: dict[str, torch.Tensor]) -> None:
+        """The sum into ``views`` once ``b``'s rows carry their clip factors."""
+        torch.mm(self.b.t(), self.a, out=views["weight"])
         if self.has_bias:
-            torch.sum(cb, 0, out=views["bias"])
+            torch.sum(self.b, 0, out=views["bias"])
 
     def group_sq_norms(self, groups: torch.Tensor) -> torch.Tensor:
         index, _ = padded_index(groups, self.a.shape[0])
