@@ -14,7 +14,12 @@ one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
   thrown away), then each layer's rule (:mod:`engine.dp.rules`: Linear,
   Embedding, the norm layers, Conv1d/2d), ``torch.func`` for a layer without
   one (announced by a ``SlowPathWarning``). Every layer's inputs must be
-  batch first.
+  batch first. The loss gradient at the logits comes from the
+  ``softmax_xent`` kernel, and the book-keeping Linear layers are clipped
+  together by the ``clip_linear_rows`` kernel (norms, factors and row
+  scaling in one pass, the other layers' norms added in): at a batch of a
+  few hundred rows the torch ops they replace cost more in dispatch than
+  in arithmetic.
 * :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
   grad): for models whose parameters are not all in leaf layers used once.
 
