@@ -30,7 +30,7 @@ ordinary ``mpidp train`` run (:class:`engine.trainer.Trainer`, the one
   a Poisson-subsampled Gaussian, ``log(1 - q + q exp((r - 1/2) / s_j^2))``,
   at the noise level ``s_j`` of :func:`noise_levels`: each canary's robust
   estimate (1.4826 x the median absolute deviation of its residuals), then
-  pooled over the canaries whose estimates lie within a factor 2 of its own.
+  pooled over the canaries whose estimates lie within a factor 4 of its own.
   With the engine's noise every canary pools with all others and the score
   is the Neyman-Pearson test of one canary; a short run (few residuals per
   canary) would otherwise rank by the noise in its own estimates. With

@@ -266,7 +266,6 @@ class LayerClipper(_FlatGradient):
         clipped = 0 if max_norm is None else int((factors < 1).sum())
         return total, clipped
 
-
     def _clip_book_keeping(self, terms: list, max_norm: float) -> int:
         """Clip with one ``clip_linear_rows`` kernel for the book-keeping
         (Linear) terms, the others' squared norms added in; write every
