@@ -169,7 +169,10 @@ class LayerClipper(_FlatGradient):
                              for name, m in self.layers}
         self._announced: set[str] = set()
         self._clip_linear = registry.get("clip_linear_rows", self.grad.device)
-        self._softmax_xent = registry.get("softmax_xent", self.grad.device)
+        # the CPU's kernel saves torch's dispatches; elsewhere torch's ops,
+        # which take any dtype and layout a user's model may return
+        self._softmax_xent = registry.get("softmax_xent", self.grad.device,
+                                          None if self.grad.device.type == "cpu" else "torch")
         self._factors = self.grad.new_empty(256)
         for name, m in self.layers:
             if not has_fast_rule(m):
