@@ -227,15 +227,23 @@ def _pld_failed(q: float, sigma: float, steps: int, exc: BaseException) -> Priva
         f"{steps} steps ({type(exc).__name__}: {reason}); use --accountant rdp")
 
 
-@lru_cache(maxsize=512)
-def _pld_epsilon(q: float, sigma: float, steps: int, delta: float, interval: float) -> float:
-    """The PLD's epsilon on the grid ``interval`` (coarsened where it would be
-    too long: :func:`_effective_interval`)."""
-    if steps <= 0:
-        return 0.0
+def _composed(q: float, sigma: float, steps: int, interval: float):
+    """The run's PLD on the grid ``interval`` (coarsened where it would be too
+    long: :func:`_effective_interval`); dp-accounting's failures as one line."""
     try:
         effective = _effective_interval(q, sigma, steps, interval)
-        composed = _step_pld(q, sigma, effective).self_compose(int(steps))
+        return _step_pld(q, sigma, effective).self_compose(int(steps))
+    except _PLD_FAILURES as exc:
+        raise _pld_failed(q, sigma, steps, exc) from None
+
+
+@lru_cache(maxsize=512)
+def _pld_epsilon(q: float, sigma: float, steps: int, delta: float, interval: float) -> float:
+    """The PLD's epsilon on the grid ``interval`` (:func:`_composed`)."""
+    if steps <= 0:
+        return 0.0
+    composed = _composed(q, sigma, steps, interval)
+    try:
         return float(composed.get_epsilon_for_delta(delta))
     except _PLD_FAILURES as exc:
         raise _pld_failed(q, sigma, steps, exc) from None
@@ -286,12 +294,8 @@ def composed_pld(q: float, sigma: float, steps: int, delta: float):
     _check_run(q, steps)
     if not sigma > 0 or steps < 1:
         raise PrivacyError(f"need a noise multiplier > 0 and steps >= 1, got {sigma}, {steps}")
-    interval = pld_grid(q, float(sigma), int(steps), delta)
-    try:
-        effective = _effective_interval(q, float(sigma), int(steps), interval)
-        return _step_pld(q, float(sigma), effective).self_compose(int(steps))
-    except _PLD_FAILURES as exc:
-        raise _pld_failed(q, sigma, steps, exc) from None
+    sigma, steps = float(sigma), int(steps)
+    return _composed(q, sigma, steps, pld_grid(q, sigma, steps, delta))
 
 
 def epsilon_for(q: float, sigma: float, steps: int, delta: float, kind: str = DEFAULT_KIND,

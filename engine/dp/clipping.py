@@ -249,9 +249,9 @@ class LayerClipper(_FlatGradient):
         for (name, m), out, b in zip(self.layers, outs, out_grads):
             b = torch.zeros_like(out) if b is None else b
             terms.append(self._term(name, m, records[m][0][0], b, x.shape[0]))
-        if groups is None and max_norm is not None and \
-                any(getattr(t, "book_keeping", False) for t in terms):
-            return total, self._clip_book_keeping(terms, max_norm)
+        keeping = [getattr(t, "book_keeping", False) for t in terms]
+        if groups is None and max_norm is not None and any(keeping):
+            return total, self._clip_book_keeping(terms, keeping, max_norm)
         if groups is not None and max_norm is not None:
             factors = _row_factors(clip_factors(
                 sum(t.group_sq_norms(groups) for t in terms), max_norm), groups)
@@ -269,12 +269,12 @@ class LayerClipper(_FlatGradient):
         clipped = 0 if max_norm is None else int((factors < 1).sum())
         return total, clipped
 
-    def _clip_book_keeping(self, terms: list, max_norm: float) -> int:
+    def _clip_book_keeping(self, terms: list, keeping: list[bool], max_norm: float) -> int:
         """Clip with one ``clip_linear_rows`` kernel for the book-keeping
-        (Linear) terms, the others' squared norms added in; write every
-        layer's sum. Returns the rows clipped."""
-        linear = [t for t in terms if getattr(t, "book_keeping", False)]
-        others = [t for t in terms if not getattr(t, "book_keeping", False)]
+        (Linear) terms (``keeping``), the others' squared norms added in;
+        write every layer's sum. Returns the rows clipped."""
+        linear = [t for t, keep in zip(terms, keeping) if keep]
+        others = [t for t, keep in zip(terms, keeping) if not keep]
         k = linear[0].b.shape[0]
         if self._factors.shape[0] < k:
             self._factors = self.grad.new_empty(k + k // 4)
@@ -282,8 +282,8 @@ class LayerClipper(_FlatGradient):
         extra = sum(t.sq_norms for t in others) if others else None
         clipped = self._clip_linear([t.a for t in linear], [t.b for t in linear],
                                     [t.has_bias for t in linear], extra, max_norm, factors)
-        for (name, _), term in zip(self.layers, terms):
-            if getattr(term, "book_keeping", False):
+        for (name, _), term, keep in zip(self.layers, terms, keeping):
+            if keep:
                 term.scaled_sum_into(self._layer_views[name])
                 continue
             for pname, value in term.clipped_sum(factors).items():

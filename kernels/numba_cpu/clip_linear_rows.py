@@ -4,53 +4,19 @@ layers' norms, clip factors and scaling fused (contract in :mod:`kernels`).
 The per-layer rules of :mod:`engine.dp.rules` would spend about five torch
 ops per Linear layer on norms and factors, each a dispatch that costs more
 than its arithmetic at a batch of a few hundred rows; this is one pass per
-row. Squared norms accumulate in float64.
+row (the kernel of :mod:`kernels.numba_cpu.clip_rows`, with each layer's bias
+term and the other layers' norms). Squared norms accumulate in float64.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
-import numba
 import numpy as np
 import torch
 
+from kernels.numba_cpu.clip_rows import NO_EXTRA, clip_rows_core
 from kernels.registry import register
 from kernels.torch.clip_linear_rows import clip_linear_rows as _generic
-
-
-@numba.njit(parallel=True, fastmath=True, cache=True)
-def _clip_linear_rows(acts, grads, bias, extra, max_norm, factors):
-    k = factors.shape[0]
-    clipped = 0
-    for i in numba.prange(k):
-        sq = extra[i] if extra.shape[0] else 0.0
-        for layer in range(len(acts)):
-            a = acts[layer]
-            g = grads[layer]
-            sa = bias[layer]
-            for j in range(a.shape[1]):
-                sa += a[i, j] * a[i, j]
-            sg = 0.0
-            for j in range(g.shape[1]):
-                sg += g[i, j] * g[i, j]
-            sq += sa * sg
-        norm = math.sqrt(sq)
-        if norm > max_norm:
-            c = max_norm / norm
-            clipped += 1
-            for layer in range(len(grads)):
-                g = grads[layer]
-                cg = g.dtype.type(c)
-                for j in range(g.shape[1]):
-                    g[i, j] *= cg
-        else:
-            c = 1.0
-        factors[i] = c
-    return clipped
-
-
-_NO_EXTRA = np.zeros(0, dtype=np.float64)
 
 
 @register("clip_linear_rows", backend="numba_cpu")
@@ -69,5 +35,5 @@ def clip_linear_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
     a = tuple(x.detach().contiguous().numpy() for x in acts)
     g = tuple(x.detach().numpy() for x in grads)
     ones = np.asarray([1.0 if b else 0.0 for b in bias], dtype=np.float64)
-    more = _NO_EXTRA if extra is None else extra.detach().double().numpy()
-    return int(_clip_linear_rows(a, g, ones, more, float(max_norm), factors.numpy()))
+    more = NO_EXTRA if extra is None else extra.detach().double().numpy()
+    return int(clip_rows_core(a, g, ones, more, float(max_norm), factors.numpy()))

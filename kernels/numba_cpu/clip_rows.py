@@ -10,21 +10,27 @@ import math
 from typing import Sequence
 
 import numba
+import numpy as np
 import torch
 
 from kernels.registry import register
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
-def _clip_rows(acts, grads, max_norm, factors):
+def clip_rows_core(acts, grads, bias, extra, max_norm, factors):
+    """The kernel of ``clip_rows`` and ``clip_linear_rows``: row i's squared
+    norm is ``extra[i]`` (when ``extra`` is not empty) plus, per layer,
+    ``(bias[layer] + |acts[i]|^2) |grads[i]|^2``; rows above ``max_norm``
+    are scaled in place. ``clip_rows`` passes zero biases (its activations
+    carry the column of ones) and no extra."""
     k = factors.shape[0]
     clipped = 0
     for i in numba.prange(k):
-        sq = 0.0
+        sq = extra[i] if extra.shape[0] else 0.0
         for layer in range(len(acts)):
             a = acts[layer]
             g = grads[layer]
-            sa = 0.0
+            sa = bias[layer]
             for j in range(a.shape[1]):
                 sa += a[i, j] * a[i, j]
             sg = 0.0
@@ -46,6 +52,10 @@ def _clip_rows(acts, grads, max_norm, factors):
     return clipped
 
 
+#: ``extra`` when there is none.
+NO_EXTRA = np.zeros(0, dtype=np.float64)
+
+
 @register("clip_rows", backend="numba_cpu")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
               factors: torch.Tensor) -> int:
@@ -61,7 +71,8 @@ def _bind(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], factors: 
     a = tuple(t.numpy() for t in acts)
     g = tuple(t.numpy() for t in grads)
     f = factors.numpy()[:k]
-    return lambda max_norm: int(_clip_rows(a, g, float(max_norm), f))
+    no_bias = np.zeros(len(g), dtype=np.float64)
+    return lambda max_norm: int(clip_rows_core(a, g, no_bias, NO_EXTRA, float(max_norm), f))
 
 
 clip_rows.bind = _bind
