@@ -117,16 +117,17 @@ def _leave(code: int, comm: "MPI.Comm", speaker: bool = True) -> "None":
     MPICH's mpiexec then reports one of *those* (exit 9, SIGKILL) as often as
     the stop's 130; an abort carries its code to the launcher. The library's
     own "application called MPI_Abort" line is sent to /dev/null: the job's
-    one line was printed already. A rank that did not print it waits
-    :data:`ABORT_GRACE_S` first, so its abort cannot kill the rank that does
-    before the line is out.
+    one line was printed already. Every rank waits before its abort, as
+    :func:`_end_job` does: the rank that printed the line
+    :data:`ABORT_GRACE_S`, so the launcher forwards the line before it tears
+    the job down (a busy machine lost it otherwise), and the others twice
+    that, so their aborts cannot end the job before the line is out.
     """
     sys.stdout.flush()
     sys.stderr.flush()
     if comm.Get_size() > 1:
         remove_shm_files()
-        if not speaker:
-            time.sleep(ABORT_GRACE_S)
+        time.sleep(ABORT_GRACE_S if speaker else 2 * ABORT_GRACE_S)
         _silence_stderr()
         comm.Abort(code)
         os._exit(code)  # not reached: Abort does not return
