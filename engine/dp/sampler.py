@@ -1,13 +1,14 @@
 """Which local rows each step uses: distributed Poisson sampling (or shuffling).
 
 **Poisson** (the default, what the accountant assumes): at every step each
-rank keeps each of its ``n_local`` rows independently with probability q.
-It draws the batch size ``k ~ Binomial(n_local, q)`` and then a uniformly
-random set of ``k`` distinct rows — the same distribution as a per-row coin flip, without a
-pass over the shard. The union over ranks is a Poisson sample of the whole
-training set with rate q (the shards partition it). Empty batches happen
-and are valid steps. Each rank's stream is its own (seeded from the run's
-seed and the rank) and its state is checkpointed.
+rank keeps each of its ``n_local`` rows independently with probability q:
+exactly one coin per row, drawn as geometric skips between the kept rows
+(one exponential per kept row, no pass over the shard). The union over ranks
+is a Poisson sample of the whole training set with rate q (the shards
+partition it). Empty batches happen
+and are valid steps. Each rank's rows at a step are a function of the run's
+seed, the rank and the step alone (counter-based, drawn a block of steps at
+a time), so a resumed run draws what the uninterrupted one would have.
 
 **Households** (``--privacy-unit household``): the same Poisson sampling,
 of the rank's households instead of its rows (each kept with probability q;
@@ -22,59 +23,87 @@ assumption*: the epsilon reported for such a run is not a guarantee.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from engine.dp.streams import STREAM_SAMPLER, STREAM_SHUFFLE, seed_sequence
+from kernels.numba_cpu.bernoulli_rows import bernoulli_rows
 
 
 class PoissonSampler:
-    """Poisson sampling of a local shard of ``n_local`` rows at rate ``q``."""
+    """Poisson sampling of a local shard of ``n_local`` rows at rate ``q``.
+
+    Counter-based: the rows of a step are a function of (seed, rank, step)
+    alone, drawn a block of steps at a time by geometric skips over the
+    block's coins (:mod:`kernels.numba_cpu.bernoulli_rows`: one exponential
+    per kept row, one numpy call per block). So a step's rows are known
+    before the step (the trainer prefetches the next step's rows while this
+    one computes), and there is no state to checkpoint beyond the step count
+    the trainer keeps.
+    """
 
     assumption_met = True
     name = "poisson"
+    #: Rows drawn per block of steps (about), and the most steps in a block.
+    BLOCK_ROWS = 1 << 15
+    BLOCK_STEPS = 128
 
     def __init__(self, n_local: int, q: float, seed: int, rank: int):
         if not 0.0 < q <= 1.0:
             raise ValueError(f"sampling rate q={q} must be in (0, 1]")
         self.n_local, self.q = int(n_local), float(q)
-        self.rng = np.random.Generator(np.random.PCG64(seed_sequence(seed, rank,
-                                                                     STREAM_SAMPLER)))
+        self.seed, self.rank = int(seed), int(rank)
+        expected = max(1.0, self.q * self.n_local)
+        self.block_steps = int(max(1, min(self.BLOCK_STEPS, self.BLOCK_ROWS // expected)))
+        # Exponentials per draw: the block's expected rows plus a margin.
+        mean = expected * self.block_steps + self.block_steps
+        self._chunk = int(mean + 4.0 * mean ** 0.5 + 16)
+        self._scale = 0.0 if self.q >= 1.0 else 1.0 / -math.log1p(-self.q)
+        self._block = -1
+        self._rows = np.empty(0, dtype=np.int64)
+        self._offsets = np.zeros(self.block_steps + 1, dtype=np.int64)
 
     def expected_local_batch(self) -> float:
         return self.q * self.n_local
 
     def sample(self, step: int) -> np.ndarray:
-        """Sorted int64 local row indices of this step (possibly empty).
+        """Sorted, distinct int64 local row indices of step ``step`` (possibly empty).
 
-        The k distinct rows: k uniform draws, then fresh draws for the
-        duplicates until all are distinct. The procedure commutes with any
-        relabelling of the rows, so every k-subset is equally likely (the
-        same law as ``Generator.choice(n, k, replace=False)``, at a third of
-        its cost for k << n; the tests check the inclusion frequencies).
+        A pure function of (seed, rank, step): calling it again, or for an
+        earlier or later step, gives that step's rows (a view into the
+        block's array: do not write to it).
         """
-        k = int(self.rng.binomial(self.n_local, self.q))
-        if 4 * k > self.n_local:  # dense: duplicates would be frequent
-            rows = self.rng.choice(self.n_local, size=k, replace=False)
-            rows.sort()
-            return rows.astype(np.int64, copy=False)
-        rows = self.rng.integers(0, self.n_local, size=k, dtype=np.int64)
-        rows.sort()
-        while k > 1:
-            distinct = np.flatnonzero(rows[1:] != rows[:-1])
-            missing = k - 1 - distinct.size
-            if missing == 0:
-                break
-            rows = np.concatenate([rows[:1], rows[1:][distinct],
-                                   self.rng.integers(0, self.n_local, size=missing,
-                                                     dtype=np.int64)])
-            rows.sort()
-        return rows
+        block, j = divmod(int(step), self.block_steps)
+        if block != self._block:
+            self._draw_block(block)
+        return self._rows[self._offsets[j]:self._offsets[j + 1]]
+
+    def _draw_block(self, block: int) -> None:
+        rng = np.random.Generator(np.random.PCG64(seed_sequence(
+            self.seed, self.rank, STREAM_SAMPLER, block)))
+        if self.n_local == 0:
+            self._rows, self._offsets[:] = np.empty(0, dtype=np.int64), 0
+            self._block = block
+            return
+        state = np.array([-1, 0, 0], dtype=np.int64)
+        rows = np.empty(self._chunk, dtype=np.int64)
+        self._offsets[0] = 0
+        while state[1] < self.block_steps:
+            exponentials = rng.standard_exponential(self._chunk)
+            if rows.shape[0] < state[2] + self._chunk:
+                rows = np.concatenate([rows, np.empty(self._chunk, dtype=np.int64)])
+            bernoulli_rows(exponentials, self._scale, self.n_local, self.block_steps, state,
+                           rows, self._offsets)
+        self._rows, self._block = rows, block
 
     def get_state(self) -> dict:
-        return self.rng.bit_generator.state
+        """Nothing: a step's rows depend only on (seed, rank, step)."""
+        return {}
 
     def set_state(self, state: dict) -> None:
-        self.rng.bit_generator.state = state
+        """Accepts any earlier state (a checkpoint of a version whose sampler kept a
+        generator's state resumes with this version's draws: the same law)."""
 
 
 class HouseholdSampler:
