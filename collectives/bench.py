@@ -227,8 +227,11 @@ def _check(buf: Any, comm: Any, algorithm: str, op: str, allreduce: Any) -> int:
 
 
 def tuner_of(state: Any, count: int, dtype: Any, op: str, name: str) -> Any:
-    """The tuner of a tuned ``auto`` plan of this signature, or None."""
+    """The tuner of a tuned ``auto`` plan of this signature, or None; its counts
+    include every call made so far (``TunedPlan.settle``)."""
     plan = state.plans.get((count, np.dtype(dtype), op, name))
+    if hasattr(plan, "settle"):
+        plan.settle()
     return getattr(plan, "tuner", None)
 
 
@@ -302,6 +305,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
                     streamed[name][0] += choices.calls[1] - before[1]
                     streamed[name][1] += sum(choices.calls) - sum(before)
                 if used is not None:
+                    tuner = tuner_of(state, count, dtype, op, name)  # settled
                     for i, k in enumerate(tuner.used):
                         ran[name][tuner.names[i]] = ran[name].get(tuner.names[i], 0) + k - used[i]
                 elapsed[name] += spent

@@ -11,13 +11,17 @@ choice at the same call without any other message.
 * It starts from the static table's choice (:mod:`collectives.auto`), or from
   what an earlier run measured on this machine (the tuning file, below).
 * Exploration: each candidate not yet measured is tried on a few calls
-  (the first one untimed: it builds the candidate's plan).
-* Then it keeps the candidate with the lowest agreed time, times one call in
-  four, and tries each other candidate again now and then, spaced so that the
-  trials together cost about ``BUDGET`` of the time (with k candidates, one r
-  times slower is tried again after about (r - 1) (k - 1) / BUDGET calls), and
-  switches when a trial beats the current estimate by more than ``MARGIN``
-  (a host that moves the ranks to other cores can change the best one).
+  (the first two untimed: they build the candidate's plan and warm it up).
+* Then it keeps the candidate with the lowest agreed time, times a few calls
+  of each period between agreements (periods grow while the choice holds),
+  and tries each other candidate again now and then (a trial: the first
+  calls of a period, the first two untimed, as in exploration), spaced
+  so that the trials together cost about ``BUDGET`` of the time (with k
+  candidates, one r times slower is tried again after about
+  5 (r - 1) (k - 1) / BUDGET calls), and switches when a trial beats the
+  current estimate by more than ``MARGIN`` (a host that moves the ranks to
+  other cores can change the best one). Estimates are medians of the
+  period's timed calls.
 
 The tuning file (``MPIDP_ALLREDUCE_TUNING_FILE``, default
 ``~/.cache/mpidp/allreduce-tuning.json``; ``none`` for no file) keeps the
@@ -34,6 +38,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -49,11 +54,21 @@ CANDIDATES = ("native", "recursive_doubling", "ring", "rabenseifner")
 BUDGET = 0.04
 #: A trial must beat the current estimate by this factor to switch.
 MARGIN = 0.95
-#: Calls between agreements (and timed calls of the current choice: 1 in TIME_EVERY).
+#: Calls between agreements at first and after a switch; each agreement that
+#: keeps the choice doubles the period, up to MAX_PERIOD (an agreement is a
+#: small all-reduce: at 1 us calls, one in 32 would cost a tenth of the time).
 PERIOD = 32
+MAX_PERIOD = 1024
+#: Timed calls of the current choice: one in max(TIME_EVERY, period / TIMED_PER_PERIOD).
 TIME_EVERY = 4
-#: Timed calls per candidate while exploring (after one untimed call).
-EXPLORE_CALLS = 2
+TIMED_PER_PERIOD = 8
+#: Calls per candidate while exploring, and in each later trial: WARM_CALLS
+#: untimed (the first calls of an algorithm after another ran find its memory
+#: cold and the ranks out of step, and would make it look several times
+#: slower than it is), then EXPLORE_CALLS timed.
+WARM_CALLS = 2
+EXPLORE_CALLS = 3
+TRIAL_CALLS = WARM_CALLS + EXPLORE_CALLS
 #: Most calls between trials of a candidate.
 MAX_GAP = 4096
 
@@ -98,14 +113,22 @@ class Tuner:
         #: otherwise measure as its speed.
         self.plan: list[tuple[int, bool]] = []
         for i in range(k):
-            self.plan.append((i, False))
             if self.estimate[i] is None:
-                self.plan += [(i, True)] * EXPLORE_CALLS
+                self.plan += [(i, False)] * WARM_CALLS + [(i, True)] * EXPLORE_CALLS
+            else:
+                self.plan.append((i, False))
         self.next_trial = [0] * k
         self._space_trials(list(range(k)))
-        self._sums = [0.0] * k
-        self._counts = [0] * k
+        #: Timed calls since the last agreement, per candidate.
+        self._samples: list[list[float]] = [[] for _ in range(k)]
+        #: The current period: its first call, its length, its agreement (after
+        #: call ``_agree_at - 1``) and the spacing of its timed calls.
+        self.period = PERIOD
+        self._period_start = 0
         self._agree_at = len(self.plan) or PERIOD
+        self._time_every = TIME_EVERY
+        #: The candidate tried in the first calls of this period, if any.
+        self._trial: int | None = None
 
     def _choose(self) -> None:
         known = [(t, i) for i, t in enumerate(self.estimate) if t is not None]
@@ -122,7 +145,8 @@ class Tuner:
                 continue
             ratio = max(1.0, t / best)
             share = BUDGET / max(1, len(self.names) - 1)
-            gap = min(MAX_GAP, max(PERIOD, math.ceil((ratio - 1) / share)))
+            cost = TRIAL_CALLS * (ratio - 1)  # a trial's calls, over the choice's
+            gap = min(MAX_GAP, max(PERIOD, math.ceil(cost / share)))
             self.next_trial[i] = self.calls + gap
 
     def pick(self) -> tuple[int, bool]:
@@ -130,20 +154,22 @@ class Tuner:
         c = self.calls
         if c < len(self.plan):
             return self.plan[c]
-        if c % PERIOD == 0:  # the period's first call may be a trial
-            due = [i for i in range(len(self.names))
-                   if i != self.choice and self.next_trial[i] <= c]
-            if due:
-                return min(due, key=lambda i: self.next_trial[i]), True
-        return self.choice, c % TIME_EVERY == 1
+        into = c - self._period_start
+        if self._trial is not None and into < TRIAL_CALLS:  # the period's first calls
+            return self._trial, into >= WARM_CALLS
+        return self.choice, into % self._time_every == 1
+
+    def _due_trial(self) -> int | None:
+        due = [i for i in range(len(self.names))
+               if i != self.choice and self.next_trial[i] <= self.calls]
+        return min(due, key=lambda i: self.next_trial[i]) if due else None
 
     def record(self, index: int, timed: bool, seconds: float) -> None:
         """Account for the call just made."""
         self.calls += 1
         self.used[index] += 1
         if timed:
-            self._sums[index] += seconds
-            self._counts[index] += 1
+            self._samples[index].append(seconds)
 
     def due(self) -> bool:
         """Whether the ranks agree now (after this call; the same call on every rank)."""
@@ -153,22 +179,25 @@ class Tuner:
         """How many of the coming calls are the current choice's with no trial
         before them and no agreement after them: :class:`TunedPlan`'s runner
         makes those without asking :meth:`pick` and :meth:`due` (the same calls
-        they would give), timing one in ``TIME_EVERY`` as :meth:`pick` says."""
+        they would give): up to the next timed call, trial or agreement."""
         c = self.calls
         if c < len(self.plan):
             return 0
-        trials = [t for i, t in enumerate(self.next_trial) if i != self.choice]
-        end = self._agree_at - 1  # the call after which the ranks agree: not plain
-        if trials:  # the first period start at or after the earliest due trial
-            end = min(end, -(-max(c, min(trials)) // PERIOD) * PERIOD)
+        start, every = self._period_start, self._time_every
+        if self._trial is not None and c - start < TRIAL_CALLS:
+            return 0
+        timed = c + (1 - (c - start)) % every  # the next timed call, at or after c
+        end = min(timed, self._agree_at - 1)  # the call after which the ranks agree: not plain
         return max(0, end - c)
 
     def collected(self, out: np.ndarray | None = None) -> np.ndarray:
-        """This rank's mean times since the last agreement (-1: none), to reduce by
-        MAX; into ``out`` when given (no allocation)."""
+        """This rank's median time per candidate since the last agreement (-1:
+        none), to reduce by MAX; into ``out`` when given (no allocation). A
+        median, not a mean: one call that the OS delayed by 100 us must not make
+        a 1 us algorithm look slower than the rest."""
         out = np.empty(len(self.names)) if out is None else out
-        for i, (s, n) in enumerate(zip(self._sums, self._counts)):
-            out[i] = s / n if n else -1.0
+        for i, samples in enumerate(self._samples):
+            out[i] = statistics.median(samples) if samples else -1.0
         return out
 
     def agree(self, slowest: np.ndarray) -> None:
@@ -179,19 +208,24 @@ class Tuner:
             if t < 0:
                 continue
             t, old = float(t), self.estimate[i]
-            # The current choice keeps a running mean; a trial replaces the estimate.
+            # The current choice averages its last two periods; a trial replaces it.
             self.estimate[i] = t if old is None or i != chosen else 0.5 * old + 0.5 * t
             measured.append(i)
         best = min((t, i) for i, t in enumerate(self.estimate) if t is not None)
-        if best[1] != chosen and (self.estimate[chosen] is None
-                                  or best[0] < self.estimate[chosen] * MARGIN):
+        switched = best[1] != chosen and (self.estimate[chosen] is None
+                                          or best[0] < self.estimate[chosen] * MARGIN)
+        if switched:
             self.choice = best[1]
             self.switches += 1
             measured = list(range(len(self.names)))  # every ratio changed
         self._space_trials(measured)
-        for i in range(len(self.names)):
-            self._sums[i], self._counts[i] = 0.0, 0
-        self._agree_at = self.calls + PERIOD
+        for samples in self._samples:
+            samples.clear()
+        self.period = PERIOD if switched else min(MAX_PERIOD, 2 * self.period)
+        self._period_start = self.calls
+        self._agree_at = self.calls + self.period
+        self._time_every = max(TIME_EVERY, self.period // TIMED_PER_PERIOD)
+        self._trial = self._due_trial()
 
     def times(self) -> dict[str, float]:
         """Agreed seconds per call, per measured candidate."""
@@ -217,6 +251,8 @@ class TunedPlan:
         self._agreement = agreement
         self.host_only = True  # some candidates need host memory: device buffers are staged
         self.channel = None
+        #: Counts the calls of the newest runner's stretch so far into the tuner.
+        self.settle: Callable[[], None] = lambda: None
 
     @property
     def runs(self) -> Any:
@@ -228,6 +264,7 @@ class TunedPlan:
 
     def runner(self, key_obj: Any, view: Any, space: Any = None, extra: Any = None,
                hold: Any = None) -> Runner:
+        self.settle()  # the runner this one replaces is called no more
         tuner, names, candidate = self.tuner, self.tuner.names, self._candidate
         bound: list[Runner | None] = [None] * len(names)
         slowest = np.zeros(len(names))
@@ -247,25 +284,25 @@ class TunedPlan:
             agreement[0]()
             tuner.agree(slowest)
 
-        # [plain calls left, the choice's index, its runner]: the steady state
-        # (Tuner.plain_calls) skips pick/record/due, ~0.4 us a call of Python.
-        plain: list = [0, 0, None]
-        used = tuner.used
+        # The steady state (Tuner.plain_calls): a stretch of calls of the
+        # current choice, untimed, with no trial or agreement, made without
+        # asking the tuner; they are counted into it when the stretch ends
+        # (settle), so a call in a stretch costs one closure call over the
+        # candidate's own.
+        left = 0
+        stretch, chosen_index, chosen = 0, 0, None
 
-        def run() -> None:
-            left = plain[0]
-            if left:
-                plain[0] = left - 1
-                c = tuner.calls
-                if c % TIME_EVERY == 1:
-                    start = clock()
-                    plain[2]()
-                    tuner.record(plain[1], True, clock() - start)
-                else:
-                    plain[2]()
-                    tuner.calls = c + 1
-                    used[plain[1]] += 1
-                return
+        def settle() -> None:
+            nonlocal stretch
+            made = stretch - left
+            if made:
+                tuner.calls += made
+                tuner.used[chosen_index] += made
+                stretch = left
+
+        def slow() -> None:
+            nonlocal left, stretch, chosen_index, chosen
+            settle()
             i, timed = tuner.pick()
             call = run_candidate(i)
             if timed:
@@ -277,11 +314,20 @@ class TunedPlan:
                 tuner.record(i, False, 0.0)
             if tuner.due():
                 agree()
-            left = tuner.plain_calls()
+            left = stretch = tuner.plain_calls()
             if left:
-                plain[0], plain[1] = left, tuner.choice
-                plain[2] = run_candidate(tuner.choice)
+                chosen_index = tuner.choice
+                chosen = run_candidate(chosen_index)
 
+        def run() -> None:
+            nonlocal left
+            if left:
+                left -= 1
+                chosen()
+            else:
+                slow()
+
+        self.settle = settle
         return run
 
 
