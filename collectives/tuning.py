@@ -11,14 +11,14 @@ choice at the same call without any other message.
 * It starts from the static table's choice (:mod:`collectives.auto`), or from
   what an earlier run measured on this machine (the tuning file, below).
 * Exploration: each candidate not yet measured is tried on a few calls
-  (the first two untimed: they build the candidate's plan and warm it up).
+  (the first one untimed: it builds the candidate's plan).
 * Then it keeps the candidate with the lowest agreed time, times a few calls
   of each period between agreements (periods grow while the choice holds),
   and tries each other candidate again now and then (a trial: the first
   calls of a period, the first two untimed, as in exploration), spaced
   so that the trials together cost about ``BUDGET`` of the time (with k
   candidates, one r times slower is tried again after about
-  5 (r - 1) (k - 1) / BUDGET calls), and switches when a trial beats the
+  4 (r - 1) (k - 1) / BUDGET calls), and switches when a trial beats the
   current estimate by more than ``MARGIN`` (a host that moves the ranks to
   other cores can change the best one). Estimates are medians of the
   period's timed calls.
@@ -62,13 +62,16 @@ MAX_PERIOD = 1024
 #: Timed calls of the current choice: one in max(TIME_EVERY, period / TIMED_PER_PERIOD).
 TIME_EVERY = 4
 TIMED_PER_PERIOD = 8
-#: Calls per candidate while exploring, and in each later trial: WARM_CALLS
-#: untimed (the first calls of an algorithm after another ran find its memory
-#: cold and the ranks out of step, and would make it look several times
-#: slower than it is), then EXPLORE_CALLS timed.
+#: Timed calls per candidate while exploring (after one untimed call: it
+#: builds the candidate's plan).
+EXPLORE_CALLS = 2
+#: A later trial of a candidate: WARM_CALLS untimed calls, then TRIAL_TIMED
+#: timed. The first calls of an algorithm after another ran a while find its
+#: memory cold and the ranks out of step: timed, they made it look several
+#: times slower than it is, and auto kept a slower choice for whole runs.
 WARM_CALLS = 2
-EXPLORE_CALLS = 3
-TRIAL_CALLS = WARM_CALLS + EXPLORE_CALLS
+TRIAL_TIMED = 2
+TRIAL_CALLS = WARM_CALLS + TRIAL_TIMED
 #: Most calls between trials of a candidate.
 MAX_GAP = 4096
 
@@ -113,10 +116,9 @@ class Tuner:
         #: otherwise measure as its speed.
         self.plan: list[tuple[int, bool]] = []
         for i in range(k):
+            self.plan.append((i, False))
             if self.estimate[i] is None:
-                self.plan += [(i, False)] * WARM_CALLS + [(i, True)] * EXPLORE_CALLS
-            else:
-                self.plan.append((i, False))
+                self.plan += [(i, True)] * EXPLORE_CALLS
         self.next_trial = [0] * k
         self._space_trials(list(range(k)))
         #: Timed calls since the last agreement, per candidate.
