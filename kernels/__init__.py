@@ -1,6 +1,6 @@
 """Per-example gradient kernels and the SGD update, one package per back-end.
 
-A DP-SGD step of the engine's MLP calls five of these ops (``clip_groups``
+A DP-SGD step of the engine's MLP calls six of these ops (``clip_groups``
 instead of ``clip_rows`` for the household unit). Each has one contract,
 below, and one kernel in every back-end that implements it:
 
@@ -44,6 +44,12 @@ below, and one kernel in every back-end that implements it:
     SGD with momentum on flat buffers of one dtype, in place:
     ``velocity = momentum * velocity + scale * grad``, then
     ``params -= lr * velocity`` (PyTorch's convention; ``grad`` unchanged).
+``gather_rows(X, y, rows, out, out_labels) -> None``
+    The step's batch: ``out[i] = X[rows[i]]`` and ``out_labels[i] =
+    y[rows[i]]`` for every i (``X`` and ``out`` C-contiguous 2-D of one
+    dtype and width, ``y`` and ``out_labels`` int64, ``rows`` int64 on the
+    same device, ``len(out) == len(rows)``). IndexError for a row out of
+    range (the Numba kernel; torch's raises its own).
 ``gaussian_stream(seed_sequence[, device]) -> stream``
     A reproducible stream of N(0, 1) samples with ``stream.add_(buf, std)``
     (adds ``std * N(0, 1)`` to every element of a 1-D buffer in place),

@@ -57,6 +57,7 @@ MODULES = {
     "softmax_xent": "softmax_xent",
     "sgd_update": "sgd_update",
     "gaussian_stream": "gaussian",
+    "gather_rows": "gather_rows",
 }
 OPS = tuple(MODULES)
 
@@ -64,8 +65,9 @@ OPS = tuple(MODULES)
 #: (the SGD update is two element-wise torch ops, one launch each; its Numba
 #: kernel exists to save the CPU's per-op dispatch cost; the per-group
 #: clipping's padded batched GEMMs are what a GPU runs well anyway; the generic
-#: path's Linear clipping is a few launches per layer there).
-GENERIC_ON_GPU = ("sgd_update", "clip_groups", "clip_linear_rows")
+#: path's Linear clipping is a few launches per layer there; the batch's row
+#: gather is torch's index_select, one launch).
+GENERIC_ON_GPU = ("sgd_update", "clip_groups", "clip_linear_rows", "gather_rows")
 
 #: (op, back-end name) -> kernel.
 _KERNELS: dict[tuple[str, str], Callable] = {}

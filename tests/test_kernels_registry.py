@@ -252,3 +252,30 @@ def test_bound_kernels_equal_direct_calls(backend, k):
                 for x, y in zip(b if isinstance(b, (list, tuple)) else [b],
                                 twin[name] if isinstance(b, (list, tuple)) else [twin[name]]):
                     assert torch.equal(x, y), (op, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [0, 1, 37])
+def test_gather_rows_numba_equals_torch_and_indexing(dtype, k):
+    g = torch.Generator().manual_seed(k)
+    X = torch.randn(200, 11, generator=g, dtype=dtype)
+    y = torch.randint(0, 5, (200,), generator=g)
+    rows = torch.randint(0, 200, (k,), generator=g).sort().values
+    for backend in ("numba", "torch"):
+        kernel = registry.get("gather_rows", "cpu", backend)
+        out = torch.full((k, 11), float("nan"), dtype=dtype)
+        labels = torch.full((k,), -1, dtype=torch.int64)
+        kernel(X, y, rows, out, labels)
+        assert torch.equal(out, X[rows]) and torch.equal(labels, y[rows])
+        bound = registry.bind(kernel, X=X, y=y, out=out, out_labels=labels)
+        out.zero_()
+        bound(rows=rows)
+        assert torch.equal(out, X[rows])
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_gather_rows_refuses_a_row_out_of_range(backend):
+    kernel = registry.get("gather_rows", "cpu", backend)
+    X, y = torch.zeros(10, 3), torch.zeros(10, dtype=torch.int64)
+    with pytest.raises(IndexError):
+        kernel(X, y, torch.tensor([2, 10]), torch.empty(2, 3), torch.empty(2, dtype=torch.int64))

@@ -60,6 +60,7 @@ class FastMLP:
         self.clip_rows = registry.get("clip_rows", device, backend)
         self.relu_backward = registry.get("relu_backward", device, backend)
         self.softmax_xent = registry.get("softmax_xent", device, backend)
+        self.gather_rows = registry.get("gather_rows", device, backend)
         self._backend = backend
         self.clip_groups = None  # looked up on the first grouped call
         self.capacity = 0
@@ -69,7 +70,8 @@ class FastMLP:
     def backends(self) -> dict[str, str]:
         return {"clip_rows": self.clip_rows.backend,
                 "relu_backward": self.relu_backward.backend,
-                "softmax_xent": self.softmax_xent.backend}
+                "softmax_xent": self.softmax_xent.backend,
+                "gather_rows": self.gather_rows.backend}
 
     def _allocate(self, capacity: int) -> None:
         dims, kw = self.spec.dims, {"dtype": self.dtype, "device": self.device}
@@ -84,6 +86,8 @@ class FastMLP:
         self.factors = torch.empty(capacity, **kw)
         self.capacity = capacity
         self._views: dict[int, tuple] = {}
+        #: k -> (X, y, gather_rows bound to them and to the first k rows' buffers)
+        self._gathers: dict[int, tuple] = {}
 
     def _slices(self, k: int) -> tuple:
         """Views of every buffer's first k rows, and the kernels bound to them
@@ -119,9 +123,13 @@ class FastMLP:
             rows = rows.to(self.device, non_blocking=True)
         if k > self.capacity:
             self._allocate(k + k // 4)
-        A, _, _, _, yk, _ = self._slices(k)
-        torch.index_select(X, 0, rows, out=A[0])
-        torch.index_select(y, 0, rows, out=yk)
+        gather = self._gathers.get(k)
+        if gather is None or gather[0] is not X or gather[1] is not y:
+            A, _, _, _, yk, _ = self._slices(k)
+            gather = (X, y, registry.bind(self.gather_rows, X=X, y=y, out=A[0],
+                                          out_labels=yk))
+            self._gathers[k] = gather
+        gather[2](rows=rows)
         return k
 
     def _use_groups(self) -> None:
