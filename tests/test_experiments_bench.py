@@ -366,3 +366,25 @@ def test_mlbench_1a_on_tiny_images_or_what_it_needs(tmp_path, capsys):
     assert mine["model"] == "resnet20" and mine["batch_size"] == 32 and mine["mode"] == "weak"
     assert mine["tta_epochs"] == 1 and mine["accuracy_after_time"] is not None
     assert mine["peer"] == "torch-ddp" and mine["vs_peer"] > 0
+
+
+def test_dp_runs_get_a_delta_below_one_over_n(tmp_path, capsys, monkeypatch):
+    """mpidp train refuses a delta above 1/N; the seed preset has 790,000 rows, so
+    its DP runs pass --delta 1e-06 (train's default 1e-5 would be refused)."""
+    from engine.bench import scaling
+    data = tmp_path / "d.h5"
+    data.write_bytes(b"")
+    monkeypatch.setattr(scaling, "read_info", lambda path: Namespace(rows={"train": 790_000}))
+    scaling._delta_for.cache_clear()
+    try:
+        assert _run("--data", str(data), "--ranks", "1", "--privacy", "dp,nodp",
+                    "--dry-run") == 0
+        dp, dp_peer, nodp, nodp_peer = capsys.readouterr().out.strip().splitlines()
+        assert "--delta 1e-06" in dp and "--delta 1e-06" in dp_peer  # Opacus-DDP too
+        assert "--delta" not in nodp + nodp_peer
+        assert _run("--data", str(data), "--ranks", "1", "--privacy", "dp", "--dry-run",
+                    "--train-args", "--delta 1e-7") == 0
+        ours = capsys.readouterr().out.splitlines()[0]
+        assert ours.count("--delta") == 1 and "--delta 1e-7" in ours  # the user's own
+    finally:
+        scaling._delta_for.cache_clear()

@@ -94,10 +94,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import io
 import json
+import math
 import os
 import platform
 import shlex
@@ -116,6 +118,7 @@ from engine import outputs
 from engine.bench import scaling_report as report, synthetic
 from engine.bench.scaling_plot import plot, plot_sweep
 from engine.errors import ConfigError, WriteFailed
+from engine.shard import read_info
 
 #: The tabular models the tabular presets train (the MLP of --hidden).
 TABULAR_MODELS = ("mlp",)
@@ -473,6 +476,9 @@ def _config(s, data, workdir, mode, dp, algorithm, threads, ranks, model=None,
              "--allreduce", algorithm, "--seed", str(s.seed), "--no-progress"]
     argv += (["--noise-multiplier", repr(s.noise_multiplier), "--max-grad-norm",
               repr(s.max_grad_norm)] if dp else ["--no-dp"])
+    delta = _delta_for(data) if dp and "--delta" not in shlex.split(s.train_args) else None
+    if delta is not None:
+        argv += ["--delta", repr(delta)]
     if threads != "auto":
         argv += ["--threads", threads]
     if getattr(s, "device", "cpu") != "cpu":
@@ -488,6 +494,19 @@ def _config(s, data, workdir, mode, dp, algorithm, threads, ranks, model=None,
             "grid_batch": grid_batch if model is not None else None,
             "data_repeat": repeat if model is not None else None,
             "metrics": os.path.join(workdir, name + ".jsonl"), "train_argv": ["train", *argv]}
+
+
+@functools.lru_cache(maxsize=None)
+def _delta_for(data: str) -> float | None:
+    """mpidp train's default delta (1e-5), or for a training set of more than
+    100,000 rows the largest power of ten not above 1/N (train refuses a delta
+    above 1/N: the seed's 790,000 rows get 1e-6); None when the file cannot be
+    read (a dry run's placeholder), so the run uses train's default."""
+    try:
+        n = read_info(data).rows["train"]
+    except Exception:  # noqa: BLE001 - any unreadable file: train reports it if run
+        return None
+    return min(1e-5, 10.0 ** math.floor(math.log10(1.0 / max(1, n))))
 
 
 def peer_config(config: dict) -> dict:
