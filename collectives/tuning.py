@@ -15,7 +15,7 @@ choice at the same call without any other message.
 * Then it keeps the candidate with the lowest agreed time, times a few calls
   of each period between agreements (periods grow while the choice holds),
   and tries each other candidate again now and then (a trial: the first
-  calls of a period, the first two untimed, as in exploration), spaced
+  calls of a period, two untimed to warm it up, then two timed), spaced
   so that the trials together cost about ``BUDGET`` of the time (with k
   candidates, one r times slower is tried again after about
   4 (r - 1) (k - 1) / BUDGET calls), and switches when a trial beats the

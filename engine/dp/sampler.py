@@ -5,10 +5,10 @@ rank keeps each of its ``n_local`` rows independently with probability q:
 exactly one coin per row, drawn as geometric skips between the kept rows
 (one exponential per kept row, no pass over the shard). The union over ranks
 is a Poisson sample of the whole training set with rate q (the shards
-partition it). Empty batches happen
-and are valid steps. Each rank's rows at a step are a function of the run's
-seed, the rank and the step alone (counter-based, drawn a block of steps at
-a time), so a resumed run draws what the uninterrupted one would have.
+partition it). Empty batches happen and are valid steps. Each rank's rows
+at a step are a function of the run's seed, the rank and the step alone
+(counter-based, drawn a block of steps at a time), so a resumed run draws
+what the uninterrupted one would have.
 
 **Households** (``--privacy-unit household``): the same Poisson sampling,
 of the rank's households instead of its rows (each kept with probability q;
@@ -37,10 +37,9 @@ class PoissonSampler:
     Counter-based: the rows of a step are a function of (seed, rank, step)
     alone, drawn a block of steps at a time by geometric skips over the
     block's coins (:mod:`kernels.numba_cpu.bernoulli_rows`: one exponential
-    per kept row, one numpy call per block). So a step's rows are known
-    before the step (the trainer prefetches the next step's rows while this
-    one computes), and there is no state to checkpoint beyond the step count
-    the trainer keeps.
+    per kept row, one numpy call per block). So a step's rows can be asked
+    for in any order, and there is no state to checkpoint beyond the step
+    count the trainer keeps.
     """
 
     assumption_met = True
