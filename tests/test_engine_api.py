@@ -74,9 +74,9 @@ def test_the_model_is_the_best_validation_epochs(comm, shared_tmp):
     if comm.Get_rank() == 0:
         synthetic.write(path, rows=900, features=6, test_rows=200, val_rows=200, seed=7)
     comm.Barrier()
-    # seed 14: the best val epoch is 2 or 3 of 4 at 1, 2, 3 and 4 ranks
+    # seed 22: the best val epoch is 2 or 3 of 4 at 1, 2, 3 and 4 ranks
     common = dict(comm=comm, batch_size=64, hidden=[8], noise_multiplier=4.0, lr=0.5,
-                  seed=14, allreduce="ring", quiet=True)
+                  seed=22, allreduce="ring", quiet=True)
     run = engine.train(str(path), epochs=4, **common)
     best = run.selected_epoch
     accuracies = [r["val_accuracy"] for r in run.history]

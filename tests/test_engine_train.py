@@ -222,11 +222,11 @@ def test_eval_command_scores_a_checkpoint(tiny, tmp_path, capsys):
 
 
 # -- a validation split: val every epoch, test once at the end, the best epoch kept
-# Noisy enough that the best validation epoch is not the last one at 1, 2 and 3
-# ranks (epochs 2, 3 and 2 of 4 with this seed), so selecting it is seen.
-# seed 14: the best val epoch is 2 or 3 of 4 at 1, 2, 3 and 4 ranks (a test needs it
-# before the last)
-VAL = dict(epochs=4, batch_size=64, hidden=(8,), noise_multiplier=4.0, lr=0.5, seed=14,
+# Noisy enough that the best validation epoch is not the last one, so selecting
+# it is seen. Seed 22: the best val epoch is 3, 2, 3 and 2 of 4 at 1, 2, 3 and 4
+# ranks, 0.045-0.13 above the last (a seed with that property, checked for the
+# sampler's stream; a new stream needs another check).
+VAL = dict(epochs=4, batch_size=64, hidden=(8,), noise_multiplier=4.0, lr=0.5, seed=22,
            progress=False, allreduce="ring")
 
 
