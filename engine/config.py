@@ -16,12 +16,10 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import collectives
+from engine.choices import NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, parse_hidden
 from engine.dp.accountant import DEFAULT_KIND, KINDS
-from engine.dp.noise import SCHEMES
 from engine.errors import ConfigError
 from engine.nn import factories
-from engine.nn.model import parse_hidden
-from engine.nn.optim import NAMES
 from engine.nn.schedule import SCHEDULES
 
 #: Options a resume must repeat unchanged (they define the run and its privacy).

@@ -47,3 +47,16 @@ def test_every_command_has_a_description_and_a_runner():
         sub = commands.choices[name]
         assert sub.description and len(sub.description) > 20
         assert callable(sub.get_default("_run"))
+
+
+def test_a_refused_train_answers_before_torch_is_imported(tmp_path):
+    """Options are checked before the trainer is imported (torch and Numba take
+    over a second): a refused run exits 2 with torch never loaded."""
+    code = ("import sys\nfrom engine.cli import main\n"
+            "try:\n    code = main(['train', '--data', 'x.h5', '--hidden', '8,x'])\n"
+            "except SystemExit as exit:\n    code = exit.code\n"
+            "print(code, 'torch' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=60)
+    assert result.stdout.split() == ["2", "False"], result.stdout + result.stderr
+    assert "--hidden '8,x'" in result.stderr

@@ -215,7 +215,8 @@ def init_process_group(comm, device: str, master_addr: str | None) -> str:
 def build_model(args: argparse.Namespace, info, seed: int):
     """The model ``mpidp train --model`` trains, with its initial parameters."""
     from engine.nn import image_models
-    from engine.nn.model import MLPSpec, init_params, parse_hidden, to_module
+    from engine.choices import parse_hidden
+    from engine.nn.model import MLPSpec, init_params, to_module
     from engine.nn.models import seeded
 
     if args.model in image_models.IMAGE_MODELS:

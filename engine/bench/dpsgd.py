@@ -276,7 +276,8 @@ def run(args: argparse.Namespace) -> int:
     # deferred: torch and Numba, kept out of `mpidp bench --help`
     import torch
 
-    from engine.nn.model import MLPSpec, parse_hidden
+    from engine.choices import parse_hidden
+    from engine.nn.model import MLPSpec
     from engine.trainer import configure_threads
 
     if MPI.COMM_WORLD.Get_size() > 1:

@@ -352,7 +352,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         except ValueError as exc:
             raise BenchError(f"--image-shape: {exc}") from None
     else:
-        from engine.nn.model import parse_hidden  # deferred: torch, out of `mpidp bench --help`
+        from engine.choices import parse_hidden
 
         try:
             parse_hidden(settings.hidden)

@@ -36,10 +36,10 @@ import secrets
 
 import torch
 
+from engine.choices import NOISE_SCHEMES as SCHEMES
 from engine.dp.streams import STREAM_NOISE, seed_sequence
 from kernels import registry
 
-SCHEMES = ("partition", "split")
 #: Draws summed per coordinate by the secure mode (each of std / sqrt(DRAWS)).
 SECURE_DRAWS = 4
 

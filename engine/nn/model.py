@@ -18,25 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.errors import ConfigError
-
 ACTIVATIONS = ("relu",)
-
-
-def parse_hidden(text: str) -> tuple[int, ...]:
-    """``"128,128"`` -> ``(128, 128)``; ``""`` -> ``()`` (logistic regression)."""
-    text = text.strip()
-    if not text:
-        return ()
-    try:
-        widths = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--hidden {text!r}: expected comma-separated layer widths, "
-                          "e.g. 128,128 (empty for logistic regression)",
-                          collective=True) from None
-    if any(w <= 0 for w in widths):
-        raise ConfigError(f"--hidden {text!r}: widths must be positive", collective=True)
-    return widths
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.choices import OPTIMIZERS as NAMES
 from kernels import registry
-
-NAMES = ("sgd", "adam")
 
 
 def _kernel(op: str, device, backend: str | None):

@@ -39,8 +39,7 @@ from typing import Any
 
 from engine.config import TrainConfig
 from engine.errors import ConfigError
-from engine.nn.model import parse_hidden
-from engine.nn.optim import NAMES
+from engine.choices import OPTIMIZERS as NAMES, parse_hidden
 from engine.nn.schedule import SCHEDULES
 
 #: The settings a space may vary, with the type of their values.

@@ -1,0 +1,32 @@
+"""What some of ``mpidp train``'s options choose among, importable without torch.
+
+The command checks every option before it imports the trainer (torch,
+Numba: over a second), so a refused run answers at once; the modules that
+implement these choices (:mod:`engine.nn.optim`, :mod:`engine.dp.noise`,
+:mod:`engine.nn.model`) import torch, and take their names from here.
+"""
+from __future__ import annotations
+
+from engine.errors import ConfigError
+
+#: ``--optimizer`` (:mod:`engine.nn.optim`).
+OPTIMIZERS = ("sgd", "adam")
+#: ``--noise-scheme`` (:mod:`engine.dp.noise`).
+NOISE_SCHEMES = ("partition", "split")
+
+
+def parse_hidden(text: str) -> tuple[int, ...]:
+    """``--hidden``: ``"128,128"`` -> ``(128, 128)``; ``""`` -> ``()`` (logistic
+    regression). Raises ConfigError (collective) for anything else."""
+    text = text.strip()
+    if not text:
+        return ()
+    try:
+        widths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--hidden {text!r}: expected comma-separated layer widths, "
+                          "e.g. 128,128 (empty for logistic regression)",
+                          collective=True) from None
+    if any(w <= 0 for w in widths):
+        raise ConfigError(f"--hidden {text!r}: widths must be positive", collective=True)
+    return widths
