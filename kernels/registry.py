@@ -174,6 +174,15 @@ def get(op: str, device="cpu", backend: str | None = None) -> Callable:
     return candidates[0]
 
 
+def get_or_best(op: str, device="cpu", backend: str | None = None) -> Callable:
+    """:func:`get`, except that a forced ``backend`` without a kernel for ``op``
+    on ``device`` (``cupy`` has no ``sgd_update``: :data:`GENERIC_ON_GPU`) gives
+    the best kernel there is instead of UnknownKernel."""
+    if backend is not None and backend not in backends(op, device):
+        backend = None
+    return get(op, device, backend)
+
+
 def check(backend: str) -> str | None:
     """Compile and launch a one-thread probe kernel of GPU back-end ``backend``.
 

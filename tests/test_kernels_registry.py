@@ -279,3 +279,15 @@ def test_gather_rows_refuses_a_row_out_of_range(backend):
     X, y = torch.zeros(10, 3), torch.zeros(10, dtype=torch.int64)
     with pytest.raises(IndexError):
         kernel(X, y, torch.tensor([2, 10]), torch.empty(2, 3), torch.empty(2, dtype=torch.int64))
+
+
+def test_a_forced_gpu_back_end_without_an_op_gets_the_generic_kernel():
+    """--kernels cupy (or numba_cuda) on a GPU: the ops generic on GPUs (the
+    batch gather, the SGD update, per-group clipping) come from torch instead
+    of failing; get() itself still refuses the pair."""
+    for op in registry.GENERIC_ON_GPU:
+        for backend in ("cupy", "numba"):
+            assert registry.get_or_best(op, "cuda", backend).backend == "torch"
+            with pytest.raises(registry.UnknownKernel):
+                registry.get(op, "cuda", backend)
+    assert registry.get_or_best("clip_rows", "cpu", "numba").backend == "numba"

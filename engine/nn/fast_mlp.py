@@ -60,7 +60,8 @@ class FastMLP:
         self.clip_rows = registry.get("clip_rows", device, backend)
         self.relu_backward = registry.get("relu_backward", device, backend)
         self.softmax_xent = registry.get("softmax_xent", device, backend)
-        self.gather_rows = registry.get("gather_rows", device, backend)
+        # generic on GPUs: a forced CUDA back-end has no gather of its own
+        self.gather_rows = registry.get_or_best("gather_rows", device, backend)
         self._backend = backend
         self.clip_groups = None  # looked up on the first grouped call
         self.capacity = 0
@@ -135,10 +136,7 @@ class FastMLP:
     def _use_groups(self) -> None:
         """Look up ``clip_groups`` (the back-end asked for, else the generic one:
         no CUDA kernel of its own) and forget the bound kernels."""
-        backend = self._backend
-        if backend not in registry.backends("clip_groups", self.device):
-            backend = None
-        self.clip_groups = registry.get("clip_groups", self.device, backend)
+        self.clip_groups = registry.get_or_best("clip_groups", self.device, self._backend)
         self._views = {}
 
     def clipped_sum(self, k: int, max_norm: float | None,

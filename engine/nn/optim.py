@@ -19,14 +19,6 @@ from engine.choices import OPTIMIZERS as NAMES
 from kernels import registry
 
 
-def _kernel(op: str, device, backend: str | None):
-    """``op``'s kernel for ``device``; a forced back-end without that op (``cupy``)
-    falls back to the best one there is."""
-    if backend is not None and backend not in registry.backends(op, device):
-        backend = None
-    return registry.get(op, device, backend)
-
-
 class SGD:
     """``v = m v + g``; ``p -= lr v`` (PyTorch's momentum convention), or with
     ``nesterov``, ``p -= lr (g + m v)`` (PyTorch's Nesterov form).
@@ -47,7 +39,7 @@ class SGD:
         self.velocity = torch.zeros_like(params) if momentum else None
         self._g = torch.empty_like(params) if weight_decay else None
         self._started = False
-        self._kernel = _kernel("sgd_update", params.device, backend)
+        self._kernel = registry.get_or_best("sgd_update", params.device, backend)
         self._bound_to: torch.Tensor | None = None
         self._update = None
 
