@@ -476,7 +476,8 @@ def _config(s, data, workdir, mode, dp, algorithm, threads, ranks, model=None,
              "--allreduce", algorithm, "--seed", str(s.seed), "--no-progress"]
     argv += (["--noise-multiplier", repr(s.noise_multiplier), "--max-grad-norm",
               repr(s.max_grad_norm)] if dp else ["--no-dp"])
-    delta = _delta_for(data) if dp and "--delta" not in shlex.split(s.train_args) else None
+    train_args = shlex.split(s.train_args)
+    delta = _delta_for(data) if dp and "--delta" not in train_args else None
     if delta is not None:
         argv += ["--delta", repr(delta)]
     if threads != "auto":
@@ -487,7 +488,7 @@ def _config(s, data, workdir, mode, dp, algorithm, threads, ranks, model=None,
         argv += ["--time-budget", repr(s.time_budget)]
     elif s.target_accuracy is not None:
         argv += ["--target-accuracy", repr(s.target_accuracy)]
-    argv += shlex.split(getattr(s, "schedule_args", "") or "") + shlex.split(s.train_args)
+    argv += shlex.split(getattr(s, "schedule_args", "") or "") + train_args
     return {"name": name, "impl": "mpidp", "program": "engine.cli", "mode": mode, "dp": dp,
             "allreduce": algorithm, "threads": threads, "ranks": ranks, "nodes": 1,
             "layout": f"1x{ranks}", "batch_size": batch, "model": model,

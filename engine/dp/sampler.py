@@ -79,12 +79,12 @@ class PoissonSampler:
         return self._rows[self._offsets[j]:self._offsets[j + 1]]
 
     def _draw_block(self, block: int) -> None:
+        if self.n_local == 0:  # no rows, no coins: every step is empty
+            self._rows, self._block = np.empty(0, dtype=np.int64), block
+            self._offsets[:] = 0
+            return
         rng = np.random.Generator(np.random.PCG64(seed_sequence(
             self.seed, self.rank, STREAM_SAMPLER, block)))
-        if self.n_local == 0:
-            self._rows, self._offsets[:] = np.empty(0, dtype=np.int64), 0
-            self._block = block
-            return
         state = np.array([-1, 0, 0], dtype=np.int64)
         rows = np.empty(self._chunk, dtype=np.int64)
         self._offsets[0] = 0
