@@ -34,75 +34,22 @@ UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
 @functools.lru_cache(maxsize=None)
 def _kernels() -> dict[str, Callable] | None:
-    """The Numba kernels (compiled on first use per dtype, cached on disk), or
-    None where Numba cannot be imported (numpy with a second pass instead).
-
-    Each op comes twice: ``into(x, y)`` (``y = x (op) y``) and
-    ``apart(a, b, out)``. A loop whose output may alias an input is not
-    vectorised by LLVM when it does (its run-time overlap check fails), and
-    in-place combines are the common case, so they get the two-array loop;
-    the rule is symmetric, so ``x (op) y`` and ``y (op) x`` have the same bits.
-    """
-    try:
-        from numba import njit  # deferred: only a plan with a float buffer needs it
+    """The Numba kernels (:mod:`collectives.combine_kernels`, compiled on first
+    use per dtype and cached on disk), or None where Numba cannot be imported
+    (numpy with a second pass instead)."""
+    try:  # deferred: only a plan with a float buffer needs Numba
+        from collectives import combine_kernels
     except Exception:  # noqa: BLE001 - any import failure means "not here"
         return None
-
-    @njit(cache=True, nogil=True, inline="always")
-    def add1(x, y, nan):
-        v = x + y
-        return v if v == v else nan
-
-    @njit(cache=True, nogil=True, inline="always")
-    def max1(x, y, nan):
-        if x != x or y != y:
-            return nan
-        if x > y:
-            return x
-        if y > x:
-            return y
-        return x + y if x == 0 else x  # +0/-0: the sum is +0 unless both are -0
-
-    @njit(cache=True, nogil=True, inline="always")
-    def min1(x, y, nan):
-        if x != x or y != y:
-            return nan
-        if x < y:
-            return x
-        if y < x:
-            return y
-        return -((-x) + (-y)) if x == 0 else x  # +0/-0: -0 unless both are +0
-
-    kernels: dict[str, Callable] = {}
-    for name, scalar in (("sum", add1), ("max", max1), ("min", min1)):
-        kernels[name] = _pair(njit, scalar)
-
-    @njit(cache=True, nogil=True)
-    def canonical(out):
-        nan = out.dtype.type(np.nan)
-        for i in range(out.shape[0]):
-            if out[i] != out[i]:
-                out[i] = nan
-
-    kernels["canonical"] = canonical
+    kernels: dict[str, Callable] = {op: _pair(*loops)
+                                    for op, loops in combine_kernels.LOOPS.items()}
+    kernels["canonical"] = combine_kernels.canonical
     return kernels
 
 
-def _pair(njit: Callable, scalar: Callable) -> Combine:
-    """``combine(a, b, out)`` from a scalar rule: the two-array loop when ``out``
-    is ``a`` or ``b`` (see :func:`_kernels`), else the three-array one."""
-
-    @njit(cache=True, nogil=True)
-    def into(x, y):
-        nan = y.dtype.type(np.nan)
-        for i in range(y.shape[0]):
-            y[i] = scalar(x[i], y[i], nan)
-
-    @njit(cache=True, nogil=True)
-    def apart(a, b, out):
-        nan = out.dtype.type(np.nan)
-        for i in range(out.shape[0]):
-            out[i] = scalar(a[i], b[i], nan)
+def _pair(into: Callable, apart: Callable) -> Combine:
+    """``combine(a, b, out)``: the two-array loop when ``out`` is ``a`` or ``b``
+    (see :mod:`collectives.combine_kernels`), else the three-array one."""
 
     def combine(a, b, out):
         if out is b:

@@ -44,34 +44,7 @@ def available() -> bool:
 @functools.lru_cache(maxsize=None)
 def _kernel() -> Callable[[np.ndarray, np.ndarray], None]:
     """The compiled word loop ``kernel(dst, src)``: uint64 arrays of equal length."""
-    from llvmlite import ir
-    from numba import njit, types
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def store_nontemporal(typingctx, array, index, value):
-        def codegen(context, builder, signature, args):
-            array_value, index_value, word = args
-            data = context.make_array(signature.args[0])(context, builder, array_value).data
-            store = builder.store(word, builder.gep(data, [index_value]))
-            hint = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-            store.set_metadata("nontemporal", hint)
-        return types.void(array, index, value), codegen
-
-    @intrinsic
-    def store_fence(typingctx):
-        def codegen(context, builder, signature, args):
-            name = "llvm.x86.sse.sfence"
-            fence = builder.module.globals.get(name) or ir.Function(
-                builder.module, ir.FunctionType(ir.VoidType(), []), name=name)
-            builder.call(fence, [])
-        return types.void(), codegen
-
-    @njit(cache=True, nogil=True)
-    def stream_words(dst, src):
-        for i in range(src.shape[0]):
-            store_nontemporal(dst, i, src[i])
-        store_fence()
+    from collectives.channels.streaming_kernel import stream_words
 
     words = np.zeros(1, dtype=np.uint64)
     stream_words(words, words)  # compile (or load from the cache) now, not inside a call

@@ -1,0 +1,103 @@
+"""The Numba loops behind :mod:`collectives.combine` (imported on first use).
+
+They are module-level functions on purpose. Numba keys a cached function by
+its code and the values of its closure cells, and a dispatcher held in a
+closure cell pickles differently in every process: the loops used to be
+made by a factory, so every process compiled them again (about 0.25 s per
+op and dtype) and wrote one more cache file each time. Here nothing is
+closed over, so a process loads them from Numba's cache.
+
+Each op comes twice: ``<op>_into(x, y)`` (``y = x (op) y``) and
+``<op>_apart(a, b, out)``. A loop whose output may alias an input is not
+vectorised by LLVM when it does (its run-time overlap check fails), and
+in-place combines are the common case, so they get the two-array loop; the
+rules are symmetric, so ``x (op) y`` and ``y (op) x`` have the same bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add1(x, y, nan):
+    v = x + y
+    return v if v == v else nan
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _max1(x, y, nan):
+    if x != x or y != y:
+        return nan
+    if x > y:
+        return x
+    if y > x:
+        return y
+    return x + y if x == 0 else x  # +0/-0: the sum is +0 unless both are -0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _min1(x, y, nan):
+    if x != x or y != y:
+        return nan
+    if x < y:
+        return x
+    if y < x:
+        return y
+    return -((-x) + (-y)) if x == 0 else x  # +0/-0: -0 unless both are +0
+
+
+@njit(cache=True, nogil=True)
+def sum_into(x, y):
+    nan = y.dtype.type(np.nan)
+    for i in range(y.shape[0]):
+        y[i] = _add1(x[i], y[i], nan)
+
+
+@njit(cache=True, nogil=True)
+def sum_apart(a, b, out):
+    nan = out.dtype.type(np.nan)
+    for i in range(out.shape[0]):
+        out[i] = _add1(a[i], b[i], nan)
+
+
+@njit(cache=True, nogil=True)
+def max_into(x, y):
+    nan = y.dtype.type(np.nan)
+    for i in range(y.shape[0]):
+        y[i] = _max1(x[i], y[i], nan)
+
+
+@njit(cache=True, nogil=True)
+def max_apart(a, b, out):
+    nan = out.dtype.type(np.nan)
+    for i in range(out.shape[0]):
+        out[i] = _max1(a[i], b[i], nan)
+
+
+@njit(cache=True, nogil=True)
+def min_into(x, y):
+    nan = y.dtype.type(np.nan)
+    for i in range(y.shape[0]):
+        y[i] = _min1(x[i], y[i], nan)
+
+
+@njit(cache=True, nogil=True)
+def min_apart(a, b, out):
+    nan = out.dtype.type(np.nan)
+    for i in range(out.shape[0]):
+        out[i] = _min1(a[i], b[i], nan)
+
+
+@njit(cache=True, nogil=True)
+def canonical(out):
+    """Every NaN of ``out`` becomes the canonical quiet NaN, in place."""
+    nan = out.dtype.type(np.nan)
+    for i in range(out.shape[0]):
+        if out[i] != out[i]:
+            out[i] = nan
+
+
+#: op -> (into, apart)
+LOOPS = {"sum": (sum_into, sum_apart), "max": (max_into, max_apart),
+         "min": (min_into, min_apart)}
