@@ -143,9 +143,8 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
                       model=model_object)
     code = trainer.run()
     cfg = trainer.cfg  # for a resume: the recorded settings with the given ones
-    accountant = getattr(trainer, "accountant", None)
     last = trainer.history[-1] if trainer.history and code == 0 else {}
     return Run(model=trainer.model.module(trainer.params),
-               epsilon=None if accountant is None else accountant.epsilon(),
+               epsilon=trainer.epsilon_spent(),
                delta=cfg.delta if cfg.dp else None, history=list(trainer.history),
                exit_code=code, config=cfg, selected_epoch=last.get("selected_epoch"))
