@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from kernels import registry
-from kernels.numba_cpu.gaussian import LANES, seed_lanes, sfc64_raw, transform
+from kernels.numba_cpu.gaussian import (BLOCK, CHUNKS, DRAWS, LANES, block_of_draws, seed_lanes,
+                                        sfc64_raw, transform)
 from normality import assert_standard_normal
 
 
@@ -26,11 +27,12 @@ def test_each_lane_is_numpys_sfc64_bit_for_bit():
         assert len({int(x) for x in out[0]}) == LANES  # the lanes are distinct streams
 
 
-def _box_muller_float64(first: np.ndarray, second: np.ndarray):
-    """The kernel's mapping from raw draws to a normal pair, in float64 with numpy."""
+def _box_muller_float64(first: np.ndarray, angles: np.ndarray):
+    """The kernel's mapping from raw draws to a normal pair, in float64 with numpy
+    (``first``: the radius's uint64 draw; ``angles``: 32 bits, uint32)."""
     u = ((first >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0 ** -52
     radius = np.sqrt(-2.0 * np.log(u))
-    top = (second >> np.uint64(32)).astype(np.uint64)
+    top = angles.astype(np.uint64)
     quadrant = (top >> np.uint64(30)).astype(np.float64)
     phi = ((top & np.uint64(0x3FFFFFFF)).astype(np.float64) / 2.0 ** 30 - 0.5) * np.pi / 2
     theta = quadrant * np.pi / 2 + phi
@@ -44,10 +46,10 @@ def test_transform_is_box_muller_within_float32_rounding():
     tail), u at its largest (radius ~0), each quadrant's edges."""
     rng = np.random.default_rng(5)
     first = rng.integers(0, 2**64, 200_000, dtype=np.uint64, endpoint=False)
-    second = rng.integers(0, 2**64, 200_000, dtype=np.uint64, endpoint=False)
+    second = rng.integers(0, 2**32, 200_000, dtype=np.uint32, endpoint=False)
     edges = np.array([0, 1, 4095, 4096, 2**63, 2**64 - 4097, 2**64 - 1], dtype=np.uint64)
-    quadrants = np.array([q << 62 | e for q in range(4) for e in (0, 2**61, 2**62 - 1)],
-                         dtype=np.uint64)
+    quadrants = np.array([q << 30 | e for q in range(4) for e in (0, 2**29, 2**30 - 1)],
+                         dtype=np.uint32)
     first = np.concatenate([first, np.repeat(edges, len(quadrants))])
     second = np.concatenate([second, np.tile(quadrants, len(edges))])
     z0, z1 = transform(first, second)
@@ -63,10 +65,30 @@ def test_transform_is_box_muller_within_float32_rounding():
 
 def test_every_coordinate_of_an_odd_length_buffer_gets_noise():
     stream = registry.get("gaussian_stream", "cpu", "numba")(np.random.SeedSequence(2))
-    for n in (1, 2 * LANES - 1, 2 * LANES + 1, 8 * 2 * LANES + 7):
+    for n in (1, BLOCK - 1, BLOCK + 1, 8 * BLOCK + 7):
         x = np.zeros(n, dtype=np.float32)
         stream.add_(x, 1.0)
         assert np.all(x != 0)
+
+
+def test_a_buffer_is_the_documented_blocks_of_each_slices_draws():
+    """The kernel's output, rebuilt in numpy from each slice's raw draws
+    (numpy's SFC64, stepped from the slice's lanes): slice t of CHUNKS, block j
+    made by block_of_draws from each lane's draws 3j, 3j + 1 and 3j + 2, the
+    last block cut. Exact, bit for bit."""
+    n = CHUNKS * (2 * BLOCK + 5) + 3
+    stream = registry.get("gaussian_stream", "cpu", "numba")(np.random.SeedSequence(9))
+    start = stream._state.copy()
+    x = np.zeros(n, dtype=np.float32)
+    stream.add_(x, 1.0)
+    for t in range(CHUNKS):
+        lo, hi = t * n // CHUNKS, (t + 1) * n // CHUNKS
+        blocks = -(-(hi - lo) // BLOCK)
+        raw = np.empty((DRAWS * blocks, LANES), dtype=np.uint64)
+        sfc64_raw(start[t].copy(), raw)
+        want = np.concatenate([block_of_draws(raw[DRAWS * j:DRAWS * (j + 1)])
+                               for j in range(blocks)])[:hi - lo]
+        assert np.array_equal(x[lo:hi], want), t
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

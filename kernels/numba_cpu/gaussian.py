@@ -12,24 +12,28 @@ kept per CPU). The loop has no branch and no table lookup:
   Doty-Humphrey's Small Fast Chaotic generator, the step of
   ``numpy.random.SFC64``: the tests check each lane bit for bit) step side by
   side, one per vector slot.
-* **Transform.** Box-Muller: each pair of normals takes two 64-bit draws.
-  The top 52 bits of the first give u = (k + 1/2) 2^-52 in (0, 1) and the
-  radius sqrt(-2 ln u), so the tail reaches 8.57 standard deviations
-  (P(|Z| > 8.57) = 1e-17); 32 bits of the second give the angle (2 bits the
-  quadrant, 30 the position within it). ln u is split exactly into exponent
-  and mantissa in float64 (bit casts, :mod:`kernels.numba_cpu.bitcast`), then
-  ln of the mantissa and sin/cos of the angle are short polynomials in
-  float32 (series of atanh and of sin/cos on a quarter turn), each within a
-  few float32 ulps; the tests compare every step with numpy in float64.
+* **Transform.** Box-Muller: each lane makes two normal pairs from three
+  64-bit draws. The top 52 bits of each of the first two give
+  u = (k + 1/2) 2^-52 in (0, 1) and a pair's radius sqrt(-2 ln u), so the
+  tail reaches 8.57 standard deviations (P(|Z| > 8.57) = 1e-17); the third
+  draw's halves are the two pairs' angles, 32 bits each (2 bits the
+  quadrant, 30 the position within it). Three draws instead of four: the
+  bits were a third of the kernel's time. ln u is split exactly into
+  exponent and mantissa in float64 (bit casts,
+  :mod:`kernels.numba_cpu.bitcast`), then ln of the mantissa and sin/cos of
+  the angle are short polynomials in float32 (series of atanh and of
+  sin/cos on a quarter turn), each within a few float32 ulps; the tests
+  compare every step with numpy in float64.
 
 The result is added, scaled, to a float32 or float64 buffer in place: no
 temporary the size of the buffer. The buffer is cut into :data:`CHUNKS`
 slices, each with its own lanes seeded from a child of the stream's seed
 sequence, so threads share the work and the numbers do not depend on the
-thread count. Within a slice, block j of ``2 * LANES`` values holds the
-pairs' first normals then their second; a slice's last partial block is
-drawn whole and cut, so a buffer of a given length always takes the same
-draws.
+thread count. Within a slice, block j of :data:`BLOCK` values holds, lane
+by lane, the first pairs' cosines, their sines, then the second pairs'
+cosines and sines (:func:`block_of_draws` is that layout in plain numpy); a
+slice's last partial block is drawn whole and cut, so a buffer of a given
+length always takes the same draws.
 """
 from __future__ import annotations
 
@@ -48,6 +52,10 @@ LANES = 64
 #: generators, so threads can share the work and the result does not depend
 #: on how many threads there are.
 CHUNKS = 8
+#: Values per block: two normal pairs per lane, from three draws per lane.
+BLOCK = 4 * LANES
+#: Raw draws per lane per block.
+DRAWS = 3
 
 _U64, _U32, _F32 = np.uint64, np.uint32, np.float32
 _TWO52 = 4503599627370496.0
@@ -76,14 +84,15 @@ def _sfc64(a, b, c, w):
 
 @numba.njit(inline="always")
 def _draw_block(state, bits):
-    """Two draws per lane: ``bits[l]`` and ``bits[LANES + l]`` from lane l
+    """Three draws per lane: ``bits[d * LANES + l]`` is lane l's draw d
     (``state``: uint64[4, LANES], rows a, b, c, counter)."""
     a, b, c, w = state[0], state[1], state[2], state[3]
     for lane in range(LANES):
         r1, a1, b1, c1, w1 = _sfc64(a[lane], b[lane], c[lane], w[lane])
-        r2, a2, b2, c2, w2 = _sfc64(a1, b1, c1, w1)
-        bits[lane], bits[LANES + lane] = r1, r2
-        a[lane], b[lane], c[lane], w[lane] = a2, b2, c2, w2
+        r2, a1, b1, c1, w1 = _sfc64(a1, b1, c1, w1)
+        r3, a1, b1, c1, w1 = _sfc64(a1, b1, c1, w1)
+        bits[lane], bits[LANES + lane], bits[2 * LANES + lane] = r1, r2, r3
+        a[lane], b[lane], c[lane], w[lane] = a1, b1, c1, w1
 
 
 @numba.njit(inline="always", error_model="numpy")
@@ -105,11 +114,10 @@ def _radius(r1):
 
 
 @numba.njit(inline="always", error_model="numpy")
-def _direction(r2):
-    """(cos theta, sin theta), theta uniform on the circle from the top 32 bits
-    of ``r2``: 2 bits the quadrant q, 30 bits phi in [-pi/4, pi/4), theta =
-    q pi/2 + phi."""
-    u = _U32(r2 >> _U64(32))
+def _direction(u):
+    """(cos theta, sin theta), theta uniform on the circle from the 32 bits
+    ``u`` (uint32): 2 bits the quadrant q, 30 bits phi in [-pi/4, pi/4),
+    theta = q pi/2 + phi."""
     q = u >> _U32(30)
     phi = (_F32(np.int32(u & _U32(0x3FFFFFFF))) * _F32(1.0 / 1073741824.0)
            - _F32(0.5)) * _HALF_PI
@@ -127,32 +135,38 @@ def _direction(r2):
 
 @numba.njit(inline="always", error_model="numpy")
 def _add_block(out, base, std, bits):
-    """``out[base + l] += std * z0_l``, ``out[base + LANES + l] += std * z1_l``."""
+    """``out[base:base + BLOCK] += std * (the block's normals)``, in the layout
+    of the module docstring."""
     for lane in range(LANES):
-        rad = std * _radius(bits[lane])
-        x, y = _direction(bits[LANES + lane])
-        out[base + lane] += rad * x
-        out[base + LANES + lane] += rad * y
+        ra = std * _radius(bits[lane])
+        rb = std * _radius(bits[LANES + lane])
+        angles = bits[2 * LANES + lane]
+        xa, ya = _direction(_U32(angles >> _U64(32)))
+        xb, yb = _direction(_U32(angles & _U64(0xFFFFFFFF)))
+        out[base + lane] += ra * xa
+        out[base + LANES + lane] += ra * ya
+        out[base + 2 * LANES + lane] += rb * xb
+        out[base + 3 * LANES + lane] += rb * yb
 
 
 @numba.njit(cache=True, error_model="numpy", fastmath={"contract"})
 def add_normal(out, std, state, bits, tail):
     """``out += std * N(0, 1)`` element-wise (1-D, float32/64); advances ``state``
-    (uint64[4, LANES]) by ``ceil(len(out) / (2 LANES))`` blocks. ``bits``
-    (uint64[2 LANES]) and ``tail`` (float32[2 LANES]) are scratch."""
+    (uint64[4, LANES]) by ``ceil(len(out) / BLOCK)`` blocks. ``bits``
+    (uint64[DRAWS * LANES]) and ``tail`` (float32[BLOCK]) are scratch."""
     n = out.shape[0]
     sd = _F32(std)
-    whole = n // (2 * LANES)
+    whole = n // BLOCK
     for block in range(whole):
         _draw_block(state, bits)
-        _add_block(out, block * 2 * LANES, sd, bits)
-    rest = n - whole * 2 * LANES
+        _add_block(out, block * BLOCK, sd, bits)
+    rest = n - whole * BLOCK
     if rest:
         _draw_block(state, bits)
         tail[:] = 0
         _add_block(tail, 0, sd, bits)
         for i in range(rest):
-            out[whole * 2 * LANES + i] += tail[i]
+            out[whole * BLOCK + i] += tail[i]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -177,26 +191,37 @@ def add_normal_chunks_serial(out, std, states, bits, tail):
 
 @numba.njit(cache=True)
 def sfc64_raw(state, out):
-    """``out`` (uint64[K, LANES]) = each lane's next K raw outputs, in the
-    kernel's own order (tests: against numpy's SFC64); advances ``state``."""
-    bits = np.empty(2 * LANES, np.uint64)
-    for k in range(0, out.shape[0] - 1, 2):
-        _draw_block(state, bits)
-        out[k] = bits[:LANES]
-        out[k + 1] = bits[LANES:]
+    """``out`` (uint64[K, LANES]) = each lane's next K raw outputs (tests:
+    against numpy's SFC64); advances ``state``."""
+    a, b, c, w = state[0], state[1], state[2], state[3]
+    for k in range(out.shape[0]):
+        for lane in range(LANES):
+            out[k, lane], a[lane], b[lane], c[lane], w[lane] = _sfc64(a[lane], b[lane],
+                                                                      c[lane], w[lane])
 
 
 @numba.njit(cache=True, error_model="numpy", fastmath={"contract"})
-def transform(first, second):
+def transform(first, angles):
     """The normal pairs the kernel makes from raw draws (tests: against numpy
-    in float64): float32 arrays ``(z0, z1)`` for uint64 arrays of equal length."""
+    in float64): float32 arrays ``(z0, z1)`` for a uint64 array ``first``
+    (the radius's draw) and a uint32 array ``angles`` of equal length."""
     z0 = np.empty(first.shape[0], np.float32)
     z1 = np.empty(first.shape[0], np.float32)
     for i in range(first.shape[0]):
         rad = _radius(first[i])
-        x, y = _direction(second[i])
+        x, y = _direction(angles[i])
         z0[i], z1[i] = rad * x, rad * y
     return z0, z1
+
+
+def block_of_draws(draws: np.ndarray) -> np.ndarray:
+    """One block's values (float32[BLOCK], std 1) from each lane's three raw
+    draws ``draws`` (uint64[DRAWS, LANES]), by :func:`transform`: the layout
+    of the module docstring, written out plainly for the tests."""
+    first, second, angles = draws
+    xa, ya = transform(first, (angles >> np.uint64(32)).astype(np.uint32))
+    xb, yb = transform(second, (angles & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+    return np.concatenate([xa, ya, xb, yb])
 
 
 @numba.njit(cache=True)
@@ -230,8 +255,8 @@ class NumbaGaussianStream:
 
     def __init__(self, seed_sequence: np.random.SeedSequence):
         self._state = np.stack([seed_lanes(child) for child in seed_sequence.spawn(CHUNKS)])
-        self._bits = np.empty((CHUNKS, 2 * LANES), dtype=np.uint64)
-        self._tail = np.empty((CHUNKS, 2 * LANES), dtype=np.float32)
+        self._bits = np.empty((CHUNKS, DRAWS * LANES), dtype=np.uint64)
+        self._tail = np.empty((CHUNKS, BLOCK), dtype=np.float32)
 
     def add_(self, buf, std: float) -> None:
         """``buf += std * N(0, 1)`` (1-D contiguous float32/float64, tensor or array)."""
