@@ -45,11 +45,13 @@ below, and one kernel in every back-end that implements it:
     ``velocity = momentum * velocity + scale * grad``, then
     ``params -= lr * velocity`` (PyTorch's convention; ``grad`` unchanged).
 ``gather_rows(X, y, rows, out, out_labels) -> None``
-    The step's batch: ``out[i] = X[rows[i]]`` and ``out_labels[i] =
+    The step's batch: ``out[i] = X[rows[i], :w]`` and ``out_labels[i] =
     y[rows[i]]`` for every i (``X`` and ``out`` C-contiguous 2-D of one
-    dtype and width, ``y`` and ``out_labels`` int64, ``rows`` int64 on the
-    same device, ``len(out) == len(rows)``). IndexError for a row out of
-    range (the Numba kernel; torch's raises its own).
+    dtype, ``out`` of width ``w`` at most ``X``'s: the generic engine's
+    models take the features without the trailing ones column; ``y`` and
+    ``out_labels`` int64, ``rows`` int64 on the same device, ``len(out) ==
+    len(rows)``). IndexError for a row out of range (the Numba kernel;
+    torch's raises its own).
 ``gaussian_stream(seed_sequence[, device]) -> stream``
     A reproducible stream of N(0, 1) samples with ``stream.add_(buf, std)``
     (adds ``std * N(0, 1)`` to every element of a 1-D buffer in place),

@@ -271,6 +271,16 @@ def test_gather_rows_numba_equals_torch_and_indexing(dtype, k):
         out.zero_()
         bound(rows=rows)
         assert torch.equal(out, X[rows])
+        narrow = torch.full((k, 10), float("nan"), dtype=dtype)  # all but the last column
+        kernel(X, y, rows, narrow, labels)
+        assert torch.equal(narrow, X[rows, :10])
+
+
+def test_gather_rows_refuses_an_output_wider_than_the_rows():
+    kernel = registry.get("gather_rows", "cpu", "numba")
+    X, y = torch.zeros(10, 3), torch.zeros(10, dtype=torch.int64)
+    with pytest.raises(ValueError, match="wider"):
+        kernel(X, y, torch.tensor([2]), torch.empty(1, 4), torch.empty(1, dtype=torch.int64))
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

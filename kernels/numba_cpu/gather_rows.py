@@ -19,7 +19,8 @@ from kernels.registry import register
 
 @numba.njit(cache=True, nogil=True)
 def _gather(X, y, rows, out, out_labels):
-    n, width = X.shape
+    n = X.shape[0]
+    width = out.shape[1]  # at most X's: its first columns
     for i in range(rows.shape[0]):
         r = rows[i]
         if r < 0 or r >= n:
@@ -41,6 +42,8 @@ def _bind(X: torch.Tensor, y: torch.Tensor, out: torch.Tensor, out_labels: torch
     the returned ``gather(rows)`` takes the rows as a tensor or numpy array."""
     if X.dim() != 2 or not X.is_contiguous() or not out.is_contiguous():
         raise ValueError("gather_rows needs C-contiguous 2-D X and out")
+    if out.dim() != 2 or out.shape[1] > X.shape[1]:
+        raise ValueError(f"gather_rows: out {list(out.shape)} is wider than X {list(X.shape)}")
     Xn, yn, on, ln = X.numpy(), y.numpy(), out.numpy(), out_labels.numpy()
 
     def gather(rows) -> None:
