@@ -142,3 +142,48 @@ def test_factory_names_and_failures_are_one_line_errors(tmp_path, monkeypatch):
                           ("my_models:not_a_module", "returned int, not a torch.nn.Module")]:
         with pytest.raises(ConfigError, match=message):
             factories.build(factories.load_factory(name), F_IN, CLASSES, name)
+
+
+class Wrapped(nn.Module):
+    """The same layers as a Sequential, behind a forward of its own: the hooks' path."""
+
+    def __init__(self, seq):
+        super().__init__()
+        self.seq = seq
+
+    def forward(self, x):
+        return self.seq(x)
+
+
+def test_a_plain_sequential_is_run_layer_by_layer_with_the_same_sums_and_hooks(monkeypatch):
+    """A plain nn.Sequential of leaf layers is called layer by layer (no global
+    forward hook, torch's slow path); a subclass, a wrapper or a hook on the
+    Sequential itself takes the hooks' path. Both give the naive loop's sums
+    bit for bit alike, and a user's hooks run in either."""
+    from engine.dp.clipping import LayerClipper, _plain_chain
+
+    X, y = _rows(40)
+    x, labels = X[:23, :-1], y[:23]
+    assert _plain_chain(_models()["mlp"]) is not None
+    assert _plain_chain(Wrapped(_models()["mlp"])) is None
+    assert _plain_chain(type("Sub", (nn.Sequential,), {})(nn.Linear(2, 2))) is None
+    assert _plain_chain(nn.Sequential(nn.Sequential(nn.Linear(2, 2)))) is None
+    sums = {}
+    for how in ("chain", "wrapped", "own hook"):
+        seq = _models()["mlp"]
+        seen = []
+        seq[0].register_forward_hook(lambda m, i, o: seen.append("child"))
+        if how == "own hook":
+            seq.register_forward_hook(lambda m, i, o: seen.append("own"))
+        clipper = LayerClipper(Wrapped(seq) if how == "wrapped" else seq)
+        with monkeypatch.context() as patch:
+            if how == "chain":  # no global hook on this path
+                patch.setattr(nn.modules.module, "register_module_forward_hook", None)
+            loss, clipped = clipper.clipped_sum(x, labels, 0.05)
+        sums[how] = (clipper.grad.clone(), loss, clipped)
+        assert seen == (["child", "own"] if how == "own hook" else ["child"]), how
+    want, want_loss, want_clipped = naive_clipped_sum(_models()["mlp"], x, labels, 0.05)
+    for grad, loss, clipped in sums.values():
+        assert torch.equal(grad, sums["chain"][0])
+        assert torch.allclose(grad, want, rtol=1e-4, atol=1e-6)
+        assert loss == pytest.approx(want_loss, rel=1e-5) and clipped == want_clipped
