@@ -9,7 +9,8 @@ when ``max_norm`` is None) into the flat buffer ``grad`` that matches
 one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
 
 * :class:`LayerClipper` — per layer: one forward with hooks that keep each
-  parameterised layer's input, one ``torch.autograd.grad`` to the layer
+  parameterised layer's input (a plain ``nn.Sequential`` of leaf layers is
+  called layer by layer instead, no hook), one ``torch.autograd.grad`` to the layer
   outputs only (so autograd never computes weight gradients that would be
   thrown away), then each layer's rule (:mod:`engine.dp.rules`: Linear,
   Embedding, the norm layers, Conv1d/2d), ``torch.func`` for a layer without
@@ -106,9 +107,8 @@ def _plain_chain(model: nn.Module) -> tuple[nn.Module, ...] | None:
     subclass, whose forward may differ) whose children have no children of
     their own, so that calling them in turn *is* its forward; else None.
 
-    A global forward hook turns every module call into torch's slow path (a
-    third of the generic step's overhead on an MLP); calling such a chain's
-    layers one by one records their inputs without any hook.
+    A global forward hook turns every module call into torch's slow path;
+    calling such a chain's layers one by one records their inputs without one.
     """
     if type(model) is not nn.Sequential:
         return None
