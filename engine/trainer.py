@@ -214,6 +214,13 @@ class Trainer:
                 error = exc
         agree(self.comm, error)
 
+    def _rank0_value(self, compute):
+        """Collective: ``compute()`` on rank 0 alone, its value on every rank;
+        its MpidpError is raised on every rank (:meth:`_rank0_check`)."""
+        box: list = []
+        self._rank0_check(lambda: box.append(compute()))
+        return self.comm.bcast(box[0] if box else None, root=0)
+
     def resume_command(self) -> str:
         """The command that continues this run (what a stop message shows)."""
         cfg = self.cfg
@@ -395,16 +402,7 @@ class Trainer:
             acct.check_plan(budget, cfg.epochs, self.steps_per_epoch)
             return acct, budget, acct.epsilon(self.total_steps)
 
-        outcome: tuple | None = None
-        if self.rank == 0:
-            try:
-                outcome = ("ok", plan())
-            except PrivacyError as exc:
-                outcome = ("error", str(exc))
-        kind, value = self.comm.bcast(outcome, root=0)
-        if kind == "error":
-            raise PrivacyError(value, collective=True)
-        self.accountant, self.budget, self.planned_epsilon = value
+        self.accountant, self.budget, self.planned_epsilon = self._rank0_value(plan)
 
     def _choose_kernels(self, device: torch.device) -> str | None:
         """Collective: the kernel family every rank runs (``--kernels``, checked
@@ -508,7 +506,7 @@ class Trainer:
         (None for a non-private run, or one stopped before its plan)."""
         if getattr(self, "accountant", None) is None:
             return None
-        return self.comm.bcast(self._epsilon() if self.rank == 0 else None, root=0)
+        return self._rank0_value(self._epsilon)
 
     def save_checkpoint(self) -> str | None:
         """Collective: rank 0 writes the checkpoint with every rank's state, then

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from kernels import registry
-from kernels.numba_cpu.gaussian import (BLOCK, CHUNKS, DRAWS, LANES, block_of_draws, seed_lanes,
-                                        sfc64_raw, transform)
+from kernels.numba_cpu.gaussian import (BLOCK, CHUNKS, DRAWS, LANES, seed_lanes, sfc64_raw,
+                                        transform)
 from normality import assert_standard_normal
 
 
@@ -69,6 +69,17 @@ def test_every_coordinate_of_an_odd_length_buffer_gets_noise():
         x = np.zeros(n, dtype=np.float32)
         stream.add_(x, 1.0)
         assert np.all(x != 0)
+
+
+def block_of_draws(draws: np.ndarray) -> np.ndarray:
+    """One block's values (float32[BLOCK], std 1) from each lane's three raw
+    draws ``draws`` (uint64[DRAWS, LANES]), in the kernel module's documented
+    layout: the first pairs' cosines, their sines, the second pairs' cosines
+    and sines (angles: the third draw's high, then low, 32 bits)."""
+    first, second, angles = draws
+    xa, ya = transform(first, (angles >> np.uint64(32)).astype(np.uint32))
+    xb, yb = transform(second, (angles & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+    return np.concatenate([xa, ya, xb, yb])
 
 
 def test_a_buffer_is_the_documented_blocks_of_each_slices_draws():

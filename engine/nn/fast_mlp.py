@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from engine.nn.model import MLPSpec, layer_views, logits as mlp_logits
+from engine.nn.batch_gather import BatchGather
 from kernels import registry
 
 
@@ -60,8 +61,7 @@ class FastMLP:
         self.clip_rows = registry.get("clip_rows", device, backend)
         self.relu_backward = registry.get("relu_backward", device, backend)
         self.softmax_xent = registry.get("softmax_xent", device, backend)
-        # generic on GPUs: a forced CUDA back-end has no gather of its own
-        self.gather_rows = registry.get_or_best("gather_rows", device, backend)
+        self.gather = BatchGather(device, backend)
         self._backend = backend
         self.clip_groups = None  # looked up on the first grouped call
         self.capacity = 0
@@ -72,7 +72,7 @@ class FastMLP:
         return {"clip_rows": self.clip_rows.backend,
                 "relu_backward": self.relu_backward.backend,
                 "softmax_xent": self.softmax_xent.backend,
-                "gather_rows": self.gather_rows.backend}
+                "gather_rows": self.gather.backend}
 
     def _allocate(self, capacity: int) -> None:
         dims, kw = self.spec.dims, {"dtype": self.dtype, "device": self.device}
@@ -87,8 +87,7 @@ class FastMLP:
         self.factors = torch.empty(capacity, **kw)
         self.capacity = capacity
         self._views: dict[int, tuple] = {}
-        #: k -> (X, y, gather_rows bound to them and to the first k rows' buffers)
-        self._gathers: dict[int, tuple] = {}
+        self.gather.forget()
 
     def _slices(self, k: int) -> tuple:
         """Views of every buffer's first k rows, and the kernels bound to them
@@ -124,14 +123,13 @@ class FastMLP:
             rows = rows.to(self.device, non_blocking=True)
         if k > self.capacity:
             self._allocate(k + k // 4)
-        gather = self._gathers.get(k)
-        if gather is None or gather[0] is not X or gather[1] is not y:
-            A, _, _, _, yk, _ = self._slices(k)
-            gather = (X, y, registry.bind(self.gather_rows, X=X, y=y, out=A[0],
-                                          out_labels=yk))
-            self._gathers[k] = gather
-        gather[2](rows=rows)
+        self.gather(X, y, rows, self._inputs)
         return k
+
+    def _inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first layer's input rows (ones column included) and the labels, k rows."""
+        A, _, _, _, yk, _ = self._slices(k)
+        return A[0], yk
 
     def _use_groups(self) -> None:
         """Look up ``clip_groups`` (the back-end asked for, else the generic one:

@@ -28,7 +28,7 @@ from torch import nn
 from engine.dp.clipping import FuncClipper, LayerClipper, layer_label, leaf_layers, mixed_module
 from engine.dp.rules import SlowPathWarning, refusal
 from engine.errors import ConfigError
-from kernels import registry
+from engine.nn.batch_gather import BatchGather
 
 
 def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
@@ -138,8 +138,7 @@ class ModuleEngine:
         self.params, self.grad = clipper.params, grad
         self.device, self.dtype = device, dtype
         self._clipped_sum = clipper.clipped_sum
-        # FastMLP's batch gather (one loop on the CPU), into the features only
-        self.gather_rows = registry.get_or_best("gather_rows", device, None)
+        self.gather = BatchGather(device)  # into the features only
         self.capacity = 0
         self._allocate(max(1, capacity), probe[0].shape[1])
 
@@ -169,8 +168,7 @@ class ModuleEngine:
         self.x = torch.empty(capacity, width - 1, dtype=self.dtype, device=self.device)
         self.y = torch.empty(capacity, dtype=torch.int64, device=self.device)
         self.capacity = capacity
-        #: k -> (X, y, gather_rows bound to them and to the first k rows' buffers)
-        self._gathers: dict[int, tuple] = {}
+        self.gather.forget()
 
     def load(self, X: torch.Tensor, y: torch.Tensor, rows: torch.Tensor) -> int:
         """Gather ``X[rows]``, ``y[rows]`` (same contract as FastMLP.load)."""
@@ -179,13 +177,12 @@ class ModuleEngine:
             rows = rows.to(self.device, non_blocking=True)
         if k > self.capacity:
             self._allocate(k + k // 4, X.shape[1])
-        gather = self._gathers.get(k)
-        if gather is None or gather[0] is not X or gather[1] is not y:
-            gather = (X, y, registry.bind(self.gather_rows, X=X, y=y, out=self.x[:k],
-                                          out_labels=self.y[:k]))
-            self._gathers[k] = gather
-        gather[2](rows=rows)
+        self.gather(X, y, rows, self._inputs)
         return k
+
+    def _inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's input rows (the features only) and the labels, k rows."""
+        return self.x[:k], self.y[:k]
 
     def clipped_sum(self, k: int, max_norm: float | None,
                     groups: torch.Tensor | None = None) -> tuple[float, int]:

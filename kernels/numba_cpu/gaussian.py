@@ -31,7 +31,7 @@ slices, each with its own lanes seeded from a child of the stream's seed
 sequence, so threads share the work and the numbers do not depend on the
 thread count. Within a slice, block j of :data:`BLOCK` values holds, lane
 by lane, the first pairs' cosines, their sines, then the second pairs'
-cosines and sines (:func:`block_of_draws` is that layout in plain numpy); a
+cosines and sines (a test rebuilds whole buffers in that layout); a
 slice's last partial block is drawn whole and cut, so a buffer of a given
 length always takes the same draws.
 """
@@ -212,16 +212,6 @@ def transform(first, angles):
         x, y = _direction(angles[i])
         z0[i], z1[i] = rad * x, rad * y
     return z0, z1
-
-
-def block_of_draws(draws: np.ndarray) -> np.ndarray:
-    """One block's values (float32[BLOCK], std 1) from each lane's three raw
-    draws ``draws`` (uint64[DRAWS, LANES]), by :func:`transform`: the layout
-    of the module docstring, written out plainly for the tests."""
-    first, second, angles = draws
-    xa, ya = transform(first, (angles >> np.uint64(32)).astype(np.uint32))
-    xb, yb = transform(second, (angles & np.uint64(0xFFFFFFFF)).astype(np.uint32))
-    return np.concatenate([xa, ya, xb, yb])
 
 
 @numba.njit(cache=True)
