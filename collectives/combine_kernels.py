@@ -19,6 +19,7 @@ rules are symmetric, so ``x (op) y`` and ``y (op) x`` have the same bits.
 from __future__ import annotations
 
 import numpy as np
+import kernels.numba_target  # noqa: F401  (first: Numba's target is fixed by the first @njit)
 from numba import njit
 
 

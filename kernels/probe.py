@@ -51,9 +51,12 @@ def numba_cpu() -> Availability:
         return Availability("numba-cpu", False, "numba is not installed")
     import numba
 
+    from kernels.numba_target import CHOICE
+
     return Availability("numba-cpu", True,
                         f"numba {version}, {numba.config.NUMBA_NUM_THREADS} threads, "
-                        f"threading layer '{numba.config.THREADING_LAYER}'")
+                        f"threading layer '{numba.config.THREADING_LAYER}'; "
+                        f"{CHOICE.describe()}")
 
 
 def numba_cuda() -> Availability:

@@ -12,6 +12,9 @@
    -m mpi``; rank 0 reports, ranks > 0 run silently (the harness in
    ``conftest.py`` makes rank 0's verdict the verdict of all ranks).
 
+Before them, the vector width Numba compiles for is measured, if this CPU
+has none cached yet (:mod:`kernels.numba_target`), and printed.
+
 Every stage has a wall-clock limit (``MPIEXEC_TIMEOUT`` and pytest-timeout),
 so a hang fails with a message instead of blocking CI. Any stage failing
 fails the command. The last line is the summary.
@@ -97,6 +100,13 @@ def main() -> int:
     env = dict(os.environ)
     env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # Numba's vector width, measured once per CPU (kernels.numba_target): here,
+    # before the stages, so that no test's time limit pays for it.
+    start = time.perf_counter()
+    target = subprocess.run([sys.executable, "-m", "kernels.numba_target"], env=env,
+                            cwd=ROOT, capture_output=True, text=True)
+    print(f"{(target.stdout or target.stderr).strip()} "
+          f"[{time.perf_counter() - start:.1f} s]", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="mpidp-tests-") as tmp:
         if not args.no_serial:

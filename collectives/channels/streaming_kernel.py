@@ -8,6 +8,7 @@ found it in its cache and compiled it again in each one.
 from __future__ import annotations
 
 from llvmlite import ir
+import kernels.numba_target  # noqa: F401  (first: Numba's target is fixed by the first @njit)
 from numba import njit, types
 from numba.extending import intrinsic
 

@@ -37,6 +37,7 @@ import argparse
 import statistics
 import time
 import warnings
+from dataclasses import asdict
 
 import numpy as np
 
@@ -324,7 +325,9 @@ def run(args: argparse.Namespace) -> int:
           f"rounds (naive: {args.naive_steps} steps)" + ("" if have_opacus else
                                                            "; Opacus not installed"))
     where = machine.describe()
-    print(f"machine: {machine.one_line(where)}")
+    from kernels.numba_target import CHOICE  # deferred: Numba
+
+    print(f"machine: {machine.one_line(where)}; {CHOICE.describe()}")
     for fn in steps.values():  # warm-up: compile kernels, fault pages in
         for rows in batches(3):
             fn(rows)
@@ -344,7 +347,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:<24} {rate:>12,.0f} {n / rate:>9.2f} {ratio:>12}")
     result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
               "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
-              "data": source, "steps": args.steps, "repeats": args.repeats, "machine": where}
+              "data": source, "steps": args.steps, "repeats": args.repeats, "machine": where,
+              "numba_target": asdict(CHOICE)}
     # Median of the per-round ratios: both methods of a round ran seconds apart,
     # so a load change on a shared machine cancels out.
     for key, slower, faster, label in RATIOS:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import asdict
 
 from collectives import MPI, machine
 from engine import outputs
@@ -92,8 +93,6 @@ def _time(call, seconds: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Rank 0 alone: every method on the same buffer size; prints the table."""
-    import llvmlite.binding as llvm
-
     from engine.trainer import configure_threads
 
     if MPI.COMM_WORLD.Get_size() > 1:
@@ -112,10 +111,10 @@ def run(args: argparse.Namespace) -> int:
         raise
     threads, _ = configure_threads(args.threads)
     where = machine.describe()
-    target = llvm.get_host_cpu_name()
+    from kernels.numba_target import CHOICE  # deferred: Numba
     print(f"mpidp bench noise: {args.size:,} float32 samples per call, {threads} thread(s), "
           f"{args.repeats} rounds of {args.seconds:g} s per method")
-    print(f"machine: {machine.one_line(where)}; Numba compiles for '{target}'")
+    print(f"machine: {machine.one_line(where)}; {CHOICE.describe()}")
     methods, _ = _methods(args.size)
     for call in methods.values():  # compile, fault pages in
         call()
@@ -134,5 +133,5 @@ def run(args: argparse.Namespace) -> int:
         outputs.write_json(args.json, {"ns_per_sample": ns, "over_mpidp": ratio,
                                        "all_rounds_s": seconds, "size": args.size,
                                        "threads": threads, "machine": where,
-                                       "numba_target": target}, "--json")
+                                       "numba_target": asdict(CHOICE)}, "--json")
     return 0

@@ -1,0 +1,286 @@
+"""The vector width Numba's CPU loops are compiled for: measured once per CPU, then cached.
+
+Numba compiles for the host CPU through LLVM, and on an AVX-512 CPU LLVM's
+tuning may prefer 256-bit vectors (the first AVX-512 cores lowered their
+clock for 512-bit code) or 512-bit ones. Which is faster for mpidp's own
+loops depends on the core, not on the instruction set, so it is measured
+where it runs: the first process that imports a Numba loop of mpidp on a
+CPU it has not seen times the DP step's Numba kernels (the Gaussian noise
+and the clipping norms) compiled each way, in child processes, keeps the
+faster, and caches the choice in a JSON file the user can read, delete or
+ship: ``MPIDP_NUMBA_TARGET_FILE``, default ``~/.cache/mpidp/numba-target.json``
+(``none``: no file and no measurement, LLVM's own choice). Entries are keyed
+by what the code depends on: LLVM's CPU name and features and the Numba
+version (with the host that measured, for the reader). Processes
+that start together (the ranks of a job) wait on a lock while one measures.
+
+``MPIDP_VECTOR_WIDTH=256`` or ``512`` forces a width, ``host`` keeps LLVM's
+choice, ``auto`` (the default) measures. A ``NUMBA_CPU_FEATURES`` set by the
+user is left alone. A CPU without AVX-512 has nothing to choose.
+
+Numba fixes its target when the process decorates its first ``@njit``
+function, so every module of mpidp that decorates one imports this module
+first; importing it applies the choice (:func:`configure`). If another
+library decorated one before, the target is already fixed and is reported
+as such. The choice changes speed, not results: the kernels' elementwise
+values are the same either way, and their sums are reordered only within
+float rounding.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+#: ``MPIDP_VECTOR_WIDTH`` values.
+MODES = ("auto", "host", "256", "512")
+#: LLVM's x86 tuning flag that caps auto-vectorisation at 256 bits.
+PREFER_256 = "prefer-256-bit"
+#: The measured widths, in the order they are timed.
+WIDTHS = (256, 512)
+#: 512-bit code is kept only when it is at least this much faster (ties keep
+#: 256-bit: same speed, less power).
+MARGIN = 0.97
+#: Each width is timed this many times, alternating, in a fresh child process
+#: each (Numba's target is per process); the best of its times counts.
+PASSES = 2
+#: A child that takes longer than this (compiling included) counts as failed.
+CHILD_TIMEOUT_S = 300.0
+VERSION = 1
+
+
+@dataclass
+class Choice:
+    """What this process's Numba compiles for, and why.
+
+    ``width`` is 256 or 512, or None where LLVM's own choice stands;
+    ``source`` says where it came from; ``seconds`` holds the measured
+    per-step kernel times by width, where a measurement made the choice.
+    """
+
+    cpu: str
+    width: int | None
+    source: str
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        width = "LLVM's default vector width" if self.width is None \
+            else f"{self.width}-bit vectors"
+        return f"Numba compiles for '{self.cpu}', {width} ({self.source})"
+
+
+def tuning_file() -> Path | None:
+    """The cache file, or None (``MPIDP_NUMBA_TARGET_FILE=none``)."""
+    value = os.environ.get("MPIDP_NUMBA_TARGET_FILE", "").strip()
+    if value.lower() == "none":
+        return None
+    if value:
+        return Path(value).expanduser()
+    return Path("~/.cache/mpidp/numba-target.json").expanduser()
+
+
+def _host() -> tuple[str, str]:
+    """(LLVM's name for this CPU, its feature string), as Numba sees them."""
+    import llvmlite.binding as llvm
+
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+def features_for(host_features: str, width: int) -> str:
+    """``host_features`` with LLVM's 256-bit preference set (256) or cleared (512)."""
+    kept = [f for f in host_features.split(",") if f and f[1:] != PREFER_256]
+    return ",".join(kept + [("+" if width == 256 else "-") + PREFER_256])
+
+
+def _key(cpu: str, host_features: str) -> str:
+    import numba
+
+    return f"{cpu} | numba {numba.__version__} | {host_features}"
+
+
+def _numba_target_fixed() -> bool:
+    """True once this process has decorated a Numba function (its target is fixed)."""
+    from numba.core.registry import cpu_target
+
+    return "_toplevel_target_context" in vars(cpu_target)
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        return {}
+    entries = data.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+def _write(path: Path, entries: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1,
+                              sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock beside ``path`` (the ranks of a job start together)."""
+    import fcntl
+
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _time_in_child(width: int) -> float:
+    """Seconds per step of the timed kernels, compiled for ``width`` in a child."""
+    env = dict(os.environ, MPIDP_VECTOR_WIDTH=str(width))
+    done = subprocess.run([sys.executable, "-m", "kernels.numba_target", "--time-kernels"],
+                          env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+                          check=True)
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+
+
+def measure(time_width=_time_in_child, passes: int = PASSES) -> dict[str, float]:
+    """Best seconds per width over ``passes`` alternating timings
+    (``time_width(width) -> seconds``; the tests pass fake ones)."""
+    best: dict[str, float] = {}
+    for _ in range(passes):
+        for width in WIDTHS:
+            seconds = time_width(width)
+            best[str(width)] = min(seconds, best.get(str(width), float("inf")))
+    return best
+
+
+def decide(seconds: dict[str, float]) -> int:
+    """512 when its time is under :data:`MARGIN` times the 256-bit one's, else 256."""
+    return 512 if seconds["512"] < MARGIN * seconds["256"] else 256
+
+
+def _measured(path: Path | None, cpu: str, host_features: str, time_width) -> Choice:
+    """The cached choice for this CPU, measured now (under the lock) if there is none."""
+    if path is None:
+        return Choice(cpu, None, "MPIDP_NUMBA_TARGET_FILE=none: not measured")
+    key = _key(cpu, host_features)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path):
+            entries = _read(path)
+            entry = entries.get(key)
+            if entry is None:
+                try:
+                    seconds = measure(time_width)
+                    entry = {"width": decide(seconds), "seconds": seconds}
+                except (OSError, ValueError, KeyError, IndexError,
+                        subprocess.SubprocessError) as exc:
+                    # recorded, so that every later process does not fail again
+                    entry = {"width": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                entry["measured"] = datetime.date.today().isoformat()
+                entry["host"] = platform.node()
+                entries[key] = entry
+                _write(path, entries)
+                source = f"measured now, saved in {path}"
+            else:
+                source = f"measured earlier, from {path}"
+    except OSError as exc:
+        return Choice(cpu, None, f"{path} not usable ({exc.strerror or exc}): not measured")
+    if entry.get("width") not in WIDTHS:
+        return Choice(cpu, None, f"measuring failed ({entry.get('error', 'no width')}); "
+                      f"delete {path} to try again")
+    return Choice(cpu, int(entry["width"]), source, dict(entry.get("seconds", {})))
+
+
+def configure(time_width=_time_in_child) -> Choice:
+    """Set Numba's target features for this process (module docstring); idempotent."""
+    import numba
+
+    cpu, host_features = _host()
+    mode = os.environ.get("MPIDP_VECTOR_WIDTH", "auto").strip().lower() or "auto"
+    if os.environ.get("NUMBA_CPU_FEATURES") or numba.config.CPU_FEATURES:
+        return Choice(cpu, None, "NUMBA_CPU_FEATURES set by the user")
+    if _numba_target_fixed():
+        return Choice(cpu, None, "fixed before mpidp was imported")
+    if mode not in MODES:
+        return Choice(cpu, None, f"MPIDP_VECTOR_WIDTH={mode!r} is not one of "
+                      f"{', '.join(MODES)}: ignored")
+    if "+avx512f" not in host_features.split(","):
+        return Choice(cpu, None, "no AVX-512: nothing to choose")
+    if mode == "host":
+        return Choice(cpu, None, "MPIDP_VECTOR_WIDTH=host")
+    if mode in ("256", "512"):
+        choice = Choice(cpu, int(mode), f"MPIDP_VECTOR_WIDTH={mode}")
+    else:
+        choice = _measured(tuning_file(), cpu, host_features, time_width)
+    if choice.width is not None:
+        numba.config.CPU_FEATURES = features_for(host_features, choice.width)
+    return choice
+
+
+def _time_kernels(rounds: int = 15, calls: int = 40) -> float:
+    """Median seconds of one step's noise (29,698 float32, the bench MLP's
+    parameters) plus its clipping norms (256 rows), compiled as this process's
+    target says; one thread."""
+    import numba
+    import numpy as np
+
+    from kernels.numba_cpu.clip_rows import NO_EXTRA, clip_rows_core
+    from kernels.numba_cpu.gaussian import NumbaGaussianStream
+
+    numba.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    stream = NumbaGaussianStream(np.random.SeedSequence(0))
+    noise = np.zeros(29_698, dtype=np.float32)
+    acts = tuple(rng.standard_normal((256, d), dtype=np.float32) for d in (101, 129, 129))
+    grads = tuple(rng.standard_normal((256, d), dtype=np.float32) for d in (128, 128, 2))
+    no_bias, factors = np.zeros(3), np.empty(256, dtype=np.float32)
+
+    def step():
+        stream.add_(noise, 1.0)
+        clip_rows_core(acts, grads, no_bias, NO_EXTRA, 1e30, factors)
+
+    step()  # compile or load
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+#: This process's choice, made when the module is first imported (run as a
+#: script, the module imports itself under its own name for it).
+CHOICE = configure() if __name__ != "__main__" else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kernels.numba_target import CHOICE as choice  # this process's (above)
+
+    parser = argparse.ArgumentParser(prog="python -m kernels.numba_target",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--time-kernels", action="store_true",
+                        help="time the kernels as compiled here and print JSON (the "
+                        "measurement's child process)")
+    args = parser.parse_args(argv)
+    if args.time_kernels:
+        print(json.dumps({"seconds": _time_kernels(), "choice": asdict(choice)}))
+    else:
+        print(choice.describe())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The vector width Numba compiles for (kernels.numba_target): the choice's logic
+with fake timings, and in child processes that the width takes effect and
+that a real measurement fills the tuning file."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numba
+import pytest
+
+from kernels import numba_target
+
+ROOT = Path(__file__).resolve().parent.parent
+AVX512 = "+avx512f" in numba_target._host()[1].split(",")
+HOST = ("testcpu", "+avx2,+avx512f,+fma")
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """configure() as in a process that has not compiled yet, on a fake AVX-512
+    host, with the tuning file in tmp_path; Numba's real setting is restored."""
+    monkeypatch.setattr(numba_target, "_host", lambda: HOST)
+    monkeypatch.setattr(numba_target, "_numba_target_fixed", lambda: False)
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", None)
+    monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)
+    monkeypatch.delenv("MPIDP_VECTOR_WIDTH", raising=False)
+    path = tmp_path / "cache" / "numba-target.json"
+    monkeypatch.setenv("MPIDP_NUMBA_TARGET_FILE", str(path))
+    return path
+
+
+class FakeTimes:
+    """``time_width`` with fixed seconds per width, counting its calls."""
+
+    def __init__(self, **seconds):
+        self.seconds = {int(k[1:]): v for k, v in seconds.items()}
+        self.calls: list[int] = []
+
+    def __call__(self, width: int) -> float:
+        self.calls.append(width)
+        value = self.seconds[width]
+        if isinstance(value, Exception):
+            raise value
+        return value.pop(0) if isinstance(value, list) else value
+
+
+def test_measure_alternates_and_keeps_each_widths_best():
+    fake = FakeTimes(w256=[5.0, 4.0], w512=[3.0, 6.0])
+    assert numba_target.measure(fake, passes=2) == {"256": 4.0, "512": 3.0}
+    assert fake.calls == [256, 512, 256, 512]
+
+
+@pytest.mark.parametrize("t512, width", [(0.90, 512), (0.969, 512), (0.98, 256), (1.2, 256)])
+def test_decide_keeps_512_only_when_clearly_faster(t512, width):
+    assert numba_target.decide({"256": 1.0, "512": t512}) == width
+
+
+def test_features_for_sets_or_clears_the_256_bit_preference():
+    base = "+avx2,+prefer-256-bit,+avx512f"
+    assert numba_target.features_for(base, 512) == "+avx2,+avx512f,-prefer-256-bit"
+    assert numba_target.features_for(base, 256) == "+avx2,+avx512f,+prefer-256-bit"
+
+
+def test_auto_measures_once_then_reads_the_file(fresh):
+    fake = FakeTimes(w256=2.0, w512=1.0)
+    first = numba_target.configure(fake)
+    assert first.width == 512 and "measured now" in first.source
+    assert numba.config.CPU_FEATURES == "+avx2,+avx512f,+fma,-prefer-256-bit"
+    assert len(fake.calls) == 2 * numba_target.PASSES
+    entries = json.loads(fresh.read_text())["entries"]
+    (key, entry), = entries.items()
+    assert key.startswith("testcpu | numba ") and key.endswith(HOST[1])
+    assert entry["width"] == 512 and entry["seconds"] == {"256": 2.0, "512": 1.0}
+
+    numba.config.CPU_FEATURES = None  # as a new process
+    again = numba_target.configure(FakeTimes(w256=RuntimeError("measured again"),
+                                             w512=RuntimeError("measured again")))
+    assert again.width == 512 and "measured earlier" in again.source
+    assert again.seconds == {"256": 2.0, "512": 1.0}
+    assert numba.config.CPU_FEATURES.endswith("-prefer-256-bit")
+
+
+def test_a_slower_512_keeps_256(fresh):
+    choice = numba_target.configure(FakeTimes(w256=1.0, w512=1.0))
+    assert choice.width == 256
+    assert numba.config.CPU_FEATURES.endswith("+prefer-256-bit")
+
+
+def test_a_failed_measurement_is_recorded_and_not_repeated(fresh):
+    failing = FakeTimes(w256=subprocess.CalledProcessError(1, "child"), w512=1.0)
+    choice = numba_target.configure(failing)
+    assert choice.width is None and "measuring failed" in choice.source
+    assert str(fresh) in choice.source  # says which file to delete to retry
+    assert numba.config.CPU_FEATURES is None  # LLVM's own choice
+    later = FakeTimes(w256=1.0, w512=0.5)
+    assert numba_target.configure(later).width is None and later.calls == []
+
+
+@pytest.mark.parametrize("mode, width, source", [("256", 256, "MPIDP_VECTOR_WIDTH=256"),
+                                                 ("512", 512, "MPIDP_VECTOR_WIDTH=512"),
+                                                 ("host", None, "MPIDP_VECTOR_WIDTH=host"),
+                                                 ("fast", None, "is not one of")])
+def test_the_environment_forces_a_width(fresh, monkeypatch, mode, width, source):
+    monkeypatch.setenv("MPIDP_VECTOR_WIDTH", mode)
+    fake = FakeTimes(w256=1.0, w512=1.0)
+    choice = numba_target.configure(fake)
+    assert (choice.width, fake.calls) == (width, []) and source in choice.source
+    assert (numba.config.CPU_FEATURES is None) == (width is None)
+    assert not fresh.exists()
+
+
+def test_nothing_is_measured_or_changed_where_there_is_no_choice(fresh, monkeypatch):
+    fake = FakeTimes(w256=1.0, w512=0.5)
+    monkeypatch.setattr(numba_target, "_host", lambda: ("zen3", "+avx2,-avx512f,+fma"))
+    assert "no AVX-512" in numba_target.configure(fake).source
+    monkeypatch.setattr(numba_target, "_host", lambda: HOST)
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx2")
+    assert "set by the user" in numba_target.configure(fake).source
+    monkeypatch.delenv("NUMBA_CPU_FEATURES")
+    monkeypatch.setattr(numba_target, "_numba_target_fixed", lambda: True)
+    assert "fixed before" in numba_target.configure(fake).source
+    monkeypatch.setattr(numba_target, "_numba_target_fixed", lambda: False)
+    monkeypatch.setenv("MPIDP_NUMBA_TARGET_FILE", "none")
+    assert "not measured" in numba_target.configure(fake).source
+    assert fake.calls == [] and numba.config.CPU_FEATURES is None and not fresh.exists()
+
+
+def test_an_unusable_tuning_file_means_no_measurement(fresh, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("MPIDP_NUMBA_TARGET_FILE", str(blocker / "numba-target.json"))
+    fake = FakeTimes(w256=1.0, w512=0.5)
+    choice = numba_target.configure(fake)
+    assert choice.width is None and "not usable" in choice.source and fake.calls == []
+
+
+def _child(code: str | None, **env) -> str:
+    """The last line a child process prints: ``python -c code``, or the module
+    run as a script when ``code`` is None."""
+    full = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    argv = ["-m", "kernels.numba_target"] if code is None else ["-c", textwrap.dedent(code)]
+    done = subprocess.run([sys.executable, *argv], env=full, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(not AVX512, reason="needs an AVX-512 CPU (the only kind with a choice)")
+@pytest.mark.parametrize("width", [256, 512])
+def test_the_width_reaches_the_compiled_code(width, tmp_path):
+    # a loop LLVM vectorises at the preferred width: zmm registers only at 512
+    out = _child("""
+        import kernels.numba_target as target
+        import numba, numpy as np
+        @numba.njit(fastmath=True)
+        def total(x):
+            s = np.float32(0)
+            for i in range(x.shape[0]):
+                s += x[i] * x[i]
+            return s
+        total(np.ones(4096, np.float32))
+        asm = total.inspect_asm(total.signatures[0])
+        print(target.CHOICE.width, "zmm" in asm)
+    """, MPIDP_VECTOR_WIDTH=str(width), MPIDP_NUMBA_TARGET_FILE=str(tmp_path / "t.json"))
+    assert out == f"{width} {width == 512}"
+
+
+def test_a_real_measurement_fills_the_tuning_file(tmp_path):
+    path = tmp_path / "numba-target.json"
+    out = _child(None, MPIDP_NUMBA_TARGET_FILE=str(path), MPIDP_VECTOR_WIDTH="auto")
+    if not AVX512:
+        assert "nothing to choose" in out and not path.exists()
+        return
+    entry, = json.loads(path.read_text())["entries"].values()
+    assert entry["width"] in (256, 512) and set(entry["seconds"]) == {"256", "512"}
+    assert all(0 < s < 0.01 for s in entry["seconds"].values())  # per step: us, not s
+    assert f"{entry['width']}-bit vectors (measured now, saved in {path})" in out
+    again = _child("from kernels.numba_target import CHOICE; print(CHOICE.describe())",
+                   MPIDP_NUMBA_TARGET_FILE=str(path))
+    assert f"{entry['width']}-bit vectors (measured earlier" in again
