@@ -88,5 +88,8 @@ kernel; the engine asks for an op on the device of its tensors and gets
 that device's preferred back-end (CuPy, then Numba CUDA on GPUs; Numba on
 CPUs), else the torch kernel. ``mpidp train --kernels numba|cupy|torch``
 forces one. :mod:`kernels.probe` reports which back-ends this process can
-use (``mpidp info``). This package imports nothing else of mpidp.
+use (``mpidp info``). :mod:`kernels.numba_target` sets the vector width
+Numba compiles for, measured once per CPU; every module that decorates an
+``@njit`` function imports it first (``collectives``' too). This package
+imports nothing else of mpidp.
 """

@@ -183,3 +183,22 @@ def test_a_real_measurement_fills_the_tuning_file(tmp_path):
     again = _child("from kernels.numba_target import CHOICE; print(CHOICE.describe())",
                    MPIDP_NUMBA_TARGET_FILE=str(path))
     assert f"{entry['width']}-bit vectors (measured earlier" in again
+
+
+@pytest.mark.skipif(not AVX512, reason="needs an AVX-512 CPU (the only kind with a choice)")
+def test_the_width_does_not_change_the_noise(tmp_path):
+    code = """
+        import hashlib
+        import numpy as np
+        from kernels.numba_cpu.gaussian import NumbaGaussianStream
+        from kernels.numba_target import CHOICE
+        stream, buf = NumbaGaussianStream(np.random.SeedSequence(7)), np.zeros(100_003, np.float32)
+        for _ in range(3):
+            stream.add_(buf, 1.5)
+        print(CHOICE.width, hashlib.sha256(buf.tobytes()).hexdigest())
+    """
+    out = {w: _child(code, MPIDP_VECTOR_WIDTH=str(w),
+                     MPIDP_NUMBA_TARGET_FILE=str(tmp_path / "t.json")).split()
+           for w in (256, 512)}
+    assert out[256][0] == "256" and out[512][0] == "512"
+    assert out[256][1] == out[512][1]
