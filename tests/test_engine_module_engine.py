@@ -187,3 +187,109 @@ def test_a_plain_sequential_is_run_layer_by_layer_with_the_same_sums_and_hooks(m
         assert torch.equal(grad, sums["chain"][0])
         assert torch.allclose(grad, want, rtol=1e-4, atol=1e-6)
         assert loss == pytest.approx(want_loss, rel=1e-5) and clipped == want_clipped
+
+
+def _chains(dtype):
+    torch.manual_seed(1)
+    kw = {"dtype": dtype}
+    return {
+        "mlp": nn.Sequential(nn.Linear(F_IN, 8, **kw), nn.ReLU(), nn.Linear(8, CLASSES, **kw)),
+        "in-place relu, three linears": nn.Sequential(
+            nn.Linear(F_IN, 8, **kw), nn.ReLU(inplace=True), nn.Linear(8, 8, **kw), nn.ReLU(),
+            nn.Linear(8, CLASSES, **kw)),
+        "relu first, twice in a row, last": nn.Sequential(
+            nn.ReLU(), nn.Linear(F_IN, 8, **kw), nn.ReLU(), nn.ReLU(),
+            nn.Linear(8, CLASSES, **kw), nn.ReLU()),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(_chains(torch.float32)))
+@pytest.mark.parametrize("C", [None, 0.05, 1e6])
+def test_an_mlp_chain_is_differentiated_by_hand_with_autograds_numbers(monkeypatch, dtype,
+                                                                       name, C):
+    """A plain Sequential of Linear and ReLU layers goes backward without
+    autograd (g W through each Linear, the relu_backward kernel through each
+    ReLU): the same sums, loss and clipped count as the autograd pass, bit for
+    bit, and the naive loop's within rounding."""
+    from engine.dp.clipping import LayerClipper
+
+    X, y = _rows(40)
+    x, labels = X[:29, :-1].to(dtype), y[:29]
+    results = {}
+    for by_hand in (True, False):
+        clipper = LayerClipper(_chains(dtype)[name])
+        assert clipper._by_hand
+        clipper._by_hand = by_hand
+        with monkeypatch.context() as patch:
+            if by_hand:  # no autograd at all on this path
+                patch.setattr(torch.autograd, "grad", None)
+            loss, clipped = clipper.clipped_sum(x, labels, C)
+        results[by_hand] = (clipper.grad.clone(), loss, clipped)
+    assert torch.equal(results[True][0], results[False][0])
+    assert results[True][1:] == results[False][1:]
+    want, want_loss, want_clipped = naive_clipped_sum(_chains(dtype)[name], x, labels, C)
+    tol = dict(rtol=1e-4, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=0)
+    assert torch.allclose(results[True][0], want, **tol)
+    assert results[True][1] == pytest.approx(want_loss, rel=1e-5)
+    assert results[True][2] == want_clipped
+
+
+def test_other_chains_and_hooked_layers_keep_autograd(monkeypatch):
+    """By hand only for exact Linear and ReLU types used once, with no hook:
+    any other layer, a subclass, a reused layer or a layer's own hook (which
+    could change an output or must see the backward) keeps the autograd pass."""
+    from engine.dp.clipping import LayerClipper
+
+    class MyLinear(nn.Linear):
+        pass
+
+    shared = nn.Linear(8, 8)
+    assert not LayerClipper(nn.Sequential(nn.Linear(F_IN, 8), nn.Tanh(),
+                                          nn.Linear(8, CLASSES)))._by_hand
+    with pytest.warns(SlowPathWarning, match="MyLinear"):  # a subclass: no rule either
+        assert not LayerClipper(nn.Sequential(MyLinear(F_IN, CLASSES)))._by_hand
+    assert not LayerClipper(nn.Sequential(nn.Linear(F_IN, 8), shared, nn.ReLU(),
+                                          shared))._by_hand
+    X, y = _rows(20)
+    with pytest.raises(ValueError, match="ran 2 times"):  # as the hooks' path says
+        LayerClipper(nn.Sequential(nn.Linear(F_IN, 8), shared, nn.ReLU(),
+                                   shared)).clipped_sum(X[:, :-1], y, 1.0)
+    for hook in ("forward", "full backward"):
+        seq = _chains(torch.float32)["mlp"]
+        seen = []
+        if hook == "forward":
+            seq[1].register_forward_hook(lambda m, i, o: seen.append(hook))
+        else:
+            seq[1].register_full_backward_hook(lambda m, gi, go: seen.append(hook))
+        clipper = LayerClipper(seq)
+        assert clipper._by_hand  # the chain qualifies; the hook decides at each call
+        with monkeypatch.context() as patch:
+            patch.setattr(type(clipper), "_chain_pass", None)
+            clipper.clipped_sum(X[:, :-1], y, 0.05)
+        assert seen == [hook]
+
+
+def test_an_output_changed_in_place_gets_the_gradient_at_the_layers_output():
+    """nn.ReLU(inplace=True) after a Linear changes the Linear's output in
+    place: the autograd pass (a wrapped model's global hook, or a chain with a
+    hook) must still take the gradient at the Linear's output, not at the
+    ReLU's. Against the naive loop on the same model without in-place."""
+    from engine.dp.clipping import LayerClipper
+
+    def model(inplace):
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(F_IN, 8), nn.ReLU(inplace=inplace), nn.Linear(8, 8),
+                             nn.ReLU(inplace=inplace), nn.Linear(8, CLASSES))
+
+    X, y = _rows(30)
+    x, labels = X[:, :-1], y
+    want, want_loss, want_clipped = naive_clipped_sum(model(False), x, labels, 0.05)
+    hooked = model(True)
+    hooked[4].register_forward_hook(lambda m, i, o: None)  # the chain's autograd pass
+    for clipper in (LayerClipper(Wrapped(model(True))), LayerClipper(hooked)):
+        for _ in range(2):  # the first call finds the change, the second copies at once
+            loss, clipped = clipper.clipped_sum(x, labels, 0.05)
+            assert torch.allclose(clipper.grad, want, rtol=1e-4, atol=1e-6)
+            assert loss == pytest.approx(want_loss, rel=1e-5) and clipped == want_clipped
+        assert clipper._copy_outputs

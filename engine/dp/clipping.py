@@ -12,7 +12,8 @@ one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
   parameterised layer's input (a plain ``nn.Sequential`` of leaf layers is
   called layer by layer instead, no hook), one ``torch.autograd.grad`` to the layer
   outputs only (so autograd never computes weight gradients that would be
-  thrown away), then each layer's rule (:mod:`engine.dp.rules`: Linear,
+  thrown away; a layer output changed in place later, as by
+  ``nn.ReLU(inplace=True)``, is copied first), then each layer's rule (:mod:`engine.dp.rules`: Linear,
   Embedding, the norm layers, Conv1d/2d), ``torch.func`` for a layer without
   one (announced by a ``SlowPathWarning``). Every layer's inputs must be
   batch first. The loss gradient at the logits comes from the
@@ -21,6 +22,11 @@ one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
   scaling in one pass, the other layers' norms added in): at a batch of a
   few hundred rows the torch ops they replace cost more in dispatch than
   in arithmetic.
+  A plain ``nn.Sequential`` of ``nn.Linear`` and ``nn.ReLU`` layers only (an
+  MLP) with no hooks skips autograd altogether: the forward under
+  ``no_grad`` and the output gradients by hand (``g W`` per Linear, the
+  ``relu_backward`` kernel per ReLU), because torch's ReLU backward and the
+  graph cost more than the GEMMs at that batch size.
 * :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
   grad): for models whose parameters are not all in leaf layers used once.
 
@@ -112,10 +118,31 @@ def _plain_chain(model: nn.Module) -> tuple[nn.Module, ...] | None:
     """
     if type(model) is not nn.Sequential:
         return None
-    children = tuple(model.children())
+    children = tuple(model)  # as its forward runs them: children() skips a repeated one
     if not children or any(True for c in children for _ in c.children()):
         return None
     return children
+
+
+#: Layers whose backward to their input :meth:`LayerClipper._chain_pass` writes
+#: itself: an MLP's. torch's ReLU backward (``threshold_backward``) and the
+#: autograd graph cost more than the GEMMs at a batch of a few hundred rows.
+_BY_HAND = (nn.Linear, nn.ReLU)
+
+
+def _by_hand(chain: tuple[nn.Module, ...] | None) -> bool:
+    """Whether a plain chain is Linear and ReLU layers only (those exact types,
+    each used once, one Linear at least): then no autograd is needed."""
+    return (chain is not None and all(type(m) in _BY_HAND for m in chain)
+            and any(type(m) is nn.Linear for m in chain)
+            and len({id(m) for m in chain}) == len(chain))
+
+
+def _layer_hooks(chain: tuple[nn.Module, ...]) -> bool:
+    """Whether any layer of the chain has a hook of its own (a forward hook may
+    change an output, a backward hook must see autograd)."""
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+               or m._backward_pre_hooks for m in chain)
 
 
 def _hooks_anywhere(model: nn.Module) -> bool:
@@ -202,6 +229,12 @@ class LayerClipper(_FlatGradient):
                                           None if self.grad.device.type == "cpu" else "torch")
         self._factors = self.grad.new_empty(256)
         self._chain = _plain_chain(model)
+        self._by_hand = _by_hand(self._chain)
+        self._copy_outputs = False  # set once a layer's output is seen changed in place
+        if self._by_hand:
+            self._relu_backward = registry.get(
+                "relu_backward", self.grad.device,
+                None if self.grad.device.type == "cpu" else "torch")
         for name, m in self.layers:
             if not has_fast_rule(m):
                 self._announce(name, m, "has no per-layer rule")
@@ -249,41 +282,14 @@ class LayerClipper(_FlatGradient):
             self.grad.zero_()
             return 0.0, 0
         # every layer's parameters are written below: grad needs no zeroing
-        records: dict[nn.Module, list] = {m: [] for _, m in self.layers}
-
-        def record(module: nn.Module, inputs: tuple, output) -> None:
-            seen = records.get(module)
-            if seen is not None:
-                seen.append((inputs, output))
-
-        if self._chain is not None and not _hooks_anywhere(self.model):
-            logits = x  # a plain Sequential of leaves: its forward, recorded here
-            for m in self._chain:
-                out = m(logits)
-                record(m, (logits,), out)
-                logits = out
+        if self._by_hand and not _hooks_anywhere(self.model) \
+                and not _layer_hooks(self._chain):
+            total, inputs, out_grads = self._chain_pass(x, y)
         else:
-            # one global hook for the forward pass: a fraction of the cost of
-            # registering and removing one per layer at every step
-            hook = nn.modules.module.register_module_forward_hook(record)
-            try:
-                logits = self.model(x)
-            finally:
-                hook.remove()
-        for name, m in self.layers:
-            if len(records[m]) != 1:
-                raise ValueError(f"layer {name!r} ran {len(records[m])} times in one "
-                                 "forward pass; use FuncClipper")
-        outs = [records[m][0][1] for _, m in self.layers]
-        # the loss's gradient at the logits by one kernel (softmax - onehot),
-        # autograd only from there to the layer outputs
-        dlogits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        total = self._softmax_xent(logits.detach(), y, dlogits)
-        out_grads = torch.autograd.grad(logits, outs, grad_outputs=dlogits, allow_unused=True)
+            total, inputs, out_grads = self._autograd_pass(x, y)
         terms = []
-        for (name, m), out, b in zip(self.layers, outs, out_grads):
-            b = torch.zeros_like(out) if b is None else b
-            terms.append(self._term(name, m, records[m][0][0], b, x.shape[0]))
+        for (name, m), layer_inputs, b in zip(self.layers, inputs, out_grads):
+            terms.append(self._term(name, m, layer_inputs, b, x.shape[0]))
         keeping = [getattr(t, "book_keeping", False) for t in terms]
         if groups is None and max_norm is not None and any(keeping):
             return total, self._clip_book_keeping(terms, keeping, max_norm)
@@ -303,6 +309,82 @@ class LayerClipper(_FlatGradient):
                 self._layer_views[name][pname].copy_(value)
         clipped = 0 if max_norm is None else int((factors < 1).sum())
         return total, clipped
+
+    def _autograd_pass(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, list, list]:
+        """(summed loss, each layer's inputs, each layer's output gradient) by a
+        recorded forward and one ``torch.autograd.grad`` to the layer outputs.
+
+        A layer's output changed in place afterwards (``nn.ReLU(inplace=True)``
+        after a Linear) would give the gradient at the changed tensor, not at
+        the layer's output; once such a change is seen, the forward runs
+        again, and every later one, with the layers' outputs copied (the copy
+        is what the rest of the model gets and changes)."""
+        records: dict[nn.Module, list] = {m: [] for _, m in self.layers}
+        copy = self._copy_outputs
+
+        def record(module: nn.Module, inputs: tuple, output):
+            seen = records.get(module)
+            if seen is None:
+                return None
+            seen.append((inputs, output, output._version))
+            return output.clone() if copy else None  # a hook's value replaces the output
+
+        if self._chain is not None and not _hooks_anywhere(self.model):
+            logits = x  # a plain Sequential of leaves: its forward, recorded here
+            for m in self._chain:
+                out = m(logits)
+                replaced = record(m, (logits,), out)
+                logits = out if replaced is None else replaced
+        else:
+            # one global hook for the forward pass: a fraction of the cost of
+            # registering and removing one per layer at every step
+            hook = nn.modules.module.register_module_forward_hook(record)
+            try:
+                logits = self.model(x)
+            finally:
+                hook.remove()
+        for name, m in self.layers:
+            if len(records[m]) != 1:
+                raise ValueError(f"layer {name!r} ran {len(records[m])} times in one "
+                                 "forward pass; use FuncClipper")
+        if not copy and any(records[m][0][1]._version != records[m][0][2]
+                            for _, m in self.layers):
+            self._copy_outputs = True  # changed in place: see the docstring
+            return self._autograd_pass(x, y)
+        outs = [records[m][0][1] for _, m in self.layers]
+        # the loss's gradient at the logits by one kernel (softmax - onehot),
+        # autograd only from there to the layer outputs
+        dlogits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        total = self._softmax_xent(logits.detach(), y, dlogits)
+        out_grads = torch.autograd.grad(logits, outs, grad_outputs=dlogits, allow_unused=True)
+        out_grads = [torch.zeros_like(out) if b is None else b for out, b in zip(outs, out_grads)]
+        return total, [records[m][0][0] for _, m in self.layers], out_grads
+
+    def _chain_pass(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, list, list]:
+        """:meth:`_autograd_pass` for a chain of Linear and ReLU layers, without
+        autograd: the forward under ``no_grad``, and backward from the logits
+        ``g <- g W`` through each Linear and the ``relu_backward`` kernel (in
+        place) through each ReLU, down to the first Linear. The same numbers
+        (up to the sign of zeros: the kernel multiplies by the mask)."""
+        chain = self._chain
+        with torch.no_grad():
+            acts = [x]  # acts[i]: chain[i]'s input; acts[i + 1] its output
+            for m in chain:
+                acts.append(m(acts[-1]))
+            logits = acts[-1]
+            g = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+            total = self._softmax_xent(logits, y, g)
+            linear = [i for i, m in enumerate(chain) if type(m) is nn.Linear]
+            grads: dict[int, torch.Tensor] = {}
+            for i in range(len(chain) - 1, linear[0] - 1, -1):
+                m = chain[i]
+                if type(m) is nn.Linear:
+                    grads[i] = g
+                    if i > linear[0]:
+                        g = g.mm(m.weight)
+                else:  # g is not a Linear's kept gradient: g W made it anew
+                    self._relu_backward(g, acts[i + 1])
+        return total, [(acts[i],) for i in linear], [grads[i] for i in linear]
 
     def _clip_book_keeping(self, terms: list, keeping: list[bool], max_norm: float) -> int:
         """Clip with one ``clip_linear_rows`` kernel for the book-keeping
