@@ -204,7 +204,9 @@ def _measured(path: Path | None, cpu: str, host_features: str, time_width) -> Ch
 
 
 def configure(time_width=_time_in_child) -> Choice:
-    """Set Numba's target features for this process (module docstring); idempotent."""
+    """Set Numba's target features for this process (module docstring). Run once,
+    at import (:data:`CHOICE`): a second call finds the features set and
+    reports them as the user's."""
     import numba
 
     cpu, host_features = _host()

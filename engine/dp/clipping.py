@@ -138,19 +138,23 @@ def _by_hand(chain: tuple[nn.Module, ...] | None) -> bool:
             and len({id(m) for m in chain}) == len(chain))
 
 
+def _own_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` has a forward, pre-forward, backward or pre-backward hook."""
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or module._backward_hooks or module._backward_pre_hooks)
+
+
 def _layer_hooks(chain: tuple[nn.Module, ...]) -> bool:
     """Whether any layer of the chain has a hook of its own (a forward hook may
     change an output, a backward hook must see autograd)."""
-    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-               or m._backward_pre_hooks for m in chain)
+    return any(_own_hooks(m) for m in chain)
 
 
 def _hooks_anywhere(model: nn.Module) -> bool:
     """Whether calling ``model`` would run hooks that calling its children would
     not (its own, or global ones): then the chain is not called layer by layer."""
     module_mod = nn.modules.module
-    return bool(model._forward_hooks or model._forward_pre_hooks or model._backward_hooks
-                or model._backward_pre_hooks or module_mod._global_forward_hooks
+    return bool(_own_hooks(model) or module_mod._global_forward_hooks
                 or module_mod._global_forward_pre_hooks or module_mod._global_backward_hooks
                 or module_mod._global_backward_pre_hooks)
 
@@ -223,18 +227,18 @@ class LayerClipper(_FlatGradient):
                              for name, m in self.layers}
         self._announced: set[str] = set()
         self._clip_linear = registry.get("clip_linear_rows", self.grad.device)
-        # the CPU's kernel saves torch's dispatches; elsewhere torch's ops,
+        # the CPU's kernels save torch's dispatches; elsewhere torch's ops,
         # which take any dtype and layout a user's model may return
-        self._softmax_xent = registry.get("softmax_xent", self.grad.device,
-                                          None if self.grad.device.type == "cpu" else "torch")
+        small_ops = None if self.grad.device.type == "cpu" else "torch"
+        self._softmax_xent = registry.get("softmax_xent", self.grad.device, small_ops)
         self._factors = self.grad.new_empty(256)
         self._chain = _plain_chain(model)
         self._by_hand = _by_hand(self._chain)
         self._copy_outputs = False  # set once a layer's output is seen changed in place
         if self._by_hand:
-            self._relu_backward = registry.get(
-                "relu_backward", self.grad.device,
-                None if self.grad.device.type == "cpu" else "torch")
+            self._relu_backward = registry.get("relu_backward", self.grad.device, small_ops)
+            #: where the chain's Linear layers are (self.layers, in order)
+            self._linear_at = [i for i, m in enumerate(self._chain) if type(m) is nn.Linear]
         for name, m in self.layers:
             if not has_fast_rule(m):
                 self._announce(name, m, "has no per-layer rule")
@@ -374,7 +378,7 @@ class LayerClipper(_FlatGradient):
             logits = acts[-1]
             g = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
             total = self._softmax_xent(logits, y, g)
-            linear = [i for i, m in enumerate(chain) if type(m) is nn.Linear]
+            linear = self._linear_at
             grads: dict[int, torch.Tensor] = {}
             for i in range(len(chain) - 1, linear[0] - 1, -1):
                 m = chain[i]
