@@ -393,6 +393,8 @@ def summarize(runs: list[list[dict]], min_xcore: float | None = None,
     runs = [[r for r in records if (i, r["bytes"]) not in dropped]
             for i, records in enumerate(runs)]
     cells: dict[tuple[int, str], list[dict]] = {}
+    rounds = {(i, r["bytes"], r["algorithm"]): r["rounds_us"]
+              for i, records in enumerate(runs) for r in records}
     for records in runs:
         native = {r["bytes"]: r["rounds_us"] for r in records if r["algorithm"] == "native"}
         for r in records:
@@ -411,12 +413,17 @@ def summarize(runs: list[list[dict]], min_xcore: float | None = None,
         speed = {a: median(r["speedup"] for r in cells[(nbytes, a)]) for a in algorithms
                  if (nbytes, a) in cells}
         t = median(r["avg_us"] for r in cells[(nbytes, "native")])
-        best = max(v for a, v in speed.items() if a != "auto")
+        best = max((v, a) for a, v in speed.items() if a != "auto")[1]
         row = []
         for a in shown:
             text = f"{speed[a]:.2f}" if a in speed else "-"
             if a == "auto" and a in speed:
-                text += f" ({cells[(nbytes, a)][0]['runs']}, {best / speed[a]:.2f} of best)"
+                # auto against the best side by side, round by round (not through
+                # native's rounds, whose noise the two speed-ups would both carry).
+                paired = [1 / paired_speedup(rounds[(i, nbytes, best)], rounds[(i, nbytes, a)])
+                          for i in range(len(runs))
+                          if (i, nbytes, a) in rounds and (i, nbytes, best) in rounds]
+                text += f" ({cells[(nbytes, a)][0]['runs']}, {median(paired):.2f} of best)"
             row.append(text)
         bus = (f"{median(r['busbw_gbps'] for r in cells[(nbytes, 'ring')]):.2f} "
                f"({median(r['busbw_gbps'] for r in cells[(nbytes, 'native')]):.2f})"
@@ -448,7 +455,8 @@ def summarize(runs: list[list[dict]], min_xcore: float | None = None,
                  f"{' (oversubscribed)' if first.get('oversubscribed') else ''}, "
                  f"{first['dtype']} {first['op']}; algorithm columns: native's time / its "
                  "time (> 1 is faster), median over rounds and runs; auto: what it ran and "
-                 "its time over the best algorithm's (1.00 = the best); busbw in GB/s; "
+                 "its time over the best algorithm's (1.00 = the best), median over rounds "
+                 "and runs of the two's times in the same round; busbw in GB/s; "
                  f"memory-copy ceiling {ceiling:.1f} GB/s.{machine}")
     return "\n".join(lines)
 

@@ -5,7 +5,9 @@ so :func:`allreduce` first compares the call with the previous one (object
 identity of buffer and communicator, the algorithm and op, the dtype, that
 the array is still 1-D and writeable) and, when nothing changed,
 runs the runner bound last time: no allocation, no collective, well under a
-microsecond of Python. Anything else takes the slow path: check the buffer,
+microsecond of Python. For a tuned ``auto`` on a numpy array it takes the
+next call from the tuner's iterator itself (:class:`collectives.tuning.TunedPlan`):
+a frame of auto's own cost 5% of a 1 us call. Anything else takes the slow path: check the buffer,
 find or make the checked plan of the signature (collective the first time,
 see :mod:`collectives.consistency`), bind it to the buffer, remember the
 call.
@@ -36,8 +38,9 @@ from collectives.runtime import MPI, mpi_cuda_support
 Runner = Callable[[], None]
 _NOTHING = object()
 #: The last call: (buffer, comm argument, algorithm, op argument, dtype,
-#: skip the writeable check (not a numpy array), runner).
-_EMPTY = (_NOTHING, _NOTHING, None, None, None, True, None)
+#: skip the writeable check (not a numpy array), runner, and for a tuned
+#: ``auto`` the runner's iterator of calls (``next(calls)()`` is a call), else None).
+_EMPTY = (_NOTHING, _NOTHING, None, None, None, True, None, None)
 _hot: tuple = _EMPTY
 
 
@@ -85,7 +88,11 @@ def allreduce(buf: Any, comm: "MPI.Intracomm | None" = None, algorithm: str = "a
             and buf.dtype is hot[4] and buf.ndim == 1
             and (hot[5] or buf.flags.writeable)):
         try:
-            hot[6]()
+            calls = hot[7]
+            if calls is None:
+                hot[6]()
+            else:  # tuned auto: its next call, with no frame of auto's own
+                next(calls)()
         except BaseException as error:
             forget()
             failures.handle(error, comm, midway=True)
@@ -268,7 +275,8 @@ def _bind_and_run(buf: Any, comm: Any, algorithm: str, op: Any, call: _Checked) 
     else:
         run = _device_runner(buf, call.state, plan,
                              lambda: _allreduce_slow(buf, comm, algorithm, op))
-    _hot = (buf, comm, algorithm, op, buf.dtype, call.kind != "host", run)
+    _hot = (buf, comm, algorithm, op, buf.dtype, call.kind != "host", run,
+            getattr(run, "calls", None))
     run()
     return buf
 

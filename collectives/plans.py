@@ -328,7 +328,7 @@ class CommState:
         plan = TunedPlan(
             SimpleNamespace(n=n, dtype=dtype, op=op), names_, first,
             candidate=lambda name: self.plan(n, dtype, op, get(name)),
-            agreement=lambda: self.plan(len(names_), counter, "max", get("native")),
+            agreement=lambda: self.plan(2 * len(names_), counter, "max", get("native")),
             prior=self.store.prior(key))
         self.store.keep(key, plan.tuner)
         return plan

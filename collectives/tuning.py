@@ -10,15 +10,20 @@ choice at the same call without any other message.
 
 * It starts from the static table's choice (:mod:`collectives.auto`), or from
   what an earlier run measured on this machine (the tuning file, below).
-* Exploration: each candidate not yet measured is tried on a few calls
-  (the first one untimed: it builds the candidate's plan).
+* Exploration: each candidate is tried on a few calls (the first one
+  untimed: it builds the candidate's plan), also those the file knows: an
+  entry can be stale or noisy, and a run of large messages makes too few
+  calls for a trial to correct it.
 * Then it keeps the candidate with the lowest agreed time, times a few calls
   of each period between agreements (periods grow while the choice holds),
   and tries each other candidate again now and then (a trial: the first
-  calls of a period, two untimed to warm it up, then two timed), spaced
-  so that the trials together cost about ``BUDGET`` of the time (with k
-  candidates, one r times slower is tried again after about
-  4 (r - 1) (k - 1) / BUDGET calls), and switches when a trial beats the
+  calls of a period, two untimed to warm it up, then four timed), spaced
+  so that the trials together cost about ``BUDGET`` of the time: a
+  candidate is tried again after its last trial's measured cost over the
+  choice's (warm-up included: the first calls of an algorithm that has not
+  run for a while can cost 50 of the choice's 1 us calls), divided by
+  ``BUDGET / (k - 1)`` of a call (before its first trial, its estimated
+  ratio r stands in: 6 (r - 1) calls). It switches when a trial beats the
   current estimate by more than ``MARGIN`` (a host that moves the ranks to
   other cores can change the best one). Estimates are medians of the
   period's timed calls.
@@ -34,14 +39,16 @@ the static table.
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import math
+import operator
 import os
 import socket
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -55,22 +62,27 @@ BUDGET = 0.04
 #: A trial must beat the current estimate by this factor to switch.
 MARGIN = 0.95
 #: Calls between agreements at first and after a switch; each agreement that
-#: keeps the choice doubles the period, up to MAX_PERIOD (an agreement is a
-#: small all-reduce: at 1 us calls, one in 32 would cost a tenth of the time).
+#: keeps the choice doubles the period, up to MAX_PERIOD calls or
+#: PERIOD_SECONDS of the choice's calls, whichever is fewer. An agreement, and
+#: the timed calls and trial a period holds, cost about 10 us of Python and one
+#: small all-reduce: at 1 us calls, one in 32 would cost a tenth of the time
+#: and one in 1024 still 5% with the timing; the time cap keeps a choice of
+#: slow calls (large messages) re-checked every second or so.
 PERIOD = 32
-MAX_PERIOD = 1024
+MAX_PERIOD = 8192
+PERIOD_SECONDS = 1.0
 #: Timed calls of the current choice: one in max(TIME_EVERY, period / TIMED_PER_PERIOD).
-TIME_EVERY = 4
-TIMED_PER_PERIOD = 8
+TIME_EVERY = 8
+TIMED_PER_PERIOD = 16
 #: Timed calls per candidate while exploring (after one untimed call: it
 #: builds the candidate's plan).
-EXPLORE_CALLS = 2
+EXPLORE_CALLS = 4
 #: A later trial of a candidate: WARM_CALLS untimed calls, then TRIAL_TIMED
 #: timed. The first calls of an algorithm after another ran a while find its
 #: memory cold and the ranks out of step: timed, they made it look several
 #: times slower than it is, and auto kept a slower choice for whole runs.
 WARM_CALLS = 2
-TRIAL_TIMED = 2
+TRIAL_TIMED = 4
 TRIAL_CALLS = WARM_CALLS + TRIAL_TIMED
 #: Most calls between trials of a candidate.
 MAX_GAP = 4096
@@ -111,14 +123,21 @@ class Tuner:
         self.used = [0] * k
         self.switches = 0
         #: The exploration: (candidate, timed) for the first calls. Every
-        #: candidate's first call is untimed, known or not: it pays one-time
-        #: set-up (buffers, compiled kernels) that a later trial would
-        #: otherwise measure as its speed.
+        #: candidate's first call is untimed: it pays one-time set-up
+        #: (buffers, compiled kernels) that would otherwise be measured as its
+        #: speed. Then a few timed calls of each, known from the file or not:
+        #: one noisy entry in the file (a candidate measured 3x slower than it
+        #: is) kept auto off the best algorithm for a whole run at 16 MiB,
+        #: where a run makes too few calls for the trial to come round.
         self.plan: list[tuple[int, bool]] = []
         for i in range(k):
             self.plan.append((i, False))
-            if self.estimate[i] is None:
-                self.plan += [(i, True)] * EXPLORE_CALLS
+            self.plan += [(i, True)] * EXPLORE_CALLS
+        #: Agreed seconds of a candidate's last trial over what the current
+        #: choice would have taken for as many calls (None: none yet).
+        self.trial_excess: list[float | None] = [None] * k
+        #: Seconds of this period's trial so far, all its calls (warm-up included).
+        self._trial_spent = 0.0
         self.next_trial = [0] * k
         self._space_trials(list(range(k)))
         #: Timed calls since the last agreement, per candidate.
@@ -138,16 +157,21 @@ class Tuner:
             self.choice = min(known)[1]
 
     def _space_trials(self, which: list[int]) -> None:
-        """Schedule the next trial of the candidates ``which`` from their ratio to
-        the current choice's estimate."""
+        """Schedule the next trial of the candidates ``which`` from what one costs
+        over the current choice: measured (its last trial, warm-up calls
+        included: the first calls of an algorithm that has not run for a while
+        can cost 50 calls of the choice), else estimated from their ratio."""
         best = self.estimate[self.choice]
         for i in which:
             t = self.estimate[i]
             if i == self.choice or t is None or best is None or best <= 0:
                 continue
-            ratio = max(1.0, t / best)
             share = BUDGET / max(1, len(self.names) - 1)
-            cost = TRIAL_CALLS * (ratio - 1)  # a trial's calls, over the choice's
+            excess = self.trial_excess[i]
+            if excess is not None:
+                cost = excess / best  # in calls of the choice
+            else:
+                cost = TRIAL_CALLS * (max(1.0, t / best) - 1)
             gap = min(MAX_GAP, max(PERIOD, math.ceil(cost / share)))
             self.next_trial[i] = self.calls + gap
 
@@ -167,7 +191,10 @@ class Tuner:
         return min(due, key=lambda i: self.next_trial[i]) if due else None
 
     def record(self, index: int, timed: bool, seconds: float) -> None:
-        """Account for the call just made."""
+        """Account for the call just made (``seconds``: its duration, timed or not;
+        an untimed call's counts only towards its trial's cost)."""
+        if index == self._trial and self.calls - self._period_start < TRIAL_CALLS:
+            self._trial_spent += seconds
         self.calls += 1
         self.used[index] += 1
         if timed:
@@ -193,25 +220,47 @@ class Tuner:
         return max(0, end - c)
 
     def collected(self, out: np.ndarray | None = None) -> np.ndarray:
-        """This rank's median time per candidate since the last agreement (-1:
-        none), to reduce by MAX; into ``out`` when given (no allocation). A
-        median, not a mean: one call that the OS delayed by 100 us must not make
-        a 1 us algorithm look slower than the rest."""
-        out = np.empty(len(self.names)) if out is None else out
+        """What this rank measured since the last agreement, to reduce by MAX
+        (``2 k`` floats, -1 for nothing; into ``out`` when given: no
+        allocation): the median time per candidate, then the seconds of the
+        period's trial for its candidate. A median, not a mean: one call that
+        the OS delayed by 100 us must not make a 1 us algorithm look slower
+        than the rest."""
+        k = len(self.names)
+        out = np.empty(2 * k) if out is None else out
         for i, samples in enumerate(self._samples):
             out[i] = statistics.median(samples) if samples else -1.0
+        out[k:] = -1.0
+        if self._trial is not None:
+            out[k + self._trial] = self._trial_spent
         return out
 
     def agree(self, slowest: np.ndarray) -> None:
         """Update the estimates from the MAX over ranks of :meth:`collected`."""
         chosen = self.choice
+        k = len(self.names)
         measured = []
-        for i, t in enumerate(slowest):
+        for i in range(k):
+            spent = float(slowest[k + i])
+            if spent >= 0 and self.estimate[chosen] is not None:
+                self.trial_excess[i] = max(0.0, spent - TRIAL_CALLS * self.estimate[chosen])
+        self._trial_spent = 0.0
+        explored = self.calls == len(self.plan)  # the exploration's agreement
+        for i, t in enumerate(slowest[:k]):
             if t < 0:
                 continue
             t, old = float(t), self.estimate[i]
-            # The current choice averages its last two periods; a trial replaces it.
-            self.estimate[i] = t if old is None or i != chosen else 0.5 * old + 0.5 * t
+            if old is None:
+                self.estimate[i] = t
+            elif explored:
+                # Against the file's time, the exploration's few calls keep the
+                # lower: noise only ever slows a call, and a file's time that is
+                # too low is corrected by the choice's own timed calls.
+                self.estimate[i] = min(old, t)
+            elif i == chosen:  # the current choice averages its last two periods
+                self.estimate[i] = 0.5 * old + 0.5 * t
+            else:  # a trial replaces the estimate
+                self.estimate[i] = t
             measured.append(i)
         best = min((t, i) for i, t in enumerate(self.estimate) if t is not None)
         switched = best[1] != chosen and (self.estimate[chosen] is None
@@ -223,15 +272,27 @@ class Tuner:
         self._space_trials(measured)
         for samples in self._samples:
             samples.clear()
-        self.period = PERIOD if switched else min(MAX_PERIOD, 2 * self.period)
+        self.period = PERIOD if switched else min(self._longest_period(), 2 * self.period)
         self._period_start = self.calls
         self._agree_at = self.calls + self.period
         self._time_every = max(TIME_EVERY, self.period // TIMED_PER_PERIOD)
         self._trial = self._due_trial()
 
+    def _longest_period(self) -> int:
+        """MAX_PERIOD calls, or fewer: about PERIOD_SECONDS of the choice's calls
+        (never under PERIOD)."""
+        t = self.estimate[self.choice]
+        if t is None or t <= 0:
+            return MAX_PERIOD
+        return max(PERIOD, min(MAX_PERIOD, int(PERIOD_SECONDS / t)))
+
     def times(self) -> dict[str, float]:
         """Agreed seconds per call, per measured candidate."""
         return {n: t for n, t in zip(self.names, self.estimate) if t is not None}
+
+
+def _no_call() -> None:
+    raise AssertionError("a tuned stretch ran past its length")
 
 
 class TunedPlan:
@@ -269,7 +330,7 @@ class TunedPlan:
         self.settle()  # the runner this one replaces is called no more
         tuner, names, candidate = self.tuner, self.tuner.names, self._candidate
         bound: list[Runner | None] = [None] * len(names)
-        slowest = np.zeros(len(names))
+        slowest = np.zeros(2 * len(names))
         agreement: list[Runner] = []
         clock = time.perf_counter
 
@@ -289,46 +350,51 @@ class TunedPlan:
         # The steady state (Tuner.plain_calls): a stretch of calls of the
         # current choice, untimed, with no trial or agreement, made without
         # asking the tuner; they are counted into it when the stretch ends
-        # (settle), so a call in a stretch costs one closure call over the
-        # candidate's own.
-        left = 0
-        stretch, chosen_index, chosen = 0, 0, None
+        # (settle). The calls come from one endless iterator of runners: the
+        # slow call, then ``repeat(chosen, length)``, then the next slow call...
+        # Calling ``next(calls)()`` walks a stretch in C, with no frame of ours:
+        # the dispatcher does that itself (collectives.dispatch), since a
+        # Python frame per call cost 5% of a 1 us call.
+        length, chosen_index = 0, 0
+        current = itertools.repeat(_no_call, 0)
 
         def settle() -> None:
-            nonlocal stretch
-            made = stretch - left
+            nonlocal length
+            left = operator.length_hint(current)
+            made = length - left
             if made:
                 tuner.calls += made
                 tuner.used[chosen_index] += made
-                stretch = left
+                length = left
 
         def slow() -> None:
-            nonlocal left, stretch, chosen_index, chosen
+            nonlocal length, chosen_index, current
             settle()
             i, timed = tuner.pick()
             call = run_candidate(i)
-            if timed:
-                start = clock()
-                call()
-                tuner.record(i, True, clock() - start)
-            else:
-                call()
-                tuner.record(i, False, 0.0)
+            start = clock()
+            call()
+            tuner.record(i, timed, clock() - start)
             if tuner.due():
                 agree()
-            left = stretch = tuner.plain_calls()
-            if left:
+            length = tuner.plain_calls()
+            if length:
                 chosen_index = tuner.choice
-                chosen = run_candidate(chosen_index)
+            current = itertools.repeat(run_candidate(chosen_index), length)
+
+        slow_call = (slow,)
+
+        def stretches() -> Iterator[Iterable[Runner]]:
+            while True:
+                yield slow_call
+                yield current  # made by the slow call just before
+
+        calls = itertools.chain.from_iterable(stretches())
 
         def run() -> None:
-            nonlocal left
-            if left:
-                left -= 1
-                chosen()
-            else:
-                slow()
+            next(calls)()
 
+        run.calls = calls  # type: ignore[attr-defined]
         self.settle = settle
         return run
 

@@ -94,8 +94,10 @@ def test_follows_the_machine_when_the_best_changes():
     faster = {"ring": 0.5e-6}
     tuner2 = Tuner(list(COST), "native")
     drive(tuner2, 3000, lambda c, name: COST[name])
-    drive(tuner2, 6000, lambda c, name: faster.get(name, COST[name]) if c >= 3000
-          else COST[name], start=3000)
+    # Each candidate is tried again once in a few periods (up to MAX_PERIOD
+    # calls each): within 3 MAX_PERIODs here (25 ms of 1 us calls).
+    drive(tuner2, 3 * tuning.MAX_PERIOD, lambda c, name: faster.get(name, COST[name])
+          if c >= 3000 else COST[name], start=3000)
     assert tuner2.names[tuner2.choice] == "ring" and tuner2.switches >= 2
 
 
@@ -140,6 +142,17 @@ def test_agreements_thin_out_while_the_choice_holds():
     assert agreements < 20_000 / tuning.MAX_PERIOD + 10
 
 
+def test_slow_calls_are_rechecked_about_every_period_seconds():
+    """At 20 ms a call, MAX_PERIOD calls would leave a choice unchecked for
+    minutes: the period stops at about PERIOD_SECONDS of calls."""
+    slow = {name: 1000 * t for name, t in COST.items()}  # 1.2-12 ms
+    tuner = Tuner(list(COST), "recursive_doubling")
+    drive(tuner, 5000, lambda c, name: slow[name])
+    assert tuner.names[tuner.choice] == "recursive_doubling"
+    longest = int(tuning.PERIOD_SECONDS / slow["recursive_doubling"])
+    assert tuning.PERIOD < tuner.period <= longest < tuning.MAX_PERIOD
+
+
 def test_deterministic_given_the_agreed_times():
     """Two ranks with different local times but the same agreed (MAX) values make
     the same choices at the same calls: the schedule depends only on them."""
@@ -158,22 +171,34 @@ def test_deterministic_given_the_agreed_times():
     assert picks[0] == picks[1]
 
 
-def test_a_prior_skips_exploration_and_no_first_call_is_timed():
-    tuner = Tuner(list(COST), "native", prior={"ring": 2e-6, "native": 9e-6})
-    assert tuner.names[tuner.choice] == "ring"
+def test_a_prior_is_re_measured_and_no_first_call_is_timed():
+    """A file entry can be stale: every candidate is timed again on the first
+    calls. One too slow (ring at 20 us, really 0.5 us) is corrected there; one
+    too fast (rabenseifner at 0.1 us, really 3.7 us) keeps the lower time but
+    is chosen only until its own timed calls show it."""
+    real = dict(COST, ring=0.5e-6)
+    prior = {"ring": 20e-6, "native": 9e-6}
+    tuner = Tuner(list(COST), "native", prior=prior)
     seen = set()
 
     def cost(c, name):  # a candidate's first call pays a one-time set-up, 1000x
         first = name not in seen
         seen.add(name)
-        return COST[name] * (1000 if first else 1)
+        return real[name] * (1000 if first else 1)
 
-    picked = drive(tuner, 8, cost)
-    # Every candidate once, untimed; only those without a prior are then timed.
-    assert picked == [0, 1, 1, 1, 2, 3, 3, 3]
-    assert tuner.times() == pytest.approx({"native": 9e-6, "ring": 2e-6,
+    explore = 4 * (1 + tuning.EXPLORE_CALLS)
+    picked = drive(tuner, explore, cost)
+    assert picked == [i for i in range(4) for _ in range(1 + tuning.EXPLORE_CALLS)]
+    assert tuner.times() == pytest.approx({"native": 9e-6, "ring": 0.5e-6,
                                            "recursive_doubling": 1.2e-6,
                                            "rabenseifner": 3.7e-6})
+    assert tuner.names[tuner.choice] == "ring"
+
+    optimistic = Tuner(list(COST), "native", prior={"rabenseifner": 0.1e-6})
+    drive(optimistic, explore, lambda c, name: COST[name])
+    assert optimistic.names[optimistic.choice] == "rabenseifner"
+    drive(optimistic, 200, lambda c, name: COST[name], start=explore)
+    assert optimistic.names[optimistic.choice] == "recursive_doubling"
 
 
 def test_the_file_round_trip_and_its_failures(tmp_path, monkeypatch):
@@ -193,6 +218,33 @@ def test_the_file_round_trip_and_its_failures(tmp_path, monkeypatch):
     assert tuning.tuning_file() is None
     assert tuning.bucket(5, np.dtype("float32"), "sum") == "8 B float32 sum"
     assert tuning.bucket(8, np.dtype("float32"), "sum") == "8 B float32 sum"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_dispatchers_stretch_calls_are_counted(comm, monkeypatch):
+    """allreduce makes the calls of a tuned stretch itself (Stretch): every call
+    still reaches the tuner's count, the choice is the same on every rank, and
+    the sums are exact, also when another call interrupts a stretch."""
+    monkeypatch.setattr(tuning, "PERIOD", 8)
+    private = comm.Dup()
+    rank, size = private.Get_rank(), private.Get_size()
+    try:
+        buf, other = np.empty(40, np.float32), np.ones(3, np.float64)
+        calls = 0
+        for step in range(3000):
+            buf[:] = rank + step % 5
+            collectives.allreduce(buf, private)
+            calls += 1
+            assert buf[0] == size * (step % 5) + size * (size - 1) // 2
+            if step % 997 == 0:  # another signature: the hot call changes mid-stretch
+                collectives.allreduce(other, private, "native")
+        plan = comm_state(private).plans[(40, np.dtype(np.float32), "sum", "auto")]
+        plan.settle()
+        assert plan.tuner.calls == sum(plan.tuner.used) == calls
+        record = (plan.tuner.used, plan.tuner.choice)
+        assert all(r == record for r in private.allgather(record))
+    finally:
+        collectives.forget()
 
 
 @pytest.mark.mpi(min_size=1)
