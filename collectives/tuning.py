@@ -380,7 +380,9 @@ class TunedPlan:
             length = tuner.plain_calls()
             if length:
                 chosen_index = tuner.choice
-            current = itertools.repeat(run_candidate(chosen_index), length)
+                current = itertools.repeat(run_candidate(chosen_index), length)
+            else:
+                current = itertools.repeat(_no_call, 0)
 
         slow_call = (slow,)
 
