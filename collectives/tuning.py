@@ -291,10 +291,6 @@ class Tuner:
         return {n: t for n, t in zip(self.names, self.estimate) if t is not None}
 
 
-def _no_call() -> None:
-    raise AssertionError("a tuned stretch ran past its length")
-
-
 class TunedPlan:
     """``auto`` for one signature: candidate plans chosen call by call by a :class:`Tuner`.
 
@@ -356,7 +352,7 @@ class TunedPlan:
         # the dispatcher does that itself (collectives.dispatch), since a
         # Python frame per call cost 5% of a 1 us call.
         length, chosen_index = 0, 0
-        current = itertools.repeat(_no_call, 0)
+        current: Iterable[Runner] = ()
 
         def settle() -> None:
             nonlocal length
@@ -382,7 +378,7 @@ class TunedPlan:
                 chosen_index = tuner.choice
                 current = itertools.repeat(run_candidate(chosen_index), length)
             else:
-                current = itertools.repeat(_no_call, 0)
+                current = ()
 
         slow_call = (slow,)
 
