@@ -9,6 +9,7 @@ values in the project's notes.
 """
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -194,8 +195,6 @@ def _grid_points():
     indices of epsilon, q and T sum to a multiple of 3, which still meets
     every epsilon with every q and every T (each point is a second or more
     of PLD accounting)."""
-    import os
-
     points = _reference_points()
     if os.environ.get("MPIDP_LONG_TESTS") == "1":
         return points
