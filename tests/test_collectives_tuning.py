@@ -222,8 +222,8 @@ def test_the_file_round_trip_and_its_failures(tmp_path, monkeypatch):
 
 @pytest.mark.mpi(min_size=2)
 def test_the_dispatchers_stretch_calls_are_counted(comm, monkeypatch):
-    """allreduce makes the calls of a tuned stretch itself (Stretch): every call
-    still reaches the tuner's count, the choice is the same on every rank, and
+    """allreduce makes the calls of a tuned stretch itself (``next(calls)()``):
+    every call still reaches the tuner's count, the choice is the same on every rank, and
     the sums are exact, also when another call interrupts a stretch."""
     monkeypatch.setattr(tuning, "PERIOD", 8)
     private = comm.Dup()
