@@ -75,7 +75,7 @@ class DPStep:
             raise ValueError("the engine must write its sums into grad")
         self.engine, self.X, self.y = engine, X, y
         self.buffer, self.grad = buffer, grad
-        self.optimizer, self.noise = optimizer, noise
+        self.optimizer = optimizer
         self.inv_batch = float(inv_batch)
         self.max_norm = None if max_norm is None else float(max_norm)
         self.comm, self.algorithm = comm, algorithm
@@ -83,8 +83,15 @@ class DPStep:
         # Bound once: the call below is the training loop's body.
         self._load = engine.load
         self._clipped_sum = engine.clipped_sum
-        self._add_noise = None if noise is None else noise.add_
+        self.set_noise(noise)
         self._update = optimizer.step
+
+    def set_noise(self, noise: GaussianNoise | None) -> None:
+        """Add ``noise`` from the next call on (None: none). The step binds the
+        noise to ``grad`` once (:meth:`GaussianNoise.bind`), so a change to the
+        noise's deviation after construction takes effect only through this."""
+        self.noise = noise
+        self._add_noise = None if noise is None else noise.bind(self.grad)
 
     def __call__(self, rows: torch.Tensor, times: dict[str, float] | None = None,
                  started: float | None = None,
@@ -115,7 +122,7 @@ class DPStep:
             self.extra(self.grad)
         t2 = pc()
         if self._add_noise is not None:
-            self._add_noise(self.grad)
+            self._add_noise()
         t3 = pc()
         collectives.allreduce(self.buffer, self.comm, algorithm=self.algorithm)
         t4 = pc()

@@ -88,3 +88,27 @@ def test_secure_noise_runs_end_to_end_and_is_not_reproducible(comm, shared_tmp):
     assert torch.equal(flat[0], flat[1])  # seeded noise: reproducible
     assert not torch.equal(flat[2], flat[3]) and not torch.equal(flat[0], flat[2])
     assert runs[2].epsilon == runs[0].epsilon  # the same sigma, the same accounting
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_a_bound_noise_adds_what_add_adds_and_nothing_outside_its_part(secure):
+    """``bind(buf)()`` adds this rank's part's draws, as many per coordinate as
+    the mode takes (secure: four of half the deviation), to that part only;
+    checked against the stream's own ``add_`` from the same state. A rank
+    without coordinates adds nothing."""
+    noise = GaussianNoise(1000, 1.5, 2, 1, seed=4, secure=secure)
+    start = noise.get_state()
+    x = torch.zeros(1000)
+    bound = noise.bind(x)
+    bound()
+    bound()
+    stream = GaussianNoise(1000, 1.5, 2, 1, seed=4).stream
+    stream.set_state(start)
+    want = torch.zeros(500)
+    for _ in range(2 * (4 if secure else 1)):
+        stream.add_(want, 0.75 if secure else 1.5)
+    assert torch.equal(x[500:], want) and torch.count_nonzero(want) == 500
+    assert torch.count_nonzero(x[:500]) == 0
+    empty = torch.zeros(3)
+    GaussianNoise(3, 1.0, 8, 0, seed=1).bind(empty)()  # rank 0 of 8 owns no coordinate
+    assert torch.count_nonzero(empty) == 0

@@ -108,3 +108,28 @@ def test_the_whole_buffer_is_reduced_and_every_rank_keeps_the_same_model(comm):
         assert buffer[-1] == 1.0  # summed over the ranks with the gradient
     everyone = comm.allgather(params.numpy().copy())
     assert all(np.array_equal(everyone[0], p) for p in everyone)
+
+
+def test_set_noise_changes_the_noise_of_the_next_calls():
+    """The step binds its noise once; ``set_noise`` is how a changed deviation
+    (the audit's faults) or no noise at all reaches the next call."""
+    comm = MPI.COMM_SELF
+    X, y = _data()
+    rows = _batches()[0]
+    outs = []
+    for change in (None, "silence", "double"):
+        buffer, grad, params, engine, noise, opt = _parts(True, comm)
+        step = DPStep(engine, X, y, buffer, grad, opt, 1.0 / B, comm, max_norm=C, noise=noise)
+        if change == "silence":
+            step.set_noise(None)
+        elif change == "double":
+            noise.local_std *= 2
+            step.set_noise(noise)
+        step(rows)
+        outs.append(grad.clone())
+    buffer, grad, params, engine, _, opt = _parts(True, comm)
+    engine.clipped_sum(engine.load(X, y, rows), C)
+    clean = grad.clone()
+    assert torch.equal(outs[1], clean)
+    assert torch.allclose(outs[2] - clean, 2 * (outs[0] - clean), atol=1e-5)
+    assert not torch.equal(outs[0], clean)

@@ -133,6 +133,27 @@ def test_add_scales_adds_and_restores_state(backend):
     assert not torch.equal(z, y)
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_a_bound_call_draws_what_add_draws_and_follows_set_state(backend):
+    """``bind(buf, std)()`` is ``add_(buf, std)``: the same stream, advanced alike,
+    and a state restored after binding is the one the bound call draws from."""
+    make = registry.get("gaussian_stream", "cpu", backend)
+    a, b = make(np.random.SeedSequence(8)), make(np.random.SeedSequence(8))
+    x, y = torch.zeros(3001), torch.zeros(3001)
+    bound = getattr(a, "bind", lambda buf, std: (lambda: a.add_(buf, std)))(x, 0.5)
+    start = a.get_state()
+    for _ in range(3):
+        bound()
+        b.add_(y, 0.5)
+    assert torch.equal(x, y) and torch.count_nonzero(x) == x.numel()
+    a.set_state(start)
+    x.zero_()
+    bound()
+    y.zero_()
+    make(np.random.SeedSequence(8)).add_(y, 0.5)
+    assert torch.equal(x, y)
+
+
 def test_numba_noise_does_not_depend_on_the_thread_count():
     import numba
 

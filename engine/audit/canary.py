@@ -393,11 +393,12 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
             coords, included = secrets(m, n_params, seed)
             hook = CanaryHook(coords, included, self.rank, self.size, self.q,
                               cfg.max_grad_norm, seed)
+            inner = self.dp_step
             if self.noise is not None:  # the test-only faults
                 self.noise.local_std *= noise_scale
                 if noise_ranks is not None and self.rank not in noise_ranks:
                     self.noise.local_std = 0.0
-            inner = self.dp_step
+                inner.set_noise(self.noise)  # the step binds the deviation
             inner.extra = hook
             residuals = np.zeros((steps, m), dtype=np.float32)
             data_sum = np.zeros(m, dtype=np.float64)

@@ -38,6 +38,7 @@ length always takes the same draws.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numba
 import numpy as np
@@ -222,6 +223,10 @@ def _warm_up(state, rounds):
             _, a[lane], b[lane], c[lane], w[lane] = _sfc64(a[lane], b[lane], c[lane], w[lane])
 
 
+def _nothing() -> None:
+    """The bound noise of an empty buffer."""
+
+
 def seed_lanes(seed_sequence: np.random.SeedSequence) -> np.ndarray:
     """uint64[4, LANES]: LANES SFC64 states seeded as numpy seeds one SFC64
     (three words from the seed sequence, counter 1, 12 rounds discarded)."""
@@ -250,10 +255,19 @@ class NumbaGaussianStream:
 
     def add_(self, buf, std: float) -> None:
         """``buf += std * N(0, 1)`` (1-D contiguous float32/float64, tensor or array)."""
+        self.bind(buf, std)()
+
+    def bind(self, buf, std: float) -> Callable[[], None]:
+        """:meth:`add_` on this buffer and deviation, with the numpy view made and
+        the serial or parallel kernel chosen (by Numba's thread count now) once:
+        for the training step, where converting the tensor on every call cost
+        about a third of the kernel's own time."""
         array = buf.numpy() if hasattr(buf, "numpy") and not isinstance(buf, np.ndarray) else buf
-        if array.shape[0]:
-            fill = add_normal_chunks if numba.get_num_threads() > 1 else add_normal_chunks_serial
-            fill(array, float(std), self._state, self._bits, self._tail)
+        if not array.shape[0]:
+            return _nothing
+        fill = add_normal_chunks if numba.get_num_threads() > 1 else add_normal_chunks_serial
+        state, bits, tail, std = self._state, self._bits, self._tail, float(std)
+        return lambda: fill(array, std, state, bits, tail)
 
     def get_state(self) -> list[int]:
         return [int(x) for x in self._state.reshape(-1)]
