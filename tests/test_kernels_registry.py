@@ -254,6 +254,36 @@ def test_bound_kernels_equal_direct_calls(backend, k):
                     assert torch.equal(x, y), (op, name)
 
 
+def test_clip_rows_bound_on_one_thread_or_many_gives_the_same_numbers():
+    """Bound with one Numba thread, clip_rows runs its serial twin (no parallel
+    region to start); with more, the parallel kernel: the same factors, rows
+    and count either way, and the torch kernel's."""
+    import numba
+
+    acts, grads = random_layers(37, (6, 5, 3), torch.float32, seed=4)
+    before = numba.get_num_threads()
+    out = []
+    try:
+        for threads in (1, numba.config.NUMBA_NUM_THREADS):
+            numba.set_num_threads(threads)
+            g = [t.clone() for t in grads]
+            f = torch.zeros(37)
+            n = registry.bind(registry.get("clip_rows", "cpu", "numba"), acts=acts, grads=g,
+                              factors=f)(max_norm=2.0)
+            out.append((n, f, g))
+    finally:
+        numba.set_num_threads(before)
+    g = [t.clone() for t in grads]
+    f = torch.zeros(37)
+    out.append((registry.get("clip_rows", "cpu", "torch")(acts, g, 2.0, f), f, g))
+    assert 0 < out[0][0] < 37
+    (n1, f1, g1), (n2, f2, g2), (n3, f3, g3) = out
+    assert n1 == n2 and torch.equal(f1, f2)  # Numba, serial and parallel: bit for bit
+    assert all(torch.equal(x, y) for x, y in zip(g1, g2))
+    assert n3 == n1 and torch.allclose(f3, f1, rtol=1e-5)  # torch's, within rounding
+    assert all(torch.allclose(x, y, rtol=1e-5, atol=1e-7) for x, y in zip(g3, g1))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k", [0, 1, 37])
 def test_gather_rows_numba_equals_torch_and_indexing(dtype, k):

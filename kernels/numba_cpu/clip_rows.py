@@ -59,6 +59,10 @@ def clip_rows_core(acts, grads, bias, extra, max_norm, factors):
     return clipped
 
 
+#: :func:`clip_rows_core` without a parallel region: the same numbers (rows are
+#: independent), without the cost of starting one, for a single thread.
+clip_rows_core_serial = numba.njit(fastmath=True, cache=True)(clip_rows_core.py_func)
+
 #: ``extra`` when there is none.
 NO_EXTRA = np.zeros(0, dtype=np.float64)
 
@@ -71,7 +75,8 @@ def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_n
 
 
 def _bind(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], factors: torch.Tensor):
-    """``clip_rows`` on these buffers: numpy views made once (``registry.bind``)."""
+    """``clip_rows`` on these buffers: numpy views made, and the serial or
+    parallel kernel chosen by Numba's thread count, once (``registry.bind``)."""
     k = grads[0].shape[0] if grads else 0
     if k == 0:
         return lambda max_norm: 0
@@ -79,7 +84,8 @@ def _bind(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], factors: 
     g = tuple(t.numpy() for t in grads)
     f = factors.numpy()[:k]
     no_bias = np.zeros(len(g), dtype=np.float64)
-    return lambda max_norm: int(clip_rows_core(a, g, no_bias, NO_EXTRA, float(max_norm), f))
+    core = clip_rows_core if numba.get_num_threads() > 1 else clip_rows_core_serial
+    return lambda max_norm: int(core(a, g, no_bias, NO_EXTRA, float(max_norm), f))
 
 
 clip_rows.bind = _bind
