@@ -5,7 +5,8 @@ a DP-SGD step does once per step (the buffer's length is the model's
 parameter count, 29,698 for the default MLP 100-128-128-2):
 
 * ``mpidp``          the CPU kernel ``mpidp train`` runs
-  (:mod:`kernels.numba_cpu.gaussian`: SFC64 lanes, vectorised Box-Muller);
+  (:mod:`kernels.numba_cpu.gaussian`: SFC64 lanes, vectorised Box-Muller),
+  bound to its buffer once as the training step binds it;
 * ``torch``          ``torch.Tensor.normal_`` then ``add_`` (the torch kernel,
   :mod:`kernels.torch.gaussian`, what ``--kernels torch`` runs);
 * ``numpy-sfc64``, ``numpy-pcg64`` numpy's ``Generator.standard_normal`` (its
@@ -73,7 +74,7 @@ def _methods(size: int) -> tuple[dict, dict]:
         return call
 
     return {
-        "mpidp": lambda: ours.add_(buffers["mpidp"], 1.0),
+        "mpidp": ours.bind(buffers["mpidp"], 1.0),  # bound once, as the training step does
         "torch": lambda: theirs.add_(buffers["torch"], 1.0),
         "numpy-sfc64": numpy_method(sfc64, buffers["numpy-sfc64"]),
         "numpy-pcg64": numpy_method(pcg64, buffers["numpy-pcg64"]),
