@@ -58,6 +58,10 @@ below, and one kernel in every back-end that implements it:
     ``stream.get_state() -> list[int]`` and ``stream.set_state(list)``
     (ValueError for the state of another kind of stream). Kernels for a
     device other than the CPU take the ``torch.device`` as second argument.
+    A stream may also have ``stream.bind(buf, std) -> call``, ``add_`` on
+    that buffer as a call without arguments whose conversions are made once
+    (the Numba CPU stream has it; :meth:`engine.dp.noise.GaussianNoise.bind`
+    falls back to ``add_`` where there is none).
 
 Tensors are float32 or float64 (``labels`` int64), all on the device the
 kernel is for; CUDA tensors are passed as torch tensors and the CUDA
