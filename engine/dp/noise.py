@@ -95,10 +95,11 @@ class GaussianNoise:
 
     def bind(self, buf: torch.Tensor) -> Callable[[], None]:
         """:meth:`add_` on this ``buf``, as a call without arguments: the slice
-        and the kernel's own view of it are made once (the training step adds
-        noise to the same buffer every step, and making them cost a quarter of
-        the CPU kernel's time). ``buf`` must stay alive and keep its storage;
-        :meth:`set_state` applies to the bound call too."""
+        and the kernel's own view of it are made once, because the training
+        step adds noise to the same buffer every step and making them per call
+        cost a sizeable part of the CPU kernel's time. ``buf`` must stay alive
+        and keep its storage; :meth:`set_state` applies to the bound call too;
+        a later change to ``local_std`` does not (bind again)."""
         if self.hi <= self.lo or self.local_std <= 0:
             return _nothing
         view = buf[self.lo:self.hi]

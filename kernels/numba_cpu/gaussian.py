@@ -260,8 +260,9 @@ class NumbaGaussianStream:
     def bind(self, buf, std: float) -> Callable[[], None]:
         """:meth:`add_` on this buffer and deviation, with the numpy view made and
         the serial or parallel kernel chosen (by Numba's thread count now) once:
-        for the training step, where converting the tensor on every call cost
-        about a third of the kernel's own time."""
+        for the training step, which adds to the same buffer every step and
+        where converting the tensor per call cost a sizeable part of the
+        kernel's own time."""
         array = buf.numpy() if hasattr(buf, "numpy") and not isinstance(buf, np.ndarray) else buf
         if not array.shape[0]:
             return _nothing
