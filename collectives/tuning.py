@@ -268,7 +268,7 @@ class Tuner:
         if switched:
             self.choice = best[1]
             self.switches += 1
-            measured = list(range(len(self.names)))  # every ratio changed
+            measured = list(range(k))  # every ratio changed
         self._space_trials(measured)
         for samples in self._samples:
             samples.clear()

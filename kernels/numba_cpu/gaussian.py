@@ -223,10 +223,6 @@ def _warm_up(state, rounds):
             _, a[lane], b[lane], c[lane], w[lane] = _sfc64(a[lane], b[lane], c[lane], w[lane])
 
 
-def _nothing() -> None:
-    """The bound noise of an empty buffer."""
-
-
 def seed_lanes(seed_sequence: np.random.SeedSequence) -> np.ndarray:
     """uint64[4, LANES]: LANES SFC64 states seeded as numpy seeds one SFC64
     (three words from the seed sequence, counter 1, 12 rounds discarded)."""
@@ -264,8 +260,6 @@ class NumbaGaussianStream:
         where converting the tensor per call cost a sizeable part of the
         kernel's own time."""
         array = buf.numpy() if hasattr(buf, "numpy") and not isinstance(buf, np.ndarray) else buf
-        if not array.shape[0]:
-            return _nothing
         fill = add_normal_chunks if numba.get_num_threads() > 1 else add_normal_chunks_serial
         state, bits, tail, std = self._state, self._bits, self._tail, float(std)
         return lambda: fill(array, std, state, bits, tail)
