@@ -150,6 +150,103 @@ def test_relu_backward_numba_equals_torch(k):
     assert torch.equal(a, grad * (out_full[:, :8] > 0))
 
 
+def _relu_outputs(k: int, d: int, layout: str, seed: int) -> torch.Tensor:
+    """A ReLU output ``[k, d]`` laid out as ``layout`` says: ``contiguous``; ``ones``
+    (the engine's: the leading columns of a buffer with a column of ones);
+    ``inner`` (columns 1..d of a wider buffer: the rows' buffer would reach
+    past the storage); ``transposed`` (columns not adjacent)."""
+    g = torch.Generator().manual_seed(seed)
+    full = torch.randn(k, d + 1, generator=g).clamp_min(0)
+    return {"contiguous": full[:, :d].contiguous(), "ones": full[:, :d],
+            "inner": full[:, 1:], "transposed": full[:, :d].t().contiguous().t()}[layout]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "ones", "inner", "transposed"])
+@pytest.mark.parametrize("k", [0, 1, 40])
+def test_relu_backward_numba_reads_rows_in_their_buffer_only_where_it_can(layout, k):
+    from kernels.numba_cpu.relu_backward import rows_in_their_buffer
+
+    out = _relu_outputs(k, 8, layout, seed=k)
+    grad = torch.randn(k, 8, generator=torch.Generator().manual_seed(k + 1))
+    want = grad * (out > 0)
+    got = grad.clone()
+    registry.get("relu_backward", "cpu", "numba")(got, out)
+    assert torch.equal(got, want)
+    rows = rows_in_their_buffer(out)
+    assert rows[:, :8].tolist() == out.tolist()
+    if k > 1:  # (an array of one row or none is contiguous whatever its strides)
+        assert rows.flags.c_contiguous == (layout in ("contiguous", "ones"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["ones", "inner"])
+@pytest.mark.parametrize("k", [0, 1, 40])
+def test_relu_backward_fused_form_writes_the_rows_squares(dtype, layout, k):
+    kernel = registry.get("relu_backward", "cpu", "numba")
+    out = _relu_outputs(k, 9, layout, seed=k).to(dtype)
+    grad = torch.randn(k, 9, generator=torch.Generator().manual_seed(k + 2), dtype=dtype)
+    plain, fused = grad.clone(), grad.clone()
+    out_sq = torch.full((k + 1,), -1.0, dtype=torch.float64)
+    grad_sq = torch.full((k + 1,), -1.0, dtype=torch.float64)
+    kernel(plain, out)
+    kernel.bind_norms(grad=fused, out=out, out_sq=out_sq[:k], grad_sq=grad_sq[:k])()
+    assert torch.equal(fused, plain)
+    tol = dict(rtol=1e-6) if dtype == torch.float32 else dict(rtol=1e-14)
+    assert torch.allclose(out_sq[:k], out.double().square().sum(1), **tol)
+    assert torch.allclose(grad_sq[:k], plain.double().square().sum(1), **tol)
+    assert out_sq[k] == -1 and grad_sq[k] == -1  # nothing past k rows
+
+
+@pytest.mark.parametrize("k", [0, 1, 30])
+def test_softmax_xent_fused_form_writes_the_rows_squares(k):
+    kernel = registry.get("softmax_xent", "cpu", "numba")
+    g = torch.Generator().manual_seed(k)
+    logits = torch.randn(k, 3, generator=g) * 4
+    labels = torch.randint(0, 3, (k,), generator=g)
+    plain, fused = torch.empty(k, 3), torch.empty(k, 3)
+    grad_sq = torch.full((k,), -1.0, dtype=torch.float64)
+    loss = kernel(logits, labels, plain)
+    assert kernel.bind_norms(logits=logits, labels=labels, grad=fused, grad_sq=grad_sq)() == loss
+    assert torch.equal(fused, plain)
+    assert torch.allclose(grad_sq, plain.double().square().sum(1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [0, 1, 50])
+@pytest.mark.parametrize("dims", [(5, 7, 3), (6, 2)])
+def test_clip_rows_fused_form_equals_clip_rows(dtype, k, dims):
+    """Given the squared norms the loss and ReLU kernels write (hidden
+    activations without their ones column, output gradients), the fused form
+    gives clip_rows' factors, rows and count, on one thread or many."""
+    import numba
+
+    kernel = registry.get("clip_rows", "cpu", "numba")
+    acts, grads = random_layers(k, dims, dtype, seed=k + len(dims))
+    hidden_sq = [torch.full((k,), float("nan"), dtype=torch.float64)] + \
+        [a[:, :-1].double().square().sum(1) for a in acts[1:]]
+    grads_sq = [g.double().square().sum(1) for g in grads]
+    norms = sum((1 + h) * g for h, g in zip(hidden_sq[1:], grads_sq[1:])) \
+        + acts[0].double().square().sum(1) * grads_sq[0]
+    ranked = norms.sqrt().sort().values  # C between the middle two: half the rows clipped
+    C = float(ranked[k // 2 - 1] + ranked[k // 2]) / 2 if k > 1 else 1.0
+    want_g = [g.clone() for g in grads]
+    want_f = torch.zeros(k, dtype=dtype)
+    want_n = kernel(acts, want_g, C, want_f)
+    assert k < 2 or 0 < want_n < k
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, numba.config.NUMBA_NUM_THREADS):
+            numba.set_num_threads(threads)
+            g, f = [t.clone() for t in grads], torch.zeros(k, dtype=dtype)
+            n = kernel.bind_norms(acts=acts, grads=g, factors=f, hidden_sq=hidden_sq,
+                                  grads_sq=grads_sq)(max_norm=C)
+            tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-12)
+            assert n == want_n and torch.allclose(f, want_f, **tol)
+            assert all(torch.allclose(x, y, **tol) for x, y in zip(g, want_g))
+    finally:
+        numba.set_num_threads(before)
+
+
 @pytest.mark.parametrize("classes", [2, 5])
 @pytest.mark.parametrize("k", [0, 1, 30])
 def test_softmax_xent_numba_equals_torch_and_autograd(classes, k):

