@@ -24,15 +24,18 @@ def _softmax_xent(logits, labels, grad, grad_sq):
         m = logits[i, 0]
         for j in range(1, logits.shape[1]):
             m = max(m, logits[i, j])
-        s = 0.0
-        for j in range(logits.shape[1]):
-            s += math.exp(logits[i, j] - m)
-        lse = m + math.log(s)
         y = labels[i]
         if y < 0 or y >= logits.shape[1]:  # a write out of bounds otherwise
             raise IndexError("a label is outside 0 .. classes - 1")
+        s = 0.0
+        for j in range(logits.shape[1]):  # each exp once: they are most of the time
+            e = math.exp(logits[i, j] - m)
+            grad[i, j] = e
+            s += e
+        lse = m + math.log(s)
+        inv = 1.0 / s
         for j in range(logits.shape[1]):
-            grad[i, j] = math.exp(logits[i, j] - lse)
+            grad[i, j] = grad[i, j] * inv
         grad[i, y] -= 1.0
         if norms:
             sq = 0.0
