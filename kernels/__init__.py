@@ -63,22 +63,6 @@ below, and one kernel in every back-end that implements it:
     (the Numba CPU stream has it; :meth:`engine.dp.noise.GaussianNoise.bind`
     falls back to ``add_`` where there is none).
 
-Fused forms, optional (the Numba CPU kernels have them; the engine uses them
-for per-example clipping when all three of its kernels do, the plain ops
-otherwise): the loss and ReLU kernels already read every row the clipping
-needs, so they sum its squares as they pass, and the clipping is left with
-the first layer's inputs and the scaling. Each is bound once, like
-``registry.bind``, and returns the call:
-
-``softmax_xent.bind_norms(logits, labels, grad, grad_sq) -> call() -> float``
-    ``softmax_xent``, and ``grad_sq[i] = |grad[i]|^2`` (float64 ``[k]``).
-``relu_backward.bind_norms(grad, out, out_sq, grad_sq) -> call()``
-    ``relu_backward``, and ``out_sq[i] = |out[i]|^2``, ``grad_sq[i] = |grad[i]|^2``
-    after the mask (float64 ``[k]``).
-``clip_rows.bind_norms(acts, grads, factors, hidden_sq, grads_sq) -> call(max_norm) -> int``
-    ``clip_rows``, given ``hidden_sq[l][i] = |acts[l][i, :-1]|^2`` for l >= 1
-    (``hidden_sq[0]`` is not read) and ``grads_sq[l][i] = |grads[l][i]|^2``.
-
 Tensors are float32 or float64 (``labels`` int64), all on the device the
 kernel is for; CUDA tensors are passed as torch tensors and the CUDA
 kernels run on torch's current stream of their device, so they are ordered

@@ -138,41 +138,6 @@ def test_clipped_norms_never_exceed_C(backend, dtype):
         assert float(grad.double().norm()) <= C * (1 + tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_fast_mlp_fused_kernels_give_the_plain_kernels_sums(dtype):
-    """With the Numba kernels, per-example clipping runs their fused forms (the
-    loss and ReLU passes sum the rows' squares): the same clipped sums and
-    counts as the plain kernels, which the non-private sum keeps using."""
-    spec = MLPSpec.build(6, (8, 5), 3)
-    x, y = _data(40, 6, 3, 5)
-    X = torch.cat([x, torch.ones(40, 1, dtype=torch.float64)], 1).to(dtype)
-    engines = []
-    for fused in (True, False):
-        params = init_params(spec, 4, dtype=dtype)
-        engine = FastMLP(spec, params, torch.empty_like(params), capacity=8, backend="numba")
-        assert engine.fused
-        engine.fused = fused  # before the first batch: the kernels are bound then
-        engines.append(engine)
-    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-12, atol=0)
-    plain = engines[1]
-    plain.clipped_sum(plain.load(X, y, torch.arange(40)), 1e-9)  # every row: factor 1e-9 / norm
-    ranked = (1e-9 / plain.factors[:40].double()).sort().values
-    half = float(ranked[19] + ranked[20]) / 2  # half the rows above it
-    for C in (None, half, 1e9):
-        out = []
-        for engine in engines:
-            k = engine.load(X, y, torch.arange(40))  # (grows the buffers on the first call)
-            engine.grads_sq.fill_(float("nan"))
-            loss, clipped = engine.clipped_sum(k, C)
-            out.append((loss, clipped, engine.grad.clone()))
-            ran = not torch.isnan(engine.grads_sq[:, :40]).any()
-            assert ran == (engine.fused and C is not None)
-        (l1, n1, g1), (l2, n2, g2) = out
-        assert l1 == pytest.approx(l2, rel=1e-12) and n1 == n2
-        assert torch.allclose(g1, g2, **tol)
-        assert n1 == (20 if C == half else 0)
-
-
 def test_empty_batch_gives_zero_sum():
     spec = MLPSpec.build(3, (4,), 2)
     params = init_params(spec, 0)

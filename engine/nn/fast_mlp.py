@@ -12,13 +12,11 @@ book-keeping rule). Per step, for L layers:
 * backward: L-1 GEMMs ``g_{l-1} = g_l W_l`` and ReLU masks;
 * clipping: one fused kernel for all layers: squared norms
   ``sum_l |a_l,i|^2 |g_l,i|^2``, factors ``min(1, C/norm_i)``, rows of every
-  ``g_l`` scaled in place (where the kernels have their fused forms, the
-  Numba CPU ones, the loss and ReLU kernels sum the rows' squares as they
-  pass, and the clipping kernel only adds the inputs' and scales); for the
-  household unit, one norm per household from the Gram products of its
-  rows, ``sum_l sum_{i,j} (a_l,i . a_l,j) (g_l,i . g_l,j)``, and its factor
-  on all its rows (``clip_groups``: the households are small, so the Gram
-  blocks cost about what the per-row norms do);
+  ``g_l`` scaled in place; for the household unit, one norm per household
+  from the Gram products of its rows, ``sum_l sum_{i,j} (a_l,i . a_l,j)
+  (g_l,i . g_l,j)``, and its factor on all its rows (``clip_groups``: the
+  households are small, so the Gram blocks cost about what the per-row
+  norms do);
 * clipped sums: L GEMMs ``(c g_l)^T a_l`` written straight into the flat
   gradient buffer (the one the all-reduce sends).
 
@@ -66,9 +64,6 @@ class FastMLP:
         self.gather = BatchGather(device, backend)
         self._backend = backend
         self.clip_groups = None  # looked up on the first grouped call
-        #: run the kernels' fused forms for per-example clipping (contract in
-        #: :mod:`kernels`) where all three kernels have one
-        self.fused = True
         self.capacity = 0
         self._allocate(max(1, capacity))
 
@@ -90,10 +85,6 @@ class FastMLP:
         self.G = [torch.empty(capacity, d, **kw) for d in dims[1:]]
         self.y = torch.empty(capacity, dtype=torch.int64, device=self.device)
         self.factors = torch.empty(capacity, **kw)
-        # the fused forms' squared row norms: hidden activations (no ones column), output grads
-        shape = (self.spec.n_layers, capacity)
-        self.hidden_sq = torch.empty(shape, dtype=torch.float64, device=self.device)
-        self.grads_sq = torch.empty(shape, dtype=torch.float64, device=self.device)
         self.capacity = capacity
         self._views: dict[int, tuple] = {}
         self.gather.forget()
@@ -115,27 +106,10 @@ class FastMLP:
                       for i in range(last, 0, -1)),
                 registry.bind(self.clip_rows, acts=A, grads=G, factors=self.factors),
                 None if self.clip_groups is None else
-                registry.bind(self.clip_groups, acts=A, grads=G, factors=self.factors),
-                self._bind_fused(k, A, H, Z, G) if self.fused and all(
-                    hasattr(kernel, "bind_norms") for kernel in
-                    (self.clip_rows, self.relu_backward, self.softmax_xent)) else None)
+                registry.bind(self.clip_groups, acts=A, grads=G, factors=self.factors))
             views = (A, H, Z, G, self.y[:k], kernels)
             self._views[k] = views
         return views
-
-    def _bind_fused(self, k: int, A: tuple, H: tuple, Z: tuple, G: tuple) -> tuple:
-        """The per-example clipping's kernels in their fused forms, on k rows:
-        (loss, ReLU backwards from the last layer down, clipping)."""
-        last = self.spec.n_layers - 1
-        hs = tuple(self.hidden_sq[i, :k] for i in range(last + 1))
-        gs = tuple(self.grads_sq[i, :k] for i in range(last + 1))
-        return (self.softmax_xent.bind_norms(logits=Z[last], labels=self.y[:k], grad=G[last],
-                                             grad_sq=gs[last]),
-                tuple(self.relu_backward.bind_norms(grad=G[i - 1], out=H[i], out_sq=hs[i],
-                                                    grad_sq=gs[i - 1])
-                      for i in range(last, 0, -1)),
-                self.clip_rows.bind_norms(acts=A, grads=G, factors=self.factors, hidden_sq=hs,
-                                          grads_sq=gs))
 
     def load(self, X: torch.Tensor, y: torch.Tensor, rows: torch.Tensor) -> int:
         """Gather the batch ``X[rows]``, ``y[rows]`` into the input buffers.
@@ -178,10 +152,7 @@ class FastMLP:
             return 0.0, 0
         if groups is not None and self.clip_groups is None:
             self._use_groups()
-        A, H, Z, G, _, (softmax_xent, relu_backward, clip_rows, clip_groups,
-                        fused) = self._slices(k)
-        if max_norm is not None and groups is None and fused is not None:
-            softmax_xent, relu_backward, clip_rows = fused
+        A, H, Z, G, _, (softmax_xent, relu_backward, clip_rows, clip_groups) = self._slices(k)
         W = self.W
         last = self.spec.n_layers - 1
         for i in range(last + 1):

@@ -7,10 +7,6 @@ vectorise a loop whose stride it does not know, so the kernel reads the
 rows through the whole buffer they sit in (C-contiguous, the ones column
 left unread) whenever the view's storage allows it: about three times
 faster on a batch of 256 rows of 128.
-
-``bind_norms`` (the fused form of :mod:`kernels`) also sums each row's
-squares of the activations and of the masked gradient, which per-example
-clipping needs, in the same pass.
 """
 from __future__ import annotations
 
@@ -28,24 +24,6 @@ def _relu_backward(grad, out):
             # Multiply by the 0/1 mask: a conditional store compiles to a branch,
             # mispredicted half the time since the signs are random.
             grad[i, j] = grad[i, j] * (out[i, j] > 0)
-
-
-@numba.njit(fastmath=True, cache=True)
-def _relu_backward_norms(grad, out, out_sq, grad_sq):
-    """:func:`_relu_backward`, and ``out_sq[i] = |out[i, :w]|^2``, ``grad_sq[i] =
-    |grad[i]|^2`` after the mask (w = grad's width; sums in the arrays' dtype,
-    in vector-wide partial sums, as the clipping kernel's)."""
-    for i in range(grad.shape[0]):
-        so = out.dtype.type(0.0)
-        sg = grad.dtype.type(0.0)
-        for j in range(grad.shape[1]):
-            o = out[i, j]
-            g = grad[i, j] * (o > 0)
-            grad[i, j] = g
-            so += o * o
-            sg += g * g
-        out_sq[i] = so
-        grad_sq[i] = sg
 
 
 def rows_in_their_buffer(view: torch.Tensor) -> np.ndarray:
@@ -79,16 +57,4 @@ def _bind(grad: torch.Tensor, out: torch.Tensor):
     return lambda: _relu_backward(g, o)
 
 
-def _bind_norms(grad: torch.Tensor, out: torch.Tensor, out_sq: torch.Tensor,
-                grad_sq: torch.Tensor):
-    """The fused form (contract in :mod:`kernels`): ``relu_backward`` that also
-    writes the rows' squared norms of ``out`` and of the masked ``grad``."""
-    if grad.shape[0] == 0:
-        return lambda: None
-    g, o = grad.numpy(), rows_in_their_buffer(out)
-    so, sg = out_sq.numpy(), grad_sq.numpy()
-    return lambda: _relu_backward_norms(g, o, so, sg)
-
-
 relu_backward.bind = _bind
-relu_backward.bind_norms = _bind_norms

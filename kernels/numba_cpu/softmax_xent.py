@@ -1,24 +1,16 @@
-"""``softmax_xent`` as a Numba CPU kernel: loss and gradient in one pass per row.
-
-``bind_norms`` (the fused form of :mod:`kernels`) also writes each gradient
-row's squared norm, which per-example clipping needs.
-"""
+"""``softmax_xent`` as a Numba CPU kernel: loss and gradient in one pass per row."""
 from __future__ import annotations
 
 import math
 
 import numba
-import numpy as np
 import torch
 
 from kernels.registry import register
 
 
 @numba.njit(fastmath=False, cache=True)
-def _softmax_xent(logits, labels, grad, grad_sq):
-    """Loss summed over the rows; ``grad = softmax - onehot``; ``grad_sq[i] =
-    |grad[i]|^2`` when ``grad_sq`` is not empty."""
-    norms = grad_sq.shape[0] > 0
+def _softmax_xent(logits, labels, grad):
     total = 0.0
     for i in range(logits.shape[0]):
         m = logits[i, 0]
@@ -37,11 +29,6 @@ def _softmax_xent(logits, labels, grad, grad_sq):
         for j in range(logits.shape[1]):
             grad[i, j] = grad[i, j] * inv
         grad[i, y] -= 1.0
-        if norms:
-            sq = 0.0
-            for j in range(logits.shape[1]):
-                sq += grad[i, j] * grad[i, j]
-            grad_sq[i] = sq
         total += lse - logits[i, y]
     return total
 
@@ -57,19 +44,7 @@ def _bind(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor):
     if logits.shape[0] == 0:
         return lambda: 0.0
     z, y, g = logits.numpy(), labels.numpy(), grad.numpy()
-    none = np.zeros(0, dtype=np.float64)
-    return lambda: float(_softmax_xent(z, y, g, none))
-
-
-def _bind_norms(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor,
-                grad_sq: torch.Tensor):
-    """The fused form (contract in :mod:`kernels`): ``softmax_xent`` that also
-    writes the gradient rows' squared norms into ``grad_sq``."""
-    if logits.shape[0] == 0:
-        return lambda: 0.0
-    z, y, g, sq = logits.numpy(), labels.numpy(), grad.numpy(), grad_sq.numpy()
-    return lambda: float(_softmax_xent(z, y, g, sq))
+    return lambda: float(_softmax_xent(z, y, g))
 
 
 softmax_xent.bind = _bind
-softmax_xent.bind_norms = _bind_norms
