@@ -395,11 +395,11 @@ def summarize(runs: list[list[dict]], min_xcore: float | None = None,
     cells: dict[tuple[int, str], list[dict]] = {}
     rounds = {(i, r["bytes"], r["algorithm"]): r["rounds_us"]
               for i, records in enumerate(runs) for r in records}
-    for records in runs:
-        native = {r["bytes"]: r["rounds_us"] for r in records if r["algorithm"] == "native"}
+    for i, records in enumerate(runs):
         for r in records:
-            if r["bytes"] in native:
-                r = dict(r, speedup=paired_speedup(native[r["bytes"]], r["rounds_us"]))
+            native = rounds.get((i, r["bytes"], "native"))
+            if native is not None:
+                r = dict(r, speedup=paired_speedup(native, r["rounds_us"]))
                 cells.setdefault((r["bytes"], r["algorithm"]), []).append(r)
     algorithms = list(dict.fromkeys(name for _, name in cells))
     shown = [a for a in algorithms if a != "native"]

@@ -198,10 +198,9 @@ def _grid_points():
     points = _reference_points()
     if os.environ.get("MPIDP_LONG_TESTS") == "1":
         return points
-    axes = [sorted({r[key] for r in points}) for key in ("epsilon", "q", "steps")]
-    return [r for r in points
-            if sum(axis.index(r[key]) for axis, key in zip(axes, ("epsilon", "q", "steps")))
-            % 3 == 0]
+    keys = ("epsilon", "q", "steps")
+    axes = {key: sorted({r[key] for r in points}) for key in keys}
+    return [r for r in points if sum(axes[key].index(r[key]) for key in keys) % 3 == 0]
 
 
 @pytest.mark.parametrize("point", _grid_points(),
