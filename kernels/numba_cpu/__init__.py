@@ -8,6 +8,27 @@ provides ``kernel.bind``, so the views are made once per set of buffers
 cached on disk (``cache=True``; ``NUMBA_CACHE_DIR``).
 """
 
+import types
+
+import numba
+
 # Before any kernel module decorates an @njit function: Numba's target (the
 # vector width, measured per CPU) is fixed by the first decoration.
 from kernels import numba_target  # noqa: F401,E402
+
+
+def serial_twin(kernel, **options):
+    """``kernel`` (a ``parallel=True`` @njit) compiled again as a plain loop (its
+    ``prange`` runs as ``range``): the same numbers without the cost of
+    starting a parallel region, for one thread. ``options`` are the
+    kernel's other flags (``cache``, ``fastmath``). The twin is a copy of the
+    Python function under its own name, because Numba's disk cache is keyed
+    by a function's name and line, not by its flags: compiled from the same
+    function, each would load whichever of the two was cached first."""
+    f = kernel.py_func
+    twin = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial",
+                              f.__defaults__, f.__closure__)
+    twin.__qualname__ = f.__qualname__ + "_serial"
+    twin.__module__ = f.__module__
+    twin.__doc__ = f"{f.__name__} without a parallel region (same numbers, one thread)."
+    return numba.njit(**options)(twin)

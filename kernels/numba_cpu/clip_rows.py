@@ -18,6 +18,7 @@ import numba
 import numpy as np
 import torch
 
+from kernels.numba_cpu import serial_twin
 from kernels.registry import register
 
 
@@ -61,7 +62,7 @@ def clip_rows_core(acts, grads, bias, extra, max_norm, factors):
 
 #: :func:`clip_rows_core` without a parallel region: the same numbers (rows are
 #: independent), without the cost of starting one, for a single thread.
-clip_rows_core_serial = numba.njit(fastmath=True, cache=True)(clip_rows_core.py_func)
+clip_rows_core_serial = serial_twin(clip_rows_core, fastmath=True, cache=True)
 
 #: ``extra`` when there is none.
 NO_EXTRA = np.zeros(0, dtype=np.float64)

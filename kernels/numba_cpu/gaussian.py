@@ -43,6 +43,7 @@ from typing import Callable
 import numba
 import numpy as np
 
+from kernels.numba_cpu import serial_twin
 from kernels.numba_cpu.bitcast import bits_f64, f64_bits
 from kernels.registry import register
 
@@ -180,14 +181,9 @@ def add_normal_chunks(out, std, states, bits, tail):
         add_normal(out[t * n // chunks:(t + 1) * n // chunks], std, states[t], bits[t], tail[t])
 
 
-@numba.njit(cache=True)
-def add_normal_chunks_serial(out, std, states, bits, tail):
-    """:func:`add_normal_chunks` on one thread, without the cost of starting a
-    parallel region (same numbers)."""
-    n = out.shape[0]
-    for t in range(states.shape[0]):
-        add_normal(out[t * n // states.shape[0]:(t + 1) * n // states.shape[0]], std,
-                   states[t], bits[t], tail[t])
+#: :func:`add_normal_chunks` on one thread, without the cost of starting a
+#: parallel region (same numbers).
+add_normal_chunks_serial = serial_twin(add_normal_chunks, cache=True)
 
 
 @numba.njit(cache=True)
