@@ -63,6 +63,16 @@ below, and one kernel in every back-end that implements it:
     (the Numba CPU stream has it; :meth:`engine.dp.noise.GaussianNoise.bind`
     falls back to ``add_`` where there is none).
 
+A back-end may also offer a **fused op**: one call doing what the engine
+would otherwise compose from the ops above, with the same results. There is
+one, ``mlp_step`` (the MLP's whole clipped gradient sum: its GEMMs,
+``softmax_xent``, ``relu_backward`` and the clipping; contract in
+:mod:`kernels.numba_cpu.mlp_step`), in the Numba CPU back-end only, which
+calls torch's own BLAS ``gemm`` from compiled code
+(:mod:`kernels.numba_cpu.blas`). A fused op has no generic kernel: where no
+back-end offers it, or its ``bind`` declines the buffers, the engine
+composes the ops (:func:`kernels.registry.fused`).
+
 Tensors are float32 or float64 (``labels`` int64), all on the device the
 kernel is for; CUDA tensors are passed as torch tensors and the CUDA
 kernels run on torch's current stream of their device, so they are ordered

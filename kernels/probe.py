@@ -52,11 +52,16 @@ def numba_cpu() -> Availability:
     import numba
 
     from kernels.numba_target import CHOICE
+    from kernels.numba_cpu.blas import gemm_address
 
+    fused = ("the MLP step in one call (torch's BLAS sgemm_)" if gemm_address("float32")
+             else "the MLP step composed op by op (no BLAS gemm to call"
+             + (": MPIDP_NO_FUSED_STEP is set)" if os.environ.get("MPIDP_NO_FUSED_STEP")
+                else " in torch's build)"))
     return Availability("numba-cpu", True,
                         f"numba {version}, {numba.config.NUMBA_NUM_THREADS} threads, "
                         f"threading layer '{numba.config.THREADING_LAYER}'; "
-                        f"{CHOICE.describe()}")
+                        f"{CHOICE.describe()}; {fused}")
 
 
 def numba_cuda() -> Availability:

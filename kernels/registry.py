@@ -61,6 +61,15 @@ MODULES = {
 }
 OPS = tuple(MODULES)
 
+#: Fused ops: one call doing what the engine would otherwise compose from
+#: the ops above (name -> module). A back-end may offer one; there is no
+#: generic kernel, because the generic version is the engine's own
+#: composition of the ops. Its ``bind`` returns None where it cannot serve
+#: the buffers, and the engine composes instead.
+FUSED = {
+    "mlp_step": "mlp_step",
+}
+
 #: Ops without CUDA kernels of their own: on GPUs the generic torch kernel runs
 #: (the SGD update is two element-wise torch ops, one launch each; its Numba
 #: kernel exists to save the CPU's per-op dispatch cost; the per-group
@@ -71,6 +80,8 @@ GENERIC_ON_GPU = ("sgd_update", "clip_groups", "clip_linear_rows", "gather_rows"
 
 #: (op, back-end name) -> kernel.
 _KERNELS: dict[tuple[str, str], Callable] = {}
+#: (fused op, back-end name) -> kernel.
+_FUSED_KERNELS: dict[tuple[str, str], Callable] = {}
 #: Back-ends whose modules were imported.
 _loaded: set[str] = set()
 #: Kernel modules that could not be imported, and why (an optional back-end).
@@ -111,12 +122,42 @@ def register(op: str, *, backend: str) -> Callable[[Callable], Callable]:
     return decorate
 
 
+def register_fused(name: str, *, backend: str) -> Callable[[Callable], Callable]:
+    """Decorator: register ``fn`` as ``backend``'s kernel for the fused op ``name``
+    (:data:`FUSED`); ValueError for an unknown name or back-end, or a second one."""
+    if name not in FUSED:
+        raise ValueError(f"unknown fused op {name!r}; fused ops are {', '.join(FUSED)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown back-end {backend!r}; back-ends are {', '.join(BACKENDS)}")
+
+    def decorate(fn: Callable) -> Callable:
+        if (name, backend) in _FUSED_KERNELS:
+            raise ValueError(f"fused kernel {name!r} registered twice for back-end {backend!r}")
+        fn.backend = BACKENDS[backend].family  # type: ignore[attr-defined]
+        _FUSED_KERNELS[name, backend] = fn
+        return fn
+
+    return decorate
+
+
+def fused(name: str, device="cpu", backend: str | None = None) -> Callable | None:
+    """The kernel of the fused op ``name`` for ``device`` (and the forced
+    ``backend`` family, if any), or None: then the caller composes the ops."""
+    dtype = _device_type(device)
+    _load(dtype)
+    for b in BACKENDS.values():
+        fn = _FUSED_KERNELS.get((name, b.name))
+        if fn is not None and b.device == dtype and backend in (None, fn.backend):
+            return fn
+    return None
+
+
 def _import(backend: str) -> None:
     """Import ``kernels/<backend>/<module>.py`` for every op it has a module for."""
     if backend in _loaded:
         return
     _loaded.add(backend)
-    for module in MODULES.values():
+    for module in (*MODULES.values(), *FUSED.values()):
         name = f"kernels.{backend}.{module}"
         if importlib.util.find_spec(name) is None:
             continue  # no kernel for that op here (no CUDA sgd_update)

@@ -1,0 +1,141 @@
+"""The fused ``mlp_step`` (one Numba call per step) against the composed ops, and
+the BLAS call it is built on."""
+import numba
+import numpy as np
+import pytest
+import torch
+
+from engine.nn.fast_mlp import FastMLP
+from engine.nn.model import MLPSpec, init_params
+from kernels import registry
+from kernels.numba_cpu import blas, mlp_step
+
+DTYPES = [torch.float32, torch.float64]
+
+
+@numba.njit
+def _product(fn, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc):
+    scratch = np.zeros(8, dtype=np.int32)
+    scalars = np.zeros(2, dtype=c.dtype)
+    blas.gemm(fn, scratch, scalars, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False),
+                                             (True, True)])
+def test_gemm_is_the_row_major_product_and_writes_only_its_columns(dtype, trans_a, trans_b):
+    fn = blas.gemm_address(dtype)
+    assert fn is not None, "torch's CPU build exports no BLAS gemm here"
+    rng = np.random.default_rng(0)
+    m, n, k = 5, 7, 3
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+    c = np.full((m, n + 2), 3.0, dtype=dtype)  # a row stride past its n columns
+    _product(fn, trans_a, trans_b, m, n, k, a, a.shape[1], b, b.shape[1], 0.5, c, n + 2)
+    want = 0.5 * 3.0 + (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b)
+    np.testing.assert_allclose(c[:, :n], want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    assert (c[:, n:] == 3.0).all()
+
+
+def test_gemm_is_torchs_own_routine_bit_for_bit():
+    """The routine called is the one torch.mm calls: equal to the last bit."""
+    g = torch.Generator().manual_seed(1)
+    a, w = torch.randn(256, 101, generator=g), torch.randn(128, 101, generator=g)
+    c = np.empty((256, 128), dtype=np.float32)
+    _product(blas.gemm_address(np.float32), False, True, 256, 128, 101, a.numpy(), 101,
+             w.numpy(), 101, 0.0, c, 128)
+    assert torch.equal(torch.from_numpy(c), a @ w.t())
+
+
+def _engines(spec, dtype, capacity):
+    """The fused engine and the composed one (same Numba ops, composed in Python),
+    on the same parameters."""
+    params = init_params(spec, 3, dtype=dtype)
+    fused = FastMLP(spec, params, torch.full_like(params, float("nan")), capacity=capacity)
+    composed = FastMLP(spec, params, torch.full_like(params, float("nan")), capacity=capacity)
+    composed.fused = None
+    composed._views = {}
+    assert fused.backends["mlp_step"] == "numba" and composed.backends["mlp_step"] == "composed"
+    return fused, composed
+
+
+def _batch(n_features, classes, n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.cat([torch.randn(n, n_features, generator=g, dtype=dtype),
+                   torch.ones(n, 1, dtype=dtype)], 1)
+    return X, torch.randint(0, classes, (n,), generator=g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [(), (9,), (16, 8)])
+@pytest.mark.parametrize("k", [1, 7, 130])
+@pytest.mark.parametrize("max_norm", [None, 1e-3, 0.5, 1e9])
+def test_fused_step_equals_the_composed_ops_bit_for_bit(dtype, hidden, k, max_norm):
+    spec = MLPSpec.build(12, hidden, 3)
+    fused, composed = _engines(spec, dtype, capacity=4)  # both grow to k
+    X, y = _batch(12, 3, 200, dtype, seed=k)
+    rows = torch.randperm(200, generator=torch.Generator().manual_seed(k))[:k].sort().values
+    got = [fused.load(X, y, rows), *fused.clipped_sum(k, max_norm)]
+    want = [composed.load(X, y, rows), *composed.clipped_sum(k, max_norm)]
+    assert got == want
+    assert torch.equal(fused.grad, composed.grad)
+    assert torch.equal(fused.factors[:k], composed.factors[:k]) or max_norm is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_step_clips_households_as_the_composed_ops_do(dtype):
+    spec = MLPSpec.build(6, (8,), 2)
+    fused, composed = _engines(spec, dtype, capacity=64)
+    X, y = _batch(6, 2, 64, dtype, seed=2)
+    groups = torch.tensor([0, 1, 4, 5, 12, 30, 64])
+    for engine in (fused, composed):
+        engine.load(X, y, torch.arange(64))
+    assert fused.clipped_sum(64, 0.05, groups) == composed.clipped_sum(64, 0.05, groups)
+    assert torch.equal(fused.grad, composed.grad)
+
+
+def test_a_nan_spreads_as_through_the_composed_ops():
+    """A NaN input stays NaN through the fused ReLU (torch.clamp_min keeps it), so
+    the trainer's divergence check sees it."""
+    spec = MLPSpec.build(4, (5,), 2)
+    fused, composed = _engines(spec, torch.float32, capacity=8)
+    X, y = _batch(4, 2, 8, torch.float32, seed=0)
+    X[3, 1] = float("nan")
+    for engine in (fused, composed):
+        engine.load(X, y, torch.arange(8))
+        engine.clipped_sum(8, None)
+    assert torch.isnan(fused.grad).any()
+    assert torch.equal(torch.isnan(fused.grad), torch.isnan(composed.grad))
+
+
+def test_without_a_blas_gemm_the_engine_composes_the_ops(monkeypatch):
+    monkeypatch.setattr(mlp_step, "gemm_address", lambda dtype: None)
+    spec = MLPSpec.build(5, (4,), 2)
+    params = init_params(spec, 0)
+    engine = FastMLP(spec, params, torch.zeros_like(params), capacity=8)
+    assert engine.fused is None and engine.backends["mlp_step"] == "composed"
+    X, y = _batch(5, 2, 8, torch.float32, seed=1)
+    engine.load(X, y, torch.arange(8))
+    loss, _ = engine.clipped_sum(8, 1.0)
+    assert np.isfinite(loss) and engine.grad.abs().sum() > 0
+    A, _, Z, G, labels, _ = engine._slices(8)
+    with pytest.raises(ValueError, match="cannot run"):
+        mlp_step.mlp_step(A, G, engine.W, engine.G_out, Z[-1], labels, engine.factors, 1.0)
+
+
+def test_the_environment_switch_turns_the_fused_step_off(monkeypatch):
+    monkeypatch.setenv("MPIDP_NO_FUSED_STEP", "1")
+    spec = MLPSpec.build(5, (4,), 2)
+    params = init_params(spec, 0)
+    assert FastMLP(spec, params, torch.zeros_like(params)).backends["mlp_step"] == "composed"
+
+
+def test_fused_lookup_by_device_and_back_end():
+    assert registry.fused("mlp_step", "cpu").backend == "numba"
+    assert registry.fused("mlp_step", torch.device("cpu"), backend="numba") is not None
+    assert registry.fused("mlp_step", "cpu", backend="torch") is None  # --kernels torch
+    assert registry.fused("mlp_step", "cuda") is None
+    with pytest.raises(ValueError, match="unknown fused op"):
+        registry.register_fused("no_such_step", backend="numba_cpu")
+    with pytest.raises(ValueError, match="twice"):
+        registry.register_fused("mlp_step", backend="numba_cpu")(lambda: None)
