@@ -100,6 +100,24 @@ class BackendUnusable(RuntimeError):
 _CHECKED: dict[str, str | None] = {}
 
 
+def _registrar(table: dict, kind: str, name: str, known: dict,
+               backend: str) -> Callable[[Callable], Callable]:
+    """The decorator that puts ``fn`` into ``table`` under ``(name, backend)``."""
+    if name not in known:
+        raise ValueError(f"unknown {kind} {name!r}; {kind}s are {', '.join(known)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown back-end {backend!r}; back-ends are {', '.join(BACKENDS)}")
+
+    def decorate(fn: Callable) -> Callable:
+        if (name, backend) in table:
+            raise ValueError(f"{kind} {name!r} registered twice for back-end {backend!r}")
+        fn.backend = BACKENDS[backend].family  # type: ignore[attr-defined]
+        table[name, backend] = fn
+        return fn
+
+    return decorate
+
+
 def register(op: str, *, backend: str) -> Callable[[Callable], Callable]:
     """Decorator: register ``fn`` as ``backend``'s kernel for ``op``.
 
@@ -107,37 +125,13 @@ def register(op: str, *, backend: str) -> Callable[[Callable], Callable]:
     ``"torch"``). Raises ValueError for an op not in :data:`OPS`, a back-end
     not in :data:`BACKENDS`, or a second kernel for the same pair.
     """
-    if op not in MODULES:
-        raise ValueError(f"unknown kernel op {op!r}; ops are {', '.join(OPS)}")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown back-end {backend!r}; back-ends are {', '.join(BACKENDS)}")
-
-    def decorate(fn: Callable) -> Callable:
-        if (op, backend) in _KERNELS:
-            raise ValueError(f"kernel {op!r} registered twice for back-end {backend!r}")
-        fn.backend = BACKENDS[backend].family  # type: ignore[attr-defined]
-        _KERNELS[op, backend] = fn
-        return fn
-
-    return decorate
+    return _registrar(_KERNELS, "kernel op", op, MODULES, backend)
 
 
 def register_fused(name: str, *, backend: str) -> Callable[[Callable], Callable]:
     """Decorator: register ``fn`` as ``backend``'s kernel for the fused op ``name``
     (:data:`FUSED`); ValueError for an unknown name or back-end, or a second one."""
-    if name not in FUSED:
-        raise ValueError(f"unknown fused op {name!r}; fused ops are {', '.join(FUSED)}")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown back-end {backend!r}; back-ends are {', '.join(BACKENDS)}")
-
-    def decorate(fn: Callable) -> Callable:
-        if (name, backend) in _FUSED_KERNELS:
-            raise ValueError(f"fused kernel {name!r} registered twice for back-end {backend!r}")
-        fn.backend = BACKENDS[backend].family  # type: ignore[attr-defined]
-        _FUSED_KERNELS[name, backend] = fn
-        return fn
-
-    return decorate
+    return _registrar(_FUSED_KERNELS, "fused op", name, FUSED, backend)
 
 
 def fused(name: str, device="cpu", backend: str | None = None) -> Callable | None:

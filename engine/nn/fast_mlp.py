@@ -168,7 +168,7 @@ class FastMLP:
         if k == 0:
             self.grad.zero_()
             return 0.0, 0
-        fused = self._slices(k)[5][4]
+        fused = self._slices(k)[5][4]  # the bound mlp_step, or None
         if fused is not None:
             return fused(max_norm, groups)
         if groups is not None and self.clip_groups is None:
