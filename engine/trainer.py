@@ -744,6 +744,8 @@ class Trainer:
                   f"{self.info.n_features} features), "
                   f"{self.size} rank(s) x {self.threads} thread(s), kernels "
                   f"{self.engine.backends['clip_rows']}"
+                  + ("" if self.engine.backends.get("mlp_step", "composed") == "composed"
+                     else " (the MLP step in one call)")
                   + ("" if self.placement.device.type == "cpu"
                      else f", rank 0 on {self.placement.describe()}"))
         if cfg.dp:

@@ -101,6 +101,34 @@ def test_one_rank_learns_and_writes_metrics(tiny, tmp_path):
         assert key in rows[-1]
 
 
+def test_the_fused_step_trains_the_composed_steps_model_bit_for_bit(tiny, monkeypatch):
+    """The MLP step in one call (the CPU default) and the ops composed one by
+    one (MPIDP_NO_FUSED_STEP=1) give the same parameters after a whole run,
+    and the run's first line says which ran."""
+    from collectives.runtime import MPI
+
+    class Lines(list):
+        def write(self, text):
+            self.append(text)
+
+        def flush(self):
+            pass
+
+    runs = {}
+    for name, switch in (("fused", None), ("composed", "1")):
+        if switch:
+            monkeypatch.setenv("MPIDP_NO_FUSED_STEP", switch)
+        cfg = _cfg(tiny, epochs=2, batch_size=32, hidden=(16, 8), threads=1)
+        cfg.validate()
+        out = Lines()
+        trainer = Trainer(cfg, MPI.COMM_SELF, out=out)
+        assert trainer.run() == 0
+        runs[name] = (trainer.params.clone(), "".join(out).splitlines()[0])
+    assert torch.equal(runs["fused"][0], runs["composed"][0])
+    assert runs["fused"][1].endswith("kernels numba (the MLP step in one call)")
+    assert runs["composed"][1].endswith("kernels numba")
+
+
 def test_no_dp_is_the_same_loop_without_noise(tiny):
     from collectives.runtime import MPI
 
