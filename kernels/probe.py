@@ -52,16 +52,24 @@ def numba_cpu() -> Availability:
     import numba
 
     from kernels.numba_target import CHOICE
-    from kernels.numba_cpu.blas import gemm_address
 
-    fused = ("the MLP step in one call (torch's BLAS sgemm_)" if gemm_address("float32")
-             else "the MLP step composed op by op (no BLAS gemm to call"
-             + (": MPIDP_NO_FUSED_STEP is set)" if os.environ.get("MPIDP_NO_FUSED_STEP")
-                else " in torch's build)"))
     return Availability("numba-cpu", True,
                         f"numba {version}, {numba.config.NUMBA_NUM_THREADS} threads, "
                         f"threading layer '{numba.config.THREADING_LAYER}'; "
-                        f"{CHOICE.describe()}; {fused}")
+                        f"{CHOICE.describe()}; {mlp_step_mode()}")
+
+
+def mlp_step_mode() -> str:
+    """How a float32 MLP step runs on the CPU: in one call (the fused
+    ``mlp_step``) or composed op by op, and why (for ``mpidp info`` and the
+    benchmarks' headers)."""
+    from kernels.numba_cpu.blas import gemm_address
+
+    if gemm_address("float32"):
+        return "the MLP step in one call (torch's BLAS sgemm_)"
+    why = ("MPIDP_NO_FUSED_STEP is set" if os.environ.get("MPIDP_NO_FUSED_STEP")
+           else "no BLAS gemm to call in torch's build")
+    return f"the MLP step composed op by op ({why})"
 
 
 def numba_cuda() -> Availability:

@@ -49,6 +49,7 @@ def test_bench_dpsgd_runs_the_trainers_step_and_reports_what_it_counted(tmp_path
                 "--threads", "1", "--methods", "mpidp-dp,mpidp-nondp,naive",
                 "--json", str(out)) == 0
     data = json.loads(out.read_text())
+    assert data["mlp_step"] == "the MLP step in one call (torch's BLAS sgemm_)"
     rates, rounds = data["examples_per_s"], data["all_rounds"]
     # Both mpidp methods ran engine.step.DPStep: warm-up, then STEPS per round.
     steps = {}
@@ -77,6 +78,7 @@ def test_bench_dpsgd_runs_the_trainers_step_and_reports_what_it_counted(tmp_path
         nd / dp for nd, dp in zip(rounds["mpidp-nondp"], rounds["mpidp-dp"])))
     assert data["rows"] == ROWS and data["steps"] == STEPS and data["repeats"] == REPEATS
     text = capsys.readouterr().out
+    assert data["mlp_step"] in text  # the header says how the step ran
     assert f"DP / non-DP time per example: {data['dp_over_nondp']:.3f}" in text
     # The table's s/epoch and ratio columns follow from examples/s.
     for method, rate in rates.items():

@@ -326,8 +326,10 @@ def run(args: argparse.Namespace) -> int:
                                                            "; Opacus not installed"))
     where = machine.describe()
     from kernels.numba_target import CHOICE  # deferred: Numba
+    from kernels.probe import mlp_step_mode
 
-    print(f"machine: {machine.one_line(where)}; {CHOICE.describe()}")
+    step_mode = mlp_step_mode()
+    print(f"machine: {machine.one_line(where)}; {CHOICE.describe()}; {step_mode}")
     for fn in steps.values():  # warm-up: compile kernels, fault pages in
         for rows in batches(3):
             fn(rows)
@@ -348,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
     result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
               "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
               "data": source, "steps": args.steps, "repeats": args.repeats, "machine": where,
-              "numba_target": asdict(CHOICE)}
+              "numba_target": asdict(CHOICE), "mlp_step": step_mode}
     # Median of the per-round ratios: both methods of a round ran seconds apart,
     # so a load change on a shared machine cancels out.
     for key, slower, faster, label in RATIOS:

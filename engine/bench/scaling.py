@@ -708,8 +708,10 @@ def collect(directories: list[str]) -> list[dict]:
 # ------------------------------------------------------------ machine
 def machine() -> dict:
     """Where the benchmark ran (for the JSON and the header)."""
+    from kernels.probe import mlp_step_mode  # deferred: imports torch
+
     return {**machine_facts.describe(), "memory_gib": _memory_gib(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "mlp_step": mlp_step_mode()}
 
 
 def _memory_gib() -> float | None:
@@ -816,7 +818,7 @@ def run(args: argparse.Namespace) -> int:
     load_after = _load()
     print(f"\nmpidp bench scaling{f' --preset {preset}' if preset else ''}: {source}")
     print(f"machine: {machine_facts.one_line(where)}; {where['memory_gib']} GiB; "
-          f"load average before {load_before}, after {load_after}\n")
+          f"{where['mlp_step']}; load average before {load_before}, after {load_after}\n")
     sweep = preset == "dp-sweep"
     print(report.format_sweep_table(summaries) if sweep else report.format_table(summaries))
     if (preset or "").startswith("mlbench") and target is not None and budget is None:
