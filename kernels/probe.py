@@ -64,12 +64,13 @@ def mlp_step_mode() -> str:
     ``mlp_step``) or composed op by op, and why (for ``mpidp info`` and the
     benchmarks' headers)."""
     from kernels.numba_cpu.blas import gemm_address
+    from kernels.numba_cpu.mlp_step import SWITCH
 
+    if os.environ.get(SWITCH):
+        return f"the MLP step composed op by op ({SWITCH} is set)"
     if gemm_address("float32"):
         return "the MLP step in one call (torch's BLAS sgemm_)"
-    why = ("MPIDP_NO_FUSED_STEP is set" if os.environ.get("MPIDP_NO_FUSED_STEP")
-           else "no BLAS gemm to call in torch's build")
-    return f"the MLP step composed op by op ({why})"
+    return "the MLP step composed op by op (no BLAS gemm to call in torch's build)"
 
 
 def numba_cuda() -> Availability:

@@ -51,7 +51,7 @@ def gemm_address(dtype) -> int | None:
     """Address of the Fortran ``?gemm_`` that torch calls for ``dtype`` (float32
     or float64) in this process, or None where there is none to call."""
     symbol = SYMBOLS.get(np.dtype(dtype))
-    if symbol is None or os.environ.get("MPIDP_NO_FUSED_STEP"):
+    if symbol is None:
         return None
     library = _torch_library()
     if library is None:

@@ -15,8 +15,9 @@ Contract (an op of the fused kind, :func:`kernels.registry.fused`):
 
 ``mlp_step.bind(acts, grads, weights, grad_out, logits, labels, factors)``
     returns ``step(max_norm, groups=None) -> (loss, clipped)``, or None when
-    it cannot serve these buffers (no BLAS to call for their dtype, or not
-    all on the CPU): the engine then composes the ops. ``acts[l]`` is layer
+    it cannot serve these buffers (no BLAS to call for their dtype, not all
+    on the CPU) or ``MPIDP_NO_FUSED_STEP`` is set: the engine then composes
+    the ops. ``acts[l]`` is layer
     l's input with its trailing column of ones (k x (d_l + 1); ``acts[0]``
     holds the batch, the others are written), ``weights[l]`` its ``[W | b]``
     (d_{l+1} x (d_l + 1)), ``grads[l]`` (k x d_{l+1}) and ``logits`` (k x
@@ -28,6 +29,7 @@ Contract (an op of the fused kind, :func:`kernels.registry.fused`):
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numba
@@ -41,6 +43,8 @@ from kernels.numba_cpu.relu_backward import _relu_backward
 from kernels.numba_cpu.softmax_xent import _softmax_xent
 from kernels.registry import register_fused
 
+#: Set (to anything but empty) to compose the ops instead, e.g. to compare.
+SWITCH = "MPIDP_NO_FUSED_STEP"
 #: Clipping modes of the kernel.
 NONE, ROWS, GROUPS = 0, 1, 2
 _NO_GROUPS = np.zeros(1, dtype=np.int64)
@@ -116,7 +120,7 @@ def mlp_step(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
 def _bind(acts, grads, weights, grad_out, logits, labels, factors):
     """The fused step on these buffers, or None (module docstring)."""
     dtype = _DTYPES.get(weights[0].dtype)
-    fn = None if dtype is None else gemm_address(dtype)
+    fn = None if dtype is None or os.environ.get(SWITCH) else gemm_address(dtype)
     tensors = [*acts, *grads, *weights, *grad_out, logits, labels, factors]
     k = acts[0].shape[0]
     if fn is None or k == 0 or not _contiguous(tensors) \
