@@ -31,7 +31,7 @@ from numba.extending import intrinsic
 
 #: The Fortran symbols, by dtype.
 SYMBOLS = {np.dtype(np.float32): "sgemm_", np.dtype(np.float64): "dgemm_"}
-#: Fortran's 'N' and 'T' (no transpose, transpose), as int8.
+#: The character codes of Fortran's 'N' and 'T' (no transpose, transpose).
 _N, _T = 78, 84
 
 

@@ -71,10 +71,16 @@ def _bind(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], factors: 
     f = factors.numpy()[:k]
 
     def call(groups, max_norm: float) -> int:
-        starts = groups.numpy() if isinstance(groups, torch.Tensor) else np.asarray(groups)
-        return int(_clip_groups(a, g, starts.astype(np.int64, copy=False), float(max_norm), f))
+        return int(_clip_groups(a, g, group_starts(groups), float(max_norm), f))
 
     return call
+
+
+def group_starts(groups) -> np.ndarray:
+    """The groups' int64 ``[H+1]`` offsets (a tensor or array) as the kernel
+    takes them: a numpy array, copied only if it is not int64 already."""
+    starts = groups.numpy() if isinstance(groups, torch.Tensor) else np.asarray(groups)
+    return starts.astype(np.int64, copy=False)
 
 
 clip_groups.bind = _bind

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from kernels.numba_cpu.blas import gemm, gemm_address
-from kernels.numba_cpu.clip_groups import _clip_groups
+from kernels.numba_cpu.clip_groups import _clip_groups, group_starts
 from kernels.numba_cpu.clip_rows import NO_EXTRA, clip_rows_core, clip_rows_core_serial
 from kernels.numba_cpu.relu_backward import _relu_backward
 from kernels.numba_cpu.softmax_xent import _softmax_xent
@@ -142,9 +142,7 @@ def _bind(acts, grads, weights, grad_out, logits, labels, factors):
         elif groups is None:
             mode, bound, starts = ROWS, float(max_norm), _NO_GROUPS
         else:
-            starts = groups.numpy() if isinstance(groups, torch.Tensor) else np.asarray(groups)
-            mode, bound = GROUPS, float(max_norm)
-            starts = starts.astype(np.int64, copy=False)
+            mode, bound, starts = GROUPS, float(max_norm), group_starts(groups)
         loss, clipped = _mlp_step(fn, a, g, w, o, z, y, f, mode, bound, starts, parallel,
                                   scratch, scalars, no_bias)
         return float(loss), int(clipped)
