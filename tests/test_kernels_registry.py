@@ -349,6 +349,51 @@ def test_gather_rows_refuses_a_row_out_of_range(backend):
         kernel(X, y, torch.tensor([2, 10]), torch.empty(2, 3), torch.empty(2, dtype=torch.int64))
 
 
+@pytest.mark.parametrize("parts", [2, 3, 5])
+@pytest.mark.parametrize("k", [0, 1, 2, 5, 37])
+def test_gather_rows_in_parts_equals_indexing_and_refuses_bad_rows(parts, k):
+    """At several threads each copies one part of the rows (the parted kernel;
+    here more parts than the machine may have cores); a bad index is refused
+    wherever it lies, not lost in a parallel loop."""
+    from kernels.numba_cpu.gather_rows import _gather_parts
+
+    g = torch.Generator().manual_seed(k)
+    X = torch.randn(300, 9, generator=g)
+    y = torch.randint(0, 5, (300,), generator=g)
+    rows = torch.randint(0, 300, (k,), generator=g)
+    out = torch.full((k, 8), float("nan"))
+    labels = torch.full((k,), -1, dtype=torch.int64)
+    arrays = (X.numpy(), y.numpy(), rows.numpy(), out.numpy(), labels.numpy())
+    _gather_parts(*arrays, parts)
+    assert torch.equal(out, X[rows, :8]) and torch.equal(labels, y[rows])
+    for i, bad in ((k - 1, 300), (0, -1)):
+        if k:
+            wrong = rows.clone()
+            wrong[i] = bad
+            with pytest.raises(IndexError, match="out of range"):
+                _gather_parts(X.numpy(), y.numpy(), wrong.numpy(), out.numpy(),
+                              labels.numpy(), parts)
+
+
+def test_gather_rows_binds_the_parted_kernel_at_several_threads():
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core")
+    kernel = registry.get("gather_rows", "cpu", "numba")
+    X, y = torch.randn(50, 4), torch.arange(50)
+    rows = torch.tensor([49, 3, 3, 0, 17])
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, 2):
+            numba.set_num_threads(threads)
+            out, labels = torch.empty(5, 4), torch.empty(5, dtype=torch.int64)
+            registry.bind(kernel, X=X, y=y, out=out, out_labels=labels)(rows=rows)
+            assert torch.equal(out, X[rows]) and torch.equal(labels, y[rows])
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_a_forced_gpu_back_end_without_an_op_gets_the_generic_kernel():
     """--kernels cupy (or numba_cuda) on a GPU: the ops generic on GPUs (the
     batch gather, the SGD update, per-group clipping) come from torch instead
