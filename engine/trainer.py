@@ -745,7 +745,9 @@ class Trainer:
                   f"{self.size} rank(s) x {self.threads} thread(s), kernels "
                   f"{self.engine.backends['clip_rows']}"
                   + ("" if self.engine.backends.get("mlp_step", "composed") == "composed"
-                     else " (the MLP step in one call)")
+                     else " (the MLP step in one call)" if self.engine.parts == 1
+                     else f" (the MLP step in one call, its rows cut over "
+                          f"{self.engine.parts} threads)")
                   + ("" if self.placement.device.type == "cpu"
                      else f", rank 0 on {self.placement.describe()}"))
         if cfg.dp:

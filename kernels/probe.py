@@ -64,12 +64,14 @@ def mlp_step_mode() -> str:
     ``mlp_step``) or composed op by op, and why (for ``mpidp info`` and the
     benchmarks' headers)."""
     from kernels.numba_cpu.blas import gemm_address
-    from kernels.numba_cpu.mlp_step import SWITCH
+    from kernels.numba_cpu.mlp_step import SWITCH, row_split_parts
 
     if os.environ.get(SWITCH):
         return f"the MLP step composed op by op ({SWITCH} is set)"
     if gemm_address("float32"):
-        return "the MLP step in one call (torch's BLAS sgemm_)"
+        parts = row_split_parts()
+        return "the MLP step in one call (torch's BLAS sgemm_)" + (
+            f", its rows cut over {parts} threads" if parts > 1 else "")
     return "the MLP step composed op by op (no BLAS gemm to call in torch's build)"
 
 

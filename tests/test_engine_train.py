@@ -129,6 +129,42 @@ def test_the_fused_step_trains_the_composed_steps_model_bit_for_bit(tiny, monkey
     assert runs["composed"][1].endswith("kernels numba")
 
 
+def test_at_two_threads_the_step_cuts_its_rows_and_trains_the_same_model(tiny, monkeypatch):
+    """At 2 threads the fused step cuts each batch's rows over the threads (the
+    run's first line says so); the model it trains is the uncut step's
+    (MPIDP_NO_ROW_SPLIT=1) up to float rounding, and a second run is the
+    first to the bit."""
+    import numba
+
+    from collectives.runtime import MPI
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: nothing to cut")
+
+    class Lines(list):
+        def write(self, text):
+            self.append(text)
+
+        def flush(self):
+            pass
+
+    runs = []
+    for switch in (None, None, "1"):
+        if switch:
+            monkeypatch.setenv("MPIDP_NO_ROW_SPLIT", switch)
+        cfg = _cfg(tiny, epochs=2, batch_size=32, hidden=(16, 8), threads=2)
+        cfg.validate()
+        out = Lines()
+        trainer = Trainer(cfg, MPI.COMM_SELF, out=out)
+        assert trainer.run() == 0
+        runs.append((trainer.params.clone(), "".join(out).splitlines()[0]))
+    (cut, line), (again, _), (whole, whole_line) = runs
+    assert line.endswith("(the MLP step in one call, its rows cut over 2 threads)")
+    assert whole_line.endswith("(the MLP step in one call)")
+    assert torch.equal(cut, again)
+    torch.testing.assert_close(cut, whole, rtol=1e-3, atol=1e-4)
+
+
 def test_no_dp_is_the_same_loop_without_noise(tiny):
     from collectives.runtime import MPI
 

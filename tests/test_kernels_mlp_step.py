@@ -47,6 +47,27 @@ def test_gemm_is_torchs_own_routine_bit_for_bit():
     assert torch.equal(torch.from_numpy(c), a @ w.t())
 
 
+@pytest.fixture
+def one_part(monkeypatch):
+    """The whole batch in one part (the step at one thread): only then is the
+    fused step the composed one bit for bit."""
+    monkeypatch.setattr(mlp_step, "row_split_parts", lambda threads=None: 1)
+
+
+@pytest.fixture(params=[2, 3, 5])
+def parts(request, monkeypatch):
+    """The batch's rows cut into this many parts (the threads run them, however
+    many there are)."""
+    monkeypatch.setattr(mlp_step, "row_split_parts", lambda threads=None: request.param)
+    return request.param
+
+
+def _close(dtype):
+    """Tolerances of sums reordered by the parts (float32 or float64 rounding)."""
+    return {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else \
+        {"rtol": 1e-12, "atol": 1e-12}
+
+
 def _engines(spec, dtype, capacity):
     """The fused engine and the composed one (same Numba ops, composed in Python),
     on the same parameters."""
@@ -70,7 +91,7 @@ def _batch(n_features, classes, n, dtype, seed):
 @pytest.mark.parametrize("hidden", [(), (9,), (16, 8)])
 @pytest.mark.parametrize("k", [1, 7, 130])
 @pytest.mark.parametrize("max_norm", [None, 1e-3, 0.5, 1e9])
-def test_fused_step_equals_the_composed_ops_bit_for_bit(dtype, hidden, k, max_norm):
+def test_fused_step_equals_the_composed_ops_bit_for_bit(dtype, hidden, k, max_norm, one_part):
     spec = MLPSpec.build(12, hidden, 3)
     fused, composed = _engines(spec, dtype, capacity=4)  # both grow to k
     X, y = _batch(12, 3, 200, dtype, seed=k)
@@ -83,7 +104,7 @@ def test_fused_step_equals_the_composed_ops_bit_for_bit(dtype, hidden, k, max_no
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_step_clips_households_as_the_composed_ops_do(dtype):
+def test_fused_step_clips_households_as_the_composed_ops_do(dtype, one_part):
     spec = MLPSpec.build(6, (8,), 2)
     fused, composed = _engines(spec, dtype, capacity=64)
     X, y = _batch(6, 2, 64, dtype, seed=2)
@@ -94,9 +115,11 @@ def test_fused_step_clips_households_as_the_composed_ops_do(dtype):
     assert torch.equal(fused.grad, composed.grad)
 
 
-def test_a_nan_spreads_as_through_the_composed_ops():
+@pytest.mark.parametrize("cut", [1, 2])
+def test_a_nan_spreads_as_through_the_composed_ops(cut, monkeypatch):
     """A NaN input stays NaN through the fused ReLU (torch.clamp_min keeps it), so
     the trainer's divergence check sees it."""
+    monkeypatch.setattr(mlp_step, "row_split_parts", lambda threads=None: cut)
     spec = MLPSpec.build(4, (5,), 2)
     fused, composed = _engines(spec, torch.float32, capacity=8)
     X, y = _batch(4, 2, 8, torch.float32, seed=0)
@@ -139,3 +162,125 @@ def test_fused_lookup_by_device_and_back_end():
         registry.register_fused("no_such_step", backend="numba_cpu")
     with pytest.raises(ValueError, match="twice"):
         registry.register_fused("mlp_step", backend="numba_cpu")(lambda: None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [1, 2, 7, 130])
+@pytest.mark.parametrize("max_norm", [None, 1e-3, 0.5])
+def test_rows_cut_into_parts_give_the_composed_sums(dtype, k, max_norm, parts):
+    """Each part (a thread's rows) runs the whole step on its rows; the sums are
+    the composed step's up to the order of the additions; the losses, the
+    clip factors and the count of clipped rows are the rows' own. Batches
+    smaller than the parts leave parts empty."""
+    spec = MLPSpec.build(12, (16, 8), 3)
+    fused, composed = _engines(spec, dtype, capacity=4)
+    X, y = _batch(12, 3, 200, dtype, seed=k)
+    rows = torch.randperm(200, generator=torch.Generator().manual_seed(k))[:k].sort().values
+    fused.load(X, y, rows)
+    composed.load(X, y, rows)
+    loss, clipped = fused.clipped_sum(k, max_norm)
+    want_loss, want_clipped = composed.clipped_sum(k, max_norm)
+    assert fused._slices(k)[5][4].parts == parts
+    assert clipped == want_clipped
+    assert loss == pytest.approx(want_loss, rel=1e-6 if dtype == torch.float32 else 1e-13)
+    torch.testing.assert_close(fused.grad, composed.grad, **_close(dtype))
+    if max_norm is not None:
+        torch.testing.assert_close(fused.factors[:k], composed.factors[:k], **_close(dtype))
+    again = fused.grad.clone()
+    fused.load(X, y, rows)
+    assert fused.clipped_sum(k, max_norm) == (loss, clipped)
+    assert torch.equal(fused.grad, again)  # the parts' sums are added in a fixed order
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_parts_keep_households_whole(dtype, parts):
+    spec = MLPSpec.build(6, (8,), 2)
+    fused, composed = _engines(spec, dtype, capacity=64)
+    X, y = _batch(6, 2, 64, dtype, seed=2)
+    groups = torch.tensor([0, 1, 4, 5, 12, 30, 64])  # one household crosses every cut
+    for engine in (fused, composed):
+        engine.load(X, y, torch.arange(64))
+    got, want = fused.clipped_sum(64, 0.05, groups), composed.clipped_sum(64, 0.05, groups)
+    assert got[1] == want[1] and got[0] == pytest.approx(want[0], rel=1e-6)
+    torch.testing.assert_close(fused.grad, composed.grad, **_close(dtype))
+    factors = fused.factors[:64]
+    for lo, hi in zip(groups[:-1].tolist(), groups[1:].tolist()):
+        assert torch.equal(factors[lo:hi], factors[lo].expand(hi - lo))  # one factor each
+
+
+@pytest.mark.parametrize("k,parts_,groups,bounds,firsts", [
+    (10, 2, None, [0, 5, 10], [0, 0, 0]),
+    (10, 3, None, [0, 3, 6, 10], [0, 0, 0, 0]),
+    (1, 3, None, [0, 0, 0, 1], [0, 0, 0, 0]),
+    (0, 2, None, [0, 0, 0], [0, 0, 0]),
+    (64, 2, [0, 1, 4, 5, 12, 30, 64], [0, 64, 64], [0, 6, 6]),     # cut inside the last
+    (64, 3, [0, 1, 4, 5, 12, 30, 64], [0, 30, 64, 64], [0, 5, 6, 6]),
+    (6, 3, [0, 2, 4, 6], [0, 2, 4, 6], [0, 1, 2, 3]),
+    (6, 2, [0, 3, 6], [0, 3, 6], [0, 1, 2]),
+])
+def test_split_bounds_cut_rows_evenly_and_only_between_groups(k, parts_, groups, bounds,
+                                                               firsts):
+    mode = mlp_step.ROWS if groups is None else mlp_step.GROUPS
+    starts = mlp_step._NO_GROUPS if groups is None else np.array(groups, dtype=np.int64)
+    got_bounds = np.empty(parts_ + 1, dtype=np.int64)
+    got_firsts = np.empty(parts_ + 1, dtype=np.int64)
+    mlp_step._split_bounds(k, mode, starts, got_bounds, got_firsts)
+    assert got_bounds.tolist() == bounds and got_firsts.tolist() == firsts
+
+
+def test_blas_threads_are_restored_after_a_cut_step(parts):
+    """Each part asks MKL for sequential products on its thread and gives the
+    thread's setting back: torch's own products on the calling thread keep
+    their threads."""
+    import ctypes
+
+    library = blas._torch_library()
+    max_threads = library.mkl_get_max_threads
+    max_threads.restype = ctypes.c_int
+    before = max_threads()
+    spec = MLPSpec.build(12, (16,), 3)
+    fused, _ = _engines(spec, torch.float32, capacity=64)
+    X, y = _batch(12, 3, 64, torch.float32, seed=1)
+    fused.load(X, y, torch.arange(64))
+    fused.clipped_sum(64, 1.0)
+    assert max_threads() == before
+
+
+def test_a_bad_label_in_a_part_is_an_error(parts):
+    spec = MLPSpec.build(4, (5,), 2)
+    fused, _ = _engines(spec, torch.float32, capacity=8)
+    X, y = _batch(4, 2, 8, torch.float32, seed=0)
+    y[7] = 5
+    fused.load(X, y, torch.arange(8))
+    with pytest.raises(IndexError, match="outside 0 .. classes - 1"):
+        fused.clipped_sum(8, 1.0)
+
+
+def test_parts_follow_the_threads_unless_switched_off(monkeypatch):
+    assert mlp_step.row_split_parts(1) == 1
+    assert mlp_step.row_split_parts(4) == 4
+    monkeypatch.setenv(mlp_step.SPLIT_SWITCH, "1")
+    assert mlp_step.row_split_parts(4) == 1
+    monkeypatch.delenv(mlp_step.SPLIT_SWITCH)
+    monkeypatch.setattr(mlp_step, "threads_address", lambda: None)  # no per-thread setter
+    assert mlp_step.row_split_parts(4) == 1
+
+
+def test_the_step_at_the_machines_threads_cuts_its_rows():
+    """Unpatched: at Numba's thread count (2 or more here), a real cut."""
+    threads = numba.config.NUMBA_NUM_THREADS
+    if threads < 2:
+        pytest.skip("one core: nothing to cut")
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        spec = MLPSpec.build(12, (16, 8), 3)
+        fused, composed = _engines(spec, torch.float32, capacity=300)
+        X, y = _batch(12, 3, 300, torch.float32, seed=3)
+        for engine in (fused, composed):
+            engine.load(X, y, torch.arange(300))
+        assert fused._slices(300)[5][4].parts == 2
+        assert fused.clipped_sum(300, 0.5)[1] == composed.clipped_sum(300, 0.5)[1]
+        torch.testing.assert_close(fused.grad, composed.grad, **_close(torch.float32))
+    finally:
+        numba.set_num_threads(before)

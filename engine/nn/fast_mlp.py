@@ -88,6 +88,12 @@ class FastMLP:
                 "gather_rows": self.gather.backend,
                 "mlp_step": fused}
 
+    @property
+    def parts(self) -> int:
+        """Into how many parts (threads) the fused step cuts a batch's rows; 1
+        where it does not, or where the ops are composed."""
+        return 1 if self.fused is None else self._slices(1)[5][4].parts
+
     def _allocate(self, capacity: int) -> None:
         dims, kw = self.spec.dims, {"dtype": self.dtype, "device": self.device}
         self.A = []

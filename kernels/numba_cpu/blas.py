@@ -62,6 +62,43 @@ def gemm_address(dtype) -> int | None:
         return None
 
 
+#: MKL's per-thread thread count, by value (``int MKL_Set_Num_Threads_Local(int)``,
+#: what MKL's C header calls ``mkl_set_num_threads_local``; the symbol of that
+#: name takes a pointer, as Fortran does): a thread that runs its own rows'
+#: products asks for sequential ones with it, and restores the returned value.
+THREADS_SYMBOL = "MKL_Set_Num_Threads_Local"
+
+
+def threads_address() -> int | None:
+    """Address of the BLAS's per-thread thread-count setter (MKL's
+    :data:`THREADS_SYMBOL`) in torch's build, or None where there is none: a
+    caller that splits work over its own threads then has no way to keep
+    each thread's products sequential, and must not split."""
+    library = _torch_library()
+    if library is None:
+        return None
+    try:
+        return ctypes.cast(getattr(library, THREADS_SYMBOL), ctypes.c_void_p).value
+    except AttributeError:
+        return None
+
+
+@intrinsic
+def call_int(typingctx, fn, value):
+    """``int32 f(int32 value)`` for the C function at address ``fn`` (intp)."""
+    if not isinstance(fn, types.Integer) or not isinstance(value, types.Integer):
+        return None
+    sig = types.int32(fn, value)
+
+    def codegen(context, builder, signature, llargs):
+        int32 = ir.IntType(32)
+        fnty = ir.FunctionType(int32, [int32])
+        target = builder.inttoptr(llargs[0], fnty.as_pointer())
+        arg = context.cast(builder, llargs[1], signature.args[1], types.int32)
+        return builder.call(target, [arg])
+    return sig, codegen
+
+
 @intrinsic
 def call_gemm(typingctx, fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     """Call the Fortran gemm at address ``fn`` with the 13 argument addresses

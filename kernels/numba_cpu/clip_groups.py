@@ -18,39 +18,58 @@ import torch
 from kernels.registry import register
 
 
+@numba.njit(fastmath=True, inline="always")
+def _clip_group(acts, grads, lo, hi, max_norm, factors):
+    """The group of rows ``lo`` to ``hi``: its factor on each of its rows, its
+    rows scaled in place if above ``max_norm``; returns how many rows were."""
+    sq = 0.0
+    for layer in range(len(acts)):
+        a = acts[layer]
+        g = grads[layer]
+        for i in range(lo, hi):
+            for j in range(i, hi):
+                sa = 0.0
+                for c in range(a.shape[1]):
+                    sa += a[i, c] * a[j, c]
+                sg = 0.0
+                for c in range(g.shape[1]):
+                    sg += g[i, c] * g[j, c]
+                sq += sa * sg if i == j else 2.0 * sa * sg
+    norm = math.sqrt(max(sq, 0.0))
+    c = 1.0
+    clipped = 0
+    if norm > max_norm:
+        c = max_norm / norm
+        clipped = hi - lo
+        for layer in range(len(grads)):
+            g = grads[layer]
+            cg = g.dtype.type(c)
+            for i in range(lo, hi):
+                for col in range(g.shape[1]):
+                    g[i, col] *= cg
+    for i in range(lo, hi):
+        factors[i] = c
+    return clipped
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True)
 def _clip_groups(acts, grads, groups, max_norm, factors):
     n_groups = groups.shape[0] - 1
     clipped_rows = np.zeros(max(n_groups, 1), dtype=np.int64)
     for h in numba.prange(n_groups):
-        lo, hi = groups[h], groups[h + 1]
-        sq = 0.0
-        for layer in range(len(acts)):
-            a = acts[layer]
-            g = grads[layer]
-            for i in range(lo, hi):
-                for j in range(i, hi):
-                    sa = 0.0
-                    for c in range(a.shape[1]):
-                        sa += a[i, c] * a[j, c]
-                    sg = 0.0
-                    for c in range(g.shape[1]):
-                        sg += g[i, c] * g[j, c]
-                    sq += sa * sg if i == j else 2.0 * sa * sg
-        norm = math.sqrt(max(sq, 0.0))
-        c = 1.0
-        if norm > max_norm:
-            c = max_norm / norm
-            clipped_rows[h] = hi - lo
-            for layer in range(len(grads)):
-                g = grads[layer]
-                cg = g.dtype.type(c)
-                for i in range(lo, hi):
-                    for col in range(g.shape[1]):
-                        g[i, col] *= cg
-        for i in range(lo, hi):
-            factors[i] = c
+        clipped_rows[h] = _clip_group(acts, grads, groups[h], groups[h + 1], max_norm, factors)
     return clipped_rows.sum()
+
+
+@numba.njit(fastmath=True, cache=True)
+def clip_groups_range(acts, grads, groups, first, stop, max_norm, factors):
+    """:func:`_clip_groups` on groups ``first`` to ``stop`` only, on the calling
+    thread (the fused step's threads each clip their own households); returns
+    how many rows were scaled."""
+    clipped = 0
+    for h in range(first, stop):
+        clipped += _clip_group(acts, grads, groups[h], groups[h + 1], max_norm, factors)
+    return clipped
 
 
 @register("clip_groups", backend="numba_cpu")

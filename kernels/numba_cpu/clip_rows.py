@@ -31,6 +31,28 @@ def _row_sq(x, i):
     return s
 
 
+@numba.njit(fastmath=True, inline="always")
+def _clip_row(acts, grads, bias, extra, i, max_norm, factors):
+    """Row i of :func:`clip_rows_core`: its factor into ``factors[i]``, the row
+    scaled in place if above ``max_norm``; returns 1 if it was, else 0."""
+    sq = extra[i] if extra.shape[0] else 0.0
+    for layer in range(len(acts)):
+        sa = bias[layer] + np.float64(_row_sq(acts[layer], i))
+        sq += sa * np.float64(_row_sq(grads[layer], i))
+    norm = math.sqrt(sq)
+    if norm > max_norm:
+        c = max_norm / norm
+        for layer in range(len(grads)):
+            g = grads[layer]
+            cg = g.dtype.type(c)
+            for j in range(g.shape[1]):
+                g[i, j] *= cg
+        factors[i] = c
+        return 1
+    factors[i] = 1.0
+    return 0
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True)
 def clip_rows_core(acts, grads, bias, extra, max_norm, factors):
     """The kernel of ``clip_rows`` and ``clip_linear_rows``: row i's squared
@@ -41,22 +63,17 @@ def clip_rows_core(acts, grads, bias, extra, max_norm, factors):
     k = factors.shape[0]
     clipped = 0
     for i in numba.prange(k):
-        sq = extra[i] if extra.shape[0] else 0.0
-        for layer in range(len(acts)):
-            sa = bias[layer] + np.float64(_row_sq(acts[layer], i))
-            sq += sa * np.float64(_row_sq(grads[layer], i))
-        norm = math.sqrt(sq)
-        if norm > max_norm:
-            c = max_norm / norm
-            clipped += 1
-            for layer in range(len(grads)):
-                g = grads[layer]
-                cg = g.dtype.type(c)
-                for j in range(g.shape[1]):
-                    g[i, j] *= cg
-        else:
-            c = 1.0
-        factors[i] = c
+        clipped += _clip_row(acts, grads, bias, extra, i, max_norm, factors)
+    return clipped
+
+
+@numba.njit(fastmath=True, cache=True)
+def clip_rows_range(acts, grads, bias, max_norm, factors, lo, hi):
+    """:func:`clip_rows_core` (no extra) on rows ``lo`` to ``hi`` only, on the
+    calling thread: the fused step's threads each clip their own rows."""
+    clipped = 0
+    for i in range(lo, hi):
+        clipped += _clip_row(acts, grads, bias, NO_EXTRA, i, max_norm, factors)
     return clipped
 
 
