@@ -284,3 +284,19 @@ def test_the_step_at_the_machines_threads_cuts_its_rows():
         torch.testing.assert_close(fused.grad, composed.grad, **_close(torch.float32))
     finally:
         numba.set_num_threads(before)
+
+
+def test_bindings_for_many_batch_sizes_share_one_scratch(parts):
+    """Poisson batches come in many sizes, each bound once: the parts' sums
+    buffer is allocated once per model shape, not per size."""
+    spec = MLPSpec.build(12, (16,), 3)
+    fused, _ = _engines(spec, torch.float32, capacity=64)
+    before = len(mlp_step._WORKSPACES)
+    X, y = _batch(12, 3, 64, torch.float32, seed=1)
+    for k in (5, 17, 40, 64):
+        fused.load(X, y, torch.arange(k))
+        fused.clipped_sum(k, 1.0)
+    bound = [fused._slices(k)[5][4] for k in (5, 17, 40, 64)]
+    assert all(b.partial is bound[0].partial for b in bound)
+    assert bound[0].partial.shape == (parts, spec.n_params)
+    assert len(mlp_step._WORKSPACES) <= before + 1

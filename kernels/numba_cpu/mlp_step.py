@@ -17,11 +17,12 @@ step on its part: its rows' products with sequential BLAS calls (MKL's
 per-thread setting, :func:`kernels.numba_cpu.blas.threads_address`, put
 back after), its rows' clipping, its part's weight-gradient sums into a
 buffer of its own; then the parts' sums are added, in part order, into
-``grad_out``. Per-example work is independent by row, so the only meeting
-of the threads is that last addition, where the BLAS's own threading of
-each small product meets at every one of the step's eight and shares every
-activation between the cores: on a 2-vCPU Intel Xeon the step of 256 rows
-took 1.5x less time this way. The sums then differ from the composed
+``grad_out``. Per-example work is independent by row, so the threads meet
+once, at that addition, where the BLAS's own threading meets at each of the
+step's eight small products and hands every activation from one core to the
+other (on a 2-vCPU Intel Xeon, the clipped sum of 256 rows at 2 threads:
+167-171 us this way, 248-252 with MKL threading each product; measured in
+``docs/results.md``). The sums then differ from the composed
 step's by the order of additions (float rounding; tested against it), are
 the same from call to call at a given number of parts, and are the
 composed step's again with ``MPIDP_NO_ROW_SPLIT`` set. Where torch's BLAS
@@ -240,6 +241,23 @@ def row_split_parts(threads: int | None = None) -> int:
     return threads
 
 
+#: (parts, parameters, dtype) -> the split step's scratch: the parts' sums and
+#: the cut points. A step binds once per batch size, and Poisson batches come
+#: in a hundred sizes; the scratch is overwritten by every call and calls do
+#: not overlap (they hold the GIL), so every binding of a shape shares one.
+_WORKSPACES: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _workspace(parts: int, n: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    key = (parts, n, np.dtype(dtype).str)
+    space = _WORKSPACES.get(key)
+    if space is None:
+        space = (np.empty((parts, n), dtype=dtype), np.empty(parts + 1, dtype=np.int64),
+                 np.empty(parts + 1, dtype=np.int64))
+        _WORKSPACES[key] = space
+    return space
+
+
 def _contiguous(tensors: Sequence[torch.Tensor]) -> bool:
     return all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
 
@@ -280,9 +298,7 @@ def _bind(acts, grads, weights, grad_out, logits, labels, factors):
     if parts > 1:
         set_threads = threads_address()
         offsets = np.cumsum([0] + [x.size for x in w]).astype(np.int64)
-        partial = np.empty((parts, int(offsets[-1])), dtype=a[0].dtype)
-        bounds = np.empty(parts + 1, dtype=np.int64)
-        firsts = np.empty(parts + 1, dtype=np.int64)
+        partial, bounds, firsts = _workspace(parts, int(offsets[-1]), a[0].dtype)
 
         def run(mode, bound, starts):
             return _mlp_step_split(fn, set_threads, a, g, w, o, partial, offsets, z, y, f, mode,
@@ -305,6 +321,7 @@ def _bind(acts, grads, weights, grad_out, logits, labels, factors):
         return float(loss), int(clipped)
 
     step.parts = parts
+    step.partial = partial if parts > 1 else None  # the parts' sums (shared, see _workspace)
     return step
 
 
