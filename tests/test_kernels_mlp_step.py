@@ -54,7 +54,7 @@ def one_part(monkeypatch):
     monkeypatch.setattr(mlp_step, "row_split_parts", lambda threads=None: 1)
 
 
-@pytest.fixture(params=[2, 3, 5])
+@pytest.fixture(params=[2, 3])
 def parts(request, monkeypatch):
     """The batch's rows cut into this many parts (the threads run them, however
     many there are)."""
@@ -120,7 +120,7 @@ def test_a_nan_spreads_as_through_the_composed_ops(cut, monkeypatch):
     """A NaN input stays NaN through the fused ReLU (torch.clamp_min keeps it), so
     the trainer's divergence check sees it."""
     monkeypatch.setattr(mlp_step, "row_split_parts", lambda threads=None: cut)
-    spec = MLPSpec.build(4, (5,), 2)
+    spec = MLPSpec.build(4, (5, 3), 2)
     fused, composed = _engines(spec, torch.float32, capacity=8)
     X, y = _batch(4, 2, 8, torch.float32, seed=0)
     X[3, 1] = float("nan")
@@ -165,7 +165,7 @@ def test_fused_lookup_by_device_and_back_end():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("k", [1, 2, 7, 130])
+@pytest.mark.parametrize("k", [1, 7, 130])
 @pytest.mark.parametrize("max_norm", [None, 1e-3, 0.5])
 def test_rows_cut_into_parts_give_the_composed_sums(dtype, k, max_norm, parts):
     """Each part (a thread's rows) runs the whole step on its rows; the sums are
@@ -194,7 +194,7 @@ def test_rows_cut_into_parts_give_the_composed_sums(dtype, k, max_norm, parts):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_parts_keep_households_whole(dtype, parts):
-    spec = MLPSpec.build(6, (8,), 2)
+    spec = MLPSpec.build(6, (8, 4), 2)
     fused, composed = _engines(spec, dtype, capacity=64)
     X, y = _batch(6, 2, 64, dtype, seed=2)
     groups = torch.tensor([0, 1, 4, 5, 12, 30, 64])  # one household crosses every cut
@@ -238,7 +238,7 @@ def test_blas_threads_are_restored_after_a_cut_step(parts):
     max_threads = library.mkl_get_max_threads
     max_threads.restype = ctypes.c_int
     before = max_threads()
-    spec = MLPSpec.build(12, (16,), 3)
+    spec = MLPSpec.build(12, (16, 8), 3)
     fused, _ = _engines(spec, torch.float32, capacity=64)
     X, y = _batch(12, 3, 64, torch.float32, seed=1)
     fused.load(X, y, torch.arange(64))
@@ -247,7 +247,7 @@ def test_blas_threads_are_restored_after_a_cut_step(parts):
 
 
 def test_a_bad_label_in_a_part_is_an_error(parts):
-    spec = MLPSpec.build(4, (5,), 2)
+    spec = MLPSpec.build(4, (5, 3), 2)
     fused, _ = _engines(spec, torch.float32, capacity=8)
     X, y = _batch(4, 2, 8, torch.float32, seed=0)
     y[7] = 5
@@ -289,7 +289,7 @@ def test_the_step_at_the_machines_threads_cuts_its_rows():
 def test_bindings_for_many_batch_sizes_share_one_scratch(parts):
     """Poisson batches come in many sizes, each bound once: the parts' sums
     buffer is allocated once per model shape, not per size."""
-    spec = MLPSpec.build(12, (16,), 3)
+    spec = MLPSpec.build(12, (16, 8), 3)
     fused, _ = _engines(spec, torch.float32, capacity=64)
     before = len(mlp_step._WORKSPACES)
     X, y = _batch(12, 3, 64, torch.float32, seed=1)
