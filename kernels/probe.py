@@ -59,20 +59,26 @@ def numba_cpu() -> Availability:
                         f"{CHOICE.describe()}; {mlp_step_mode()}")
 
 
-def mlp_step_mode() -> str:
+def mlp_step_mode(threads: int | None = None, runs: bool = False) -> str:
     """How a float32 MLP step runs on the CPU: in one call (the fused
     ``mlp_step``) or composed op by op, and why (for ``mpidp info`` and the
-    benchmarks' headers)."""
+    benchmarks' headers); at ``threads`` Numba threads (default: this
+    process's), whether it cuts its rows over them. ``runs``: for a report
+    over runs of several thread counts (``mpidp bench scaling``), say when it
+    cuts instead of whether."""
     from kernels.numba_cpu.blas import gemm_address
     from kernels.numba_cpu.mlp_step import SWITCH, row_split_parts
 
     if os.environ.get(SWITCH):
         return f"the MLP step composed op by op ({SWITCH} is set)"
-    if gemm_address("float32"):
-        parts = row_split_parts()
-        return "the MLP step in one call (torch's BLAS sgemm_)" + (
-            f", its rows cut over {parts} threads" if parts > 1 else "")
-    return "the MLP step composed op by op (no BLAS gemm to call in torch's build)"
+    if not gemm_address("float32"):
+        return "the MLP step composed op by op (no BLAS gemm to call in torch's build)"
+    one_call = "the MLP step in one call (torch's BLAS sgemm_)"
+    if runs:
+        return one_call + (", its rows cut over a rank's threads when it has several"
+                           if row_split_parts(2) > 1 else "")
+    parts = row_split_parts(threads)
+    return one_call + (f", its rows cut over {parts} threads" if parts > 1 else "")
 
 
 def numba_cuda() -> Availability:

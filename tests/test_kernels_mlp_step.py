@@ -300,3 +300,15 @@ def test_bindings_for_many_batch_sizes_share_one_scratch(parts):
     assert all(b.partial is bound[0].partial for b in bound)
     assert bound[0].partial.shape == (parts, spec.n_params)
     assert len(mlp_step._WORKSPACES) <= before + 1
+
+
+def test_the_step_mode_line_says_when_rows_are_cut(monkeypatch):
+    from kernels.probe import mlp_step_mode
+
+    assert mlp_step_mode(1) == "the MLP step in one call (torch's BLAS sgemm_)"
+    assert mlp_step_mode(4).endswith(", its rows cut over 4 threads")
+    assert mlp_step_mode(runs=True).endswith("cut over a rank's threads when it has several")
+    monkeypatch.setenv(mlp_step.SPLIT_SWITCH, "1")
+    assert mlp_step_mode(4) == mlp_step_mode(runs=True) == mlp_step_mode(1)
+    monkeypatch.setenv(mlp_step.SWITCH, "1")
+    assert mlp_step_mode(4).startswith("the MLP step composed op by op")

@@ -711,7 +711,7 @@ def machine() -> dict:
     from kernels.probe import mlp_step_mode  # deferred: imports torch
 
     return {**machine_facts.describe(), "memory_gib": _memory_gib(),
-            "python": platform.python_version(), "mlp_step": mlp_step_mode()}
+            "python": platform.python_version(), "mlp_step": mlp_step_mode(runs=True)}
 
 
 def _memory_gib() -> float | None:
