@@ -19,7 +19,10 @@ exit code 128 + the signal's number: every rank leaves through
 ``MPI_Finalize`` (a rank still inside a collective would make it wait
 forever); the launcher ends the ranks still inside MPI and reports the
 code. No rank dies *by* the signal, so mpiexec prints no "BAD TERMINATION"
-banner.
+banner. An error raised after such an exception went into running code
+(:func:`engine.stopping.interrupt_raised`) ends the job the same way: native
+code that called back into Python can swallow the interrupt and fail with
+an error of its own, which is the stop, not a bug to print.
 
 Exit codes (the table: docs/lifecycle.md): 0 success, 1 internal error (a
 traceback was printed), 2 bad input, 128 + n stopped by signal n, others as
@@ -36,6 +39,7 @@ from typing import Callable
 
 import collectives
 from collectives import MPI
+from engine import stopping
 from collectives.failures import ABORT_GRACE_S, remove_shm_files
 
 EXIT_INTERNAL_ERROR = 1
@@ -156,6 +160,16 @@ def is_user_error(exc: BaseException) -> bool:
     return isinstance(getattr(type(exc), "exit_code", None), int)
 
 
+def _stopped(signum: int, comm: "MPI.Comm") -> "None":
+    """End the job as stopped by ``signum``: one line per node, exit 128 + n."""
+    code = 128 + signum
+    rank, size = comm.Get_rank(), comm.Get_size()
+    speaker = size == 1 or _first_to_say_so(rank)
+    if speaker:
+        _emit(f"mpidp: stopped by {signal.Signals(signum).name} (exit code {code})")
+    _leave(code, comm, speaker)
+
+
 def run_spmd(main: Callable[[], int | None], comm: "MPI.Comm | None" = None) -> int:
     """Call ``main()`` on this rank; on failure, bring every rank down.
 
@@ -178,13 +192,11 @@ def run_spmd(main: Callable[[], int | None], comm: "MPI.Comm | None" = None) -> 
             return 0
         _end_job(code, comm)
     except KeyboardInterrupt as exc:  # Ctrl-C, or engine.stopping.Interrupted
-        signum = int(getattr(exc, "signum", signal.SIGINT))
-        code = 128 + signum
-        speaker = size == 1 or _first_to_say_so(rank)
-        if speaker:
-            _emit(f"mpidp: stopped by {signal.Signals(signum).name} (exit code {code})")
-        _leave(code, comm, speaker)
+        _stopped(int(getattr(exc, "signum", signal.SIGINT)), comm)
     except BaseException as exc:  # noqa: B902 - every failure must end the job
+        signum = stopping.interrupt_raised()
+        if signum is not None:  # the interrupt, turned into this error by native code
+            _stopped(signum, comm)
         if is_user_error(exc):
             code = int(exc.exit_code)
             if getattr(exc, "collective", False):

@@ -22,7 +22,13 @@ program decides at places where stopping is clean:
 * **other commands** (prep, audit, benchmarks: no step boundary) raise
   :class:`Interrupted` from the handler once the command runs
   (:func:`raise_on_signals`); :func:`engine.spmd.run_spmd` ends every rank
-  with one line and exit code 128 + the signal's number.
+  with one line and exit code 128 + the signal's number. Raised inside a
+  call from native code (polars calling back into Python while it reads a
+  CSV block), the exception may be swallowed there, Python reporting it as
+  "Exception ignored", and the native code fail with an error of its own:
+  the hook :func:`_unraisable` keeps the swallowed interrupt quiet, and
+  :func:`interrupt_raised` lets ``run_spmd`` report the error that follows
+  as the stop it is.
 
 **Early-stop rules** (:func:`stop_reason`): mlbench's time-to-accuracy and
 accuracy-after-time rules, checked at epoch boundaries on the per-epoch
@@ -66,6 +72,8 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 #: in order (the handlers append; the program reads).
 _received: list[int] = []
 _raising = False
+#: The signal whose Interrupted a handler raised into running code, if any.
+_raised: int | None = None
 #: Signals recorded since the program started; never forgotten (a caller that
 #: runs several trainers in turn, as ``mpidp tune``, asks whether one came
 #: during a run that forgot it on the way out).
@@ -111,11 +119,32 @@ class StartupInterrupted(MpidpError):
 
 
 def _record(signum, frame) -> None:
-    global _count
+    global _count, _raised
     _received.append(signum)
     _count += 1
     if _raising:
+        _raised = signum
         raise Interrupted(signum)
+
+
+def _unraisable(unraisable) -> None:
+    """``sys.unraisablehook``: an :class:`Interrupted` that native code swallowed
+    (it was raised in a callback from there) is not reported; the signal is
+    recorded, and the error the native code raises next is reported as the
+    stop. Anything else goes to the previous hook."""
+    if isinstance(unraisable.exc_value, Interrupted):
+        return
+    _previous_unraisable_hook(unraisable)
+
+
+_previous_unraisable_hook = sys.unraisablehook
+
+
+def interrupt_raised() -> int | None:
+    """The signal whose :class:`Interrupted` a handler raised into running code
+    in this process, or None: an error after it may be that interrupt,
+    turned into another exception by native code it crossed."""
+    return _raised
 
 
 def record_signals() -> bool:
@@ -129,6 +158,7 @@ def record_signals() -> bool:
     _raising = False
     for sig in SIGNALS:
         signal.signal(sig, _record)
+    sys.unraisablehook = _unraisable
     return True
 
 
@@ -189,7 +219,9 @@ def signal_count() -> int:
 
 def forget_signals() -> None:
     """Forget the recorded signals (tests; a process that handled them)."""
+    global _raised
     _received.clear()
+    _raised = None
 
 
 def check_startup(comm: "MPI.Comm", stop_on_any: bool, resume_hint: str = "") -> None:

@@ -72,3 +72,14 @@ def test_interrupt_while_the_others_wait_in_mpi_is_exit_130_every_time(fail_rank
         result = run_mpi(3, [sys.executable, SCRIPT, "interrupt", str(fail_rank)], timeout=60)
         assert result.returncode == 130, result.stdout + result.stderr
         assert result.stderr.strip().splitlines() == ["mpidp: stopped by SIGINT (exit code 130)"]
+
+
+@pytest.mark.parametrize("ranks,fail_rank", [(1, 0), (3, 1)])
+def test_an_interrupt_swallowed_by_native_code_is_still_the_stop(ranks, fail_rank):
+    """A SIGINT raised inside a call back from native code (polars reading a CSV
+    block) was swallowed there ("Exception ignored", with a traceback) and the
+    native code failed with a TypeError of its own, printed as an internal
+    error with its traceback: the error is the stop, one line, exit 130."""
+    result = run_mpi(ranks, [sys.executable, SCRIPT, "swallowed", str(fail_rank)], timeout=60)
+    assert result.returncode == 130, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == ["mpidp: stopped by SIGINT (exit code 130)"]

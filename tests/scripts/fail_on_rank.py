@@ -6,7 +6,12 @@ Usage: fail_on_rank.py KIND FAIL_RANK, KIND one of
   collective  a user error raised on every rank (rank 0 prints it once)
   interrupt   a Ctrl-C seen by that rank alone (the others wait inside MPI,
               where Python cannot act on it)
+  swallowed   a SIGINT whose exception code that called back into Python
+              swallowed (as polars does while it reads a CSV block), then
+              fails with an error of its own
 """
+import os
+import signal
 import sys
 
 from collectives.runtime import MPI
@@ -29,6 +34,17 @@ def main() -> None:
             raise ZeroDivisionError("deliberate failure before the collective")
         if kind == "interrupt":
             raise KeyboardInterrupt
+        if kind == "swallowed":
+            from engine import stopping
+
+            stopping.raise_on_signals()
+
+            class Callback:  # an exception raised in __del__ is swallowed, as in a callback
+                def __del__(self):
+                    os.kill(os.getpid(), signal.SIGINT)
+
+            Callback()
+            raise TypeError("the native code's own error after it swallowed the interrupt")
         raise BadInput("deliberate bad input on one rank")
     comm.Barrier()  # the failing rank never arrives
 
