@@ -39,8 +39,8 @@ from typing import Callable
 
 import collectives
 from collectives import MPI
-from engine import stopping
 from collectives.failures import ABORT_GRACE_S, remove_shm_files
+from engine import stopping
 
 EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 128 + signal.SIGINT

@@ -101,10 +101,8 @@ def test_one_rank_learns_and_writes_metrics(tiny, tmp_path):
         assert key in rows[-1]
 
 
-def test_the_fused_step_trains_the_composed_steps_model_bit_for_bit(tiny, monkeypatch):
-    """The MLP step in one call (the CPU default) and the ops composed one by
-    one (MPIDP_NO_FUSED_STEP=1) give the same parameters after a whole run,
-    and the run's first line says which ran."""
+def _small_run(tiny, threads):
+    """A 2-epoch run on one rank: (its parameters, the run's first line)."""
     from collectives.runtime import MPI
 
     class Lines(list):
@@ -114,19 +112,24 @@ def test_the_fused_step_trains_the_composed_steps_model_bit_for_bit(tiny, monkey
         def flush(self):
             pass
 
-    runs = {}
-    for name, switch in (("fused", None), ("composed", "1")):
-        if switch:
-            monkeypatch.setenv("MPIDP_NO_FUSED_STEP", switch)
-        cfg = _cfg(tiny, epochs=2, batch_size=32, hidden=(16, 8), threads=1)
-        cfg.validate()
-        out = Lines()
-        trainer = Trainer(cfg, MPI.COMM_SELF, out=out)
-        assert trainer.run() == 0
-        runs[name] = (trainer.params.clone(), "".join(out).splitlines()[0])
-    assert torch.equal(runs["fused"][0], runs["composed"][0])
-    assert runs["fused"][1].endswith("kernels numba (the MLP step in one call)")
-    assert runs["composed"][1].endswith("kernels numba")
+    cfg = _cfg(tiny, epochs=2, batch_size=32, hidden=(16, 8), threads=threads)
+    cfg.validate()
+    out = Lines()
+    trainer = Trainer(cfg, MPI.COMM_SELF, out=out)
+    assert trainer.run() == 0
+    return trainer.params.clone(), "".join(out).splitlines()[0]
+
+
+def test_the_fused_step_trains_the_composed_steps_model_bit_for_bit(tiny, monkeypatch):
+    """The MLP step in one call (the CPU default) and the ops composed one by
+    one (MPIDP_NO_FUSED_STEP=1) give the same parameters after a whole run,
+    and the run's first line says which ran."""
+    fused = _small_run(tiny, threads=1)
+    monkeypatch.setenv("MPIDP_NO_FUSED_STEP", "1")
+    composed = _small_run(tiny, threads=1)
+    assert torch.equal(fused[0], composed[0])
+    assert fused[1].endswith("kernels numba (the MLP step in one call)")
+    assert composed[1].endswith("kernels numba")
 
 
 def test_at_two_threads_the_step_cuts_its_rows_and_trains_the_same_model(tiny, monkeypatch):
@@ -136,29 +139,12 @@ def test_at_two_threads_the_step_cuts_its_rows_and_trains_the_same_model(tiny, m
     first to the bit."""
     import numba
 
-    from collectives.runtime import MPI
-
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("one core: nothing to cut")
-
-    class Lines(list):
-        def write(self, text):
-            self.append(text)
-
-        def flush(self):
-            pass
-
-    runs = []
-    for switch in (None, None, "1"):
-        if switch:
-            monkeypatch.setenv("MPIDP_NO_ROW_SPLIT", switch)
-        cfg = _cfg(tiny, epochs=2, batch_size=32, hidden=(16, 8), threads=2)
-        cfg.validate()
-        out = Lines()
-        trainer = Trainer(cfg, MPI.COMM_SELF, out=out)
-        assert trainer.run() == 0
-        runs.append((trainer.params.clone(), "".join(out).splitlines()[0]))
-    (cut, line), (again, _), (whole, whole_line) = runs
+    cut, line = _small_run(tiny, threads=2)
+    again, _ = _small_run(tiny, threads=2)
+    monkeypatch.setenv("MPIDP_NO_ROW_SPLIT", "1")
+    whole, whole_line = _small_run(tiny, threads=2)
     assert line.endswith("(the MLP step in one call, its rows cut over 2 threads)")
     assert whole_line.endswith("(the MLP step in one call)")
     assert torch.equal(cut, again)

@@ -47,12 +47,9 @@ def _torch_library() -> ctypes.CDLL | None:
         return None
 
 
-def gemm_address(dtype) -> int | None:
-    """Address of the Fortran ``?gemm_`` that torch calls for ``dtype`` (float32
-    or float64) in this process, or None where there is none to call."""
-    symbol = SYMBOLS.get(np.dtype(dtype))
-    if symbol is None:
-        return None
+@functools.lru_cache(maxsize=None)
+def _address(symbol: str) -> int | None:
+    """Address of ``symbol`` in torch's ``libtorch_cpu``, or None."""
     library = _torch_library()
     if library is None:
         return None
@@ -60,6 +57,13 @@ def gemm_address(dtype) -> int | None:
         return ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
     except AttributeError:
         return None
+
+
+def gemm_address(dtype) -> int | None:
+    """Address of the Fortran ``?gemm_`` that torch calls for ``dtype`` (float32
+    or float64) in this process, or None where there is none to call."""
+    symbol = SYMBOLS.get(np.dtype(dtype))
+    return None if symbol is None else _address(symbol)
 
 
 #: MKL's per-thread thread count, by value (``int MKL_Set_Num_Threads_Local(int)``,
@@ -74,13 +78,7 @@ def threads_address() -> int | None:
     :data:`THREADS_SYMBOL`) in torch's build, or None where there is none: a
     caller that splits work over its own threads then has no way to keep
     each thread's products sequential, and must not split."""
-    library = _torch_library()
-    if library is None:
-        return None
-    try:
-        return ctypes.cast(getattr(library, THREADS_SYMBOL), ctypes.c_void_p).value
-    except AttributeError:
-        return None
+    return _address(THREADS_SYMBOL)
 
 
 @intrinsic

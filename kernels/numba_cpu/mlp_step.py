@@ -59,7 +59,7 @@ from kernels.numba_cpu.clip_groups import _clip_groups, clip_groups_range, group
 from kernels.numba_cpu.clip_rows import (NO_EXTRA, clip_rows_core, clip_rows_core_serial,
                                          clip_rows_range)
 from kernels.numba_cpu.relu_backward import _relu_backward
-from kernels.numba_cpu.softmax_xent import _softmax_xent
+from kernels.numba_cpu.softmax_xent import _softmax_xent, check_labels
 from kernels.registry import register_fused
 
 #: Set (to anything but empty) to compose the ops instead, e.g. to compare.
@@ -84,28 +84,39 @@ def _relu_in_place(h, k, width):
 
 
 @numba.njit(cache=True)
-def _mlp_step(fn, acts, grads, weights, grad_out, logits, labels, factors, mode, max_norm,
-              groups, parallel, scratch, scalars, no_bias):
-    k = acts[0].shape[0]
+def _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars, lo, hi):
+    """Rows ``lo`` to ``hi`` of the batch through the forward (each hidden
+    layer's GEMM straight into the next activation buffer, its ReLU in place),
+    the loss and the backward into ``grads``, on the calling thread; returns
+    their summed cross-entropy."""
+    k = hi - lo
     last = len(weights) - 1
     for i in range(last + 1):
-        a, w = acts[i], weights[i]
+        a, w = acts[i][lo:hi], weights[i]
         d_out, d_in1 = w.shape[0], w.shape[1]
         if i < last:
-            h = acts[i + 1]  # its first d_out columns; the ones column stays
+            h = acts[i + 1][lo:hi]  # its first d_out columns; the ones column stays
             gemm(fn, scratch, scalars, False, True, k, d_out, d_in1, a, d_in1, w, d_in1,
                  0.0, h, d_out + 1)
             _relu_in_place(h, k, d_out)
         else:
             gemm(fn, scratch, scalars, False, True, k, d_out, d_in1, a, d_in1, w, d_in1,
-                 0.0, logits, d_out)
-    loss = _softmax_xent(logits, labels, grads[last])
+                 0.0, logits[lo:hi], d_out)
+    loss = _softmax_xent(logits[lo:hi], labels[lo:hi], grads[last][lo:hi])
     for i in range(last, 0, -1):
         w = weights[i]
         d_out, d_in = w.shape[0], w.shape[1] - 1
-        gemm(fn, scratch, scalars, False, False, k, d_in, d_out, grads[i], d_out, w, d_in + 1,
-             0.0, grads[i - 1], d_in)
-        _relu_backward(grads[i - 1], acts[i])
+        gemm(fn, scratch, scalars, False, False, k, d_in, d_out, grads[i][lo:hi], d_out, w,
+             d_in + 1, 0.0, grads[i - 1][lo:hi], d_in)
+        _relu_backward(grads[i - 1][lo:hi], acts[i][lo:hi])
+    return loss
+
+
+@numba.njit(cache=True)
+def _mlp_step(fn, acts, grads, weights, grad_out, logits, labels, factors, mode, max_norm,
+              groups, parallel, scratch, scalars, no_bias):
+    k = acts[0].shape[0]
+    loss = _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars, 0, k)
     clipped = 0
     if mode == GROUPS:
         clipped = _clip_groups(acts, grads, groups, max_norm, factors)
@@ -113,7 +124,7 @@ def _mlp_step(fn, acts, grads, weights, grad_out, logits, labels, factors, mode,
         clipped = clip_rows_core(acts, grads, no_bias, NO_EXTRA, max_norm, factors)
     elif mode == ROWS:
         clipped = clip_rows_core_serial(acts, grads, no_bias, NO_EXTRA, max_norm, factors)
-    for i in range(last + 1):
+    for i in range(len(grad_out)):
         out = grad_out[i]
         d_out, d_in1 = out.shape[0], out.shape[1]
         gemm(fn, scratch, scalars, True, False, d_out, d_in1, k, grads[i], d_out, acts[i],
@@ -129,34 +140,17 @@ def _rows_step(fn, acts, grads, weights, partial, offsets, logits, labels, facto
     backward and clipping in the shared buffers' rows, the weight-gradient
     sums of these rows into ``partial`` (flat, layer l at ``offsets[l]``)."""
     k = hi - lo
-    last = len(weights) - 1
     if k == 0:
         partial[:] = 0.0
         return 0.0, 0
-    for i in range(last + 1):
-        a, w = acts[i][lo:hi], weights[i]
-        d_out, d_in1 = w.shape[0], w.shape[1]
-        if i < last:
-            h = acts[i + 1][lo:hi]
-            gemm(fn, scratch, scalars, False, True, k, d_out, d_in1, a, d_in1, w, d_in1,
-                 0.0, h, d_out + 1)
-            _relu_in_place(h, k, d_out)
-        else:
-            gemm(fn, scratch, scalars, False, True, k, d_out, d_in1, a, d_in1, w, d_in1,
-                 0.0, logits[lo:hi], d_out)
-    loss = _softmax_xent(logits[lo:hi], labels[lo:hi], grads[last][lo:hi])
-    for i in range(last, 0, -1):
-        w = weights[i]
-        d_out, d_in = w.shape[0], w.shape[1] - 1
-        gemm(fn, scratch, scalars, False, False, k, d_in, d_out, grads[i][lo:hi], d_out, w,
-             d_in + 1, 0.0, grads[i - 1][lo:hi], d_in)
-        _relu_backward(grads[i - 1][lo:hi], acts[i][lo:hi])
+    loss = _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars, lo,
+                             hi)
     clipped = 0
     if mode == GROUPS:
         clipped = clip_groups_range(acts, grads, groups, first, stop, max_norm, factors)
     elif mode == ROWS:
         clipped = clip_rows_range(acts, grads, no_bias, max_norm, factors, lo, hi)
-    for i in range(last + 1):
+    for i in range(len(weights)):
         w = weights[i]
         d_out, d_in1 = w.shape[0], w.shape[1]
         gemm(fn, scratch, scalars, True, False, d_out, d_in1, k, grads[i][lo:hi], d_out,
@@ -194,11 +188,7 @@ def _mlp_step_split(fn, set_threads, acts, grads, weights, grad_out, partial, of
     BLAS calls (``set_threads``: MKL's per-thread setter); then each
     coordinate of ``grad_out`` is the parts' sums added in part order."""
     parts = partial.shape[0]
-    # Checked here, not only in _softmax_xent: an exception raised inside a
-    # parallel loop's body is lost, with its part's sums unwritten.
-    for i in range(labels.shape[0]):
-        if labels[i] < 0 or labels[i] >= logits.shape[1]:
-            raise IndexError("a label is outside 0 .. classes - 1")
+    check_labels(labels, logits.shape[1])  # here: raised in the parallel loop, it is lost
     _split_bounds(acts[0].shape[0], mode, groups, bounds, firsts)
     losses = np.zeros(parts)
     clips = np.zeros(parts, dtype=np.int64)

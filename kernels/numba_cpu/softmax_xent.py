@@ -9,16 +9,25 @@ import torch
 from kernels.registry import register
 
 
+@numba.njit(cache=True)
+def check_labels(labels, classes):
+    """IndexError unless every label is in 0 .. classes - 1 (a write out of
+    bounds otherwise). A caller that runs the kernel inside a parallel loop
+    calls it first: an exception raised there is lost."""
+    for i in range(labels.shape[0]):
+        if labels[i] < 0 or labels[i] >= classes:
+            raise IndexError("a label is outside 0 .. classes - 1")
+
+
 @numba.njit(fastmath=False, cache=True)
 def _softmax_xent(logits, labels, grad):
+    check_labels(labels, logits.shape[1])
     total = 0.0
     for i in range(logits.shape[0]):
         m = logits[i, 0]
         for j in range(1, logits.shape[1]):
             m = max(m, logits[i, j])
         y = labels[i]
-        if y < 0 or y >= logits.shape[1]:  # a write out of bounds otherwise
-            raise IndexError("a label is outside 0 .. classes - 1")
         s = 0.0
         for j in range(logits.shape[1]):  # each exp once: they are most of the time
             e = math.exp(logits[i, j] - m)
