@@ -2,11 +2,16 @@
 
 Rank r of p reads rows ``[r*N//p, (r+1)*N//p)`` of a split as one hyperslab
 (no rank reads the whole file; shards differ in size by at most one row).
-With ``unit="household"`` (``mpidp train --privacy-unit household``) each cut
-moves forward to the next household boundary (the first row whose
-household key differs from the row before: prep writes a household's rows
-consecutively), so every household lies whole on one rank, and the shard
-lists where its households start.
+With ``unit="household"`` (``mpidp train --privacy-unit household``) the
+rows are grouped by household key whatever their order in the file
+(:func:`household_layout`): every rank reads the split's keys (8 bytes a
+row), the households are taken in the order of their first row and each
+one's rows in file order, and each cut moves forward to the next household
+boundary of that sequence, so every household lies whole on one rank and
+the shard lists where its households start. A file from ``mpidp prep``
+already has each household's rows consecutive (then the grouped order is
+the file's, and each rank reads one hyperslab as for persons); any other
+file is grouped all the same, its rows read in blocks (:func:`_read_rows_at`).
 The features land in a float32 array with one extra trailing column of ones
 (an image file's uint8 pixels normalised per channel on the way, by its
 ``channel_mean`` and ``channel_std``):
@@ -33,8 +38,8 @@ from engine.errors import DataError, agree
 
 #: Privacy units a shard can be cut for (``mpidp train --privacy-unit``).
 UNITS = ("person", "household")
-#: Rows of household keys read at a time around a cut.
-_CUT_WINDOW = 256
+#: Bytes of a split's rows read at a time when a shard's rows are not one range.
+_BLOCK_BYTES = 32 << 20
 from preprocessing import h5format
 from preprocessing.h5format import DataInfo
 
@@ -49,12 +54,16 @@ class Shard:
     """This rank's rows of one split.
 
     ``X`` is float32 ``[n_local, F+1]`` whose last column is 1; ``y`` is
-    int64 ``[n_local]``; ``offset`` is the first global row; ``n_total`` the
-    split's global row count. For the household unit, ``groups`` is int64
+    int64 ``[n_local]``; ``n_total`` the split's global row count; local row
+    i is the file's row ``offset + i`` when ``rows`` is None, else
+    ``rows[i]``. For the household unit, ``groups`` is int64
     ``[H_local + 1]``: household h is local rows ``groups[h] .. groups[h+1]-1``
     (``groups[0] = 0``, ``groups[-1] = n_local``), and ``units_total`` the
     split's global number of households; for the person unit ``groups`` is
-    None and ``units_total`` is ``n_total``.
+    None and ``units_total`` is ``n_total``. ``rows`` (int64 ``[n_local]``)
+    is set only where the household unit regrouped a file whose households
+    are not consecutive (:func:`group_by_key`); ``offset`` is then the
+    shard's start in the grouped order.
     """
 
     X: np.ndarray
@@ -63,6 +72,7 @@ class Shard:
     n_total: int
     groups: np.ndarray | None = None
     units_total: int = 0
+    rows: np.ndarray | None = None
 
     @property
     def n_local(self) -> int:
@@ -72,6 +82,10 @@ class Shard:
     def units_local(self) -> int:
         """Privacy units on this rank (rows, or households)."""
         return self.n_local if self.groups is None else int(self.groups.shape[0] - 1)
+
+    def file_row(self, i: int) -> int:
+        """The file's row (in the split) of local row ``i``."""
+        return self.offset + int(i) if self.rows is None else int(self.rows[i])
 
 
 def read_info(path: str, comm: MPI.Comm | None = None) -> DataInfo:
@@ -155,56 +169,112 @@ def _read_pixels(dataset, lo: int, hi: int, info: DataInfo, X: np.ndarray) -> No
             np.take(table, raw[:, cols], out=X[start - lo:stop - lo, cols])
 
 
-def _household_cut(keys, n: int, cut: int) -> int:
-    """The first row at or after ``cut`` that starts a household (``n`` if none).
+def _read_rows_at(info: DataInfo, split: str, rows: np.ndarray) -> tuple:
+    """The split's rows ``rows`` (file rows, any order, distinct) in that order,
+    as :func:`_read_rows` lays them out. Read in file order, a block of at
+    most :data:`_BLOCK_BYTES` from each next wanted row, and each row written
+    straight to its place (no second copy of the shard)."""
+    import h5py  # deferred: as in _read_rows
 
-    Args:
-        keys: the split's h5py dataset of household keys (read a window at a time).
+    n_features, k = info.n_features, int(rows.shape[0])
+    X = _rows_buffer(k, n_features + 1)
+    X[:, n_features] = 1.0
+    y = np.empty(k, dtype=np.int64)
+    if k == 0:
+        return X, y
+    place = np.argsort(rows, kind="stable")
+    wanted = rows[place]
+    width = max(1, _BLOCK_BYTES // (8 * max(1, n_features)))
+    with h5py.File(info.path, "r") as f:
+        features, labels = f[h5format.x_name(split)], f[h5format.y_name(split)]
+        j = 0
+        while j < k:
+            start = int(wanted[j])
+            end = int(np.searchsorted(wanted, start + width, side="left"))
+            stop = int(wanted[end - 1]) + 1
+            pick = wanted[j:end] - start
+            X[place[j:end], :n_features] = features[start:stop][pick]
+            y[place[j:end]] = labels[start:stop][pick]
+            j = end
+    return X, y
+
+
+@dataclass(frozen=True)
+class HouseholdLayout:
+    """A split's households in the order the shards take them (:func:`group_by_key`).
+
+    ``starts`` is int64 ``[H + 1]``: household h is positions
+    ``starts[h] .. starts[h+1]-1`` of the grouped order (``starts[-1]`` = the
+    split's rows). ``order`` is None when each household's rows are
+    consecutive in the file (the grouped order is the file's), else int64
+    ``[N]``: the file row at each position of the grouped order.
     """
-    if cut <= 0 or cut >= n:
-        return max(0, min(cut, n))
-    at, window = cut, _CUT_WINDOW
-    previous = keys[cut - 1]
-    while at < n:
-        chunk = keys[at:min(n, at + window)]
-        change = np.flatnonzero(chunk != previous)
-        if change.size:
-            return at + int(change[0])
-        at += chunk.shape[0]
-        window *= 2
-    return n
+
+    starts: np.ndarray
+    order: np.ndarray | None
+
+    @property
+    def households(self) -> int:
+        return int(self.starts.shape[0] - 1)
+
+    def cut(self, size: int, rank: int) -> tuple[int, int]:
+        """Households ``[a, b)`` of rank ``rank`` of ``size``: each nominal cut
+        (:func:`shard_range` of the rows) moved forward to the next household
+        boundary, so the ranks' ranges partition the households, every one whole."""
+        n = int(self.starts[-1])
+        lo, hi = shard_range(n, size, rank)
+        return (int(np.searchsorted(self.starts, lo, side="left")),
+                int(np.searchsorted(self.starts, hi, side="left")))
 
 
-def household_range(path: str, split: str, n: int, size: int, rank: int
-                    ) -> tuple[int, int, np.ndarray]:
-    """Rows ``[lo, hi)`` of ``split`` that rank ``rank`` of ``size`` owns under the
-    household unit, and the local starts of its households (int64, ending
-    with ``hi - lo``). Every rank computes its own cuts the same way, so the
-    ranges partition the split with no communication."""
+def group_by_key(keys: np.ndarray) -> HouseholdLayout:
+    """The households of a split from its household keys, whatever their order.
+
+    Rows with equal keys form one household. When every household's rows
+    are consecutive (``mpidp prep`` writes them so) the layout is the file's
+    runs of equal keys; otherwise the households are ordered by their first
+    row in the file and each one's rows kept in file order, so a file whose
+    rows were shuffled person by person is trained with the same households
+    as the grouped file, never one per row.
+    """
+    keys = np.asarray(keys)
+    n = int(keys.shape[0])
+    if n == 0:
+        return HouseholdLayout(np.zeros(1, dtype=np.int64), None)
+    runs = np.concatenate([[0], np.flatnonzero(keys[1:] != keys[:-1]) + 1]).astype(np.int64)
+    if np.unique(keys[runs]).shape[0] == runs.shape[0]:  # no key starts two runs
+        return HouseholdLayout(np.append(runs, n).astype(np.int64), None)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    by_first = np.empty(first.shape[0], dtype=np.int64)
+    by_first[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
+    household = by_first[inverse.reshape(-1)]
+    order = np.argsort(household, kind="stable").astype(np.int64)
+    starts = np.zeros(first.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(household, minlength=first.shape[0]), out=starts[1:])
+    return HouseholdLayout(starts, order)
+
+
+def household_layout(path: str, split: str) -> HouseholdLayout:
+    """:func:`group_by_key` of ``split``'s household keys, read whole (8 bytes a row)."""
     import h5py  # deferred: as in _read_rows
 
     with h5py.File(path, "r") as f:
-        keys = f[h5format.household_name(split)]
-        lo_nominal, hi_nominal = shard_range(n, size, rank)
-        lo, hi = _household_cut(keys, n, lo_nominal), _household_cut(keys, n, hi_nominal)
-        mine = keys[lo:hi] if hi > lo else np.zeros(0, dtype=np.uint64)
-    starts = np.flatnonzero(mine[1:] != mine[:-1]) + 1 if mine.size else np.zeros(0, np.int64)
-    groups = np.concatenate([[0], starts, [mine.size]]).astype(np.int64) if mine.size \
-        else np.zeros(1, dtype=np.int64)
-    return lo, hi, groups
+        keys = f[h5format.household_name(split)][:]
+    return group_by_key(keys)
 
 
-def _check_codes(info: DataInfo, split: str, X: np.ndarray, lo: int) -> None:
+def _check_codes(info: DataInfo, split: str, X: np.ndarray, file_row) -> None:
     """Raise DataError unless every code column holds integers ``0 .. count-1``
-    (an embedding would index outside its table)."""
+    (an embedding would index outside its table); ``file_row(i)`` names local
+    row i in the message."""
     for column, count, name in info.code_columns:
         values = X[:, column]
         bad = (values < 0) | (values >= count) | (values != np.floor(values))
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             value = float(values[row])
-            raise DataError(f"{info.path}: /{split}/X[{row + lo}, {column}] = {value:g} is "
-                            f"not a code of {name} (an integer 0..{count - 1})")
+            raise DataError(f"{info.path}: /{split}/X[{file_row(row)}, {column}] = {value:g} "
+                            f"is not a code of {name} (an integer 0..{count - 1})")
 
 
 def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
@@ -217,8 +287,9 @@ def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
         comm: every rank of it must call this.
         min_rows_per_rank: 1 for training (every rank needs data to sample
             from: a row, or a household); 0 allows empty shards (evaluation).
-        unit: ``"person"`` (plain row ranges) or ``"household"`` (ranges cut
-            on household boundaries, with the households listed).
+        unit: ``"person"`` (plain row ranges) or ``"household"`` (the rows
+            grouped by household key, ranges cut on household boundaries,
+            the households listed: :func:`group_by_key`).
 
     Raises:
         DataError: on every rank, if the split has fewer rows (households)
@@ -241,29 +312,38 @@ def read_shard(info: DataInfo, split: str, comm: MPI.Comm,
         raise DataError(f"{info.path}: /{split} has {n} rows, fewer than the {size} ranks "
                         "of this job; use fewer ranks or more data", collective=True)
     lo, hi = shard_range(n, size, rank)
-    error, X, y, groups = None, None, None, None
+    error, X, y, groups, rows = None, None, None, None, None
     try:
         if unit == "household":
             try:
-                lo, hi, groups = household_range(info.path, split, n, size, rank)
+                layout = household_layout(info.path, split)
             except OSError as exc:
                 raise DataError(f"{info.path}: cannot read /{split}/household: {exc}") from None
+            first, last = layout.cut(size, rank)
+            lo, hi = int(layout.starts[first]), int(layout.starts[last])
+            groups = layout.starts[first:last + 1] - lo
+            if layout.order is not None:
+                rows = layout.order[lo:hi]
             if min_rows_per_rank and hi == lo:
                 raise DataError(f"{info.path}: /{split} has too few households for the "
                                 f"{size} ranks of this job; use fewer ranks or more data")
-        X, y = _read_rows(info, split, lo, hi)
+        X, y = _read_rows(info, split, lo, hi) if rows is None \
+            else _read_rows_at(info, split, rows)
+        file_row = (lambda i: lo + int(i)) if rows is None else (lambda i: int(rows[i]))
         if y.size and (y.min() < 0 or y.max() >= info.n_classes):
-            bad = int(np.flatnonzero((y < 0) | (y >= info.n_classes))[0]) + lo
-            raise DataError(f"{info.path}: /{split}/y[{bad}] = {int(y[bad - lo])} is outside "
-                            f"0..{info.n_classes - 1} (n_classes={info.n_classes})")
+            bad = int(np.flatnonzero((y < 0) | (y >= info.n_classes))[0])
+            raise DataError(f"{info.path}: /{split}/y[{file_row(bad)}] = {int(y[bad])} is "
+                            f"outside 0..{info.n_classes - 1} (n_classes={info.n_classes})")
         if not np.isfinite(X).all():
-            bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0]) + lo
-            raise DataError(f"{info.path}: /{split}/X row {bad} has a NaN or infinite value")
-        _check_codes(info, split, X, lo)
+            bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
+            raise DataError(f"{info.path}: /{split}/X row {file_row(bad)} has a NaN or "
+                            "infinite value")
+        _check_codes(info, split, X, file_row)
     except DataError as exc:
         error = exc
     except OSError as exc:
         error = DataError(f"{info.path}: cannot read /{split} rows {lo}..{hi}: {exc}")
     agree(comm, error)
     units = n if groups is None else comm.allreduce(int(groups.shape[0] - 1), op=MPI.SUM)
-    return Shard(X=X, y=y, offset=lo, n_total=n, groups=groups, units_total=int(units))
+    return Shard(X=X, y=y, offset=lo, n_total=n, groups=groups, units_total=int(units),
+                 rows=rows)

@@ -213,6 +213,97 @@ def test_shards_end_on_household_boundaries(comm, shared_tmp):
     assert person.groups is None and person.units_total == len(keys)
 
 
+def _persons_shuffled(path: str, seed: int = 0) -> None:
+    """Permute the /train rows of ``path`` person by person (X, y and household
+    keys alike, keys kept): a layout `mpidp prep` never writes, with a
+    household's rows scattered over the split."""
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        perm = np.random.default_rng(seed).permutation(f["train/y"].shape[0])
+        for name in ("train/X", "train/y", "train/household"):
+            f[name][...] = f[name][:][perm]
+
+
+def _households_by_first_row(keys: np.ndarray) -> list[list[int]]:
+    """The reference: each key's rows in file order, keys in the order of their
+    first row (a loop over the rows, no numpy grouping)."""
+    rows: dict = {}
+    for i, key in enumerate(keys.tolist()):
+        rows.setdefault(key, []).append(i)
+    return list(rows.values())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_group_by_key_keeps_each_household_whole_whatever_the_row_order(seed):
+    """Consecutive households are the file's runs (no reordering); shuffled ones
+    are grouped by key, households in the order of their first row, each
+    one's rows in file order; a key that comes back later is the same household."""
+    from engine.shard import group_by_key
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 9, size=rng.integers(1, 60))
+    keys = np.repeat(rng.choice(2 ** 62, size=sizes.size, replace=False).astype(np.uint64),
+                     sizes)
+    grouped = group_by_key(keys)
+    assert grouped.order is None
+    assert grouped.starts.tolist() == [0, *np.cumsum(sizes).tolist()]
+    shuffled = keys[rng.permutation(keys.size)]
+    layout = group_by_key(shuffled)
+    want = _households_by_first_row(shuffled)
+    assert layout.households == len(want) == sizes.size
+    got = [layout.order[a:b].tolist() if layout.order is not None else list(range(a, b))
+           for a, b in zip(layout.starts[:-1], layout.starts[1:])]
+    assert got == want
+    back = group_by_key(np.array([5, 5, 7, 5, 9], dtype=np.uint64))
+    assert back.order.tolist() == [0, 1, 3, 2, 4] and back.starts.tolist() == [0, 3, 4, 5]
+    assert group_by_key(np.zeros(0, dtype=np.uint64)).starts.tolist() == [0]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_file_whose_households_are_not_consecutive_is_grouped_by_key(comm, shared_tmp):
+    """Rows shuffled person by person: each rank still holds whole households
+    (no key on two ranks), every row once, the file's rows and labels at their
+    places, N counted as the distinct keys, and a training run's N and first
+    line say the households (before: one household per row)."""
+    import h5py
+
+    path = str(shared_tmp / "scattered.h5")
+    if comm.Get_rank() == 0:
+        synthetic.write(path, rows=900, features=4, test_rows=60, seed=8)
+        _persons_shuffled(path)
+    comm.Barrier()
+    info = read_info(path, comm)
+    shard = read_shard(info, "train", comm, min_rows_per_rank=1, unit="household")
+    with h5py.File(path, "r") as f:
+        keys, X, y = f["train/household"][:], f["train/X"][:], f["train/y"][:]
+    distinct = len(np.unique(keys))
+    assert distinct < len(keys) // 2  # the file's households have several rows
+    assert shard.units_total == distinct and shard.rows is not None
+    assert np.array_equal(shard.X[:, :-1], X[shard.rows]) and np.array_equal(shard.y,
+                                                                              y[shard.rows])
+    assert [shard.file_row(i) for i in (0, shard.n_local - 1)] == [shard.rows[0],
+                                                                   shard.rows[-1]]
+    mine = keys[shard.rows]
+    blocks = [mine[a:b] for a, b in zip(shard.groups[:-1], shard.groups[1:])]
+    assert all(b.size and (b == b[0]).all() for b in blocks)
+    assert len({int(b[0]) for b in blocks}) == len(blocks)  # one block per key
+    everything = comm.allgather((shard.rows, sorted({int(b[0]) for b in blocks})))
+    rows = np.concatenate([r for r, _ in everything])
+    assert np.array_equal(np.sort(rows), np.arange(len(keys)))
+    assert sum(len(k) for _, k in everything) == distinct  # no key on two ranks
+    cfg = TrainConfig(data=path, epochs=1, batch_size=20, hidden=(4,), noise_multiplier=1.0,
+                      seed=3, progress=False, privacy_unit="household")
+    cfg.validate()
+    out = io.StringIO()
+    trainer = Trainer(cfg, comm, out=out)
+    assert trainer.run() == 0
+    assert trainer.n_train == distinct and trainer.q == 20 / distinct
+    if comm.Get_rank() == 0:
+        assert f"({len(keys):,} training rows in {distinct:,} households" in \
+            out.getvalue().splitlines()[0]
+
+
 def test_a_file_without_household_keys_is_refused_for_the_household_unit(tmp_path):
     from collectives.runtime import MPI
 
