@@ -4,7 +4,7 @@ A DP-SGD step of the engine's MLP calls six of these ops (``clip_groups``
 instead of ``clip_rows`` for the household unit). Each has one contract,
 below, and one kernel in every back-end that implements it:
 
-``clip_rows(acts, grads, max_norm, factors) -> int``
+``clip_rows(acts, grads, max_norm, factors, count=None) -> int | None``
     Per-example clipping for a stack of Linear layers in book-keeping form.
     ``acts[l]`` is layer l's input with a trailing column of ones (k x
     (d_in+1)), ``grads[l]`` the loss gradient at its output (k x d_out);
@@ -12,7 +12,10 @@ below, and one kernel in every back-end that implements it:
     squared norm is ``sum_l |acts[l][i]|^2 |grads[l][i]|^2``. Writes the clip
     factors ``min(1, max_norm / norm_i)`` into ``factors[:k]``, scales every
     ``grads[l][i]`` by its factor in place and returns how many rows were
-    clipped (factor < 1). k = 0 is valid.
+    clipped (factor < 1). k = 0 is valid. With ``count`` (a one-element
+    int32 tensor on the grads' device) the number is written there instead
+    and None returned: nothing is read back from the device, so a CUDA
+    graph can hold the call.
 ``clip_groups(acts, grads, groups, max_norm, factors) -> int``
     Per-group clipping (a group is a household: ``mpidp train --privacy-unit
     household``). ``groups`` is int64 ``[H+1]``, ``groups[0] = 0`` and
@@ -25,7 +28,7 @@ below, and one kernel in every back-end that implements it:
     by it in place. Returns how many rows were scaled down (the rows of the
     groups with factor < 1). H = 0 (k = 0) is valid; with groups of one row
     it is ``clip_rows``.
-``clip_linear_rows(acts, grads, bias, extra, max_norm, factors) -> int``
+``clip_linear_rows(acts, grads, bias, extra, max_norm, factors, count=None) -> int | None``
     ``clip_rows`` for the generic path's Linear layers (:mod:`engine.dp.rules`),
     as autograd hands them over: ``acts[l]`` is layer l's input (k x d_in,
     any strides, no column of ones), ``grads[l]`` the loss gradient at its
@@ -33,13 +36,17 @@ below, and one kernel in every back-end that implements it:
     squared norm gains ``|grads[l][i]|^2``), ``extra`` None or ``[k]`` squared
     norms of the model's other layers, added to each row's. Writes the
     factors into ``factors`` (``[k]``, float32 or float64), scales the
-    ``grads`` rows in place and returns how many rows were clipped.
+    ``grads`` rows in place and returns how many rows were clipped (or
+    writes it into ``count``, as ``clip_rows`` does).
 ``relu_backward(grad, out) -> None``
     ``grad[i, j] = 0`` where ``out[i, j] <= 0`` (``out`` is the ReLU output,
     possibly a strided view).
-``softmax_xent(logits, labels, grad) -> float``
+``softmax_xent(logits, labels, grad, losses=None) -> float | None``
     Cross-entropy of every row: writes ``softmax(logits) - onehot(labels)``
-    into ``grad`` and returns the summed loss (a Python float).
+    into ``grad`` and returns the summed loss (a Python float). With
+    ``losses`` (1-D, the logits' dtype and device, at least k elements) each
+    row's loss is written into ``losses[:k]`` instead and None returned
+    (nothing read back from the device).
 ``sgd_update(params, velocity, grad, scale, lr, momentum) -> None``
     SGD with momentum on flat buffers of one dtype, in place:
     ``velocity = momentum * velocity + scale * grad``, then

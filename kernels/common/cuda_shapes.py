@@ -80,3 +80,32 @@ def check_flat(t: torch.Tensor, name: str) -> None:
     if t.dim() != 1 or (t.shape[0] > 1 and t.stride(0) != 1):
         raise ValueError(f"{name}: the CUDA kernels need a contiguous 1-D tensor, got shape "
                          f"{tuple(t.shape)} and strides {t.stride()}")
+
+
+def check_row_losses(losses: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``losses[:k]`` for ``softmax_xent``'s per-row losses (k = logits' rows).
+
+    Raises:
+        ValueError: not a contiguous 1-D tensor of the logits' dtype and device
+            with at least k elements.
+    """
+    k = logits.shape[0]
+    if losses.dtype != logits.dtype or losses.device != logits.device \
+            or losses.dim() != 1 or losses.shape[0] < k:
+        raise ValueError(f"losses: need a 1-D {logits.dtype} tensor of at least {k} rows on "
+                         f"{logits.device}, got {losses.dtype} {tuple(losses.shape)} on "
+                         f"{losses.device}")
+    check_flat(losses, "losses")
+    return losses[:k]
+
+
+def check_count(count: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``count``, the one-element int32 tensor a clipping kernel writes its count into.
+
+    Raises:
+        ValueError: not one int32 element on ``like``'s device.
+    """
+    if count.dtype != torch.int32 or count.numel() != 1 or count.device != like.device:
+        raise ValueError(f"count: need one int32 element on {like.device}, got "
+                         f"{count.dtype} {tuple(count.shape)} on {count.device}")
+    return count.reshape(1)

@@ -4,7 +4,10 @@
 // as easy as 1, 2, 3", SC'11; the same stream as numpy.random.Philox) and the
 // Box-Muller transform. Thread b draws block (ctr + b) -> four 64-bit words
 // -> four normals for out[4b .. 4b+3], so the numbers do not depend on the
-// launch configuration. The transform runs in double on purpose (53-bit
+// launch configuration. The _at entry reads the counter from device memory
+// (two words, low then high, plus a block offset fixed at launch), so a
+// captured CUDA graph draws fresh blocks at every replay from the counter the
+// host stages before it. The transform runs in double on purpose (53-bit
 // uniforms, tails to 8.5 sigma, the CPU kernel's precision); the sum is
 // rounded to the buffer's type once, as on the CPU.
 
@@ -72,6 +75,22 @@ __global__ void philox_normal_add_f64(double* out, long long n, double std,
                                       unsigned long long k0, unsigned long long k1,
                                       unsigned long long ctr_lo, unsigned long long ctr_hi) {
     philox_normal_add<double>(out, n, std, k0, k1, ctr_lo, ctr_hi);
+}
+
+// The counter at ctr[0] (low word) and ctr[1] (high word), plus offset blocks.
+__global__ void philox_normal_add_at_f32(float* out, long long n, double std,
+                                         unsigned long long k0, unsigned long long k1,
+                                         const long long* ctr, unsigned long long offset) {
+    const unsigned long long lo = (unsigned long long)ctr[0] + offset;
+    const unsigned long long hi = (unsigned long long)ctr[1] + (lo < offset ? 1ULL : 0ULL);
+    philox_normal_add<float>(out, n, std, k0, k1, lo, hi);
+}
+__global__ void philox_normal_add_at_f64(double* out, long long n, double std,
+                                         unsigned long long k0, unsigned long long k1,
+                                         const long long* ctr, unsigned long long offset) {
+    const unsigned long long lo = (unsigned long long)ctr[0] + offset;
+    const unsigned long long hi = (unsigned long long)ctr[1] + (lo < offset ? 1ULL : 0ULL);
+    philox_normal_add<double>(out, n, std, k0, k1, lo, hi);
 }
 
 }  // extern "C"

@@ -28,6 +28,13 @@ class CupyGaussianStream(PhiloxDeviceStream):
                (pointer(buf), np.int64(buf.shape[0]), np.float64(std), np.uint64(k0),
                 np.uint64(k1), np.uint64(counter & philox.MASK64), np.uint64(counter >> 64)))
 
+    def _launch_at(self, buf: torch.Tensor, std: float, counter: torch.Tensor, offset: int,
+                   blocks: int, threads: int) -> None:
+        k0, k1 = self._state.key
+        launch(function("gaussian", "philox_normal_add_at", buf), buf, (blocks,), (threads,),
+               (pointer(buf), np.int64(buf.shape[0]), np.float64(std), np.uint64(k0),
+                np.uint64(k1), pointer(counter), np.uint64(offset & philox.MASK64)))
+
 
 @register("gaussian_stream", backend="cupy")
 def gaussian_stream(seed_sequence: np.random.SeedSequence, device=None) -> CupyGaussianStream:

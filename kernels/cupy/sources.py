@@ -22,13 +22,15 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "clip_rows": ("clip_row_sq_norms", "clip_factors", "clip_scale_rows"),
     "relu_backward": ("relu_backward",),
     "softmax_xent": ("softmax_xent",),
-    "gaussian": ("philox_normal_add",),
+    "gaussian": ("philox_normal_add", "philox_normal_add_at"),
 }
 
 #: Kernels whose float32 entry uses double precision deliberately, and why.
 FLOAT64_BY_DESIGN: dict[str, str] = {
     "philox_normal_add": "the Box-Muller transform runs in double (53-bit uniforms, "
                          "the CPU noise kernel's precision); one sample per parameter per step",
+    "philox_normal_add_at": "the same kernel, its counter read from device memory "
+                            "(the CUDA graph's step)",
 }
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}

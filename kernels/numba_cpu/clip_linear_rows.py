@@ -22,8 +22,11 @@ from kernels.torch.clip_linear_rows import clip_linear_rows as _generic
 @register("clip_linear_rows", backend="numba_cpu")
 def clip_linear_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
                      bias: Sequence[bool], extra: torch.Tensor | None, max_norm: float,
-                     factors: torch.Tensor) -> int:
+                     factors: torch.Tensor, count: torch.Tensor | None = None) -> int | None:
     """Book-keeping clipping of the generic path's Linear layers (contract in :mod:`kernels`)."""
+    if count is not None:
+        count.fill_(clip_linear_rows(acts, grads, bias, extra, max_norm, factors))
+        return None
     k = factors.shape[0]
     if k == 0:
         return 0

@@ -87,9 +87,13 @@ NO_EXTRA = np.zeros(0, dtype=np.float64)
 
 @register("clip_rows", backend="numba_cpu")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
-              factors: torch.Tensor) -> int:
+              factors: torch.Tensor, count: torch.Tensor | None = None) -> int | None:
     """Book-keeping per-example clipping (contract in :mod:`kernels`)."""
-    return _bind(acts, grads, factors)(max_norm)
+    n = _bind(acts, grads, factors)(max_norm)
+    if count is None:
+        return n
+    count.fill_(n)
+    return None
 
 
 def _bind(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], factors: torch.Tensor):

@@ -24,28 +24,48 @@ def _softmax_xent(logits, labels, grad):
     check_labels(labels, logits.shape[1])
     total = 0.0
     for i in range(logits.shape[0]):
-        m = logits[i, 0]
-        for j in range(1, logits.shape[1]):
-            m = max(m, logits[i, j])
-        y = labels[i]
-        s = 0.0
-        for j in range(logits.shape[1]):  # each exp once: they are most of the time
-            e = math.exp(logits[i, j] - m)
-            grad[i, j] = e
-            s += e
-        lse = m + math.log(s)
-        inv = 1.0 / s
-        for j in range(logits.shape[1]):
-            grad[i, j] = grad[i, j] * inv
-        grad[i, y] -= 1.0
-        total += lse - logits[i, y]
+        total += _row(logits, labels, grad, i)
     return total
 
 
+@numba.njit(fastmath=False, cache=True)
+def _softmax_xent_rows(logits, labels, grad, losses):
+    check_labels(labels, logits.shape[1])
+    for i in range(logits.shape[0]):
+        losses[i] = _row(logits, labels, grad, i)
+
+
+@numba.njit(fastmath=False, cache=True, inline="always")
+def _row(logits, labels, grad, i):
+    """Row i's gradient into ``grad[i]``; returns its loss."""
+    m = logits[i, 0]
+    for j in range(1, logits.shape[1]):
+        m = max(m, logits[i, j])
+    y = labels[i]
+    s = 0.0
+    for j in range(logits.shape[1]):  # each exp once: they are most of the time
+        e = math.exp(logits[i, j] - m)
+        grad[i, j] = e
+        s += e
+    lse = m + math.log(s)
+    inv = 1.0 / s
+    for j in range(logits.shape[1]):
+        grad[i, j] = grad[i, j] * inv
+    grad[i, y] -= 1.0
+    return lse - logits[i, y]
+
+
 @register("softmax_xent", backend="numba_cpu")
-def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
-    """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""
-    return _bind(logits, labels, grad)()
+def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor,
+                 losses: torch.Tensor | None = None) -> float | None:
+    """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss
+    (or, with ``losses``, writes the rows' losses there and returns None)."""
+    if losses is None:
+        return _bind(logits, labels, grad)()
+    k = logits.shape[0]
+    if k:
+        _softmax_xent_rows(logits.numpy(), labels.numpy(), grad.numpy(), losses[:k].numpy())
+    return None
 
 
 def _bind(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor):

@@ -13,7 +13,8 @@ rounding). Three kernels, the twins of ``kernels/cupy/clip_rows.cu``:
 Squared norms accumulate in the tensors' precision (float32 in training,
 like the generic torch kernel); the CPU Numba kernel uses float64, so the
 two agree to float32 rounding. Returning the count reads one integer back
-from the device (it synchronizes torch's current stream).
+from the device (it synchronizes torch's current stream); writing it into a
+given ``count`` tensor does not (a CUDA graph can hold the call).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels.common.cuda_shapes import (MAX_THREADS, grid_2d, leading, numpy_dtype, pow2_at_least,
-                                        scratch)
+from kernels.common.cuda_shapes import (MAX_THREADS, check_count, grid_2d, leading,
+                                        numpy_dtype, pow2_at_least, scratch)
 from kernels.numba_cuda.launch import array, stream
 from kernels.registry import register
 
@@ -119,23 +120,26 @@ def signatures(dtype) -> dict[str, tuple]:
 
 @register("clip_rows", backend="numba_cuda")
 def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_norm: float,
-              factors: torch.Tensor) -> int:
+              factors: torch.Tensor, count: torch.Tensor | None = None) -> int | None:
     """Book-keeping per-example clipping (contract in :mod:`kernels`)."""
     k = grads[0].shape[0] if grads else 0
     if k == 0:
-        return 0
+        if count is not None:
+            count.zero_()
+        return 0 if count is None else None
     dtype = numpy_dtype(grads[0])
     kernels, s = KERNELS[dtype], stream(grads[0])
     sq = array(scratch(grads[0], k, grads[0].dtype, "sq"))
-    count = scratch(grads[0], 1, torch.int32, "count")
+    out = scratch(grads[0], 1, torch.int32, "count") if count is None \
+        else check_count(count, grads[0])
     for layer, (a, g) in enumerate(zip(acts, grads)):
         leading(a, "acts")
         leading(g, "grads")
         threads = pow2_at_least(max(a.shape[1], g.shape[1]))
         kernels.row_sq_norms[k, threads, s](array(a), array(g), sq, layer > 0)
     f = array(factors[:k])
-    kernels.clip_factors[1, pow2_at_least(k), s](sq, dtype.type(max_norm), f, array(count))
+    kernels.clip_factors[1, pow2_at_least(k), s](sq, dtype.type(max_norm), f, array(out))
     for g in grads:
         grid, block = grid_2d(k, g.shape[1])
         kernels.scale_rows[grid, block, s](array(g), f)
-    return int(count.item())
+    return None if count is not None else int(out.item())

@@ -2,7 +2,9 @@
 
 The twin of ``kernels/cupy/gaussian.cu``; the stream, its state and a host
 reference are in :mod:`kernels.common.philox`. Thread b computes Philox block
-``counter + b`` and adds four normals to ``buf[4b:4b+4]``. The 64-bit
+``counter + b`` and adds four normals to ``buf[4b:4b+4]``; the counter is
+the launch's argument, or (``add_at_``, for a captured CUDA graph) read
+from device memory when ``ctr`` is not empty. The 64-bit
 multiply-high is written with 32-bit halves and the round keys come
 precomputed from the host, so nothing overflows a numpy scalar when the CUDA
 simulator runs this code, and the same source compiles for the GPU. It is
@@ -41,11 +43,14 @@ _TWO_PI = 2.0 * math.pi
 
 def _build(ft):
     @cuda.jit
-    def philox_normal_add(out, std, keys, ctr_lo, ctr_hi):
+    def philox_normal_add(out, std, keys, ctr_lo, ctr_hi, ctr, offset):
         b = cuda.grid(1)
         n = out.shape[0]
         first = 4 * b
         if first < n:
+            if ctr.shape[0] > 0:  # the counter in device memory, plus offset blocks
+                ctr_lo = numba.uint64(ctr[0]) + offset
+                ctr_hi = numba.uint64(ctr[1]) + (_ONE if ctr_lo < offset else _ZERO)
             c0 = ctr_lo + numba.uint64(b)
             c1 = ctr_hi + (_ONE if c0 < ctr_lo else _ZERO)
             c2 = _ZERO
@@ -93,7 +98,7 @@ def signatures(dtype) -> dict[str, tuple]:
     """Argument types of every kernel for ``dtype`` (for ahead-of-time PTX checks)."""
     ft = numba.from_dtype(np.dtype(dtype))
     return {"philox_normal_add": (ft[:], numba.float64, numba.uint64[:, :], numba.uint64,
-                                  numba.uint64)}
+                                  numba.uint64, numba.int64[:], numba.uint64)}
 
 
 class NumbaCudaGaussianStream(PhiloxDeviceStream):
@@ -104,6 +109,7 @@ class NumbaCudaGaussianStream(PhiloxDeviceStream):
     def __init__(self, seed_sequence: np.random.SeedSequence, device=None):
         super().__init__(seed_sequence, device)
         self._keys: dict = {}
+        self._empty: dict = {}
 
     def _round_keys(self, buf: torch.Tensor):
         """The key schedule (uint64, 10 x 2), on the buffer's device (copied once)."""
@@ -121,7 +127,23 @@ class NumbaCudaGaussianStream(PhiloxDeviceStream):
                 threads: int) -> None:
         KERNELS[numpy_dtype(buf)].philox_normal_add[blocks, threads, stream(buf)](
             device_array(buf), std, self._round_keys(buf),
-            np.uint64(counter & philox.MASK64), np.uint64(counter >> 64))
+            np.uint64(counter & philox.MASK64), np.uint64(counter >> 64), self._no_counter(buf),
+            _ZERO)
+
+    def _launch_at(self, buf: torch.Tensor, std: float, counter: torch.Tensor, offset: int,
+                   blocks: int, threads: int) -> None:
+        KERNELS[numpy_dtype(buf)].philox_normal_add[blocks, threads, stream(buf)](
+            device_array(buf), std, self._round_keys(buf), _ZERO, _ZERO, device_array(counter),
+            np.uint64(offset & philox.MASK64))
+
+    def _no_counter(self, buf: torch.Tensor):
+        """An empty int64 array on ``buf``'s device: the counter is the argument."""
+        where = buf.device
+        empty = self._empty.get(where)
+        if empty is None:
+            empty = self._empty[where] = device_array(
+                torch.empty(0, dtype=torch.int64, device=where))
+        return empty
 
     def set_state(self, state: list[int]) -> None:
         super().set_state(state)

@@ -4,7 +4,9 @@ One thread per row (the classes are few): ``grad = softmax(z) - onehot(y)``
 and the row's loss ``logsumexp(z) - z_y``, max-shifted as on the CPU. The
 per-row losses go to a reused device buffer and are summed by torch in
 float64 (a fixed order, so the loss is reproducible); returning the sum as a
-Python float synchronizes torch's current stream.
+Python float synchronizes torch's current stream. With ``losses`` given the
+per-row losses go there and nothing is read back (a CUDA graph can hold the
+call).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels.common.cuda_shapes import grid_1d, leading, numpy_dtype, scratch
+from kernels.common.cuda_shapes import check_row_losses, grid_1d, leading, numpy_dtype, scratch
 from kernels.numba_cuda.launch import array, stream
 from kernels.registry import register
 
@@ -58,15 +60,18 @@ def signatures(dtype) -> dict[str, tuple]:
 
 
 @register("softmax_xent", backend="numba_cuda")
-def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> float:
-    """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss."""
+def softmax_xent(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor,
+                 losses: torch.Tensor | None = None) -> float | None:
+    """Per-row cross-entropy: ``grad = softmax - onehot``; returns the summed loss
+    (or, with ``losses``, writes the rows' losses there and returns None)."""
     k = logits.shape[0]
     if k == 0:
-        return 0.0
+        return 0.0 if losses is None else None
     leading(logits, "logits")
     leading(grad, "grad")
-    rows = scratch(logits, k, logits.dtype, "losses")
+    rows = scratch(logits, k, logits.dtype, "losses") if losses is None \
+        else check_row_losses(losses, logits)
     blocks, threads = grid_1d(k)
     KERNELS[numpy_dtype(logits)].softmax_xent[blocks, threads, stream(logits)](
         array(logits), array(labels), array(grad), array(rows))
-    return float(rows.sum(dtype=torch.float64))
+    return None if losses is not None else float(rows.sum(dtype=torch.float64))

@@ -11,11 +11,13 @@ from kernels.registry import register
 @register("clip_linear_rows", backend="torch")
 def clip_linear_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
                      bias: Sequence[bool], extra: torch.Tensor | None, max_norm: float,
-                     factors: torch.Tensor) -> int:
+                     factors: torch.Tensor, count: torch.Tensor | None = None) -> int | None:
     """Book-keeping clipping of the generic path's Linear layers (contract in :mod:`kernels`)."""
     k = factors.shape[0]
     if k == 0:
-        return 0
+        if count is not None:
+            count.zero_()
+        return 0 if count is None else None
     sq = (torch.zeros(k, dtype=factors.dtype, device=factors.device) if extra is None
           else extra.detach().to(factors.dtype).clone())
     for a, g, has_bias in zip(acts, grads, bias):
@@ -26,4 +28,7 @@ def clip_linear_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
     factors.copy_(torch.clamp_min(norms, max_norm).reciprocal_().mul_(max_norm))
     for g in grads:
         g.mul_(factors[:, None].to(g.dtype))
+    if count is not None:  # on the device: nothing read back
+        count.copy_((norms > max_norm).sum(dtype=count.dtype))
+        return None
     return int((norms > max_norm).sum())

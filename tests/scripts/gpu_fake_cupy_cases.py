@@ -127,6 +127,13 @@ def emulate(name, grid, block, a):
         grad[np.arange(n), y] -= 1
         rows(a[3], k, a[4], c, ft)[:n] = grad
         host(a[5], k, ft)[:n] = lse - Z[np.arange(n), y]
+    elif stem == "philox_normal_add_at":
+        n = int(a[1])
+        covered = min(n, 4 * grid[0] * block[0])
+        words = host(a[5], 2, np.int64).astype(np.uint64)
+        counter = (int(words[0]) | (int(words[1]) << 64)) + int(a[6])
+        philox.add_reference(host(a[0], n, ft)[:covered], float(a[2]), counter,
+                             (int(a[3]), int(a[4])))
     elif stem == "philox_normal_add":
         n = int(a[1])
         covered = min(n, 4 * grid[0] * block[0])
@@ -283,6 +290,52 @@ def test_gaussian_stream(dtype):
     philox.add_reference(want[10:20], 1.0, counter, key)
     assert np.array_equal(buf.numpy(), want)
     assert stream.get_state()[2] == 251 + 3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_device_outputs_equal_the_returned_values(dtype):
+    """softmax_xent(losses=) and clip_rows(count=): what a CUDA graph's step reads."""
+    g = torch.Generator().manual_seed(2)
+    acts = [torch.randn(9, d, generator=g, dtype=dtype) for d in (4, 6)]
+    grads = [torch.randn(9, d, generator=g, dtype=dtype) for d in (6, 2)]
+    other = [x.clone() for x in grads]
+    f1, f2 = torch.empty(9, dtype=dtype), torch.empty(9, dtype=dtype)
+    count = torch.full((1,), -1, dtype=torch.int32)
+    n = cupy_kernel("clip_rows")(acts, grads, 0.5, f1)
+    assert cupy_kernel("clip_rows")(acts, other, 0.5, f2, count=count) is None
+    assert int(count) == n and torch.equal(f1, f2)
+    logits = torch.randn(9, 3, generator=g, dtype=dtype)
+    labels = torch.randint(0, 3, (9,), generator=g)
+    g1, g2 = torch.empty(9, 3, dtype=dtype), torch.empty(9, 3, dtype=dtype)
+    losses = torch.empty(9, dtype=dtype)
+    total = cupy_kernel("softmax_xent")(logits, labels, g1)
+    assert cupy_kernel("softmax_xent")(logits, labels, g2, losses=losses) is None
+    assert torch.equal(g1, g2)
+    assert float(losses.double().sum()) == pytest.approx(total, rel=1e-12)
+    with pytest.raises(ValueError, match="count"):
+        cupy_kernel("clip_rows")(acts, other, 0.5, f2, count=torch.zeros(1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gaussian_stream_from_a_counter_in_device_memory(dtype):
+    """take + add_at_ (the CUDA graph's split draw) add what add_ adds."""
+    eager = cupy_kernel("gaussian_stream")(np.random.SeedSequence(9), torch.device("cpu"))
+    split = cupy_kernel("gaussian_stream")(np.random.SeedSequence(9), torch.device("cpu"))
+    a, b = torch.zeros(1001, dtype=dtype), torch.zeros(1001, dtype=dtype)
+    counter = torch.zeros(2, dtype=torch.int64)
+    for _ in range(3):
+        eager.add_(a, 0.5)
+        first = split.take(1001)
+        counter[0], counter[1] = first & philox.MASK64, first >> 64
+        split.add_at_(b, 0.5, counter)
+    assert torch.equal(a, b) and eager.get_state() == split.get_state()
+    # an offset of whole draws, as the secure mode's four draws use it
+    counter.zero_()
+    c = torch.zeros(10, dtype=dtype)
+    split.add_at_(c, 1.0, counter, offset=3)
+    want = np.zeros(10, dtype=c.numpy().dtype)
+    philox.add_reference(want, 1.0, 3, tuple(split.get_state()[:2]))
+    assert np.array_equal(c.numpy(), want)
 
 
 def test_cupy_wins_whatever_the_import_order():

@@ -158,6 +158,48 @@ def test_gaussian_stream_is_the_philox_reference(dtype):
         assert np.allclose(buf.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gaussian_stream_from_a_counter_in_device_memory(dtype):
+    """take + add_at_ (the CUDA graph's split draw) add what add_ adds."""
+    make = cuda_kernel("gaussian_stream")
+    eager, split = make(np.random.SeedSequence(4)), make(np.random.SeedSequence(4))
+    a, b = torch.zeros(21, dtype=dtype), torch.zeros(21, dtype=dtype)
+    counter = torch.zeros(2, dtype=torch.int64)
+    for _ in range(2):
+        eager.add_(a, 0.5)
+        first = split.take(21)
+        counter[0], counter[1] = first & philox.MASK64, first >> 64
+        split.add_at_(b, 0.5, counter)
+    assert torch.equal(a, b) and eager.get_state() == split.get_state()
+    counter.zero_()
+    c = torch.zeros(6, dtype=dtype)
+    split.add_at_(c, 1.0, counter, offset=5)
+    want = np.zeros(6, dtype=c.numpy().dtype)
+    philox.add_reference(want, 1.0, 5, tuple(split.get_state()[:2]))
+    assert np.array_equal(c.numpy(), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_device_outputs_equal_the_returned_values(dtype):
+    """softmax_xent(losses=) and clip_rows(count=): what a CUDA graph's step reads."""
+    acts, grads = random_layers(6, (5, 7, 3), dtype, seed=3)
+    other = [g.clone() for g in grads]
+    f1, f2 = torch.empty(6, dtype=dtype), torch.empty(6, dtype=dtype)
+    count = torch.full((1,), -1, dtype=torch.int32)
+    n = cuda_kernel("clip_rows")(acts, grads, 0.3, f1)
+    assert cuda_kernel("clip_rows")(acts, other, 0.3, f2, count=count) is None
+    assert int(count) == n and torch.equal(f1, f2)
+    assert all(torch.equal(x, y) for x, y in zip(grads, other))
+    logits = torch.randn(5, 3, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    labels = torch.tensor([0, 2, 1, 1, 0])
+    g1, g2 = torch.empty(5, 3, dtype=dtype), torch.empty(5, 3, dtype=dtype)
+    losses = torch.full((7,), -1.0, dtype=dtype)
+    total = cuda_kernel("softmax_xent")(logits, labels, g1)
+    assert cuda_kernel("softmax_xent")(logits, labels, g2, losses=losses) is None
+    assert torch.equal(g1, g2) and torch.equal(losses[5:], torch.full((2,), -1.0, dtype=dtype))
+    assert float(losses[:5].double().sum()) == pytest.approx(total, rel=1e-12)
+
+
 def test_gaussian_stream_state_round_trip_and_other_layouts():
     make = cuda_kernel("gaussian_stream")
     a = make(np.random.SeedSequence(2))
