@@ -56,6 +56,10 @@ setup(
             # the test reads the Census zips with pandas, folktables' dependency.
             "folktables>=0.0.12",
             "pandas>=2.0",
+            # Numba's CUDA target as the GPU extras install it (without its NVRTC
+            # wheels): the suite imports and simulates it, so a release that
+            # cannot load under the installed numpy fails here, not on a GPU node.
+            "numba-cuda>=0.20",
         ],
         # Reference implementation compared in `mpidp bench dpsgd` (optional).
         "opacus": ["opacus>=1.5"],

@@ -19,6 +19,7 @@ Without nvcc or libNVVM the compile checks skip and say what to install.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -50,6 +51,39 @@ def _pytest_subprocess(script: str, **env) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
          "-p", "no:mpi", str(SCRIPTS / script)],
         capture_output=True, text=True, timeout=300, env=environment, cwd=str(ROOT))
+
+
+_WITHOUT_ROW_STACK = """
+import numpy as np
+del np.row_stack  # numpy 2.5 removed it; the registry here serves numpy <= 2.4
+{shim}
+import importlib
+importlib.import_module("numba.cuda.np.arrayobj")  # what numba-cuda's first compile imports
+assert not hasattr(np, "row_stack"), "the shim must leave numpy as it was"
+print("overloads loaded")
+"""
+
+
+@pytest.mark.parametrize("shim", [True, False])
+def test_numba_cuda_loads_its_array_overloads_under_a_numpy_without_row_stack(shim):
+    """numba-cuda 0.30.4 names np.row_stack, which numpy 2.5 removed; its first
+    compile then failed on every GPU machine with numpy 2.5 (kernels/numba_cuda
+    lends it for the import). Without the shim the same script must fail, or
+    this test would not catch the bug where it exists."""
+    pytest.importorskip("numba_cuda", reason="numba-cuda is not installed (the test extra "
+                        "installs it)")
+    code = _WITHOUT_ROW_STACK.format(shim="import kernels.numba_cuda" if shim else "")
+    environment = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=str(ROOT), env=environment)
+    if shim:
+        assert done.returncode == 0 and "overloads loaded" in done.stdout, done.stderr[-3000:]
+        return
+    from kernels.numba_cuda import _needs_row_stack  # noqa: F401  (importable)
+    source = importlib.util.find_spec("numba.cuda.np.arrayobj").origin
+    if "np.row_stack" not in Path(source).read_text(encoding="utf-8"):
+        pytest.skip("this numba-cuda no longer names np.row_stack: remove the shim")
+    assert done.returncode != 0 and "row_stack" in done.stderr
 
 
 def test_numba_cuda_kernels_match_the_cpu_under_the_simulator():
