@@ -33,6 +33,12 @@ one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
 Layers that break per-example privacy (:func:`engine.dp.rules.refusal`) are
 refused by both.
 
+Both also have ``masked_sum(x, y, mask, max_norm, loss, count)``: the same
+sum over a batch of fixed shape whose padding rows (``mask`` 0) contribute
+nothing, with the loss and the clipped count written into device tensors
+instead of returned, so no value is read back and a CUDA graph can hold the
+call (:mod:`engine.fixed_step`).
+
 MLPs built by ``mpidp train`` use the hand-written :mod:`engine.nn.fast_mlp`
 instead; all three are tested against the naive loop (:mod:`engine.dp.naive`).
 An empty batch is valid: the sum is zero.
@@ -209,6 +215,18 @@ class _FlatGradient:
             view.zero_() if g is None else view.copy_(g)
         return float(total.detach()), 0
 
+    def _masked_summed(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+                       loss: torch.Tensor, count: torch.Tensor) -> None:
+        """:meth:`summed` over the rows where ``mask`` is 1, on the device."""
+        per_row = F.cross_entropy(self.model(x), y, reduction="none")
+        total = (per_row * mask).sum()
+        grads = torch.autograd.grad(total, list(self.model.parameters()), allow_unused=True)
+        for name, g in zip(self.flat.names, grads):
+            view = self._grad_views[name]
+            view.zero_() if g is None else view.copy_(g)
+        loss.copy_(total.detach())
+        count.zero_()
+
 
 class LayerClipper(_FlatGradient):
     """Per-layer clipped gradient sums (see module docstring).
@@ -304,6 +322,46 @@ class LayerClipper(_FlatGradient):
             sq = sum(t.sq_norms for t in terms)
             factors = (torch.ones_like(sq) if max_norm is None
                        else clip_factors(sq, max_norm))
+        self._write_sums(terms, factors)
+        clipped = 0 if max_norm is None else int((factors < 1).sum())
+        return total, clipped
+
+    def masked_sum(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+                   max_norm: float | None, loss: torch.Tensor, count: torch.Tensor) -> None:
+        """:meth:`clipped_sum` of the rows where ``mask`` is 1 (``[k]``, the
+        parameters' dtype; 0 marks padding), per example (no groups), with no
+        value read back: the summed loss goes into ``loss`` (float64 0-d), the
+        clipped count into ``count`` (int32 ``[1]``). The loss gradient at the
+        logits is zeroed on the padding rows, so every layer's per-example
+        gradient, norm and clip factor (1) there adds nothing."""
+        if max_norm is None:
+            return self._masked_summed(x, y, mask, loss, count)
+        losses = self._losses(x.shape[0])
+        if self._by_hand and not _hooks_anywhere(self.model) \
+                and not _layer_hooks(self._chain):
+            _, inputs, out_grads = self._chain_pass(x, y, mask, losses)
+        else:
+            _, inputs, out_grads = self._autograd_pass(x, y, mask, losses)
+        loss.copy_(torch.sum(losses * mask, dtype=torch.float64))
+        terms = [self._term(name, m, layer_inputs, b, x.shape[0])
+                 for (name, m), layer_inputs, b in zip(self.layers, inputs, out_grads)]
+        keeping = [getattr(t, "book_keeping", False) for t in terms]
+        if any(keeping):
+            self._clip_book_keeping(terms, keeping, max_norm, count)
+            return
+        factors = clip_factors(sum(t.sq_norms for t in terms), max_norm)
+        self._write_sums(terms, factors)
+        count.copy_((factors < 1).sum(dtype=count.dtype))
+
+    def _losses(self, k: int) -> torch.Tensor:
+        """A reused ``[k]`` buffer for the rows' losses (grown, never shrunk)."""
+        buf = getattr(self, "_loss_rows", None)
+        if buf is None or buf.shape[0] < k:
+            buf = self._loss_rows = self.grad.new_empty(max(k, 256))
+        return buf[:k]
+
+    def _write_sums(self, terms: list, factors: torch.Tensor) -> None:
+        """Every layer's clip-weighted sum into its views of ``grad``."""
         for (name, _), term in zip(self.layers, terms):
             into = getattr(term, "clipped_sum_into", None)
             if into is not None:  # writes its views itself (no temporary, no copy)
@@ -311,10 +369,9 @@ class LayerClipper(_FlatGradient):
                 continue
             for pname, value in term.clipped_sum(factors).items():
                 self._layer_views[name][pname].copy_(value)
-        clipped = 0 if max_norm is None else int((factors < 1).sum())
-        return total, clipped
 
-    def _autograd_pass(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, list, list]:
+    def _autograd_pass(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None,
+                       losses: torch.Tensor | None = None) -> tuple[float | None, list, list]:
         """(summed loss, each layer's inputs, each layer's output gradient) by a
         recorded forward and one ``torch.autograd.grad`` to the layer outputs.
 
@@ -322,7 +379,11 @@ class LayerClipper(_FlatGradient):
         after a Linear) would give the gradient at the changed tensor, not at
         the layer's output; once such a change is seen, the forward runs
         again, and every later one, with the layers' outputs copied (the copy
-        is what the rest of the model gets and changes)."""
+        is what the rest of the model gets and changes).
+
+        With ``mask`` and ``losses`` (:meth:`masked_sum`) the rows' losses go
+        into ``losses``, the loss gradient is zeroed where ``mask`` is 0, and
+        the summed loss returned is None."""
         records: dict[nn.Module, list] = {m: [] for _, m in self.layers}
         copy = self._copy_outputs
 
@@ -354,17 +415,28 @@ class LayerClipper(_FlatGradient):
         if not copy and any(records[m][0][1]._version != records[m][0][2]
                             for _, m in self.layers):
             self._copy_outputs = True  # changed in place: see the docstring
-            return self._autograd_pass(x, y)
+            return self._autograd_pass(x, y, mask, losses)
         outs = [records[m][0][1] for _, m in self.layers]
         # the loss's gradient at the logits by one kernel (softmax - onehot),
         # autograd only from there to the layer outputs
         dlogits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        total = self._softmax_xent(logits.detach(), y, dlogits)
+        total = self._loss_gradient(logits.detach(), y, dlogits, mask, losses)
         out_grads = torch.autograd.grad(logits, outs, grad_outputs=dlogits, allow_unused=True)
         out_grads = [torch.zeros_like(out) if b is None else b for out, b in zip(outs, out_grads)]
         return total, [records[m][0][0] for _, m in self.layers], out_grads
 
-    def _chain_pass(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, list, list]:
+    def _loss_gradient(self, logits: torch.Tensor, y: torch.Tensor, dlogits: torch.Tensor,
+                       mask: torch.Tensor | None, losses: torch.Tensor | None) -> float | None:
+        """``softmax - onehot`` into ``dlogits``; the summed loss, or with ``mask``
+        the rows' losses into ``losses``, the padding rows' gradient zeroed, None."""
+        if mask is None:
+            return self._softmax_xent(logits, y, dlogits)
+        self._softmax_xent(logits, y, dlogits, losses=losses)
+        dlogits.mul_(mask.to(dlogits.dtype)[:, None])
+        return None
+
+    def _chain_pass(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None,
+                    losses: torch.Tensor | None = None) -> tuple[float | None, list, list]:
         """:meth:`_autograd_pass` for a chain of Linear and ReLU layers, without
         autograd: the forward under ``no_grad``, and backward from the logits
         ``g <- g W`` through each Linear and the ``relu_backward`` kernel (in
@@ -377,7 +449,7 @@ class LayerClipper(_FlatGradient):
                 acts.append(m(acts[-1]))
             logits = acts[-1]
             g = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-            total = self._softmax_xent(logits, y, g)
+            total = self._loss_gradient(logits, y, g, mask, losses)
             linear = self._linear_at
             grads: dict[int, torch.Tensor] = {}
             for i in range(len(chain) - 1, linear[0] - 1, -1):
@@ -390,10 +462,12 @@ class LayerClipper(_FlatGradient):
                     self._relu_backward(g, acts[i + 1])
         return total, [(acts[i],) for i in linear], [grads[i] for i in linear]
 
-    def _clip_book_keeping(self, terms: list, keeping: list[bool], max_norm: float) -> int:
+    def _clip_book_keeping(self, terms: list, keeping: list[bool], max_norm: float,
+                           count: torch.Tensor | None = None) -> int | None:
         """Clip with one ``clip_linear_rows`` kernel for the book-keeping
         (Linear) terms (``keeping``), the others' squared norms added in;
-        write every layer's sum. Returns the rows clipped."""
+        write every layer's sum. Returns the rows clipped (or writes them into
+        ``count`` and returns None)."""
         linear = [t for t, keep in zip(terms, keeping) if keep]
         others = [t for t, keep in zip(terms, keeping) if not keep]
         k = linear[0].b.shape[0]
@@ -402,7 +476,8 @@ class LayerClipper(_FlatGradient):
         factors = self._factors[:k]
         extra = sum(t.sq_norms for t in others) if others else None
         clipped = self._clip_linear([t.a for t in linear], [t.b for t in linear],
-                                    [t.has_bias for t in linear], extra, max_norm, factors)
+                                    [t.has_bias for t in linear], extra, max_norm, factors,
+                                    count=count)
         for (name, _), term, keep in zip(self.layers, terms, keeping):
             if keep:
                 term.scaled_sum_into(self._layer_views[name])
@@ -442,3 +517,28 @@ class FuncClipper(_FlatGradient):
             self._grad_views[name].copy_(torch.tensordot(factors, g, dims=([0], [0])))
         clipped = 0 if max_norm is None else int((factors < 1).sum())
         return float(losses.sum()), clipped
+
+    def masked_sum(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+                   max_norm: float | None, loss: torch.Tensor, count: torch.Tensor) -> None:
+        """Same contract as :meth:`LayerClipper.masked_sum`: the padding rows'
+        per-example gradients are computed and weighted by 0."""
+        if max_norm is None:
+            return self._masked_summed(x, y, mask, loss, count)
+        from torch.func import functional_call, grad_and_value, vmap  # as clipped_sum
+
+        params = {name: p.detach() for name, p in self.model.named_parameters()}
+
+        def loss_one(theta, x_i, y_i):
+            out = functional_call(self.model, theta, (x_i.unsqueeze(0),))
+            return F.cross_entropy(out, y_i.unsqueeze(0), reduction="sum")
+
+        k = x.shape[0]
+        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(params, x, y)
+        weight = mask.to(self.grad.dtype)
+        factors = clip_factors(sum(g.reshape(k, -1).square().sum(1) for g in grads.values()),
+                               max_norm)
+        count.copy_(((factors < 1) & (weight > 0)).sum(dtype=count.dtype))
+        factors = factors * weight
+        for name, g in grads.items():
+            self._grad_views[name].copy_(torch.tensordot(factors, g, dims=([0], [0])))
+        loss.copy_(torch.sum(losses * weight, dtype=torch.float64))

@@ -50,6 +50,28 @@ def _nothing() -> None:
     """The bound noise of a rank with no coordinates (or none to add)."""
 
 
+class StagedNoise:
+    """One step's noise in two halves: :meth:`take` on the host advances the
+    stream exactly as the bound call would and returns the counter of each
+    draw; :meth:`add` launches the draws reading those counters from device
+    memory (int64 words: low, high per draw), so a captured graph adds fresh
+    noise at every replay, the same the eager step would add."""
+
+    def __init__(self, stream, view: torch.Tensor, std: float, draws: int) -> None:
+        self.stream, self.view, self.std, self.draws = stream, view, float(std), int(draws)
+        self._n = int(view.shape[0])
+
+    def take(self) -> list[int]:
+        """Host side: the counters of this step's draws (the stream advances)."""
+        return [self.stream.take(self._n) for _ in range(self.draws)]
+
+    def add(self, counters: torch.Tensor) -> None:
+        """Device side: add the draws whose counters ``counters`` (int64
+        ``[2 * draws]`` on the view's device) holds when the kernels run."""
+        for j in range(self.draws):
+            self.stream.add_at_(self.view, self.std, counters[2 * j:2 * j + 2])
+
+
 class GaussianNoise:
     """This rank's share of N(0, (sigma C)^2) on a flat buffer of ``dim`` coordinates.
 
@@ -114,6 +136,17 @@ class GaussianNoise:
             for _ in draws:
                 add()
         return add_draws
+
+    def staged(self, buf: torch.Tensor) -> "StagedNoise | None":
+        """:meth:`bind` split for a captured CUDA graph (:mod:`engine.fixed_step`),
+        or None where the stream cannot read its counter from device memory
+        (torch's generator: add the noise outside the graph) or there is no
+        noise to add on this rank."""
+        if self.hi <= self.lo or self.local_std <= 0:
+            return None
+        if not hasattr(self.stream, "add_at_"):
+            return None
+        return StagedNoise(self.stream, buf[self.lo:self.hi], self.local_std, self.draws)
 
     def get_state(self) -> list:
         return self.stream.get_state()

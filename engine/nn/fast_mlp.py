@@ -26,6 +26,10 @@ come from :mod:`kernels.registry` for the parameters' device; on a GPU every
 buffer lives there too (``--device cuda``), and only the sampled row indices
 go in and the loss and clipped count come back.
 
+:meth:`FastMLP.masked_sum` is the same step on a batch of fixed shape: the
+rows of a fixed-capacity batch and a 0/1 mask, results left on the device
+(:mod:`engine.fixed_step`, the CUDA graph's step).
+
 Where the device's back-end offers the fused ``mlp_step`` (Numba on the CPU,
 with the BLAS routine torch calls: :mod:`kernels.numba_cpu.mlp_step`), all of
 the above is one call from Python instead of about fifteen, with the same
@@ -105,6 +109,7 @@ class FastMLP:
         self.G = [torch.empty(capacity, d, **kw) for d in dims[1:]]
         self.y = torch.empty(capacity, dtype=torch.int64, device=self.device)
         self.factors = torch.empty(capacity, **kw)
+        self.losses = torch.empty(capacity, **kw)
         self.capacity = capacity
         self._views: dict[int, tuple] = {}
         self.gather.forget()
@@ -199,6 +204,52 @@ class FastMLP:
         for i in range(last + 1):
             torch.mm(G[i].t(), A[i], out=self.G_out[i])
         return loss, clipped
+
+    def masked_sum(self, X: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
+                   mask: torch.Tensor, max_norm: float | None, loss: torch.Tensor,
+                   count: torch.Tensor) -> None:
+        """:meth:`load` + :meth:`clipped_sum` on a batch of fixed shape, with no
+        value read back from the device (a CUDA graph can capture the call).
+
+        Args:
+            X, y: as for :meth:`load`.
+            rows: int64 ``[cap]`` row indices on the engine's device, every one
+                valid; the rows where ``mask`` is 0 are padding.
+            mask: ``[cap]`` of the parameters' dtype, 1 for a sampled row and 0
+                for padding. Padding rows contribute exactly nothing: their
+                loss gradient is zeroed at the logits, so their gradient, norm
+                and clip factor (1) add nothing to the sum or the count.
+            max_norm: as for :meth:`clipped_sum` (per row; no groups).
+            loss: float64 0-d tensor, set to the sampled rows' summed loss.
+            count: int32 ``[1]``, set to the number of rows clipped.
+
+        The sums equal :meth:`clipped_sum`'s on the sampled rows up to float
+        rounding (the products' sums over rows run over the padding's exact
+        zeros too, in the BLAS's own order).
+        """
+        cap = int(rows.shape[0])
+        if cap > self.capacity:
+            self._allocate(cap)
+        self.gather(X, y, rows, self._inputs)
+        A, H, Z, G, yk, _ = self._slices(cap)
+        W, last = self.W, self.spec.n_layers - 1
+        for i in range(last + 1):
+            torch.mm(A[i], W[i].t(), out=Z[i])
+            if i < last:
+                torch.clamp_min(Z[i], 0.0, out=H[i + 1])
+        losses = self.losses[:cap]
+        self.softmax_xent(Z[last], yk, G[last], losses=losses)
+        G[last].mul_(mask[:, None])
+        loss.copy_(torch.sum(losses * mask, dtype=torch.float64))
+        for i in range(last, 0, -1):
+            torch.mm(G[i], self.W_in[i], out=G[i - 1])
+            self.relu_backward(G[i - 1], H[i])
+        if max_norm is None:
+            count.zero_()
+        else:
+            self.clip_rows(A, G, float(max_norm), self.factors[:cap], count=count)
+        for i in range(last + 1):
+            torch.mm(G[i].t(), A[i], out=self.G_out[i])
 
     def logits(self, X: torch.Tensor) -> torch.Tensor:
         """Logits of rows ``X`` (with the ones column) on the CPU, computed on the

@@ -195,6 +195,19 @@ class ModuleEngine:
             return self._clipped_sum(x, self.y[:k], max_norm)
         return self._clipped_sum(x, self.y[:k], max_norm, groups)
 
+    def masked_sum(self, X: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
+                   mask: torch.Tensor, max_norm: float | None, loss: torch.Tensor,
+                   count: torch.Tensor) -> None:
+        """:meth:`load` + :meth:`clipped_sum` on a batch of fixed shape with no
+        value read back (same contract as
+        :meth:`engine.nn.fast_mlp.FastMLP.masked_sum`; the clipper's
+        ``masked_sum`` makes the padding rows contribute nothing)."""
+        cap = int(rows.shape[0])
+        if cap > self.capacity:
+            self._allocate(cap, X.shape[1])
+        self.gather(X, y, rows, self._inputs)
+        self.clipper.masked_sum(self.x[:cap], self.y[:cap], mask, max_norm, loss, count)
+
     def logits(self, X: torch.Tensor) -> torch.Tensor:
         """Logits of rows ``X`` (with the ones column), on the CPU; the model in
         eval mode (dropout off) for the call."""
