@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import difflib
 import importlib.metadata
 import os
 
@@ -63,7 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "and normalised on load; nothing is downloaded")
     parser.add_argument("--out", required=True, metavar="FILE.h5",
                         help="the HDF5 file to write (replaced atomically if it exists)")
-    parser.add_argument("--task", choices=list(tasks.TASKS), default=None, metavar="NAME",
+    # No argparse choices: a typo gets one line with the closest name
+    # (make_settings), not the whole usage block.
+    parser.add_argument("--task", default=None, metavar="NAME",
                         help="what to predict, one of the tasks listed below (default: "
                         "employment, or the task of --like)")
     parser.add_argument("--task-file", metavar="FILE.toml", default=None,
@@ -189,6 +192,11 @@ def make_settings(args: argparse.Namespace):
         PrepError: anything the user must fix before a record is parsed.
     """
     test_fraction, val_fraction, compression = common_settings(args)
+    if args.task is not None and args.task not in tasks.TASKS:
+        close = difflib.get_close_matches(args.task.lower(), list(tasks.TASKS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise PrepError(f"--task {args.task}: no such task{hint}; the tasks are "
+                        f"{', '.join(tasks.TASKS)} (or define one with --task-file)")
     if args.task and args.task_file:
         raise PrepError(f"--task {args.task} and --task-file {args.task_file}: give one "
                         "of them")
@@ -335,4 +343,15 @@ def summary(report, settings, ranks: int) -> str:
         + f"test {report.test:,}; "
         f"{report.n_features} features, task {settings.task.name})",
         f"  dropped {report.records - report.kept:>12,} ({drops}; universe: {universe})",
-    ])
+    ] + year_notes(settings))
+
+
+def year_notes(settings) -> list[str]:
+    """``  note    FILES: RELP read from RELSHIPP (...), recoded ...``: the
+    features that some inputs give in another survey year's column."""
+    files: dict[str, list[str]] = {}
+    for inp in settings.inputs:
+        name = os.path.basename(inp.path) + (f"/{inp.member}" if inp.member else "")
+        for note in settings.task.notes(settings.sources[inp.index]):
+            files.setdefault(note, []).append(name)
+    return [f"  note    {', '.join(names)}: {note}" for note, names in files.items()]

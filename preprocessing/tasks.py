@@ -109,11 +109,14 @@ class Source:
         recode: maps this column's codes to the feature's codes; codes not in
             the map are invalid. None: the codes are the feature's own.
         years: human note on which survey years use this column.
+        caveat: what the recode cannot keep, for the note a file read through
+            it gets (:meth:`Feature.note_for`).
     """
 
     column: str
     recode: Mapping[int, int] | None = None
     years: str = ""
+    caveat: str = ""
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,20 @@ class Feature:
             raise ValueError(f"{self.name}: buckets need a numeric feature and at least 2")
         if not self.sources:
             object.__setattr__(self, "sources", (Source(self.name),))
+
+    def note_for(self, column: str) -> str | None:
+        """What a user should know when a file gives this feature as ``column``:
+        read from another survey year's column, recoded (None for the
+        feature's first source)."""
+        if column == self.sources[0].column:
+            return None
+        source = next((s for s in self.sources if s.column == column), None)
+        if source is None:
+            return None
+        years = f" ({source.years})" if source.years else ""
+        how = "recoded to the 2018 codes" if source.recode is not None else "as is"
+        caveat = f"; {source.caveat}" if source.caveat else ""
+        return f"{self.name} read from {column}{years}, {how}{caveat}"
 
 
 @dataclass(frozen=True)
@@ -178,6 +195,17 @@ class Task:
     def feature(self, name: str) -> Feature | None:
         return next((f for f in self.features if f.name == name), None)
 
+    def notes(self, columns: Mapping[str, str]) -> list[str]:
+        """:meth:`Feature.note_for` of every feature, for a file whose header
+        gives each variable as ``columns[name]`` (e.g. RELP as RELSHIPP in a
+        2019 file)."""
+        notes = []
+        for feature in self.features:
+            note = feature.note_for(columns.get(feature.name, feature.name))
+            if note is not None:
+                notes.append(note)
+        return notes
+
 
 #: RELSHIPP (2019 and later) -> RELP (2018) codes. 2018 RELP: 00 reference
 #: person, 01 husband/wife, 02 biological child, 03 adopted child, 04
@@ -195,8 +223,11 @@ RELSHIPP_TO_RELP: dict[int, int] = {
     31: 8, 32: 9, 33: 10, 34: 12, 35: 14, 36: 15, 37: 16, 38: 17,
 }
 
-RELP = Feature("RELP", sources=(Source("RELP", years="2018 and before"),
-                                Source("RELSHIPP", RELSHIPP_TO_RELP, years="2019 and later")))
+RELP = Feature("RELP", sources=(
+    Source("RELP", years="2018 and before"),
+    Source("RELSHIPP", RELSHIPP_TO_RELP, years="the 2019 survey and later",
+           caveat="not exact: no roomer or boarder (2018 code 11), spouses and partners of "
+                  "either sex merged")))
 
 
 def _features(*names: str) -> tuple[Feature, ...]:

@@ -294,3 +294,41 @@ def test_a_file_only_for_scoring_and_bad_fractions(tmp_path, good_csv):
         assert message.startswith(expected), message
         assert "\n" not in message
         assert not list(out.parent.iterdir())  # no output, no temporary file
+
+
+def test_a_file_of_the_2019_survey_is_prepared_with_a_note(tmp_path, good_csv):
+    """RELP became RELSHIPP (other codes) in 2019: such a file is read through
+    the recode, and the summary says so, naming the file."""
+    from preprocessing.tasks import RELSHIPP_TO_RELP
+
+    back = {relp: code for code, relp in sorted(RELSHIPP_TO_RELP.items(), reverse=True)}
+    lines = good_csv.read_text().splitlines()
+    header = lines[0].split(",")
+    at = header.index("RELP")
+    header[at] = "RELSHIPP"
+    rows = []
+    for line in lines[1:]:
+        fields = line.split(",")
+        fields[at] = str(back.get(int(fields[at]), 36)) if fields[at].strip() else fields[at]
+        rows.append(",".join(fields))
+    newer = tmp_path / "psam_p98.csv"
+    newer.write_text(",".join(header) + "\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out.h5"
+    result = mpidp(1, "prep", str(good_csv), str(newer), "--out", str(out), timeout=120)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stdout.splitlines() if line.lstrip().startswith("note")]
+    assert notes == ["  note    psam_p98.csv: RELP read from RELSHIPP (the 2019 survey and "
+                     "later), recoded to the 2018 codes; not exact: no roomer or boarder "
+                     "(2018 code 11), spouses and partners of either sex merged"], result.stdout
+
+
+def test_a_task_name_typo_is_one_line_with_the_closest_name(tmp_path, good_csv):
+    result = mpidp(1, "prep", str(good_csv), "--out", str(tmp_path / "o.h5"), "--task",
+                   "incme", timeout=60)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert errors == ["mpidp: error: --task incme: no such task (did you mean income?); the "
+                      "tasks are employment, income, public_coverage, mobility, travel_time, "
+                      "income_poverty_ratio, health_insurance (or define one with "
+                      "--task-file)"], result.stderr
+    assert "usage:" not in result.stderr and not list(tmp_path.glob("*.h5"))
