@@ -36,7 +36,10 @@ PRIVACY_UNITS = ("person", "household")
 #: Options a resume may change (given again, they replace the recorded value).
 ADJUSTABLE_ON_RESUME = ("epochs", "checkpoint_every", "metrics", "eval_every",
                         "target_accuracy", "time_budget", "allreduce", "threads", "kernels",
-                        "progress")
+                        "progress", "cuda_graph")
+#: ``--cuda-graph``: capture the step as one CUDA graph where it can be
+#: (``auto``), always (``on``: an error where it cannot), never (``off``).
+CUDA_GRAPH = ("auto", "on", "off")
 #: Options of one invocation, never taken from a checkpoint.
 PER_INVOCATION = ("data", "checkpoint_dir", "resume", "stop_after")
 
@@ -82,6 +85,7 @@ class TrainConfig:
     threads: int | None = None
     device: str = "cpu"
     kernels: str | None = None
+    cuda_graph: str = "auto"
     progress: bool | None = None
 
     def to_dict(self) -> dict:
@@ -136,6 +140,11 @@ class TrainConfig:
             fail(str(exc))
         if self.device not in ("cpu", "cuda"):
             fail(f"--device {self.device!r}: choose cpu or cuda")
+        if self.cuda_graph not in CUDA_GRAPH:
+            fail(f"--cuda-graph {self.cuda_graph!r}: choose {', '.join(CUDA_GRAPH)}")
+        if self.cuda_graph == "on" and self.device != "cuda":
+            fail("--cuda-graph on needs --device cuda: a CUDA graph replays a GPU's kernels "
+                 "(auto, the default, uses one where it can)")
         if self.kernels == "cupy" and self.device != "cuda":
             fail("--kernels cupy runs on GPUs only: add --device cuda (or use --kernels "
                  "numba or torch)")
@@ -288,6 +297,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kernel back-end: numba (CPU, or @cuda.jit on GPUs), cupy (CUDA C, "
                         "GPUs only) or torch (generic ops) (default: numba on the CPU, cupy "
                         "then numba on GPUs, whichever is installed)")
+    system.add_argument("--cuda-graph", choices=CUDA_GRAPH, default=d.cuda_graph,
+                        help="with --device cuda, run each step as one captured CUDA graph on "
+                        "a batch of fixed shape: auto (where the model can be captured; the "
+                        "run's first lines say which), on (an error where it cannot), off "
+                        "(the eager step) (default: auto; docs/gpus.md)")
     out = parser.add_argument_group("checkpoints and metrics")
     out.add_argument("--checkpoint-dir", default=None,
                      help="the run's directory: an atomic checkpoint every --checkpoint-every "
@@ -363,7 +377,7 @@ def from_args(args: argparse.Namespace, check: bool = True) -> TrainConfig:
         stop_after=args.stop_after, metrics=args.metrics, eval_every=args.eval_every,
         select_on=args.select_on,
         threads=args.threads, device=args.device, kernels=args.kernels,
-        progress=args.progress)
+        cuda_graph=args.cuda_graph, progress=args.progress)
     if check:
         cfg.validate()
     return cfg

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 import collectives
+from engine.errors import ConfigError
 from engine.step import DPStep
 
 #: Largest probability, per step, that a Poisson batch exceeds the capacity.
@@ -52,6 +53,11 @@ OVERFLOW = 1e-4
 #: Runs of the step on a side stream before the capture (torch's rule: lazy
 #: initialisation, cuBLAS workspaces and the kernels' compilation happen there).
 WARMUP = 2
+
+
+def graph_capable(device: torch.device) -> bool:
+    """Whether steps on ``device`` can be captured as CUDA graphs."""
+    return device.type == "cuda"
 
 
 class GraphUnusable(RuntimeError):
@@ -112,7 +118,7 @@ class FixedShapeStep:
         if not hasattr(engine, "masked_sum"):
             raise ValueError(f"{type(engine).__name__} has no fixed-shape step")
         device = engine.params.device
-        if graph and device.type != "cuda":
+        if graph and not graph_capable(device):
             raise ValueError("a CUDA graph needs the parameters on a CUDA device")
         self.step, self.engine, self.device = step, engine, device
         self.capacity, self.graph = int(capacity), bool(graph)
@@ -302,3 +308,53 @@ class FixedShapeStep:
             raise RuntimeError("the noise of a captured step cannot change")
         self.step.set_noise(noise)
         self._staged = None
+
+
+def choose(step: DPStep, mode: str, comm, *, n_local: int, q: float,
+           fixed_batch: int | None = None, households: bool = False,
+           ) -> tuple[DPStep | FixedShapeStep, str | None]:
+    """Collective: the step a run uses under ``--cuda-graph MODE`` and a line
+    that says which and why (None on the CPU, where there is nothing to say).
+
+    ``n_local`` and ``q``: this rank's rows and the sampling rate (the
+    capacity follows from them), or ``fixed_batch``: the rows of every local
+    batch (``--sampling shuffle``). ``households``: the batches are
+    households, whose sizes vary (no fixed shape: the eager step).
+
+    Every rank captures its step; if any cannot, every rank runs the eager
+    step (the line names the first rank that could not, and why).
+
+    Raises:
+        ConfigError: (collective) ``mode`` is ``on`` and some rank cannot.
+    """
+    device = step.engine.params.device
+    if not graph_capable(device):
+        return step, None
+    if mode == "off":
+        return step, "the eager step runs (--cuda-graph off)"
+    why, fixed = None, None
+    if households:
+        why = "household batches have no fixed shape (households of any size)"
+    elif not hasattr(step.engine, "masked_sum"):
+        why = f"{type(step.engine).__name__} has no fixed-shape step"
+    else:
+        capacity = fixed_batch if fixed_batch is not None else capacity_for(n_local, q)
+        fixed = FixedShapeStep(step, max(1, capacity), graph=True)
+        try:
+            fixed.prepare()
+        except GraphUnusable as exc:
+            why = f"the step cannot be captured ({exc})"
+    whys = comm.allgather(why)
+    failed = [(rank, text) for rank, text in enumerate(whys) if text]
+    if failed:
+        rank, text = failed[0]
+        where = f"rank {rank}: " if comm.Get_size() > 1 else ""
+        if mode == "on":
+            raise ConfigError(f"--cuda-graph on: {where}{text}; use --cuda-graph auto or off",
+                              collective=True)
+        return step, f"no CUDA graph, the eager step runs: {where}{text}"
+    if fixed_batch is not None:
+        return fixed, f"each step runs as one CUDA graph on a batch of {fixed.capacity} rows"
+    p = overflow_probability(n_local, q, fixed.capacity)
+    return fixed, (f"each step runs as one CUDA graph on a batch of {fixed.capacity} rows (a "
+                   f"larger Poisson batch, probability {p:.1g} a step, runs eagerly, whole)")

@@ -237,3 +237,86 @@ def test_capacity_is_the_smallest_with_the_overflow_bound(n, q):
     assert cap <= n
     expected = n * q
     assert cap <= expected + 5 * expected ** 0.5 + 5  # a few standard deviations
+
+
+# ------------------------------------------------- --cuda-graph's choice (fixed_step.choose)
+@pytest.fixture
+def pretend_gpu(monkeypatch):
+    """The choice's logic on the CPU: every device counts as graph-capable and
+    the capture is replaced (``outcome["error"]``, per rank, makes it fail)."""
+    from engine import fixed_step
+
+    outcome = {"error": {}}
+    monkeypatch.setattr(fixed_step, "graph_capable", lambda device: True)
+
+    def prepare(self):
+        error = outcome["error"].get(MPI.COMM_WORLD.Get_rank())
+        if error:
+            raise fixed_step.GraphUnusable(error)
+
+    monkeypatch.setattr(fixed_step.FixedShapeStep, "prepare", prepare)
+    return outcome
+
+
+def test_choice_on_the_cpu_is_the_eager_step_without_a_line():
+    from engine import fixed_step
+
+    step = _step("mlp-numba", dp=True)
+    assert fixed_step.choose(step, "auto", MPI.COMM_SELF, n_local=N, q=B / N) == (step, None)
+
+
+def test_choice_captures_and_says_the_capacity_and_overflow(pretend_gpu):
+    from engine import fixed_step
+
+    step = _step("mlp-numba", dp=True)
+    chosen, line = fixed_step.choose(step, "auto", MPI.COMM_SELF, n_local=N, q=B / N)
+    assert isinstance(chosen, FixedShapeStep) and chosen.step is step
+    assert f"batch of {capacity_for(N, B / N)} rows" in line and "probability" in line
+    chosen, line = fixed_step.choose(step, "on", MPI.COMM_SELF, n_local=N, q=B / N,
+                                     fixed_batch=16)
+    assert chosen.capacity == 16 and "probability" not in line
+    assert fixed_step.choose(step, "off", MPI.COMM_SELF, n_local=N, q=B / N) == \
+        (step, "the eager step runs (--cuda-graph off)")
+
+
+def test_choice_falls_back_with_the_reason_or_refuses_under_on(pretend_gpu):
+    from engine import fixed_step
+    from engine.errors import ConfigError
+
+    step = _step("mlp-numba", dp=True)
+    chosen, line = fixed_step.choose(step, "auto", MPI.COMM_SELF, n_local=N, q=B / N,
+                                     households=True)
+    assert chosen is step and "household batches have no fixed shape" in line
+    pretend_gpu["error"][MPI.COMM_WORLD.Get_rank()] = "RuntimeError: a host sync"
+    chosen, line = fixed_step.choose(step, "auto", MPI.COMM_SELF, n_local=N, q=B / N)
+    assert chosen is step and line == ("no CUDA graph, the eager step runs: the step cannot "
+                                       "be captured (RuntimeError: a host sync)")
+    with pytest.raises(ConfigError, match="--cuda-graph on: the step cannot be captured"):
+        fixed_step.choose(step, "on", MPI.COMM_SELF, n_local=N, q=B / N)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_rank_that_cannot_capture_sends_every_rank_to_the_eager_step(pretend_gpu):
+    from engine import fixed_step
+    from engine.errors import ConfigError
+
+    comm = MPI.COMM_WORLD
+    pretend_gpu["error"][comm.Get_size() - 1] = "RuntimeError: no"
+    step = _step("mlp-numba", dp=True)
+    chosen, line = fixed_step.choose(step, "auto", comm, n_local=N, q=B / N)
+    assert chosen is step
+    assert line.startswith(f"no CUDA graph, the eager step runs: rank {comm.Get_size() - 1}: ")
+    with pytest.raises(ConfigError) as caught:
+        fixed_step.choose(step, "on", comm, n_local=N, q=B / N)
+    assert caught.value.collective
+
+
+def test_cuda_graph_on_without_a_gpu_is_refused_before_anything_runs():
+    from engine.config import TrainConfig
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--cuda-graph on needs --device cuda"):
+        TrainConfig(data="x.h5", target_epsilon=1, cuda_graph="on").validate()
+    with pytest.raises(ConfigError, match="--cuda-graph 'sometimes'"):
+        TrainConfig(data="x.h5", target_epsilon=1, cuda_graph="sometimes").validate()
+    TrainConfig(data="x.h5", target_epsilon=1, cuda_graph="off").validate()
