@@ -108,6 +108,45 @@ def test_models_dp_sgd_cannot_train_are_refused_with_the_reason(model, message):
         _engine(model)
 
 
+class TiedWithDropout(Tied):
+    """Tied (the whole-model torch.func path) with a Dropout, or a functional one."""
+
+    def __init__(self, functional: bool = False):
+        super().__init__()
+        self.drop = None if functional else nn.Dropout(0.2)
+
+    def forward(self, x):
+        h = torch.tanh(self.inner(torch.tanh(self.inner(x))))
+        h = nn.functional.dropout(h, 0.2, self.training) if self.drop is None else self.drop(h)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+def test_random_draws_on_the_whole_model_path_are_refused_before_training(functional):
+    """vmap cannot draw per example: refused at once, in one line naming the
+    layer, why the model takes that path and what to do; in eval mode (no
+    draws) and on the per-layer path the same Dropout trains."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SlowPathWarning)
+        with pytest.raises(ConfigError) as caught:
+            _engine(TiedWithDropout(functional))
+        message = str(caught.value)
+        assert "\n" not in message
+        assert message.startswith("the model draws" if functional else
+                                  "layer 'drop' (Dropout) draws random numbers in training")
+        assert "layer 'inner' (Linear) runs 2 times" in message
+        assert "or remove the random layer" in message
+        engine = _engine(TiedWithDropout(functional).eval())
+    X, y = _rows(8)
+    engine.load(X, y, torch.arange(8))
+    engine.clipped_sum(8, 1.0)
+    per_layer = _engine(nn.Sequential(nn.Linear(F_IN, 8), nn.Dropout(0.5),
+                                      nn.Linear(8, CLASSES)))
+    per_layer.load(X, y, torch.arange(8))
+    per_layer.clipped_sum(8, 1.0)
+    assert per_layer.rule == "per-layer rules"
+
+
 def test_frozen_parameters_are_refused():
     model = nn.Sequential(nn.Linear(F_IN, 4), nn.Linear(4, CLASSES))
     model[0].weight.requires_grad_(False)

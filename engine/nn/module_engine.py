@@ -101,6 +101,38 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
     return None
 
 
+def _refuse_random_draws(model: nn.Module, clipper: FuncClipper, x: torch.Tensor,
+                         y: torch.Tensor, why: str) -> None:
+    """Refuse (ConfigError) a model whose forward pass draws random numbers
+    (Dropout in training mode, ...) on the whole-model ``torch.func`` path,
+    found by one clipped sum of the probe rows: ``vmap`` refuses random
+    draws there. Letting it draw (``randomness="different"``) would take
+    each example's draws from the rank's torch generator, which the run
+    neither seeds per rank nor checkpoints: exact DP needs draws
+    independent between ranks (ranks a user seeded alike would share their
+    masks), and a resumed run would draw others. The per-layer path runs
+    the model's own batched forward pass instead."""
+    try:
+        clipper.clipped_sum(x, y.long(), 1.0)
+    except RuntimeError as exc:
+        if "randomness" not in str(exc):
+            raise
+        drawing = [layer_label(name, m) for name, m in model.named_modules()
+                   if isinstance(m, _RANDOM_LAYERS) and m.training]
+        raise ConfigError(
+            f"{', '.join(drawing) or 'the model'} draws random numbers in training, which "
+            f"the whole-model torch.func path cannot do per example, and that path is taken "
+            f"because {why}: change that (the per-layer rules then serve the model, and "
+            "Dropout trains) or remove the random layer") from None
+    finally:
+        clipper.grad.zero_()
+
+
+#: Layers known to draw random numbers in training mode (named in the refusal).
+_RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                  nn.FeatureAlphaDropout)
+
+
 class ModuleEngine:
     """Per-example-clipped gradient sums of any ``nn.Module`` (module docstring).
 
@@ -116,7 +148,8 @@ class ModuleEngine:
 
     Raises:
         ConfigError: the model's output is not ``[k, n_classes]``, or its
-            forward pass fails on the probe rows (the message says which).
+            forward pass fails on the probe rows (the message says which), or
+            it draws random numbers where only ``torch.func`` can clip it.
     """
 
     def __init__(self, model: nn.Module, grad: torch.Tensor, probe: tuple[torch.Tensor,
@@ -133,6 +166,8 @@ class ModuleEngine:
             warnings.warn(f"clipping the whole model through torch.func (exact, slower) "
                           f"instead of per layer: {why}", SlowPathWarning, stacklevel=2)
         clipper = (LayerClipper if why is None else FuncClipper)(model, grad)
+        if why is not None:
+            _refuse_random_draws(model, clipper, x, probe[1][:x.shape[0]].to(device), why)
         self.model, self.clipper = model, clipper
         self.rule = "per-layer rules" if why is None else "torch.func"
         self.params, self.grad = clipper.params, grad
