@@ -30,6 +30,10 @@ speed-ups. Methods are interleaved over ``--repeats`` short rounds and the
 median is reported, so a load change on the machine hits all of them alike.
 Run it on one rank (``mpidp bench dpsgd``). The ``mpidp-*`` methods run
 :class:`engine.step.DPStep`, the step ``mpidp train`` runs.
+
+With ``--device cuda`` or ``--models`` it benchmarks the built-in models
+instead (the MLP, embedding-mlp, mnist-small, resnet20), graph and eager
+step beside plain PyTorch and Opacus: :mod:`engine.bench.dpsgd_models`.
 """
 from __future__ import annotations
 
@@ -44,6 +48,8 @@ import numpy as np
 from collectives import MPI, machine
 from engine import outputs
 from engine.bench import synthetic
+from engine.bench.dpsgd_models import METHODS as MODEL_METHODS
+from engine.bench.dpsgd_models import MODELS
 from engine.errors import ConfigError, OutputError
 from engine.shard import read_info, read_shard
 
@@ -70,20 +76,28 @@ RATIOS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None,
                         help="prepared HDF5 file; default: synthetic rows in memory")
-    parser.add_argument("--rows", type=int, default=790_000,
+    parser.add_argument("--rows", type=int, default=None,
                         help="synthetic training rows (default: 790000, what prep makes of "
-                        "the 1.2M-row file)")
+                        "the 1.2M-row file; with --models, each model's own)")
     parser.add_argument("--features", type=int, default=100,
                         help="synthetic features (default: 100)")
     parser.add_argument("--hidden", default="128,128", help="hidden widths (default: 128,128)")
-    parser.add_argument("--batch-size", type=int, default=256,
-                        help="expected batch size (default: 256)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="expected batch size (default: 256; with --models, each "
+                        "model's own: 32 for resnet20)")
     parser.add_argument("--steps", type=int, default=100, help="steps per method and round")
     parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds (median)")
     parser.add_argument("--naive-steps", type=int, default=3,
                         help="steps of the naive loop per round (it is ~100x slower)")
-    parser.add_argument("--methods", default=",".join(METHODS),
-                        help=f"comma-separated subset of {', '.join(METHODS)}")
+    parser.add_argument("--methods", default=None,
+                        help=f"comma-separated subset of {', '.join(METHODS)} (with --models: "
+                        f"of {', '.join(MODEL_METHODS)}) (default: all)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu, or cuda: the built-in models on one GPU (default: cpu)")
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated subset of {', '.join(MODELS)}: benchmark "
+                        "these models instead of the MLP's methods (default with --device "
+                        "cuda: all of them)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch/numba threads (default: as mpidp train: cores // ranks)")
     parser.add_argument("--seed", type=int, default=0)
@@ -284,21 +298,35 @@ def run(args: argparse.Namespace) -> int:
     if MPI.COMM_WORLD.Get_size() > 1:
         raise ConfigError("mpidp bench dpsgd compares methods in one process: run it "
                           "without mpiexec (or with -n 1)", collective=True)
+    if args.device == "cuda" and args.models is None:
+        args.models = ",".join(MODELS)
     for option, value, least in (("--rows", args.rows, 1), ("--features", args.features, 1),
                                  ("--batch-size", args.batch_size, 1), ("--steps", args.steps, 1),
                                  ("--repeats", args.repeats, 1),
                                  ("--naive-steps", args.naive_steps, 0)):
-        if value < least:
+        if value is not None and value < least:
             raise ConfigError(f"{option} {value} must be at least {least}", collective=True)
-    unknown = set(args.methods.split(",")) - set(METHODS)
+    choices = METHODS if args.models is None else MODEL_METHODS
+    unknown = set((args.methods or ",".join(choices)).split(",")) - set(choices)
     if unknown:
         raise ConfigError(f"unknown --methods {', '.join(sorted(unknown))}; choose from "
-                          f"{', '.join(METHODS)}", collective=True)
+                          f"{', '.join(choices)}", collective=True)
+    bad = set((args.models or "").split(",")) - set(MODELS) - {""}
+    if bad:
+        raise ConfigError(f"unknown --models {', '.join(sorted(bad))}; choose from "
+                          f"{', '.join(MODELS)}", collective=True)
     try:
         outputs.check_all({"--json": args.json})  # before any work (engine.outputs)
     except OutputError as exc:
         exc.collective = True  # one rank: the command refuses to run on more
         raise
+    if args.models is not None:
+        from engine.bench import dpsgd_models  # deferred: torch
+
+        return dpsgd_models.run(args)
+    args.rows = 790_000 if args.rows is None else args.rows
+    args.batch_size = 256 if args.batch_size is None else args.batch_size
+    args.methods = args.methods or ",".join(METHODS)
     threads, _ = configure_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
     warnings.filterwarnings("ignore", module="opacus")
