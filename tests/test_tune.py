@@ -235,6 +235,25 @@ def test_household_score_counts_each_household_once():
     assert plain["units"] == 5 and plain["unit_score"] == 3
 
 
+def test_households_are_counted_by_key_whatever_the_row_order(tmp_path):
+    """N of the tuning's accounting is the trainer's: the distinct household keys,
+    also when a household's rows are not consecutive (before: one per row)."""
+    import h5py
+    from collectives import MPI
+    from engine.bench import synthetic
+    from engine.shard import read_info
+    from engine.tune.command import _training_units
+
+    path = synthetic.write(tmp_path / "h.h5", rows=400, features=3, seed=2, val_rows=50)
+    with h5py.File(path, "r+") as f:
+        perm = np.random.default_rng(0).permutation(f["train/y"].shape[0])
+        for name in ("train/X", "train/y", "train/household"):
+            f[name][...] = f[name][:][perm]
+        distinct = len(np.unique(f["train/household"][:]))
+    assert distinct < 300
+    assert _training_units(read_info(path), "household", MPI.COMM_SELF) == distinct
+
+
 def test_choice_and_command():
     records = [{"trial": 1, "status": "ok", "val_accuracy": 0.8},
                {"trial": 2, "status": "failed", "val_accuracy": None},

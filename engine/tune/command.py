@@ -287,14 +287,11 @@ def _training_units(info, unit: str, comm) -> int:
     count, error = None, None
     if comm.Get_rank() == 0:
         try:
-            import h5py
-            import numpy as np
+            from engine.shard import household_layout
 
-            from preprocessing import h5format
-
-            with h5py.File(info.path, "r") as f:
-                keys = f[h5format.household_name("train")][:]
-            count = int(np.count_nonzero(keys[1:] != keys[:-1]) + 1) if keys.size else 0
+            # the households the trainer's shards hold: rows grouped by key,
+            # whatever their order in the file
+            count = household_layout(info.path, "train").households
         except (OSError, KeyError) as exc:
             error = DataError(f"{info.path}: cannot read /train/household: {exc}")
     agree(comm, error)
