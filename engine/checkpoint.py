@@ -21,9 +21,13 @@ before its requeue; a Slurm job that no longer runs) is taken over and the
 run says so, and a lock whose holder cannot be checked (another host,
 no Slurm) is never broken: the message says how to remove it.
 
-The checkpoint is as sensitive as the training data (it holds the noise
-generators' states, which with the model could help undo the noise): keep
-the directory private.
+The checkpoint is the resume file, never a file to publish: it is as
+sensitive as the training data (the run's seed and the noise generators'
+states, which with the model undo the noise; the exact validation and test
+figures of every epoch, which a bit-identical resume needs to keep
+selecting and to rewrite the metrics file): keep the directory private.
+``<dir>/best.pt`` (:func:`published`) is the file to publish: the selected
+model and only what the epsilon it states covers.
 
 torch is imported inside the functions that need it: the lock and the
 output checks run before it loads, so a refused run answers at once.
@@ -50,9 +54,16 @@ from engine.errors import (CheckpointError, DataError, DirectoryLocked, MpidpErr
                            WriteFailed, agree)
 
 FILENAME = "checkpoint.pt"
-#: The model a run selected (``--select-on val_accuracy``): its parameters, the
-#: model and data descriptions and the epsilon spent, no generator states.
+#: The model a run selected (``--select-on val_accuracy``), the file to publish
+#: (:func:`published`): its parameters, the model and data descriptions, the
+#: settings and the epsilon that covers it; no seed, generator states or
+#: exact scores.
 BEST_NAME = "best.pt"
+#: Every key a published model file (best.pt) may hold, besides the format's own.
+PUBLISHED_KEYS = frozenset({"config", "world_size", "data", "model", "params", "budget_epsilon",
+                            "epsilon", "privacy", "step", "steps_per_epoch", "selected"})
+#: The keys of ``selected`` in a published file: which epoch, never its scores.
+PUBLISHED_SELECTION = frozenset({"epoch", "step", "on", "run_step", "tuning"})
 LOCK_NAME = "lock"
 FORMAT = "mpidp-checkpoint"
 #: 2: the contents carry a SHA-256 (``digest``). Version 1 files (no digest) still load.
@@ -72,13 +83,64 @@ def best_path_in(directory: str | os.PathLike) -> Path:
 
 def model_of(payload: dict, checkpoint: str | os.PathLike):
     """(model description, parameters, the selection or None) that ``--checkpoint``
-    names, for ``mpidp eval`` and ``mpidp audit``: a run's directory whose
-    checkpoint holds a selected epoch gives that epoch's parameters (the run's
-    model); a file gives the parameters it holds."""
+    names, for ``mpidp eval`` and ``mpidp audit``, from :func:`load_model`'s
+    payload: a run's directory whose checkpoint holds a selected epoch gives
+    that epoch's parameters (the run's model); a file (``best.pt`` included)
+    gives the parameters it holds."""
     best = payload.get("best")
     if os.path.isdir(checkpoint) and best:
         return payload["model"], best["params"], best
     return payload["model"], payload["params"], payload.get("selected")
+
+
+def load_model(checkpoint: str | os.PathLike) -> dict:
+    """The payload ``--checkpoint`` names for ``mpidp eval`` and ``mpidp audit``:
+    a run's directory gives its ``best.pt`` (the model it publishes, with the
+    epsilon that covers it: a tuned trial's includes the tuning) when there is
+    one, else its ``checkpoint.pt``; a file gives itself.
+
+    Raises:
+        CheckpointError: as :func:`load_file`.
+    """
+    if os.path.isdir(checkpoint) and best_path_in(checkpoint).is_file():
+        return load_file(best_path_in(checkpoint))
+    return load_file(checkpoint)
+
+
+def published(checkpoint: dict, best: dict | None) -> dict:
+    """The contents of ``best.pt`` for a checkpoint's payload: the selected
+    model and only what the epsilon it states covers.
+
+    Kept: the model and data descriptions, the settings without the seed,
+    the parameters of ``best`` (the selected epoch: ``{"epoch", "step",
+    "params", ...}``; None: the checkpoint's own), the epsilon spent and a
+    ``privacy`` statement (epsilon, delta, unit, accountant, noise
+    multiplier, sampling; ``includes_tuning`` False: a tuned trial's is
+    rewritten by ``mpidp tune``). Left out: the seed (with it the noise and
+    the batches can be drawn again, and the guarantee is gone), the
+    generator states and optimizer, the history, and every exact validation
+    or test figure (the epsilon covers the training rows, not the scores).
+    """
+    config = {k: v for k, v in checkpoint["config"].items() if k != "seed"}
+    accountant = checkpoint.get("accountant") or {}
+    dp = bool(config.get("dp", True)) and checkpoint.get("epsilon") is not None
+    privacy = {"epsilon": checkpoint.get("epsilon") if dp else None,
+               "delta": config.get("delta") if dp else None,
+               "unit": config.get("privacy_unit", "person"),
+               "accountant": config.get("accountant") if dp else None,
+               "noise_multiplier": accountant.get("sigma") if dp else None,
+               "sampling": config.get("sampling"), "includes_tuning": False}
+    selected = None
+    if best is not None:
+        selected = {"epoch": best["epoch"], "step": best["step"], "on": "val_accuracy",
+                    "run_step": checkpoint["step"]}
+    return {"config": config, "world_size": checkpoint.get("world_size"),
+            "data": checkpoint.get("data"), "model": checkpoint["model"],
+            "params": checkpoint["params"] if best is None else best["params"],
+            "budget_epsilon": checkpoint.get("budget_epsilon"),
+            "epsilon": privacy["epsilon"], "privacy": privacy,
+            "step": checkpoint["step"] if best is None else best["step"],
+            "steps_per_epoch": checkpoint.get("steps_per_epoch"), "selected": selected}
 
 
 def exists_in(directory: str | os.PathLike) -> bool:

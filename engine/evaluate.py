@@ -11,7 +11,9 @@ split of a file meant only for scoring), on one split or on all of them::
 A run's directory scores the run's model: the epoch selected on the
 validation split when the run kept one (``best.pt``), else the last
 parameters; a file scores the parameters it holds (``checkpoint.pt``: the
-last epoch's; ``best.pt``: the selected one's).
+last epoch's; ``best.pt``: the selected one's). The epsilon printed is the
+one the file states: for the model a ``mpidp tune`` chose, the epsilon
+including the tuning (said so), never the trial's alone.
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     error, payload = None, None
     try:
-        payload = ckpt.load_file(args.checkpoint)
+        payload = ckpt.load_model(args.checkpoint)
         ckpt.check_data_path(args.data)
     except (CheckpointError, DataError) as exc:
         error = exc
@@ -129,10 +131,15 @@ def run(args: argparse.Namespace) -> int:
         del shard
     result = dict(per_split[splits[0]]) if len(splits) == 1 else _together(per_split)
     if comm.Get_rank() == 0:
-        step = selected["step"] if selected else payload.get("step")
+        step = selected.get("step", payload.get("step")) if selected else payload.get("step")
+        privacy = payload.get("privacy") or {}
+        tuned = bool(privacy.get("includes_tuning"))
         result.update(checkpoint=str(args.checkpoint), data=args.data, split=args.split,
-                      step=step, epsilon=payload.get("epsilon"))
-        if selected:
+                      step=step, epsilon=payload.get("epsilon"),
+                      epsilon_includes_tuning=tuned)
+        if tuned:
+            result["trial_epsilon"] = privacy.get("trial_epsilon")
+        if selected and selected.get("epoch") is not None:
             result["selected_epoch"] = selected.get("epoch")
         if args.split == "all":
             result["splits"] = per_split
@@ -142,10 +149,17 @@ def run(args: argparse.Namespace) -> int:
             eps = result["epsilon"]
             where = args.split if args.split != "all" else "all: " + "+".join(splits)
             model = (f"model of epoch {selected['epoch']} (step {step}), selected on "
-                     "val_accuracy" if selected else f"model from step {step}")
+                     "val_accuracy" if selected and selected.get("epoch") is not None
+                     else f"model from step {step}")
+            if eps is None:
+                privacy_text = ", non-private)"
+            elif tuned:
+                privacy_text = f", epsilon {eps:.3f} incl. tuning)"
+            else:
+                privacy_text = f", epsilon {eps:.3f})"
             print(f"{args.data} [{where}]: accuracy {result['accuracy']:.4f}, "
                   f"loss {result['loss']:.4f}, {result['rows']:,} rows ({model}"
-                  + (f", epsilon {eps:.3f})" if eps is not None else ", non-private)"))
+                  + privacy_text)
             if args.split == "all":
                 for split, part in per_split.items():
                     print(f"  {split:<5} accuracy {part['accuracy']:.4f}, loss "

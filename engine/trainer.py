@@ -553,17 +553,12 @@ class Trainer:
         return str(ckpt.path_in(self.cfg.checkpoint_dir))
 
     def _best_payload(self, payload: dict) -> dict:
-        """``best.pt``: the selected model, readable by ``mpidp eval``, without the
-        generator states and optimizer of the checkpoint. Its epsilon is the
-        run's so far: choosing an epoch looked at every epoch's parameters."""
-        best = self.best
-        return {"config": payload["config"], "seed": payload["seed"],
-                "world_size": payload["world_size"], "data": payload["data"],
-                "model": payload["model"], "params": best["params"],
-                "budget_epsilon": payload["budget_epsilon"], "epsilon": payload["epsilon"],
-                "step": best["step"], "steps_per_epoch": payload["steps_per_epoch"],
-                "selected": {k: v for k, v in best.items() if k != "params"}
-                | {"on": "val_accuracy", "run_step": payload["step"]}}
+        """``best.pt``: the selected model to publish, readable by ``mpidp eval``
+        (:func:`engine.checkpoint.published`: no seed, generator states,
+        optimizer or exact scores; those stay in the checkpoint, which a
+        resume needs). Its epsilon is the run's so far: choosing an epoch
+        looked at every epoch's parameters."""
+        return ckpt.published(payload, self.best)
 
     def _write_metrics_file(self) -> None:
         if self.cfg.metrics:

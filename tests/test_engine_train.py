@@ -368,6 +368,51 @@ def test_resume_keeps_the_best_epoch_so_far(comm, shared_tmp):
         assert saved["epsilon"] == pytest.approx(whole.accountant.epsilon())
 
 
+def _walk(value, path=""):
+    """Every (key path, leaf) of a nested payload."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _walk(item, f"{path}/{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _walk(item, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+@pytest.mark.mpi(min_size=1)
+def test_best_pt_holds_only_what_its_epsilon_covers(comm, shared_tmp):
+    """best.pt, the file to publish: the selected parameters and the run's
+    epsilon, no seed (it regenerates the noise and the batches), no exact val
+    or test figure (before 2026-11-27 it held the seed, val_accuracy and
+    val_loss); the checkpoint, the resume file, keeps all of them."""
+    path = _val_file(comm, shared_tmp)
+    d = str(shared_tmp / "pub")
+    trainer, code = _train(TrainConfig(data=path, checkpoint_dir=d, **VAL), comm)
+    assert code == 0
+    if comm.Get_rank() != 0:
+        return
+    published = ckpt.load_file(ckpt.best_path_in(d))
+    assert set(published) <= ckpt.PUBLISHED_KEYS | {"format", "version"}
+    assert set(published["selected"]) <= ckpt.PUBLISHED_SELECTION
+    assert torch.equal(published["params"], trainer.best["params"])
+    assert published["epsilon"] == published["privacy"]["epsilon"] == pytest.approx(
+        trainer.accountant.epsilon())
+    assert published["privacy"]["includes_tuning"] is False
+    assert published["privacy"]["noise_multiplier"] == trainer.accountant.sigma
+    last = trainer.history[-1]
+    exact = {v for r in trainer.history for k, v in r.items()
+             if isinstance(v, float) and k.startswith(("val_", "test_"))}
+    assert exact and last["test_accuracy"] in exact
+    for where, leaf in _walk(published):
+        name = where.rsplit("/", 1)[-1]
+        assert "seed" not in name and not name.startswith(("val_", "test_")), where
+        assert not isinstance(leaf, float) or leaf not in exact, (where, leaf)
+    resume = ckpt.load(d)  # the resume file keeps what a bit-identical resume needs
+    assert resume["seed"] == trainer.seed and resume["best"]["val_accuracy"] in exact
+    assert resume["history"][-1]["test_accuracy"] == last["test_accuracy"]
+
+
 def test_files_without_val_or_training_rows_and_an_empty_val(tmp_path, tiny):
     """An old file trains as before (test every epoch: the documented fallback);
     an empty validation split or a file only for scoring is one clear error."""

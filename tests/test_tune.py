@@ -336,7 +336,11 @@ def test_search_chooses_the_best_val_trial_and_survives_divergence(data, comm, s
     from engine import checkpoint
     from engine.nn.models import checkpoint_logits
 
-    payload = checkpoint.load(doc["chosen"]["checkpoint"])
+    # one file, the model to publish: non-private trials state no epsilon and
+    # their exact scores (neither noised nor declared public) stay out of it
+    assert os.listdir(doc["chosen"]["checkpoint"]) == ["best.pt"]
+    payload = checkpoint.load_model(doc["chosen"]["checkpoint"])
+    assert payload["epsilon"] is None and "val_accuracy" not in payload["selected"]["tuning"]
     X, y = _val(data)
     logits = checkpoint_logits(payload["model"], payload["params"], X.shape[1], 2, "x")
     ones = np.ones((X.shape[0], 1), dtype=np.float32)
@@ -383,6 +387,46 @@ def test_a_rerun_skips_finished_trials_and_another_space_is_refused(data, comm, 
         tune(*[a if a != "3" else "2" for a in argv])
 
 
+def _check_published(doc: dict, stated: dict, comm) -> None:
+    """The chosen trial's directory holds best.pt alone, stating the epsilon incl.
+    tuning and the noisy score that chose it, never the exact val or test figures
+    nor the seed (before 2026-11-27: the trial's 0.999-style epsilon, the exact
+    val_accuracy and val_loss, the seed; checkpoint.pt beside it); `mpidp eval`
+    prints that epsilon, saying it includes the tuning."""
+    import io
+    from contextlib import redirect_stdout
+
+    import torch
+    from engine import checkpoint
+    from engine.cli import build_parser
+    from engine.nn.models import checkpoint_logits
+
+    chosen, where = doc["chosen"], doc["chosen"]["checkpoint"]
+    assert os.listdir(where) == ["best.pt"] and chosen["model"] == os.path.join(where,
+                                                                                 "best.pt")
+    payload = checkpoint.load_model(where)
+    assert set(payload) <= checkpoint.PUBLISHED_KEYS | {"format", "version"}
+    assert "seed" not in payload["config"]
+    assert payload["epsilon"] == stated["epsilon"] > chosen["epsilon"]
+    assert payload["privacy"]["includes_tuning"] is True
+    assert payload["privacy"]["trial_epsilon"] == chosen["epsilon"]
+    tuning = payload["selected"]["tuning"]
+    assert tuning["trial"] == chosen["trial"] and tuning["val_noise_std"] == 0.5
+    assert tuning["val_accuracy"] == chosen["val_accuracy"]  # the noisy score
+    X, y = _val(doc["data"])
+    logits = checkpoint_logits(payload["model"], payload["params"], X.shape[1], 2, "x")
+    ones = torch.ones((X.shape[0], 1), dtype=torch.float32)
+    exact = float((logits(torch.cat([X, ones], 1)).argmax(1) == y).float().mean())
+    assert exact != tuning["val_accuracy"]  # the noisy score, not the exact one
+    assert "val_loss" not in tuning and "val_accuracy" not in payload["selected"]
+    args = build_parser().parse_args(["eval", "--checkpoint", where, "--data", doc["data"]])
+    said = io.StringIO()
+    with redirect_stdout(said):
+        assert args._run(args) == 0
+    if comm.Get_rank() == 0:
+        assert f"epsilon {stated['epsilon']:.3f} incl. tuning)" in said.getvalue()
+
+
 @pytest.mark.mpi(min_size=1)
 def test_private_random_search_states_its_cost(data, comm, shared_tmp):
     from engine.tune.command import Options, _privacy_plans
@@ -401,6 +445,7 @@ def test_private_random_search_states_its_cost(data, comm, shared_tmp):
     assert all(r["status"] == "ok" and r["epsilon"] <= 2.0 + 1e-6 for r in records)
     assert all(r["epsilon_incl_tuning"] == stated["epsilon"] > 2.0 for r in records)
     assert all(r["val_loss"] is None and r["val_noise_std"] == 0.5 for r in records)
+    _check_published(doc, stated, comm)
     # the tuning's curves use the sigma each trial calibrated
     from engine.cli import build_parser
     args = build_parser(only="tune").parse_args(

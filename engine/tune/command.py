@@ -8,7 +8,9 @@ trial with the best val accuracy is chosen. The test split is never used
 to choose. Rank 0 prints a line per finished trial, then a table, the
 privacy the tuning itself costs, and the chosen settings as an `mpidp
 train` command; OUT/tune.json holds it all, and the chosen trial's model is
-kept in OUT/trials/trial-NNNN (a checkpoint: `mpidp eval --checkpoint`).
+kept in OUT/trials/trial-NNNN/best.pt, the file to publish: its epsilon is
+the one including the tuning, and it holds no exact score (`mpidp eval
+--checkpoint OUT/trials/trial-NNNN` scores it and prints that epsilon).
 
 Examples:
   mpiexec -n 2 mpidp tune --data pums.h5 --no-dp --out runs/tune \\
@@ -574,6 +576,59 @@ def run(args: argparse.Namespace) -> int:
             lock.release()
 
 
+def publish(directory: str, chosen: dict, statement, opts: Options) -> bool:
+    """Rank 0: the chosen trial's directory keeps one file, ``best.pt``, the
+    model to publish, stating the epsilon including the tuning.
+
+    From the trial's ``best.pt`` (or its checkpoint's last parameters, through
+    :func:`engine.checkpoint.published`): ``epsilon`` and ``privacy`` become
+    the tuning's statement (``includes_tuning``, the trial's own epsilon
+    beside it), and ``selected["tuning"]`` names the trial, its settings and,
+    where the statement covers it, the score that chose it (noised, or from
+    a split declared public). The trial's ``checkpoint.pt`` is removed: it
+    holds the seed, the exact val and test figures and the trial's epsilon
+    alone, none of which the statement covers, and a finished trial has
+    nothing to resume. Idempotent (a re-run of a finished search publishes
+    the same file again). Returns False, writing nothing, when the trial left
+    no model (a re-run chose a trial whose model an earlier run had already
+    removed as not chosen).
+
+    Raises:
+        CheckpointError: the trial's files cannot be read.
+        WriteFailed: ``best.pt`` cannot be written (the directory is unchanged).
+    """
+    from engine import checkpoint as ckpt
+
+    best = ckpt.best_path_in(directory)
+    if best.is_file():
+        payload = ckpt.load_file(best)
+    elif ckpt.exists_in(directory):
+        payload = ckpt.published(ckpt.load_file(ckpt.path_in(directory)), None)
+    else:
+        return False
+    payload = {k: v for k, v in payload.items() if k in ckpt.PUBLISHED_KEYS}
+    privacy = dict(payload.get("privacy") or {})
+    if statement is not None:
+        privacy.update(epsilon=statement.epsilon, delta=statement.delta, includes_tuning=True,
+                       trial_epsilon=chosen.get("epsilon"), tuning=statement.text,
+                       tuning_mode=statement.mode)
+    payload["privacy"] = privacy
+    payload["epsilon"] = privacy.get("epsilon")
+    tuning = {"trial": chosen["trial"], "settings": chosen["settings"]}
+    if chosen.get("val_noise_std") is not None:  # the noisy score the statement covers
+        tuning.update(val_accuracy=chosen["val_accuracy"],
+                      val_noise_std=chosen["val_noise_std"], val_split="val, noised")
+    elif opts.public_split:  # exact, from a split the user declared public
+        tuning.update(val_accuracy=chosen["val_accuracy"], val_noise_std=None,
+                      val_split=f"{opts.public_split}, declared public")
+    selected = {k: v for k, v in (payload.get("selected") or {}).items()
+                if k in ckpt.PUBLISHED_SELECTION}
+    payload["selected"] = {**selected, "tuning": tuning}
+    ckpt.save(directory, payload, ckpt.BEST_NAME)
+    ckpt.path_in(directory).unlink(missing_ok=True)
+    return True
+
+
 def _report(opts: Options, space, info, trials, results: dict, statement, size: int,
             parallel: int, elapsed: float) -> int:
     """Rank 0: the table, tune.json, the chosen settings; prunes the other trials'
@@ -598,6 +653,7 @@ def _report(opts: Options, space, info, trials, results: dict, statement, size: 
     for trial in trials:
         if chosen is None or trial.number != chosen["trial"]:
             shutil.rmtree(trial.directory(opts.out), ignore_errors=True)
+    kept = chosen is not None and publish(checkpoint_dir, chosen, statement, opts)
     document = {
         "format": FORMAT, "version": VERSION, "data": opts.data, "ranks": size,
         "parallel": parallel, "space": space.to_json(), "search": opts.search,
@@ -610,6 +666,7 @@ def _report(opts: Options, space, info, trials, results: dict, statement, size: 
         "trials": records,
         "chosen": None if chosen is None else {
             **chosen, "checkpoint": checkpoint_dir, "train_command": command,
+            "model": os.path.join(checkpoint_dir, "best.pt") if kept else None,
             "test_accuracy_note": "the test accuracy of the chosen trial, as mpidp train "
             "reports it; never used for the choice"},
         "elapsed_s": elapsed,
@@ -634,7 +691,10 @@ def _report(opts: Options, space, info, trials, results: dict, statement, size: 
           + (f", epsilon {eps:.3f} per trial, {tuned:.3f} incl. tuning "
              f"(delta {opts.privacy['delta']:g})" if eps is not None and tuned is not None
              else "")
-          + f"; model: {checkpoint_dir}")
+          + (f"; model: {os.path.join(checkpoint_dir, 'best.pt')}"
+             + (" (it states the epsilon incl. tuning)" if tuned is not None else "")
+             if kept else "; its model is no longer kept (an earlier run of this search "
+             "chose another trial and removed it): train it again with the command below"))
     print(f"train it again with:\n  {command}")
     if opts.dp:
         print("(training again spends that run's epsilon on top of the tuning's: the settings "
