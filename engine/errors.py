@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_CLAIM_REFUTED = 4  # mpidp audit --attack canary: the run leaks more than its epsilon says
+EXIT_CANNOT_REFUTE = 5  # mpidp audit --attack canary: these settings cannot reach the claim
 EXIT_LOCKED = 73  # EX_CANTCREAT: the checkpoint directory is in use by another run
 EXIT_WRITE_FAILED = 74  # EX_IOERR: an output could not be written midway (disk full, read-only)
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: interrupted, checkpoint written; rerun with --resume

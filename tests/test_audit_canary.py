@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from collectives import MPI
-from engine.audit import canary, one_run
+from engine.audit import canary, one_run, one_run_fdp
 from engine.bench import synthetic
 from engine.errors import ConfigError
 
@@ -242,6 +242,63 @@ def test_a_refuted_claim_is_exit_code_4(data, monkeypatch, capsys):
     assert "CLAIM REFUTED" in capsys.readouterr().out
 
 
+def _ceiling(m: int, delta: float = 1e-5, confidence: float = 0.95) -> float:
+    """The larger of the two analyses' ceilings, each found by bisection
+    (one_run.largest_ceiling): the reference for canary.reaches."""
+    ks = one_run.default_guess_sizes(m)
+    return max(one_run.largest_ceiling(m, ks, delta, confidence, bound)
+               for bound in (one_run.epsilon_lower_bound, one_run_fdp.epsilon_lower_bound))
+
+
+def test_reaching_a_claim_is_the_ceiling_and_the_advice_reaches_it(monkeypatch):
+    """reaches() (one test per guess size) agrees with the ceilings found by
+    bisection; the canaries advised reach the claim and a sixth fewer do not;
+    a claim no audit up to MAX_CANARIES reaches gets None."""
+    for m in (200, 500, 2000):
+        top = _ceiling(m)
+        assert canary.reaches(m, 0.99 * top, 1e-5, 0.95)
+        assert not canary.reaches(m, 1.01 * top, 1e-5, 0.95)
+    wanted = canary.canaries_to_reach(8.0, 1e-5, 0.95, 500)
+    assert _ceiling(wanted) >= 8.0 > _ceiling(int(wanted / 1.2)), wanted
+    assert wanted % 10 ** max(0, len(str(wanted)) - 2) == 0  # two significant digits
+    monkeypatch.setattr(canary, "MAX_CANARIES", 4096)
+    assert canary.canaries_to_reach(12.0, 1e-5, 0.95, 500) is None
+    assert one_run_fdp.gdp_epsilon(one_run_fdp.gdp_mu(8.0, 1e-5), 1e-5) == pytest.approx(8.0)
+
+
+def test_a_claim_above_the_ceiling_cannot_be_refuted_and_says_what_would(data, tmp_path,
+                                                                         capsys):
+    """Claimed epsilon 8 with 500 canaries (ceiling 6.77): before, "consistent
+    with the claim" and exit 0; now "CANNOT REFUTE", exit 5, and the advice:
+    about 1,200 canaries, which the 610-parameter model cannot hold."""
+    import json
+
+    from engine.audit import command
+    from engine.cli import build_parser
+
+    out = tmp_path / "c.json"
+    args = build_parser(only="audit").parse_args(
+        ["audit", "--attack", "canary", "--data", data, "--canaries", "500",
+         "--target-epsilon", "8", "--epochs", "5", "--batch-size", "100", "--hidden", "32",
+         "--no-progress", "--json", str(out)])
+    assert command.run(args) == 5
+    said = capsys.readouterr().out
+    report = json.loads(out.read_text())["canary"]
+    assert report["verdict"] == "cannot-refute" and not report["detected"]
+    top = max(report["ceiling"], report["ceiling_fdp"])
+    assert top == pytest.approx(_ceiling(500), abs=1e-6) and top < report["claimed_epsilon"]
+    assert f"-> CANNOT REFUTE epsilon={report['claimed_epsilon']:.3f} with these settings " \
+        f"(ceiling {top:.3f})" in said
+    assert "consistent with the claim" not in said
+    wanted = report["canaries_needed"]
+    assert _ceiling(wanted) >= report["claimed_epsilon"]
+    assert f"to be able to: --canaries {wanted}, a model with at least {wanted} parameters" \
+        in said and "it has 610" in said
+    v, r = report["needed_correct"], report["needed_guesses"]
+    assert r == 250 and v >= 248  # only a (nearly) flawless attack could reject the claim
+    assert f"its test of the claim would reject it only with {v} of {r} guesses right" in said
+
+
 def test_mpidp_audit_attack_canary_on_two_ranks(data, tmp_path):
     import json
 
@@ -255,6 +312,8 @@ def test_mpidp_audit_attack_canary_on_two_ranks(data, tmp_path):
     assert "f-DP analysis of the same guesses: epsilon >=" in done.stdout
     report = json.loads(out.read_text())["canary"]
     assert report["ranks"] == 2 and report["m"] == 500 and not report["detected"]
+    assert report["verdict"] == "not-refuted" and "-> not refuted (this audit could have " \
+        "shown up to epsilon" in done.stdout
     refused = mpidp(2, "audit", "--attack", "canary", "--data", data, "--canaries", "5000",
                     "--target-epsilon", "2", "--batch-size", "100", "--hidden", "32")
     assert refused.returncode == 2

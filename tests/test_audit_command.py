@@ -236,6 +236,94 @@ def test_a_run_directory_is_audited_at_its_selected_epoch(tmp_path):
     assert run.exit_code == 0
     whole = load_target(run_dir, data, MPI.COMM_SELF)
     last = load_target(run_dir + "/checkpoint.pt", data, MPI.COMM_SELF)
-    best = whole.payload["best"]["params"].to(torch.float64)
-    assert torch.equal(whole.params, best)
-    assert torch.equal(last.params, whole.payload["params"].to(torch.float64))
+    best = last.payload["best"]["params"].to(torch.float64)
+    assert torch.equal(whole.params, best)  # the directory: its best.pt
+    assert torch.equal(last.params, last.payload["params"].to(torch.float64))
+
+
+def test_the_report_names_the_audited_models_step_and_says_what_it_found(tmp_path):
+    """The header names the step of the parameters audited (a run directory's
+    selected epoch), not the step its run ended at (before: step 280 for a
+    model of step 168); membership and inversion each end in a verdict."""
+    import engine
+    from engine.audit import report as report_mod
+    from engine.bench import synthetic
+
+    data = synthetic.write(tmp_path / "v.h5", rows=900, features=6, test_rows=200,
+                           val_rows=200, seed=7)
+    run_dir = str(tmp_path / "run")  # these settings select epoch 1 or 2 of 4
+    run = engine.train(data, epochs=4, batch_size=64, hidden=(8,), noise_multiplier=4.0,
+                       lr=0.5, seed=22, allreduce="ring", quiet=True, checkpoint_dir=run_dir)
+    assert run.exit_code == 0 and run.selected_epoch < 4
+    report = _audit(run_dir, data, attribute="CAT0", resamples=50, calibration=False)
+    target = report["target"]
+    step = run.selected_epoch * run.history[0]["step"]
+    assert target["step"] == step and target["selected_epoch"] == run.selected_epoch
+    assert target["run_step"] == run.history[-1]["step"] > step
+    text = report_mod.text(report)
+    head = text.splitlines()[0]
+    assert f"step {step} (epoch {run.selected_epoch}, the selected model; its run ended at " \
+        f"step {target['run_step']})" in head
+    assert f"epsilon {target['epsilon']:.3f} (delta 1e-05)" in head
+    verdicts = [line for line in text.splitlines() if line.startswith("verdict: ")]
+    assert len(verdicts) == 2
+    assert report["membership"]["verdict"]["text"] in verdicts[0]
+    assert report["inversion"]["verdict"]["text"] in verdicts[1]
+
+
+def _exact_advantage_bound(eps: float, delta: float) -> float:
+    """max over FPR of TPR - FPR under TPR <= e^eps FPR + delta and
+    1 - FPR <= e^eps (1 - TPR) + delta, on a fine grid (the reference)."""
+    fpr = np.linspace(0, 1, 200_001)
+    tpr = np.minimum.reduce([np.exp(eps) * fpr + delta,
+                             1 - np.exp(-eps) * (1 - fpr - delta), np.ones_like(fpr)])
+    return float(np.max(tpr - fpr))
+
+
+def test_membership_verdict_in_words():
+    """Not detected, detected within the epsilon, and beyond what the epsilon
+    allows, from the p-values and the advantage's interval; the bound is the
+    largest TPR - FPR an (epsilon, delta)-DP mechanism allows."""
+    from engine.audit.report import advantage_ceiling, membership_verdict
+
+    for eps, delta in ((0.5, 1e-5), (1.0, 1e-5), (4.0, 1e-3)):
+        assert advantage_ceiling(eps, delta) == pytest.approx(_exact_advantage_bound(eps, delta),
+                                                              abs=1e-5)
+
+    def section(p, advantage_ci):
+        attack = {"title": "loss threshold", "confidence": 0.95,
+                  "p_values": {"auc_p_value": p, "advantage_p_value": p},
+                  "ci": {"advantage": advantage_ci}}
+        return {"members": 200, "nonmembers": 200, "attacks": [attack]}
+
+    private = {"private": True, "epsilon": 1.0, "delta": 1e-5}
+    quiet = membership_verdict(section(0.3, [0.0, 0.1]), private)
+    assert quiet["verdict"] == "not-detected" and quiet["text"].startswith(
+        "no membership leakage detected") and "not a guarantee" in quiet["text"]
+    assert "at most 0.462" in quiet["text"]
+    # p = 0.03 is below 0.05 but not below 0.05 / 2 (two tests): not detected
+    assert membership_verdict(section(0.03, [0.0, 0.2]), private)["verdict"] == "not-detected"
+    found = membership_verdict(section(1e-6, [0.2, 0.4]), private)
+    assert found["verdict"] == "leakage" and "within what the epsilon allows" in found["text"]
+    open_model = membership_verdict(section(1e-6, [0.5, 0.7]), {"private": False})
+    assert open_model["verdict"] == "leakage" and "not private" in open_model["text"]
+    beyond = membership_verdict(section(1e-6, [0.5, 0.7]), private)
+    assert beyond["verdict"] == "beyond-epsilon" and beyond["text"].startswith(
+        "LEAKAGE BEYOND THE CLAIM") and "0.500" in beyond["text"]
+
+
+def test_inversion_verdict_in_words():
+    from engine.audit.report import inversion_verdict
+
+    def group(acc, lo, hi, base=0.5):
+        return {"accuracy": acc, "accuracy_ci": [lo, hi], "baseline_accuracy": base}
+
+    def section(members, nonmembers):
+        return {"attribute": "SEX", "members": members, "nonmembers": nonmembers}
+
+    apart = inversion_verdict(section(group(0.8, 0.75, 0.85), group(0.6, 0.55, 0.65)))
+    assert apart["verdict"] == "members-exposed" and "training rows' SEX" in apart["text"]
+    alike = inversion_verdict(section(group(0.7, 0.64, 0.76), group(0.68, 0.62, 0.74)))
+    assert alike["verdict"] == "population" and "not about its training rows" in alike["text"]
+    none = inversion_verdict(section(group(0.51, 0.45, 0.57), group(0.5, 0.44, 0.56)))
+    assert none["verdict"] == "not-detected"

@@ -104,7 +104,7 @@ def test_fdp_bound_never_exceeds_a_gaussian_mechanisms_epsilon_and_beats_steinke
 
 def test_fdp_rejection_follows_the_evidence():
     tau = 0.05
-    weak, strong = one_run_fdp._gdp_fbar_inverse(3.0), one_run_fdp._gdp_fbar_inverse(0.3)
+    weak, strong = one_run_fdp.gdp_fbar_inverse(3.0), one_run_fdp.gdp_fbar_inverse(0.3)
     assert one_run_fdp.rejects(1000, 100, 100, strong, tau)      # all right: not 0.3-GDP
     assert not one_run_fdp.rejects(1000, 100, 55, strong, tau)   # near chance: no evidence
     assert not one_run_fdp.rejects(1000, 100, 0, strong, tau)
@@ -122,7 +122,7 @@ def test_fdp_rejection_follows_the_evidence():
 def test_dpsgd_curve_at_full_batch_is_gaussian_dp_and_errs_towards_the_weaker_claim():
     """At q = 1, T steps of noise sigma are exactly sqrt(T)/sigma-GDP: the
     curve from the accountant's PLD matches it, never stronger."""
-    exact = one_run_fdp._gdp_fbar_inverse(1.0)
+    exact = one_run_fdp.gdp_fbar_inverse(1.0)
     ours = one_run_fdp.dpsgd_fbar_inverse(1.0, 5.0, 25, 1e-5)
     for y in (1e-6, 1e-4, 1e-2, 0.1, 0.5, 0.9):
         assert 0.97 * exact(y) <= ours(y) <= exact(y)

@@ -52,7 +52,18 @@ confidence: a correct engine never exceeds its claim (but for the
 1 - confidence chance the theorem allows), and a bound above the claim means
 the run leaked more than it says. It can never exceed its own ceiling (what
 all guesses right would show), which grows with m: a few hundred canaries
-cannot show much more than epsilon ~ 4.
+cannot show much more than epsilon ~ 4 (binomial) or ~ 7 (f-DP).
+
+**The verdict** (:attr:`CanaryAudit.verdict`) is one of three, each with its
+exit code of ``mpidp audit``: ``refuted`` (the test of the claim rejects it:
+exit 4); ``cannot-refute`` (the audit's ceiling, the larger of the two
+analyses', is below the claimed epsilon: no outcome of these settings could
+show an epsilon as large as the claim; the report says how many right
+guesses the test of the claim itself would need, :func:`needed_correct`,
+and how many canaries would reach the claim, :func:`canaries_to_reach`:
+exit 5);
+``not-refuted`` (the audit could have shown the claim and did not: exit 0).
+Before 2026-11-27 the second case printed "consistent with the claim".
 
 How N is counted: the claim is the run's accountant at the run's q =
 batch_size / N with N the file's training rows (canaries not counted),
@@ -209,6 +220,102 @@ class CanaryHook:
             self.sampled += int(coins.sum())
 
 
+#: Verdicts of the canary audit (module docstring).
+VERDICTS = ("refuted", "cannot-refute", "not-refuted")
+#: The most canaries :func:`canaries_to_reach` considers.
+MAX_CANARIES = 1 << 20
+
+
+def reaches(m: int, epsilon: float, delta: float, confidence: float,
+            guesses: int | None = None) -> bool:
+    """Whether an audit of ``m`` canaries (guess sizes as :func:`run_canary_audit`
+    chooses them) could report a lower bound of at least ``epsilon``: its
+    ceiling, by either analysis, all guesses right, is at least ``epsilon``.
+
+    One test per guess size and analysis, not a search: the binomial bound
+    reaches ``epsilon`` iff all-right's p-value at ``epsilon`` is at most the
+    size's error share; the f-DP bound iff all-right rejects mu-GDP at the mu
+    whose epsilon at ``delta`` is ``epsilon`` (rejection only gets harder as
+    mu grows).
+    """
+    ks = one_run.default_guess_sizes(m) if guesses is None else \
+        [((guesses + 1) // 2, guesses // 2)]
+    tau = (1.0 - confidence) / len(ks)
+    mu = one_run_fdp.gdp_mu(epsilon, delta)
+    for k_in, k_out in ks:
+        r = k_in + k_out
+        if one_run.p_value(m, r, r, min(epsilon, one_run.EPS_MAX), delta) <= tau:
+            return True
+        if mu is not None and one_run_fdp.rejects(m, r, r, one_run_fdp.gdp_fbar_inverse(mu),
+                                                  tau):
+            return True
+    return False
+
+
+def canaries_to_reach(epsilon: float, delta: float, confidence: float, start: int,
+                      guesses: int | None = None) -> int | None:
+    """About the fewest canaries (to 2 significant digits, rounded up) whose
+    ceiling reaches ``epsilon`` (:func:`reaches`), searched from ``start`` up to
+    :data:`MAX_CANARIES`; None when even that many do not."""
+    lo, hi = max(1, int(start)), None
+    m = lo
+    while m <= MAX_CANARIES:
+        if reaches(m, epsilon, delta, confidence, guesses):
+            hi = m
+            break
+        lo, m = m, m * 2
+    if hi is None:
+        return None
+    while hi - lo > max(1, hi // 20):  # the ceiling grows with m: bisect to ~5%
+        mid = (lo + hi) // 2
+        if reaches(mid, epsilon, delta, confidence, guesses):
+            hi = mid
+        else:
+            lo = mid
+    digits = max(0, len(str(hi)) - 2)
+    return -(-hi // 10 ** digits) * 10 ** digits
+
+
+def needed_correct(m: int, ks: list[tuple[int, int]], fbar_inverse, confidence: float
+                   ) -> tuple[int, int] | None:
+    """(v, r): the fewest right guesses v of r with which the test of the claim
+    (:func:`claim_rejected`, Bonferroni over ``ks``) rejects it, at the guess
+    size where that is the smallest share of r; None when no size can, even
+    with every guess right."""
+    tau = (1.0 - confidence) / len(ks)
+    best = None
+    for k_in, k_out in ks:
+        r = k_in + k_out
+        if not one_run_fdp.rejects(m, r, r, fbar_inverse, tau):
+            continue
+        lo, hi = 0, r  # rejection only gets easier with more right guesses
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if one_run_fdp.rejects(m, r, mid, fbar_inverse, tau) \
+                else (mid, hi)
+        if best is None or hi / r < best[0] / best[1]:
+            best = (hi, r)
+    return best
+
+
+def advice(m: int, wanted: int | None, n_params: int, steps: int, n_features: int,
+           n_classes: int, guesses: int | None) -> str:
+    """What would let the audit reach the claim: more canaries, and what that
+    needs (a wider model, fewer epochs), or why nothing this size would."""
+    if wanted is None:
+        return (f"no number of canaries up to {MAX_CANARIES:,} reaches it: a claim this large "
+                "is beyond a one-run audit at this delta and confidence")
+    parts = [f"--canaries {wanted}" + ("" if guesses is None else " (and drop --guesses)")]
+    if wanted > n_params:
+        width = -(-(wanted - n_classes) // (n_features + 1 + n_classes))
+        parts.append(f"a model with at least {wanted} parameters (--hidden {width}: one "
+                     f"coordinate per canary; it has {n_params})")
+    if steps * wanted > MAX_RESIDUALS:
+        parts.append(f"at most {MAX_RESIDUALS // wanted} steps (fewer --epochs or a larger "
+                     "--batch-size)")
+    return ", ".join(parts)
+
+
 @dataclass(frozen=True)
 class CanaryAudit:
     """The result of :func:`run_canary_audit` (the same on every rank)."""
@@ -251,6 +358,14 @@ class CanaryAudit:
     # the test of the claim: the white-box guesses reject the run's own
     # privacy curve (the accountant's PLD), at the audit's confidence
     claim_rejected: bool = False
+    # the audit's power against the claim: the verdict (VERDICTS), the right
+    # guesses the test of the claim needed (v of r; None: not even all right),
+    # and what would let the audit reach the claim (None: it could)
+    verdict: str = "not-refuted"
+    needed_correct: int | None = None
+    needed_guesses: int | None = None
+    canaries_needed: int | None = None
+    advice: str | None = None
     analysis: str = "Steinke, Nasr, Jagielski 2023 (exact binomial), white-box Dirac canaries"
     analysis_fdp: str = ("Mahloujifar, Melis, Chaudhuri 2025 (f-DP, Gaussian-DP hypotheses; "
                          "epsilon of the largest rejected mu at delta)")
@@ -266,9 +381,31 @@ class CanaryAudit:
         out["detected"] = self.detected
         return out
 
+    @property
+    def top(self) -> float:
+        """The audit's ceiling: the larger of the two analyses' (all guesses right)."""
+        return max(self.ceiling, self.ceiling_fdp)
+
+    def verdict_text(self) -> tuple[str, list[str]]:
+        """The verdict in words (module docstring): the headline, and the lines
+        that explain it."""
+        if self.verdict == "refuted":
+            return "CLAIM REFUTED: this run leaks more than its epsilon says", []
+        if self.verdict == "cannot-refute":
+            need = ("its test of the claim would reject it only with "
+                    f"{self.needed_correct} of {self.needed_guesses} guesses right"
+                    if self.needed_correct is not None else
+                    "its test of the claim would not reject it even with every guess right")
+            return (f"CANNOT REFUTE epsilon={self.claimed_epsilon:.3f} with these settings "
+                    f"(ceiling {self.top:.3f})",
+                    [f"the most this audit can show (all guesses right) is epsilon "
+                     f"{self.top:.3f}, below the claim, and {need}",
+                     f"to be able to: {self.advice}"])
+        return (f"not refuted (this audit could have shown up to epsilon {self.top:.3f})",
+                [])
+
     def text(self) -> str:
-        verdict = ("CLAIM REFUTED: this run leaks more than its epsilon says"
-                   if self.detected else "consistent with the claim")
+        verdict, why = self.verdict_text()
         noise = ""
         if self.noise_scale != 1.0 or self.noise_ranks is not None:
             noise = (f"; TEST FAULT: noise x{self.noise_scale:g}"
@@ -277,6 +414,7 @@ class CanaryAudit:
         return (f"canary audit (white-box, one run): epsilon >= "
                 f"{self.epsilon_lower_bound:.3f} at {self.confidence:.0%} confidence; claimed "
                 f"epsilon {self.claimed_epsilon:.3f} (delta {self.delta:g}) -> {verdict}\n"
+                + "".join(f"  {line}\n" for line in why) +
                 f"  test of the claim (the guesses against the run's own privacy curve, "
                 f"its PLD): {'rejected' if self.claim_rejected else 'not rejected'}\n"
                 f"  m={self.m} canaries ({self.included} included), guesses k+={self.k_in} "
@@ -296,12 +434,15 @@ class CanaryAudit:
 
 
 def claim_rejected(evidence: np.ndarray, included: np.ndarray, ks: list[tuple[int, int]],
-                   q: float, sigma: float, steps: int, delta: float, confidence: float) -> bool:
+                   q: float, sigma: float, steps: int, delta: float, confidence: float,
+                   fbar_inverse=None) -> bool:
     """Whether the guesses at any size of ``ks`` reject, at ``confidence``
     (Bonferroni over ``ks``), that the run has the privacy curve of DP-SGD at
     (q, sigma, steps): :func:`engine.audit.one_run_fdp.rejects` with
-    :func:`engine.audit.one_run_fdp.dpsgd_fbar_inverse`."""
-    fbar_inverse = one_run_fdp.dpsgd_fbar_inverse(q, sigma, steps, delta)
+    :func:`engine.audit.one_run_fdp.dpsgd_fbar_inverse` (or the
+    ``fbar_inverse`` given, computed from the same)."""
+    if fbar_inverse is None:
+        fbar_inverse = one_run_fdp.dpsgd_fbar_inverse(q, sigma, steps, delta)
     tau = (1.0 - confidence) / len(ks)
     m = int(np.asarray(evidence).size)
     return any(one_run_fdp.rejects(m, k_in + k_out, v, fbar_inverse, tau)
@@ -436,17 +577,29 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
 
         evidence = scores(state["residuals"], trainer.q)
         found, fdp = audited(evidence, state["included"])
+        fbar_inverse = one_run_fdp.dpsgd_fbar_inverse(trainer.q, trainer.accountant.sigma,
+                                                      trainer.total_steps, delta)
         refuted = claim_rejected(evidence, state["included"], ks, trainer.q,
                                  trainer.accountant.sigma, trainer.total_steps, delta,
-                                 confidence)
+                                 confidence, fbar_inverse)
+        needed = needed_correct(m, ks, fbar_inverse, confidence)
         X_c, y_c, in_c = state["rows"]
         black, black_fdp = audited(row_scores(trainer.engine.logits(torch.from_numpy(X_c)),
                                               y_c), in_c)
         top, top_fdp = (one_run.largest_ceiling(m, ks, delta, confidence, bound)
                         for bound in analyses)
+        claimed = trainer.accountant.epsilon()
+        verdict, wanted, told = "not-refuted", None, None
+        if refuted:
+            verdict = "refuted"
+        elif max(top, top_fdp) < claimed:
+            verdict = "cannot-refute"
+            wanted = canaries_to_reach(claimed, delta, confidence, m, guesses)
+            told = advice(m, wanted, trainer.model.n_params, trainer.total_steps,
+                          trainer.info.n_features, trainer.info.n_classes, guesses)
         last = trainer.history[-1] if trainer.history else {}
         result = CanaryAudit(
-            epsilon_lower_bound=found.epsilon, claimed_epsilon=trainer.accountant.epsilon(),
+            epsilon_lower_bound=found.epsilon, claimed_epsilon=claimed,
             delta=delta, confidence=confidence, m=m, included=int(state["included"].sum()),
             k_in=found.k_in, k_out=found.k_out, guesses=found.guesses,
             correct=found.correct, ceiling=top, choices=found.choices,
@@ -457,5 +610,8 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
             k_in_fdp=fdp.k_in, k_out_fdp=fdp.k_out, correct_fdp=fdp.correct,
             ceiling_fdp=top_fdp, epsilon_blackbox=black.epsilon,
             epsilon_blackbox_fdp=black_fdp.epsilon, correct_blackbox=black.correct,
-            guesses_blackbox=black.guesses, claim_rejected=refuted)
+            guesses_blackbox=black.guesses, claim_rejected=refuted, verdict=verdict,
+            needed_correct=None if needed is None else needed[0],
+            needed_guesses=None if needed is None else needed[1], canaries_needed=wanted,
+            advice=told)
     return comm.bcast(result, root=0)

@@ -29,7 +29,10 @@ and measures what an attacker learns about the training rows:
                2025 (:mod:`engine.audit.canary`); and tests the claim
                itself: the white-box guesses against the run's own privacy
                curve (the accountant's PLD). Refuted means the engine leaks
-               more than it says (exit code 4).
+               more than it says (exit code 4). When the audit's ceiling
+               (the most it can show, all guesses right) is below the
+               claimed epsilon it says it cannot refute it with these
+               settings, and how many canaries would (exit code 5).
 
 An AUC near 0.5 and inversion accuracy near the baseline mean the attacks
 learned nothing; they are lower bounds on what an attacker can do, not a
@@ -48,7 +51,9 @@ and data file of different tasks, encodings or sizes, splits too small, an
 attribute the file does not have, a --json file that cannot be written:
 checked before the audit runs), 3 the reference model diverged (use
 --no-calibration or fewer --reference-epochs), 4 the canary audit refuted
-the run's privacy claim, 74 the report could not be written at the end.
+the run's privacy claim, 5 the canary audit cannot refute the claim with
+its settings (its ceiling is below the claimed epsilon; the report says
+what would), 74 the report could not be written at the end.
 """
 from __future__ import annotations
 
@@ -63,8 +68,8 @@ import numpy as np
 from collectives import MPI
 from engine import __version__, outputs
 from engine.audit import membership, report as report_mod
-from engine.errors import (EXIT_CLAIM_REFUTED, ConfigError, DataError, MpidpError, WriteFailed,
-                           agree)
+from engine.errors import (EXIT_CANNOT_REFUTE, EXIT_CLAIM_REFUTED, ConfigError, DataError,
+                           MpidpError, WriteFailed, agree)
 from engine.shard import read_shard
 
 ATTACK_GROUPS = ("membership", "inversion")
@@ -320,6 +325,12 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
         result["inversion"] = {"attribute": cfg.attribute, "title": inversion.TITLE,
                                "ci_method": "exact Clopper-Pearson", **found}
 
+    if "membership" in result:
+        result["membership"]["verdict"] = report_mod.membership_verdict(
+            _finite(result["membership"]), _finite(result["target"]))
+    if "inversion" in result:
+        result["inversion"]["verdict"] = report_mod.inversion_verdict(
+            _finite(result["inversion"]))
     result = _finite(result)
     error = None
     if rank == 0:
@@ -367,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if CANARY in cfg.attacks:
         report = run_canary(cfg, args, MPI.COMM_WORLD)
-        return EXIT_CLAIM_REFUTED if report["canary"]["detected"] else 0
+        verdict = report["canary"]["verdict"]
+        return {"refuted": EXIT_CLAIM_REFUTED, "cannot-refute": EXIT_CANNOT_REFUTE}.get(verdict, 0)
     else:
         run_audit(cfg, MPI.COMM_WORLD)
     return 0

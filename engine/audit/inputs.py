@@ -157,14 +157,27 @@ class Target:
     def private(self) -> bool:
         return bool(self.config.get("dp", self.payload.get("epsilon") is not None))
 
+    @property
+    def selected(self) -> dict | None:
+        """The selection whose parameters are audited (:func:`engine.checkpoint.model_of`),
+        or None: the parameters of the checkpoint's own step."""
+        return ckpt.model_of(self.payload, self.checkpoint)[2]
+
     def summary(self) -> dict:
+        """The audited model: ``step`` is the step of the parameters audited (a
+        run directory's selected epoch, not the step its run ended at)."""
         cfg = self.config
         accountant = self.payload.get("accountant") or {}
+        privacy = self.payload.get("privacy") or {}
+        selected = self.selected or {}
         return {"checkpoint": self.checkpoint, "model": self.spec.describe(),
                 "private": self.private, "epsilon": self.payload.get("epsilon"),
+                "epsilon_includes_tuning": bool(privacy.get("includes_tuning")),
                 "delta": cfg.get("delta") if self.private else None,
-                "noise_multiplier": accountant.get("sigma"),
-                "step": self.payload.get("step"),
+                "noise_multiplier": accountant.get("sigma", privacy.get("noise_multiplier")),
+                "step": selected.get("step", self.payload.get("step")),
+                "selected_epoch": selected.get("epoch"),
+                "run_step": selected.get("run_step", self.payload.get("step")),
                 "trained_on": (self.payload.get("data") or {}).get("path")}
 
 
@@ -218,7 +231,7 @@ def load_target(checkpoint: str, data: str, comm) -> Target:
     """
     error, payload = None, None
     try:
-        payload = ckpt.load_file(checkpoint)
+        payload = ckpt.load_model(checkpoint)
         if "model" not in payload or "params" not in payload:
             raise CheckpointError(f"{checkpoint} holds no model (keys 'model' and 'params' "
                                   "missing); pass a checkpoint written by `mpidp train`")

@@ -47,7 +47,7 @@ MU_MAX = 30.0
 _N = NormalDist()
 
 
-def _gdp_fbar_inverse(mu: float):
+def gdp_fbar_inverse(mu: float):
     """f̄^{-1}(y) = Phi(Phi^{-1}(y) - mu) for mu-GDP, on [0, 1]."""
     def inverse(y: float) -> float:
         if y <= 0.0:
@@ -83,8 +83,11 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     if mu <= 0:
         return 0.0
 
+    from scipy.special import log_ndtr
+
     def delta_of(eps: float) -> float:
-        return _N.cdf(-eps / mu + mu / 2) - math.exp(eps) * _N.cdf(-eps / mu - mu / 2)
+        # e^eps Phi(x) in logs: e^eps alone overflows past eps ~ 709 (mu near MU_MAX)
+        return _N.cdf(-eps / mu + mu / 2) - math.exp(eps + float(log_ndtr(-eps / mu - mu / 2)))
 
     if delta_of(0.0) <= delta:
         return 0.0
@@ -97,20 +100,34 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     return hi
 
 
+def gdp_mu(epsilon: float, delta: float) -> float | None:
+    """The mu whose mu-GDP has exactly ``epsilon`` at ``delta`` (the inverse of
+    :func:`gdp_epsilon`, by bisection); None beyond :data:`MU_MAX`'s epsilon."""
+    if epsilon <= 0:
+        return 0.0
+    if gdp_epsilon(MU_MAX, delta) < epsilon:
+        return None
+    lo, hi = 0.0, MU_MAX  # gdp_epsilon grows with mu
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if gdp_epsilon(mid, delta) < epsilon else (lo, mid)
+    return hi
+
+
 def mu_lower_bound(m: int, r: int, v: int, confidence: float = 0.95) -> float:
     """The largest mu whose mu-GDP the guesses reject at ``confidence`` (0 when
     none is rejected; :data:`MU_MAX` when every mu up to it is)."""
     tau = 1.0 - confidence
     if not 0 < tau < 1:
         raise ValueError(f"confidence {confidence} must be in (0, 1)")
-    if not rejects(m, r, v, _gdp_fbar_inverse(1e-9), tau):
+    if not rejects(m, r, v, gdp_fbar_inverse(1e-9), tau):
         return 0.0
-    if rejects(m, r, v, _gdp_fbar_inverse(MU_MAX), tau):
+    if rejects(m, r, v, gdp_fbar_inverse(MU_MAX), tau):
         return MU_MAX
     lo, hi = 0.0, MU_MAX  # rejection gets harder as mu grows: bisect on the crossing
     for _ in range(40):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if rejects(m, r, v, _gdp_fbar_inverse(mid), tau) else (lo, mid)
+        lo, hi = (mid, hi) if rejects(m, r, v, gdp_fbar_inverse(mid), tau) else (lo, mid)
     return lo
 
 

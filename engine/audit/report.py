@@ -1,9 +1,27 @@
-"""The audit's report for people: a few lines and two tables (rank 0 prints it).
+"""The audit's report for people: a few lines, two tables and a verdict in words
+for each attack (rank 0 prints it).
 
 :func:`text` formats the dictionary that :func:`engine.audit.command.run_audit`
-returns (the same one ``--json`` writes).
+returns (the same one ``--json`` writes); :func:`membership_verdict` and
+:func:`inversion_verdict` say what the figures mean, and ``run_audit``
+stores them in that dictionary too.
+
+The membership verdict: leakage is *detected* when a "no leakage" test
+(Mann-Whitney on the AUC, Kolmogorov-Smirnov on the advantage, each
+attack) rejects at the audit's confidence, Bonferroni-corrected over the
+tests; for a private model it then compares the advantage with what the
+model's (epsilon, delta) allows any attack on one record, ``(e^eps - 1 +
+2 delta) / (e^eps + 1)`` (the largest TPR - FPR of a test against an
+(epsilon, delta)-DP mechanism: TPR <= e^eps FPR + delta and 1 - FPR <=
+e^eps (1 - TPR) + delta), and says when the lower end of an advantage's
+interval lies above it. The inversion verdict compares the attack with the
+prior's guess and the members with the non-members by their exact
+intervals. Attacks are lower bounds on what an attacker can do: "not
+detected" is never a guarantee.
 """
 from __future__ import annotations
+
+import math
 
 
 def _num(value, digits: int = 4) -> str:
@@ -31,15 +49,129 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), *(line(r) for r in rows)]
 
 
+def advantage_ceiling(epsilon: float, delta: float) -> float:
+    """The largest membership advantage (TPR - FPR) any attack can have on one
+    record of an (epsilon, delta)-DP mechanism: ``(e^eps - 1 + 2 delta) / (e^eps + 1)``
+    (capped at 1)."""
+    if epsilon > 700:
+        return 1.0
+    grow = math.exp(epsilon)
+    return min(1.0, (grow - 1.0 + 2.0 * delta) / (grow + 1.0))
+
+
+def _epsilon_text(target: dict) -> str:
+    eps = target.get("epsilon")
+    if eps is None:
+        return ""
+    return (f"epsilon {eps:.3f}" + (" incl. tuning" if target.get("epsilon_includes_tuning")
+                                    else "") + f" (delta {target.get('delta'):g})")
+
+
+def membership_verdict(section: dict, target: dict) -> dict:
+    """``{"verdict", "text"}`` of the membership attacks (module docstring).
+
+    ``verdict`` is ``"beyond-epsilon"`` (an advantage interval lies above what
+    the model's epsilon allows), ``"leakage"`` (a test of no leakage rejects,
+    within the epsilon, or the model is not private) or ``"not-detected"``.
+    """
+    attacks = section.get("attacks") or []
+    if not attacks:
+        return {"verdict": "not-detected", "text": "no membership attack ran"}
+    alpha = 1.0 - float(attacks[0]["confidence"])
+    tests = [(a["title"], name, p) for a in attacks
+             for name, p in (a.get("p_values") or {}).items() if p is not None]
+    level = alpha / max(1, len(tests))
+    rejected = [(title, name, p) for title, name, p in tests if p < level]
+    eps = target.get("epsilon") if target.get("private") else None
+    bound = None if eps is None else advantage_ceiling(eps, float(target.get("delta") or 0))
+    above = []
+    if bound is not None:
+        for a in attacks:
+            low = (a.get("ci") or {}).get("advantage", [None])[0]
+            if low is not None and low > bound:
+                above.append((a["title"], low))
+    m, n = section.get("members"), section.get("nonmembers")
+    tested = (f"{len(tests)} test(s) of no leakage at {alpha:g}"
+              + (f" (Bonferroni: each at {level:.2g})" if len(tests) > 1 else ""))
+    allowed = ("" if bound is None else f"; {_epsilon_text(target)} allows any attack an "
+               f"advantage of at most {bound:.3f}")
+    if above:
+        title, low = max(above, key=lambda x: x[1])
+        return {"verdict": "beyond-epsilon", "bound": bound, "text": (
+            f"LEAKAGE BEYOND THE CLAIM: the {title} attack's advantage is at least {low:.3f} "
+            f"(the lower end of its interval), above the {bound:.3f} that "
+            f"{_epsilon_text(target)} allows any attack: the model leaks more about its "
+            "training rows than its epsilon says")}
+    if rejected:
+        title, name, p = min(rejected, key=lambda x: x[2])
+        what = "the AUC" if name.startswith("auc") else "the advantage"
+        within = ("the model is not private" if eps is None else
+                  f"within what the epsilon allows ({_epsilon_text(target)}: advantage at "
+                  f"most {bound:.3f})")
+        return {"verdict": "leakage", "bound": bound, "text": (
+            f"membership leakage detected: the {title} attack tells the {m:,} members from "
+            f"the {n:,} non-members better than chance ({what}, p {_p(p)}; {tested}); "
+            f"{within}")}
+    return {"verdict": "not-detected", "bound": bound, "text": (
+        f"no membership leakage detected: neither attack tells the {m:,} members from the "
+        f"{n:,} non-members better than chance ({tested}){allowed}. The attacks are lower "
+        "bounds on what an attacker can do: this is not a guarantee (the epsilon is)")}
+
+
+def inversion_verdict(section: dict) -> dict:
+    """``{"verdict", "text"}`` of the attribute inference (module docstring).
+
+    ``verdict`` is ``"members-exposed"`` (members' attribute is inferred
+    better than non-members', the intervals apart), ``"population"`` (better
+    than the prior's guess, members and non-members alike: what the model
+    learnt about people like them) or ``"not-detected"``.
+    """
+    attribute = section["attribute"]
+    members, others = section["members"], section["nonmembers"]
+
+    def beats_prior(group: dict) -> bool:
+        ci = group.get("accuracy_ci") or [None, None]
+        base = group.get("baseline_accuracy")
+        return ci[0] is not None and base is not None and ci[0] > base
+
+    m_ci = members.get("accuracy_ci") or [None, None]
+    n_ci = others.get("accuracy_ci") or [None, None]
+    figures = (f"members {_with_ci(members.get('accuracy'), m_ci)}, non-members "
+               f"{_with_ci(others.get('accuracy'), n_ci)}, the prior's guess "
+               f"{_num(members.get('baseline_accuracy'), 3)} / "
+               f"{_num(others.get('baseline_accuracy'), 3)}")
+    if m_ci[0] is not None and n_ci[1] is not None and m_ci[0] > n_ci[1]:
+        return {"verdict": "members-exposed", "text": (
+            f"the model reveals its training rows' {attribute}: the attack infers it better "
+            f"for members than for non-members, the intervals apart ({figures})")}
+    if beats_prior(members) or beats_prior(others):
+        return {"verdict": "population", "text": (
+            f"the attack infers {attribute} better than the prior's guess, but no better for "
+            f"members than for non-members (intervals overlap): what the model reveals, it "
+            f"reveals about people like them, not about its training rows ({figures})")}
+    return {"verdict": "not-detected", "text": (
+        f"the attack infers {attribute} no better than the prior's guess ({figures})")}
+
+
+def _audited(target: dict) -> str:
+    """``step 168 (epoch 6, selected; the run ended at step 280)``."""
+    step, epoch = target.get("step"), target.get("selected_epoch")
+    if epoch is None:
+        return f"step {step}"
+    ended = target.get("run_step")
+    return (f"step {step} (epoch {epoch}, the selected model"
+            + (f"; its run ended at step {ended}" if ended is not None and ended != step
+               else "") + ")")
+
+
 def header_lines(report: dict) -> list[str]:
     target, data, rows, fit = report["target"], report["data"], report["rows"], report["fit"]
     if target["private"]:
-        eps = target.get("epsilon")
-        privacy = (f"DP-SGD, epsilon {eps:.3f} (delta {target.get('delta'):g})"
-                   if eps is not None else "DP-SGD")
+        eps = _epsilon_text(target)
+        privacy = f"DP-SGD, {eps}" if eps else "DP-SGD"
     else:
         privacy = "non-private"
-    lines = [f"mpidp audit: {target['model']}, {privacy}, step {target.get('step')} "
+    lines = [f"mpidp audit: {target['model']}, {privacy}, {_audited(target)} "
              f"({target['checkpoint']})",
              f"  data {data['path']} (task {data['task'] or '?'}): {rows['members']:,} members "
              f"({rows['members_from']}) vs {rows['nonmembers']:,} non-members "
@@ -112,6 +244,8 @@ def inversion_lines(section: dict | None) -> list[str]:
                      "-" if group["advantage"] is None else f"{group['advantage']:+.4f}"])
     lines += _table(["records", "rows", "attack accuracy",
                      f"baseline (guess {section['baseline_guess']})", "advantage"], rows)
+    verdict = section.get("verdict") or inversion_verdict(section)
+    lines.append(f"verdict: {verdict['text']}")
     return lines
 
 
@@ -121,6 +255,9 @@ def text(report: dict) -> str:
     if report.get("membership"):
         lines += [""] + membership_lines(report["membership"])
         lines += reference_lines(report.get("reference"))
+        verdict = (report["membership"].get("verdict")
+                   or membership_verdict(report["membership"], report["target"]))
+        lines.append(f"verdict: {verdict['text']}")
     if report.get("inversion"):
         lines += [""] + inversion_lines(report["inversion"])
     return "\n".join(lines)
