@@ -35,3 +35,12 @@ class ImageFormatError(PrepError):
 def one_line(text: object) -> str:
     """``str(text)`` with every run of whitespace (newlines included) as one space."""
     return " ".join(str(text).split())
+
+
+def printable(text: object, limit: int = 100) -> str:
+    """``str(text)`` safe to print from a hostile file: characters other than
+    printable ASCII as ``\\xNN`` (no terminal escape sequences), at most
+    ``limit`` characters (then ``...``)."""
+    shown = "".join(c if c.isascii() and c.isprintable() else ascii(c)[1:-1]
+                    for c in str(text)[:limit])
+    return shown + ("..." if len(str(text)) > limit else "")
