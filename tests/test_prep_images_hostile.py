@@ -10,7 +10,12 @@ docs/security.md says what each case was and what the readers guarantee.
 """
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
+import lzma
 import pickle
+import tarfile
 import tracemalloc
 from pathlib import Path
 
@@ -18,8 +23,13 @@ import numpy as np
 import pytest
 
 import hostile_images as H
-from preprocessing.images import ImageFormatError, read_cifar10, safe_pickle
+from image_files import idx_bytes, mnist_dir
+
+from preprocessing.images import ImageFormatError, read_cifar10, read_mnist
+from preprocessing.images import cifar10, safe_pickle
 from preprocessing.images.safe_pickle import load_arrays
+from preprocessing.images.streams import decompressed, open_stored
+from preprocessing.images.tar import TarReader
 
 BATCHES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 MiB = 1 << 20
@@ -110,6 +120,13 @@ def test_an_array_claiming_more_than_its_bytes_is_refused_before_allocating(tmp_
     assert peak < 2 * MiB
 
 
+def test_more_rows_than_a_batch_has_are_refused(tmp_path):
+    pixels = np.zeros((10_001, 3072), np.uint8)
+    data = pickle.dumps({b"data": pixels, b"labels": [0] * 10_001}, protocol=4)
+    refused(lambda: read_cifar10(python_dir(tmp_path, {"data_batch_1": data})),
+            "data_batch_1", "0 < n <= 10,000", "(10001, 3072)")
+
+
 # -------------------------------- item 6: arrays without their contents (pickles)
 
 @pytest.mark.parametrize("which", ["data", "labels"])
@@ -190,3 +207,198 @@ def test_out_of_band_buffers_are_refused_in_one_line(tmp_path):
     assert buffers
     refused(lambda: read_cifar10(python_dir(tmp_path, {"data_batch_1": data})),
             "data_batch_1", "out-of-band", "without buffer_callback")
+
+
+# ----------------------------------------------- item 7: decompression bombs (MNIST)
+
+def mnist_with(tmp_path: Path, images_gz: bytes) -> Path:
+    """A test pair whose images file is ``images_gz`` (labels: one 0)."""
+    write(tmp_path / "t10k-images-idx3-ubyte.gz", images_gz)
+    write(tmp_path / "t10k-labels-idx1-ubyte.gz", gzip.compress(idx_bytes(0x801, (1,), b"\0")))
+    return tmp_path
+
+
+@pytest.mark.parametrize("header, says", [
+    pytest.param(idx_bytes(0x0, (1, 28, 28), b""), "0x00000000", id="bad-magic"),  # the issue's
+    pytest.param(idx_bytes(0x803, (1, 28, 28), bytes(784)), "more than 1048576 trailing bytes",
+                 id="trailing"),
+    pytest.param(idx_bytes(0x803, (10_001, 28, 28), b""), "at most 10,000 images",
+                 id="count-over-official"),
+    pytest.param(idx_bytes(0x803, (0xFFFFFFFF, 28, 28), b""), "claiming 4,294,967,295",
+                 id="count-2**32-1"),
+])
+def test_an_mnist_gzip_bomb_is_refused_before_it_inflates(tmp_path, header, says):
+    """Was: every byte inflated first (a 1 MB .gz reached 2.1 GB, a traceback
+    under a memory limit). Here 64 MiB of zeros follow the header; the reader
+    reads the header, or the announced bytes and one more."""
+    source = mnist_with(tmp_path, H.deflate_bomb(header, 64))
+    assert (source / "t10k-images-idx3-ubyte.gz").stat().st_size < 100_000
+    peak = peak_of(lambda: refused(lambda: read_mnist(source), "t10k-images-idx3-ubyte.gz",
+                                   says))
+    assert peak < 4 * MiB
+
+
+def test_a_train_file_may_claim_the_official_count_but_not_more(tmp_path):
+    write(tmp_path / "train-images-idx3-ubyte", idx_bytes(0x803, (60_001, 28, 28), b""))
+    write(tmp_path / "train-labels-idx1-ubyte", idx_bytes(0x801, (60_001,), b""))
+    refused(lambda: read_mnist(tmp_path), "train-images-idx3-ubyte", "at most 60,000 images")
+    write(tmp_path / "train-images-idx3-ubyte", idx_bytes(0x803, (60_000, 28, 28), b""))
+    refused(lambda: read_mnist(tmp_path), "expected 47040000 bytes", "truncated")
+
+
+# ------------------------------------------- item 7: decompression bombs (CIFAR tar)
+
+def test_a_cifar_member_larger_than_a_batch_is_refused_before_it_is_read(tmp_path):
+    """Was: members of 40,000 records in a 600 KB .tar.gz were 200,050 images
+    (3.7 GB peak, exit 0). The size in the member's header is checked first."""
+    members = binary_members(big={"data_batch_4": 10_001})
+    archive = write(tmp_path / "c.tar.gz", H.tar_gz(members, "cifar-10-batches-bin/"))
+    assert archive.stat().st_size < 200_000
+    peak = peak_of(lambda: refused(lambda: read_cifar10(archive),
+                                   "c.tar.gz:cifar-10-batches-bin/data_batch_4.bin",
+                                   "at most 10,000 records", "10,001 records",
+                                   "before reading it"))
+    assert peak < 4 * MiB
+
+
+def test_a_cifar_archive_inflating_past_its_bound_is_cut_off(tmp_path, monkeypatch):
+    """Members the reader skips still cost inflating: the archive stops at
+    ARCHIVE_MAX (lowered here to 1 MiB so that the case stays small)."""
+    monkeypatch.setattr(cifar10, "ARCHIVE_MAX", MiB)
+    members = {"readme.html": bytes(2 * MiB), **binary_members()}
+    archive = write(tmp_path / "c.tar.gz", H.tar_gz(members, "cifar-10-batches-bin/"))
+    refused(lambda: read_cifar10(archive), "c.tar.gz: inflates to more than 1,048,576 bytes",
+            "before inflating the rest")
+
+
+@pytest.mark.parametrize("kind, size, says", [
+    pytest.param(b"x", 1 << 40, "pax headers of at most 65,536 bytes", id="pax"),
+    pytest.param(b"L", 1 << 30, "GNU long name headers of at most 65,536 bytes", id="longname"),
+    pytest.param(b"0", 3073 << 30, "at most 10,000 records", id="member"),
+])
+def test_tar_headers_claiming_huge_sizes_cost_nothing(tmp_path, kind, size, says):
+    name = "cifar-10-batches-bin/data_batch_1.bin" if kind == b"0" else "././@LongLink"
+    archive = write(tmp_path / "c.tar.gz", gzip.compress(H.raw_header(name, size, kind)))
+    assert peak_of(lambda: refused(lambda: read_cifar10(archive), says)) < 2 * MiB
+
+
+def test_an_archive_of_many_members_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(cifar10, "MAX_MEMBERS", 20)
+    members = {f"empty{i}": b"" for i in range(21)}
+    archive = write(tmp_path / "c.tar", H.tar_bytes(members, ""))
+    refused(lambda: read_cifar10(archive), "more than 20 members")
+
+
+# ----------------------------------------------- item 8: corrupt CIFAR archives
+
+def cifar_tar() -> bytes:
+    return H.tar_bytes(binary_members(records=3), "cifar-10-batches-bin/")
+
+
+def test_a_flipped_byte_in_a_batch_fails_the_crc(tmp_path):
+    """Was: accepted with the wrong pixels (exit 0); tarfile never reads the
+    gzip trailer. Now the stream is read to its end and its CRC checked."""
+    tar = cifar_tar()
+    offset = H.header_offset(tar, "cifar-10-batches-bin/data_batch_1.bin") + 512 + 100
+    archive = write(tmp_path / "c.tar.gz", H.with_bad_crc(tar, offset))
+    refused(lambda: read_cifar10(archive), "c.tar.gz", "CRC check failed", "corrupt")
+
+
+@pytest.mark.parametrize("member", ["data_batch_3.bin", "test_batch.bin"])
+def test_a_damaged_header_is_corruption_not_missing_batches(tmp_path, member):
+    """Was: tarfile ended its iteration at the damaged header, and the reader
+    said the later batches were missing."""
+    tar = cifar_tar()
+    archive = write(tmp_path / "c.tar.gz",
+                    H.with_bad_header(tar, "cifar-10-batches-bin/" + member))
+    offset = H.header_offset(tar, "cifar-10-batches-bin/" + member)
+    message = refused(lambda: read_cifar10(archive), f"damaged header at byte {offset:,}",
+                      "corrupt")
+    assert "missing" not in message
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("deflate", "corrupt"), ("cut", "corrupt"), ("after-end", "after the end-of-archive"),
+    ("data-cut", "cut short"),
+])
+def test_a_damaged_stream_is_corruption(tmp_path, damage, says):
+    tar = cifar_tar()
+    if damage == "deflate":
+        packed = bytearray(gzip.compress(tar))
+        packed[len(packed) // 2] ^= 0xFF
+        data = bytes(packed)
+    elif damage == "cut":
+        data = gzip.compress(tar)[:-20]
+    elif damage == "after-end":
+        data = gzip.compress(tar + H.tar_bytes({"x": b"y"}, ""))
+    else:
+        last = H.header_offset(tar, "cifar-10-batches-bin/test_batch.bin")
+        data = gzip.compress(tar[:last + 512 + 1000])
+    archive = write(tmp_path / "c.tar.gz", data)
+    refused(lambda: read_cifar10(archive), "c.tar.gz", says)
+
+
+def test_a_batch_twice_or_two_versions_in_one_archive_are_refused(tmp_path):
+    """tar extracts the last of two members of one name, and mpidp would have
+    to guess between two complete versions: both are refused."""
+    members = [("cifar-10-batches-bin/" + name, data) for name, data in binary_members().items()]
+    twice = members + [("cifar-10-batches-bin/data_batch_1.bin", bytes(3073))]
+    refused(lambda: read_cifar10(write(tmp_path / "a.tar", H.tar_bytes(twice, ""))),
+            "data_batch_1.bin", "found it twice")
+    both = members + [("data_batch_1.bin", bytes(3073))]
+    refused(lambda: read_cifar10(write(tmp_path / "b.tar", H.tar_bytes(both, ""))),
+            "binary version in cifar-10-batches-bin/", "binary version in the top folder")
+
+
+def test_old_gnu_sparse_members_are_skipped_or_refused(tmp_path):
+    """An old GNU sparse member's map blocks sit between its header and its
+    data: skipped whole when the member is not wanted, refused when it is."""
+    sparse = (H.raw_header("junk", 512, b"S", extended=True)
+              + bytes(504) + b"\1" + bytes(7) + bytes(512)  # two map blocks, the last unflagged
+              + bytes(512))  # its data
+    tar = H.tar_bytes(binary_members(), "cifar-10-batches-bin/")
+    sets = read_cifar10(write(tmp_path / "a.tar", sparse + tar))
+    assert len(sets["train"]) == 10
+    wanted = H.raw_header("cifar-10-batches-bin/data_batch_1.bin", 0, b"S") + tar
+    refused(lambda: read_cifar10(write(tmp_path / "b.tar", wanted)), "data_batch_1.bin",
+            "expected a regular file")
+
+
+@pytest.mark.parametrize("compress", ["none", "gz", "bz2", "xz"])
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT],
+                         ids=["ustar", "gnu", "pax"])
+def test_the_tar_reader_reads_what_tar_writers_write(tmp_path, compress, fmt):
+    """Long member names (the ustar prefix, GNU long names, pax paths), a
+    directory entry and the three compressions, against tarfile's writer."""
+    folder = "d" * 60 + "/" + "e" * 50 + "/cifar-10-batches-bin/"
+    members = binary_members(records=2)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as archive:
+        directory = tarfile.TarInfo("d" * 60)
+        directory.type = tarfile.DIRTYPE
+        archive.addfile(directory)
+        for name, data in members.items():
+            info = tarfile.TarInfo(folder + name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    packed = {"none": bytes, "gz": gzip.compress, "bz2": bz2.compress,
+              "xz": lzma.compress}[compress](out.getvalue())
+    archive_path = write(tmp_path / "c.tar", packed)
+    with open_stored(archive_path) as raw:
+        stream, _ = decompressed(raw)
+        reader = TarReader(stream, "c.tar")
+        got = {m.name: reader.read(m) for m in reader if m.regular}
+        reader.finish()
+    assert got == {folder + name: data for name, data in members.items()}
+
+
+# ---------------------------------------------- item 8: the same file twice (MNIST)
+
+@pytest.mark.parametrize("other", ["t10k-images-idx3-ubyte", "t10k-images.idx3-ubyte"])
+def test_a_file_there_gzipped_and_not_is_refused_naming_both(tmp_path, other):
+    """Was: the .gz won silently (an all-zero .gz beside the real file gave
+    8,000 zero images)."""
+    mnist_dir(tmp_path, n_train=0, n_test=5)
+    write(tmp_path / other, idx_bytes(0x803, (5, 28, 28), bytes(5 * 784)))
+    refused(lambda: read_mnist(tmp_path), "expected one test images file",
+            "t10k-images-idx3-ubyte.gz", other, "will not choose")

@@ -1,8 +1,8 @@
 """CIFAR-10 in the official files -> :class:`ImageSet` per split.
 
 ``path`` is a directory or a tar archive (``cifar-10-binary.tar.gz`` as
-distributed; any tarfile compression is read, members are read in memory and
-never extracted). The six batches ``data_batch_1 .. data_batch_5`` (train, in
+distributed; gzip, bzip2, xz or none; members are read in memory and never
+extracted). The six batches ``data_batch_1 .. data_batch_5`` (train, in
 that order) and ``test_batch`` are looked for directly under ``path`` and in
 the official subdirectory, in two versions:
 
@@ -13,7 +13,17 @@ the official subdirectory, in two versions:
   ``b"data"`` (uint8 ``[n, 3072]``, rows laid out as the binary records'
   pixels) and ``b"labels"`` (n ints), read with
   :func:`~preprocessing.images.safe_pickle.load_arrays`, which executes
-  nothing.
+  nothing and admits only arrays whose bytes are in the file.
+
+Every size is checked against a bound before anything of that size is read
+or inflated: a batch holds at most :data:`MAX_RECORDS` images (the official
+count), so a binary batch is at most :data:`BINARY_MAX` bytes and a pickle
+at most :data:`PICKLE_MAX`; a tar member's size is read from its header and
+checked before its bytes are; a compressed archive stops inflating past
+:data:`ARCHIVE_MAX` bytes and is read to its end, so its check (gzip's
+CRC-32) runs before any batch is used, and a damaged header is an error, not
+the end of the archive. An archive holds one version in one folder, as the
+official ones do.
 
 Example::
 
@@ -22,8 +32,7 @@ Example::
 """
 from __future__ import annotations
 
-import tarfile
-import zlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,6 +42,8 @@ import numpy as np
 from preprocessing.images.errors import CIFAR10_SOURCE, ImageFormatError, one_line
 from preprocessing.images.imageset import ImageSet, first_out_of_range, source_entry
 from preprocessing.images.safe_pickle import load_arrays
+from preprocessing.images.streams import DAMAGED, Capped, decompressed, open_stored, read_exact
+from preprocessing.images.tar import Member, TarReader
 
 N_CLASSES = 10
 SHAPE = (3, 32, 32)
@@ -40,8 +51,22 @@ PIXELS = 3 * 32 * 32
 RECORD = 1 + PIXELS
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCHES = ("test_batch",)
+#: The most images a batch may hold: the official batches' count.
+MAX_RECORDS = 10_000
+#: The largest binary batch: MAX_RECORDS records.
+BINARY_MAX = MAX_RECORDS * RECORD
+#: The largest python-version batch: MAX_RECORDS pixel rows and up to 256
+#: bytes a row for its label, file name and the pickle's framing (the official
+#: batches are 31.0 MB, under this bound by 2.2 MB).
+PICKLE_MAX = MAX_RECORDS * (PIXELS + 256)
+#: The most bytes an archive may inflate to: six batches of the larger
+#: version and 64 MiB for the other members and the tar headers (the official
+#: archives inflate to 185 MB).
+ARCHIVE_MAX = 6 * PICKLE_MAX + (64 << 20)
+#: The most members an archive may have (the official ones have 9).
+MAX_MEMBERS = 1000
 
-Parser = Callable[[bytes, str], "tuple[np.ndarray, np.ndarray]"]
+Parser = Callable[[bytes | bytearray, str], "tuple[np.ndarray, np.ndarray]"]
 
 
 def read_cifar10(path: str | Path) -> dict[str, ImageSet]:
@@ -54,11 +79,15 @@ def read_cifar10(path: str | Path) -> dict[str, ImageSet]:
         ``source`` has one entry per batch file.
 
     Raises:
-        ImageFormatError: ``path`` is missing or not a readable tar archive;
+        ImageFormatError: ``path`` is missing or not a readable tar archive
+            (damaged anywhere: a header, the compressed stream, its CRC);
             neither version has all six batches (the message names the
-            missing ones); a binary batch is empty or not a whole number of
-            3073-byte records; a pickle names anything but numpy's array
-            globals or is not the expected dict; a label is outside 0..9.
+            missing ones); the archive holds batches of two versions or
+            folders, or one batch twice; a batch is larger than its bound
+            (module docstring); a binary batch is empty or not a whole number
+            of 3073-byte records; a pickle names anything but numpy's array
+            globals, holds an array without all of its bytes, or is not the
+            expected dict; a label is outside 0..9.
     """
     store = _open(Path(path))
     layout, prefix = _choose(store)
@@ -67,7 +96,7 @@ def read_cifar10(path: str | Path) -> dict[str, ImageSet]:
         images, labels, source = [], [], []
         for batch in batches:
             name = prefix + batch + layout.suffix
-            stored = store.read(name)
+            stored = store.read(name, layout)
             batch_images, batch_labels = layout.parse(stored, store.describe(name))
             images.append(batch_images)
             labels.append(batch_labels)
@@ -77,21 +106,41 @@ def read_cifar10(path: str | Path) -> dict[str, ImageSet]:
     return sets
 
 
-def parse_binary(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """One binary batch -> (images ``[n, 3, 32, 32]``, labels ``[n]``), views of ``data``."""
-    if len(data) == 0 or len(data) % RECORD:
+def check_binary_size(size: int, name: str) -> None:
+    """Refuse a binary batch of ``size`` bytes unless it is 1..MAX_RECORDS records."""
+    if size == 0 or size % RECORD:
         raise ImageFormatError(
             f"{name}: expected a positive whole number of {RECORD}-byte records (1 label byte "
-            f"+ {PIXELS} pixel bytes; official batches are 10000 records), found {len(data)} "
-            f"bytes = {len(data) // RECORD} records + {len(data) % RECORD} bytes")
+            f"+ {PIXELS} pixel bytes; official batches are 10000 records), found {size} "
+            f"bytes = {size // RECORD} records + {size % RECORD} bytes")
+    if size > BINARY_MAX:
+        raise ImageFormatError(
+            f"{name}: expected at most {MAX_RECORDS:,} records ({BINARY_MAX:,} bytes, the "
+            f"official batch size), found {size:,} bytes = {size // RECORD:,} records; "
+            f"refused before reading it")
+
+
+def check_pickle_size(size: int, name: str) -> None:
+    """Refuse a python-version batch of more than :data:`PICKLE_MAX` bytes."""
+    if size > PICKLE_MAX:
+        raise ImageFormatError(
+            f"{name}: expected a python-version batch of at most {PICKLE_MAX:,} bytes "
+            f"({MAX_RECORDS:,} images and their labels and names; the official batches are "
+            f"31.0 MB), found {size:,} bytes; refused before reading it")
+
+
+def parse_binary(data: bytes | bytearray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """One binary batch -> (images ``[n, 3, 32, 32]``, labels ``[n]``), views of ``data``."""
+    check_binary_size(len(data), name)
     records = np.frombuffer(data, dtype=np.uint8).reshape(-1, RECORD)
     labels = records[:, 0]
     _check_labels(labels, name, "record")
     return records[:, 1:].reshape(-1, *SHAPE), labels
 
 
-def parse_pickle(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
+def parse_pickle(data: bytes | bytearray, name: str) -> tuple[np.ndarray, np.ndarray]:
     """One python-version batch -> (images ``[n, 3, 32, 32]``, labels ``[n]``)."""
+    check_pickle_size(len(data), name)
     batch = load_arrays(data, name)
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         found = (f"a dict with keys {sorted(map(repr, batch))[:6]}" if isinstance(batch, dict)
@@ -100,28 +149,36 @@ def parse_pickle(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
                                f"{one_line(found)}")
     pixels = batch[b"data"]
     if (not isinstance(pixels, np.ndarray) or pixels.dtype != np.uint8 or pixels.ndim != 2
-            or pixels.shape[1] != PIXELS or len(pixels) == 0):
+            or pixels.shape[1] != PIXELS or not 0 < len(pixels) <= MAX_RECORDS):
         found = (f"{pixels.dtype} array of shape {pixels.shape}" if isinstance(pixels, np.ndarray)
                  else type(pixels).__name__)
         raise ImageFormatError(f"{name}: expected b'data' to be a uint8 array [n, {PIXELS}] "
-                               f"with n > 0, found {found}")
-    labels = _pickled_labels(batch[b"labels"], name)
-    if len(labels) != len(pixels):
-        raise ImageFormatError(f"{name}: expected {len(pixels)} labels (one per row of "
-                               f"b'data'), found {len(labels)}")
+                               f"with 0 < n <= {MAX_RECORDS:,}, found {found}")
+    labels = _pickled_labels(batch[b"labels"], name, len(pixels))
     _check_labels(labels, name, "label")
     return pixels.reshape(-1, *SHAPE), labels.astype(np.uint8)
 
 
-def _pickled_labels(value: object, name: str) -> np.ndarray:
-    """b'labels' as an integer array (a list of ints, or a 1-D integer array)."""
+def _pickled_labels(value: object, name: str, n: int) -> np.ndarray:
+    """b'labels' as an int64 array of ``n`` values (from a list of Python ints,
+    or a 1-D integer array), checked for type and length before conversion."""
+    if isinstance(value, np.ndarray):
+        ok = value.ndim == 1 and value.dtype.kind in "iu"
+        found = f"{value.dtype} array of shape {value.shape}"
+    else:
+        ok = isinstance(value, list) and all(type(v) is int for v in value)
+        found = type(value).__name__
+    if not ok:
+        raise ImageFormatError(f"{name}: expected b'labels' to be a list of ints, found {found}")
+    if len(value) != n:
+        raise ImageFormatError(f"{name}: expected {n} labels (one per row of b'data'), found "
+                               f"{len(value)}")
     try:
-        labels = np.asarray(value)
-    except (ValueError, TypeError):
-        labels = None
-    if labels is None or labels.ndim != 1 or (labels.size and labels.dtype.kind not in "iu"):
-        raise ImageFormatError(f"{name}: expected b'labels' to be a list of ints, found "
-                               f"{type(value).__name__}")
+        labels = np.asarray(value, dtype=np.int64)
+    except OverflowError:
+        bad = next(i for i, v in enumerate(value) if not -(1 << 63) <= v < (1 << 63))
+        raise ImageFormatError(f"{name}: expected labels 0..{N_CLASSES - 1}, found "
+                               f"{value[bad]} at label {bad}") from None
     if labels.size and labels.min() < 0:
         bad = int(np.flatnonzero(labels < 0)[0])
         raise ImageFormatError(f"{name}: expected labels 0..{N_CLASSES - 1}, found "
@@ -142,10 +199,12 @@ class _Layout:
     subdir: str
     suffix: str
     parse: Parser
+    #: Refuses a stored batch by its size alone (before it is read).
+    check_size: Callable[[int, str], None]
 
 
-LAYOUTS = (_Layout("binary", "cifar-10-batches-bin/", ".bin", parse_binary),
-           _Layout("python", "cifar-10-batches-py/", "", parse_pickle))
+LAYOUTS = (_Layout("binary", "cifar-10-batches-bin/", ".bin", parse_binary, check_binary_size),
+           _Layout("python", "cifar-10-batches-py/", "", parse_pickle, check_pickle_size))
 
 
 def _candidates() -> list[tuple[_Layout, str, list[str]]]:
@@ -179,7 +238,8 @@ def _open(path: Path) -> "_DirStore | _TarStore":
     if path.is_dir():
         return _DirStore(path)
     if path.is_file():
-        return _TarStore(path, {n for *_, names in _candidates() for n in names})
+        return _TarStore(path, {name: (layout, prefix) for layout, prefix, names in _candidates()
+                                for name in names})
     raise ImageFormatError(f"{path}: expected a directory or a .tar.gz of the CIFAR-10 "
                            f"batches, found nothing; {CIFAR10_SOURCE}")
 
@@ -196,31 +256,76 @@ class _DirStore:
     def describe(self, name: str) -> str:
         return str(self.path / name)
 
-    def read(self, name: str) -> bytes:
-        try:
-            return (self.path / name).read_bytes()
-        except OSError as exc:
-            raise ImageFormatError(f"{self.path / name}: cannot be read "
-                                   f"({one_line(exc)})") from None
+    def read(self, name: str, layout: _Layout) -> bytearray:
+        """The file's bytes, its size checked before they are read into memory
+        of that size (a file that changes size meanwhile is refused)."""
+        where = self.describe(name)
+        with open_stored(self.path / name) as f:
+            try:
+                size = os.fstat(f.fileno()).st_size
+                layout.check_size(size, where)
+                data = read_exact(f, size + 1)
+            except OSError as exc:
+                raise ImageFormatError(f"{where}: cannot be read ({one_line(exc)})") from None
+        if len(data) != size:
+            raise ImageFormatError(f"{where}: expected {size:,} bytes (its size when opened), "
+                                   f"read {len(data):,}: it changed while it was read")
+        return data
 
 
 class _TarStore:
-    """The wanted regular members of a tar archive, read in one sequential pass."""
+    """The wanted regular members of a tar archive, read in one sequential pass
+    (module docstring: what is bounded and checked)."""
 
-    def __init__(self, path: Path, wanted: set[str]) -> None:
+    def __init__(self, path: Path, wanted: dict[str, tuple[_Layout, str]]) -> None:
         self.path = path
-        self.members: dict[str, bytes] = {}
-        try:
-            with tarfile.open(path, mode="r|*") as archive:
-                for member in archive:
-                    name = member.name.removeprefix("./")
-                    if member.isfile() and name in wanted:
-                        self.members[name] = archive.extractfile(member).read()
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        self.members: dict[str, bytearray] = {}
+        folder: tuple[_Layout, str] | None = None
+        with open_stored(path) as raw:
+            try:
+                stream, _ = decompressed(raw)
+                capped = Capped(stream, ARCHIVE_MAX, str(path), "a CIFAR-10 archive's bound "
+                                "(the official ones inflate to 185 MB)")
+                reader = TarReader(capped, str(path), CIFAR10_SOURCE)
+                for count, member in enumerate(reader, 1):
+                    if count > MAX_MEMBERS:
+                        raise ImageFormatError(
+                            f"{path}: expected a CIFAR-10 archive (the official ones have 9 "
+                            f"members), found more than {MAX_MEMBERS:,} members")
+                    if member.name not in wanted:
+                        continue
+                    if not member.regular:
+                        raise ImageFormatError(
+                            f"{self.describe(member.name)}: expected a regular file, found "
+                            f"a link, directory or sparse file; repack the archive")
+                    folder = self._check(member, wanted[member.name], folder)
+                    self.members[member.name] = reader.read(member)
+                reader.finish()
+            except ImageFormatError:
+                raise
+            except DAMAGED as exc:
+                raise ImageFormatError(
+                    f"{path}: expected a directory or a readable tar archive (.tar.gz, .tgz), "
+                    f"found a file that is not one or is corrupt ({type(exc).__name__}: "
+                    f"{one_line(exc) or 'cut short'}); {CIFAR10_SOURCE}") from None
+
+    def _check(self, member: Member, where: tuple[_Layout, str],
+               folder: tuple[_Layout, str] | None) -> tuple[_Layout, str]:
+        """Refuse a member seen twice, from a second version or folder, or too
+        large (before its bytes are read); returns the archive's (layout, folder)."""
+        if member.name in self.members:
+            raise ImageFormatError(f"{self.describe(member.name)}: expected each batch once in "
+                                   f"the archive, found it twice; repack the archive")
+        if folder is not None and folder != where:
+            def said(layout_prefix: tuple[_Layout, str]) -> str:
+                layout, prefix = layout_prefix
+                return f"{layout.version} version in {prefix or 'the top folder'}"
             raise ImageFormatError(
-                f"{path}: expected a directory or a readable tar archive (.tar.gz, .tgz), "
-                f"found a file that is not one or is corrupt ({type(exc).__name__}: "
-                f"{one_line(exc)}); {CIFAR10_SOURCE}") from None
+                f"{self.path}: expected the batches of one CIFAR-10 version in one folder (as "
+                f"in the official archives), found the {said(folder)} and the {said(where)} "
+                f"({member.name}); keep one")
+        where[0].check_size(member.size, self.describe(member.name))
+        return where
 
     def has(self, name: str) -> bool:
         return name in self.members
@@ -228,5 +333,7 @@ class _TarStore:
     def describe(self, name: str) -> str:
         return f"{self.path}:{name}"
 
-    def read(self, name: str) -> bytes:
-        return self.members[name]
+    def read(self, name: str, layout: _Layout) -> bytearray:
+        """The member's bytes (its size was checked when the archive was read);
+        the store lets go of them."""
+        return self.members.pop(name)

@@ -46,7 +46,7 @@ class ImageSet:
         return len(self.images)
 
 
-def source_entry(name: str, stored: bytes, count: int) -> dict:
+def source_entry(name: str, stored: bytes | bytearray, count: int) -> dict:
     """The :attr:`ImageSet.source` record of one file: name, sha256 of ``stored``, count."""
     return {"name": name, "sha256": hashlib.sha256(stored).hexdigest(), "count": int(count)}
 
