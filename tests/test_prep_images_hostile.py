@@ -15,8 +15,12 @@ import gzip
 import io
 import lzma
 import pickle
+import signal
+import sys
 import tarfile
 import tracemalloc
+import weakref
+from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +28,7 @@ import pytest
 
 import hostile_images as H
 from image_files import idx_bytes, mnist_dir
-
+from launcher import SCRIPTS, mpidp, run_mpi
 from preprocessing.images import ImageFormatError, read_cifar10, read_mnist
 from preprocessing.images import cifar10, safe_pickle
 from preprocessing.images.safe_pickle import load_arrays
@@ -402,3 +406,95 @@ def test_a_file_there_gzipped_and_not_is_refused_naming_both(tmp_path, other):
     write(tmp_path / other, idx_bytes(0x803, (5, 28, 28), bytes(5 * 784)))
     refused(lambda: read_mnist(tmp_path), "expected one test images file",
             "t10k-images-idx3-ubyte.gz", other, "will not choose")
+
+
+# --------------------------------------------------- item 8: a stop while writing
+
+def sigterm_in_a_weakref_callback() -> None:
+    """Raise SIGTERM where h5py's clean-up runs Python: inside a weak reference's
+    callback, where an exception cannot propagate (it is "unraisable")."""
+    class Thing:
+        pass
+
+    thing = Thing()
+    ref = weakref.ref(thing, lambda _: signal.raise_signal(signal.SIGTERM))
+    del thing
+    assert ref() is None
+
+
+def test_a_stop_signal_during_the_write_ends_prep_and_leaves_nothing(tmp_path, monkeypatch):
+    """Was: engine's handler raised inside h5py's weakref callbacks, the stop was
+    lost and prep finished (exit 0). Now the temporary file goes at once and the
+    stop is raised from the writer's own code."""
+    from collectives import MPI
+    from engine import stopping
+    from preprocessing import h5format
+    from preprocessing.h5write import Compression
+    from preprocessing.images import prepare
+
+    write_attributes = h5format.write_attributes
+
+    def interrupted(attrs, values):
+        write_attributes(attrs, values)
+        sigterm_in_a_weakref_callback()
+
+    monkeypatch.setattr(h5format, "write_attributes", interrupted)
+    source = mnist_dir(tmp_path / "mnist", n_train=0, n_test=40)
+    out = tmp_path / "out" / "m.h5"
+    out.parent.mkdir()
+    args = Namespace(format="mnist", inputs=[str(source)], out=str(out), seed=0,
+                     test_fraction=None)
+    before = signal.getsignal(signal.SIGTERM)
+    stopping.forget_signals()
+    try:
+        with stopping.handled_signals(raising=True):
+            with pytest.raises(stopping.Interrupted) as info:
+                prepare.prepare_images(MPI.COMM_SELF, args, 0.0, Compression(), "test")
+    finally:
+        stopping.forget_signals()
+    assert info.value.signum == signal.SIGTERM
+    assert list(out.parent.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+
+
+def test_a_stop_during_the_write_under_mpiexec_is_one_line_and_no_file(tmp_path):
+    source = mnist_dir(tmp_path / "mnist", n_train=0, n_test=40)
+    out = tmp_path / "out" / "m.h5"
+    out.parent.mkdir()
+    done = run_mpi(2, [sys.executable, str(SCRIPTS / "prep_stop_in_write.py"),
+                       "prep", "--format", "mnist", str(source), "--out", str(out)])
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"mpidp: stopped by SIGTERM (exit code {128 + signal.SIGTERM})"], done.stderr
+    assert list(out.parent.iterdir()) == []
+
+
+# ------------------------------------------------ the command: one line, exit 2
+
+def _corpus_case(case: str, root: Path) -> tuple[str, Path, str]:
+    """(format, source, fragment of the line) of one corpus file, written under root."""
+    if case == "strided":
+        return "cifar10", python_dir(root, {"data_batch_1": H.strided_batch(50_000)}), \
+            "numpy.ndarray"
+    if case == "bomb":
+        return "mnist", mnist_with(root, H.deflate_bomb(idx_bytes(0, (1, 28, 28), b""), 16)), \
+            "magic"
+    tar = cifar_tar()
+    offset = H.header_offset(tar, "cifar-10-batches-bin/data_batch_1.bin") + 600
+    return "cifar10", write(root / "c.tar.gz", H.with_bad_crc(tar, offset)), "CRC"
+
+
+@pytest.mark.parametrize("case", ["strided", "bomb", "crc"])
+def test_hostile_files_end_prep_with_one_line_and_nothing_left(tmp_path, case):
+    root = tmp_path / "src"
+    root.mkdir()
+    fmt, source, says = _corpus_case(case, root)
+    out = tmp_path / "out" / "x.h5"
+    out.parent.mkdir()
+    done = mpidp(2, "prep", "--format", fmt, str(source), "--out", str(out))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpidp: error: ") and says in lines[0], \
+        done.stderr
+    assert list(out.parent.iterdir()) == []
+

@@ -19,7 +19,12 @@ set, 10,000 images), its images are split by ``--test-fraction`` (default
 Image sets are small (CIFAR-10 is 180 MB of pixels), so rank 0 reads,
 splits and writes the file while the other ranks wait (yielding the CPU)
 and agree on the outcome: every rank raises the same one-line error, and
-the file appears whole, under its final name, or not at all.
+the file appears whole, under its final name, or not at all. The readers
+bound every size a file claims (:mod:`preprocessing.images.streams`); the
+writer streams each split's rows from the sets as read into the file, a
+piece at a time, without a shuffled copy of the whole set. A stop signal
+during the write removes the temporary file at once and ends the run
+(:mod:`preprocessing.images.stops`).
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from preprocessing.errors import PrepError
 from preprocessing.images.cifar10 import read_cifar10
 from preprocessing.images.imageset import ImageSet
 from preprocessing.images.mnist import read_mnist
+from preprocessing.images.stops import WritePhase
 from preprocessing.pipeline import agree
 from preprocessing.prep import DEFAULT_MAX_INVALID_SHARE
 
@@ -45,8 +51,9 @@ READERS = {"mnist": read_mnist, "cifar10": read_cifar10}
 PUMS_ONLY = {"task": "--task", "task_file": "--task-file", "encoding": "--encoding",
              "universe": "--universe", "household_secret": "--household-secret",
              "check_fields": "--check-fields"}
-#: Rows of uint8 pixels written at a time.
-_WRITE_ROWS = 8192
+#: Bytes of pixels gathered and written at a time (one HDF5 chunk), so a
+#: stop signal is acted on within one piece's write.
+_PIECE_BYTES = 1 << 20
 
 
 @dataclass
@@ -113,18 +120,68 @@ def split_sets(sets: dict[str, ImageSet], test_fraction: float | None, val_fract
 def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
     """Per-channel mean and standard deviation of uint8 ``[N, C, H, W]`` / 255
     (float64 sums; a constant channel gets 1, so normalising never divides by 0)."""
-    if images.shape[0] == 0:
-        return [0.0] * images.shape[1], [1.0] * images.shape[1]
+    return stats_of_counts(channel_counts(images))
+
+
+def channel_counts(images: np.ndarray) -> np.ndarray:
+    """int64 ``[C, 256]``: how many pixels of each channel have each value
+    (counts of pieces add up to the counts of the whole)."""
+    return np.stack([np.bincount(images[:, c].ravel(), minlength=256)
+                     for c in range(images.shape[1])]).astype(np.int64)
+
+
+def stats_of_counts(counts: np.ndarray) -> tuple[list[float], list[float]]:
+    """:func:`channel_stats` from the :func:`channel_counts` of the images."""
     means, stds = [], []
-    for c in range(images.shape[1]):
-        counts = np.bincount(images[:, c].ravel(), minlength=256).astype(np.float64)
-        levels = np.arange(256) / 255.0
-        total = counts.sum()
-        mean = float(counts @ levels / total)
-        var = float(counts @ (levels - mean) ** 2 / total)
+    levels = np.arange(256) / 255.0
+    for channel in counts.astype(np.float64):
+        total = channel.sum()
+        if total == 0:
+            means.append(0.0)
+            stds.append(1.0)
+            continue
+        mean = float(channel @ levels / total)
+        var = float(channel @ (levels - mean) ** 2 / total)
         means.append(mean)
         stds.append(float(np.sqrt(var)) if var > 0 else 1.0)
     return means, stds
+
+
+class _Rows:
+    """The rows of the official sets in reading order (train, then test),
+    gathered by index a piece at a time without concatenating the sets."""
+
+    def __init__(self, sets: list[ImageSet]) -> None:
+        self.sets = sets
+        self.starts = np.cumsum([0] + [len(s) for s in sets])
+        self.shape = tuple(int(n) for n in sets[0].images.shape[1:])
+        self.width = int(np.prod(self.shape))
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def images(self, index: np.ndarray) -> np.ndarray:
+        """uint8 ``[len(index), C, H, W]``: the rows ``index``, every one filled."""
+        out = np.empty((len(index), *self.shape), dtype=np.uint8)
+        for part, start, stop in zip(self.sets, self.starts, self.starts[1:]):
+            mine = (index >= start) & (index < stop)
+            out[mine] = part.images[index[mine] - start]
+        return out
+
+    def labels(self, index: np.ndarray) -> np.ndarray:
+        return np.concatenate([s.labels for s in self.sets])[index]
+
+    def pieces(self, index: np.ndarray) -> "list[np.ndarray]":
+        """``index`` cut into pieces of about :data:`_PIECE_BYTES` of pixels."""
+        step = max(1, _PIECE_BYTES // self.width)
+        return [index[i:i + step] for i in range(0, len(index), step)]
+
+    def stats(self, index: np.ndarray) -> tuple[list[float], list[float]]:
+        """:func:`channel_stats` of the rows ``index``, a piece at a time."""
+        counts = np.zeros((self.shape[0], 256), dtype=np.int64)
+        for piece in self.pieces(index):
+            counts += channel_counts(self.images(piece))
+        return stats_of_counts(counts)
 
 
 def like_statistics(path: str, fmt: str, shape: tuple[int, ...]) -> tuple[list, list]:
@@ -147,8 +204,10 @@ def like_statistics(path: str, fmt: str, shape: tuple[int, ...]) -> tuple[list, 
     return list(info.channel_mean), list(info.channel_std)
 
 
-def _write(path: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], attrs: dict,
-           compression) -> None:
+def _write(path: str, rows: _Rows, splits: dict[str, np.ndarray], attrs: dict, compression,
+           phase: WritePhase) -> None:
+    """Write each split's rows (``splits``: indices into ``rows``) a piece at a
+    time, checking ``phase`` for a stop signal between pieces."""
     import h5py  # deferred: keeps `mpidp prep --help` fast
 
     options = {"compression": "gzip", "compression_opts": compression.level,
@@ -157,15 +216,21 @@ def _write(path: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], attrs: d
         for split in h5format.SPLITS:
             if split not in splits:
                 continue
-            images, labels = splits[split]
-            n, width = images.shape[0], int(np.prod(images.shape[1:]))
+            index = splits[split]
+            n, width = len(index), rows.width
             chunk = (max(1, min(n, (1 << 20) // width)), width) if n else None
             X = f.create_dataset(h5format.x_name(split), (n, width), dtype=h5format.IMAGE_DTYPE,
                                  chunks=chunk, **(options if n else {}))
-            for start in range(0, n, _WRITE_ROWS):
-                X[start:start + _WRITE_ROWS] = images[start:start + _WRITE_ROWS].reshape(-1, width)
-            f.create_dataset(h5format.y_name(split), data=labels.astype(h5format.Y_DTYPE))
+            start = 0
+            for piece in rows.pieces(index):
+                phase.check()
+                X[start:start + len(piece)] = rows.images(piece).reshape(len(piece), width)
+                start += len(piece)
+            f.create_dataset(h5format.y_name(split),
+                             data=rows.labels(index).astype(h5format.Y_DTYPE))
         h5format.write_attributes(f.attrs, attrs)
+        phase.check()
+    phase.check()
 
 
 def _prepare(args: argparse.Namespace, val_fraction: float, compression,
@@ -176,37 +241,37 @@ def _prepare(args: argparse.Namespace, val_fraction: float, compression,
     sets = READERS[args.format](source)
     splits = split_sets(sets, args.test_fraction, val_fraction, args.seed, source)
     order = [s for s in ("train", "test") if s in sets]
-    images = np.concatenate([sets[s].images for s in order])
-    labels = np.concatenate([sets[s].labels for s in order])
+    rows = _Rows([sets[s] for s in order])
     n_classes = sets[order[0]].n_classes
-    chosen = {name: (images[rows], labels[rows]) for name, rows in splits.items()}
-    shape = tuple(int(s) for s in images.shape[1:])
+    shape = rows.shape
     like = getattr(args, "like", None)
     if like:
         mean, std = like_statistics(like, args.format, shape)
     else:
-        mean, std = channel_stats(chosen["train"][0] if len(splits["train"]) else images)
+        mean, std = rows.stats(splits["train"] if len(splits["train"])
+                               else np.arange(len(rows)))
     layout = {"image_shape": list(shape), "channel_mean": mean, "channel_std": std}
     attrs = {**h5format.identity(h5format.IMAGE_VERSION), **layout,
              "task": args.format, "n_classes": n_classes,
              "encoding_fingerprint": h5format.fingerprint(json.dumps(
                  {"format": args.format, **layout}, sort_keys=True)),
              "sources": [entry for s in order for entry in sets[s].source],
-             "seed": args.seed, "test_fraction": len(splits["test"]) / max(1, len(images)),
+             "seed": args.seed, "test_fraction": len(splits["test"]) / max(1, len(rows)),
              "val_fraction": val_fraction, "created_by": f"mpidp {version}".strip(),
              "drop_counts": {}, "like": like or ""}
     temporary = atomic.temporary_name(args.out)
     try:
-        _write(temporary, chosen, attrs, compression)
-        atomic.commit(temporary, args.out)
+        with WritePhase(temporary) as phase:
+            _write(temporary, rows, splits, attrs, compression, phase)
+            atomic.commit(temporary, args.out)
     except OSError as exc:
         raise PrepError(f"{args.out}: cannot write the output: {exc}") from None
     finally:
         atomic.discard(temporary)
     return ImageReport(out_bytes=os.path.getsize(args.out),
-                       seconds=time.perf_counter() - start, images=len(images),
+                       seconds=time.perf_counter() - start, images=len(rows),
                        files=sum(len(sets[s].source) for s in order),
-                       rows={name: len(rows) for name, rows in splits.items()},
+                       rows={name: len(index) for name, index in splits.items()},
                        shape=shape, n_classes=n_classes)
 
 
