@@ -61,6 +61,7 @@ from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
 from engine.nn.schedule import learning_rate
 from engine.shard import read_info, read_shard
 from engine.stopping import monitored_accuracy
+from engine import fixed_step
 from engine.step import PHASES, DPStep
 from engine.stopping import (StopRequest, check_startup, forget_signals, signal_name,
                              stop_reason)
@@ -482,6 +483,11 @@ class Trainer:
                               self.optimizer, 1.0 / cfg.batch_size, self.comm,
                               max_norm=cfg.max_grad_norm if cfg.dp else None,
                               noise=self.noise, algorithm=cfg.allreduce)
+        shuffled = isinstance(self.sampler, ShuffleSampler)
+        self.dp_step, self.step_note = fixed_step.choose(
+            self.dp_step, cfg.cuda_graph, self.comm, n_local=n_local, q=self.q,
+            fixed_batch=int(expected) if shuffled else None,
+            households=self.train.groups is not None)
 
     def _check_ranks_agree_on_the_model(self) -> None:
         """Collective: every rank must start from the same parameters (a user's
@@ -519,6 +525,7 @@ class Trainer:
         if not self.cfg.checkpoint_dir:
             self.write_metrics()
             return None
+        self._settle()
         if not bool(torch.isfinite(self.params).all()):
             raise DivergedError("the parameters are NaN or infinite: not checkpointing a "
                                 "diverged model; lower --lr or --max-grad-norm",
@@ -573,7 +580,15 @@ class Trainer:
             self._rank0_check(self._write_metrics_file)
 
     # ------------------------------------------------------------------- loop
+    def _settle(self) -> None:
+        """Add what the step kept on the device (loss, clipped count) to the
+        epoch's sums (:meth:`engine.fixed_step.FixedShapeStep.settle`)."""
+        loss, clipped = self.dp_step.settle()
+        self.local["loss_sum"] += loss
+        self.local["clipped"] += clipped
+
     def _epoch_end(self, epoch: int, times: dict, wall: float, resumed: bool) -> dict:
+        self._settle()
         # Rank 0's epsilon rides in the sum (the others add 0, exactly): only
         # rank 0 runs the accountant (_plan_privacy).
         dp = self.accountant is not None
@@ -729,6 +744,8 @@ class Trainer:
             self._say(first)
         if self.lock is not None and self.lock.note:
             self._say(f"note: {self.lock.note}")
+        if self.step_note:
+            self._say(f"mpidp train: on {self.placement.device.type}, {self.step_note}")
         unit = ("" if not cfg.dp else "epsilon protects each person (one row); "
                 if cfg.privacy_unit == "person"
                 else "epsilon protects each household (all its rows at once); ")
@@ -781,6 +798,9 @@ class Trainer:
         pc, from_numpy = time.perf_counter, torch.from_numpy
         local = self.local
         grouped = self.train.groups is not None  # households: clipped as one each
+        # One rank reads its own stop request: no control float to write or read
+        # back (on a GPU, a read would wait for the step to finish).
+        alone = self.size == 1
         try:
             while self.step < self.total_steps:
                 epoch, first = divmod(self.step, self.steps_per_epoch)
@@ -788,7 +808,8 @@ class Trainer:
                 t_epoch = pc()
                 stopping = False
                 for _ in range(first, self.steps_per_epoch):
-                    control[0] = 1.0 if stop.requested else 0.0
+                    if not alone:
+                        control[0] = 1.0 if stop.requested else 0.0
                     if scheduled:
                         opt.lr = learning_rate(
                             cfg.lr_schedule, cfg.lr, self.step + 1, self.steps_per_epoch,
@@ -807,8 +828,9 @@ class Trainer:
                     if self.step % PROGRESS_EVERY == 0:
                         bar.update(PROGRESS_EVERY)
                     # control[0] is all-reduced: every rank stops after the same step.
-                    if control[0] > 0 or (cfg.stop_after is not None
-                                          and self.step - start_step >= cfg.stop_after):
+                    asked = stop.requested if alone else control[0] > 0
+                    if asked or (cfg.stop_after is not None
+                                 and self.step - start_step >= cfg.stop_after):
                         stopping = True
                         break
                     if self.step % FINITE_CHECK_EVERY == 0 \

@@ -556,6 +556,7 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
                 counter[0] += 1
                 return result
 
+            step.settle = inner.settle  # the trainer reads what a step kept on the device
             self.dp_step = step
             state.update(hook=hook, included=included, residuals=residuals, counter=counter)
 
