@@ -9,8 +9,11 @@ the pairs' squared norms added per example. Work and memory ``k L d``; no
 per-example ``[V, d]`` gradient is formed. When no example looks a row up
 twice (one lookup each, or distinct rows: a sort of each example's ``L``
 indices tells), there is nothing to sum and ``|g_i|^2 = sum_p |b_ip|^2``,
-the common case of one table holding several features' categories. The
-clipped sum is one
+the common case of one table holding several features' categories. Up to
+:data:`PAIRWISE_POSITIONS` lookups per example the norm compares every pair
+of positions instead (``k L^2 d``, one batched product): the same number
+without the unique or the check's read-back, so a CUDA graph can hold it.
+The clipped sum is one
 ``index_add`` of ``c_i b_ip`` into row ``idx_ip``; a group's norm is the same
 sum with the group in place of the example.
 
@@ -27,6 +30,10 @@ from torch import nn
 
 from engine.dp.rules import LayerTerm, group_owner, refusal, register_rule
 
+#: Lookups per example up to which the squared norms compare every pair of an
+#: example's positions (L^2 small products, no sort or unique).
+PAIRWISE_POSITIONS = 64
+
 
 class _EmbeddingTerm:
     def __init__(self, layer: nn.Embedding, a: torch.Tensor, b: torch.Tensor):
@@ -42,9 +49,23 @@ class _EmbeddingTerm:
     def sq_norms(self) -> torch.Tensor:
         """``[k]`` per-example squared norms (computed when asked: the household
         unit needs only :meth:`group_sq_norms`)."""
-        if self.positions <= 1 or self._rows_distinct():
+        if self.positions <= 1:
+            return self.b.square().sum(1).view(self.k, self.positions).sum(1)
+        if self.positions <= PAIRWISE_POSITIONS:
+            return self._pairwise_sq()
+        if self._rows_distinct():
             return self.b.square().sum(1).view(self.k, self.positions).sum(1)
         return self._pair_sq(torch.arange(self.k, device=self.b.device), self.k)
+
+    def _pairwise_sq(self) -> torch.Tensor:
+        """``[k]``: ``sum_{p,q: idx_ip = idx_iq} b_ip . b_iq``, every pair of an
+        example's positions compared (L^2 of them): no data-dependent shape and
+        no value read back, so a CUDA graph can hold it."""
+        L = self.positions
+        index = self.index.view(self.k, L)
+        b = self.b.view(self.k, L, self.b.shape[1])
+        same = (index[:, :, None] == index[:, None, :]).to(b.dtype)
+        return (same * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
 
     def _rows_distinct(self) -> bool:
         """Whether every example looks up ``positions`` different rows."""
