@@ -3,6 +3,7 @@
 #   make test   set up .venv, then run the whole test suite
 #   make test-long  the suite with its long tests (docs/testing.md)
 #   make test-gpu   on a machine with a GPU: the tests marked gpu (docs/gpus.md)
+#   make gpu-check  on a GPU machine without network: tests and benchmarks in < 8 min
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -12,7 +13,7 @@ STAMP   = $(VENV)/.installed
 
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 
-.PHONY: install demo test test-long test-gpu clean
+.PHONY: install demo test test-long test-gpu gpu-check clean
 
 install: $(STAMP)
 
@@ -50,6 +51,11 @@ test-gpu: install
 	MPIDP_REQUIRE_GPU=1 $(BIN)/python -m pytest tests -m gpu --with-mpi -ra --timeout=900
 	MPIDP_REQUIRE_GPU=1 $(BIN)/mpiexec -n 2 $(BIN)/python -m pytest tests -m "gpu and mpi" \
 	    --with-mpi -ra --timeout=900
+
+# The GPU check for a machine without network: the image's Python and the wheels
+# of tools/gpu_wheels.sh (in .gpu-wheels/), every step time-boxed (docs/gpus.md).
+gpu-check:
+	tools/gpu_check.sh gpu-check
 
 clean:
 	rm -rf $(VENV) .numba_cache *.egg-info $(DEMO)

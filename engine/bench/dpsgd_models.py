@@ -108,7 +108,9 @@ def _ours(name: str, data, device, dp: bool, graph: bool, batch: int, n_local: i
                   MPI.COMM_SELF, max_norm=C if dp else None, noise=noise)
     chosen, line = fixed_step.choose(step, "auto" if graph else "off", MPI.COMM_SELF,
                                      n_local=n_local, q=batch / n_local)
-    return (lambda rows: chosen(rows)[0]), line or "the eager step (CPU)"
+    run = (lambda rows: chosen(rows)[0])
+    run.replay = getattr(chosen, "_replay", None)  # the captured graph, for its own timing
+    return run, line or "the eager step (CPU)"
 
 
 def _peer(method: str, name: str, data, device, batch: int, seed: int):
@@ -229,10 +231,22 @@ def bench_model(args, name: str, device, methods: list[str], out: dict) -> None:
             sync()
             rates[method].append(examples / (time.perf_counter() - start))
     median = {m: statistics.median(v) for m, v in rates.items()}
+    replay_us = {}
+    for method, fn in steps.items():  # the device's own time for the step's graph
+        replay = getattr(fn, "replay", None)
+        if replay is not None and device.type == "cuda":
+            sync()
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                replay()
+            sync()
+            replay_us[method] = 1e6 * (time.perf_counter() - start) / args.steps
     print(f"\n{name}: {n:,} rows, expected batch {batch}")
     for method, note in notes.items():
         if method.startswith("mpidp-") or method not in steps:
-            print(f"  {method}: {note}")
+            alone = (f"; the graph replayed alone: {replay_us[method]:.1f} us a step"
+                     if method in replay_us else "")
+            print(f"  {method}: {note}{alone}")
     ref = median.get("mpidp-dp")
     print(f"  {'method':<20} {'examples/s':>12} {'s/epoch':>9} {'over mpidp-dp':>14}")
     for method, rate in median.items():
@@ -240,6 +254,7 @@ def bench_model(args, name: str, device, methods: list[str], out: dict) -> None:
         print(f"  {method:<20} {rate:>12,.0f} {n / rate:>9.3f} {ratio:>14}")
     result = {"rows": n, "batch_size": batch, "examples_per_s": median, "all_rounds": rates,
               "steps_run": {m: notes.get(m) for m in steps if m.startswith("mpidp-")},
+              "graph_replay_us": replay_us,
               "not_run": {m: notes[m] for m in methods if m not in steps}}
     for key, slower, faster, label in RATIOS:
         if slower in rates and faster in rates:
