@@ -167,3 +167,16 @@ def test_anchors_follow_githubs_rules():
     assert slug("Run under `mpiexec` or `srun`") == "run-under-mpiexec-or-srun"
     assert slug("B = 4096") == "b--4096"
     assert slug("shm_pair and [p2p](x.md)") == "shm_pair-and-p2p"
+
+
+def test_the_gpu_page_shows_the_tables_its_result_files_give():
+    """docs/gpus.md's figures are rendered from results/ by tools/gpu_tables.py,
+    never edited by hand: regenerating them changes nothing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_tables", ROOT / "tools/gpu_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    page = (ROOT / "docs/gpus.md").read_text(encoding="utf-8")
+    shown = page.split(tables.BEGIN, 1)[1].split(tables.END, 1)[0]
+    assert shown == "\n" + tables.render(ROOT / "results" / "gpu-h200-2026-11-27")
