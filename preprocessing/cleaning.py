@@ -16,6 +16,10 @@ Reasons are named ``"non_numeric:AGEP"``, ``"blank:SEX"``, ``"invalid:SCHL"``,
 counts add up across ranks. A blank that the dictionary allows (ESP for most
 adults, MIL under 17) is not a problem: it becomes its own category.
 
+The group attributes' columns (:mod:`preprocessing.groups`: ``SEX``,
+``RAC1P``, ``AGEP``, ``ST`` and the task's group) are checked the same way,
+after the task's own columns, and kept as int16 codes per kept record.
+
 The kept records are reduced to one small code per feature: the category's
 index for a categorical feature (categories = the dictionary's codes in
 increasing order, then ``blank`` when allowed) and the raw integer for a
@@ -24,7 +28,7 @@ the float32 matrix after the shuffle, which moves only these few bytes per row.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -86,6 +90,8 @@ class Cleaned:
             uint16) or the raw value (int32) of a numeric feature.
         label: int8 per kept record, 1 for the positive class.
         household: int64 per kept record.
+        groups: group attribute -> int16 code per kept record
+            (:meth:`preprocessing.groups.GroupAttribute.codes`).
         first_bad: (record index, column, text) of the first record dropped
             for a reason other than the universe, or None.
     """
@@ -95,6 +101,7 @@ class Cleaned:
     label: np.ndarray
     household: np.ndarray
     first_bad: tuple[int, str, str] | None
+    groups: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class _Lookup:
@@ -195,9 +202,29 @@ class Cleaner:
         label_column = self.sources[self.task.label.column]
         label = (self.task.label.holds(cols.values[label_column][keep])
                  & ~cols.blank[label_column][keep]).astype(np.int8)
+        groups = {}
+        for attribute in self.task.groups():
+            column = self.sources[attribute.column]
+            groups[attribute.name] = attribute.codes(
+                self._as_feature_codes(attribute.column, cols.values[column][keep]),
+                cols.blank[column][keep])
         first_bad = first[min(first)] if first else None
         return Cleaned(reason=reason, codes=codes, label=label,
-                       household=cols.household[keep], first_bad=first_bad)
+                       household=cols.household[keep], first_bad=first_bad, groups=groups)
+
+    def _as_feature_codes(self, name: str, values: np.ndarray) -> np.ndarray:
+        """A column's valid values in the 2018 codes: recoded where the file
+        gives the variable through a recoding source (RELP as RELSHIPP)."""
+        feature = self.task.feature(name)
+        if feature is None:
+            return values
+        source = next(s for s in feature.sources if s.column == self.sources[name])
+        if source.recode is None or not len(values):
+            return values
+        keys = np.array(sorted(source.recode), dtype=np.int64)
+        mapped = np.array([source.recode[k] for k in keys], dtype=np.int64)
+        at = np.clip(np.searchsorted(keys, values), 0, len(keys) - 1)
+        return np.where(keys[at] == values, mapped[at], values)
 
     def _check(self, cols: Columns, name: str, mark) -> None:
         column = self.sources[name]

@@ -20,6 +20,15 @@ Datasets, per split ``s`` in :data:`SPLITS` (``train`` and ``test`` always;
   so a reader can cut a split into shards on household boundaries
   (``mpidp train --privacy-unit household``).
 
+* ``/s/groups/NAME``: int16 ``[N]`` (any integer type is read), the code of
+  group attribute NAME of each row (:mod:`preprocessing.groups`: ``SEX``,
+  ``RAC1P``, ``AGEP`` in bands, ``ST`` and the task's folktables ``group``),
+  for ``mpidp eval --by``; never part of ``X``. The ``groups`` attribute
+  describes them (labels of the codes, from the data dictionary); a file
+  without it (older files, images, synthetic files written without groups)
+  has none, and is still read and scored overall. Like ``/val``, the group
+  columns need no new ``format_version``: an older reader ignores them.
+
 The ``val`` split (``/val/X``, ``/val/y``, ``/val/household``) is optional
 (:data:`OPTIONAL_SPLITS`): ``mpidp prep --val-fraction F`` moves a share F
 of the *training* households there (``mpidp train`` scores it every epoch
@@ -87,6 +96,7 @@ OPTIONAL_SPLITS = ("val",)
 X_DTYPE = "float32"
 Y_DTYPE = "int8"
 HOUSEHOLD_DTYPE = "uint64"
+GROUP_DTYPE = "int16"
 #: How ``/s/household`` is made (the ``household_key`` attribute).
 HOUSEHOLD_KEY = ("BLAKE2b-64 of the household's SERIALNO, keyed with a 32-byte secret that "
                  "is not stored: random per run of mpidp prep unless --household-secret "
@@ -114,6 +124,10 @@ ATTRIBUTES: dict[str, str] = {
     "like": "prep only: the file whose encoding was reused (--like), or ''",
     "households": "JSON: households per split (version 2; val included when present)",
     "household_key": "how /s/household was made (version 2): " + HOUSEHOLD_KEY,
+    "groups": "JSON: per group attribute kept in /s/groups/NAME, its description, column, "
+              "labels (code as a string -> label, from the data dictionary), bands (AGEP) "
+              "and feature (whether the model reads it); absent: no group columns",
+    "group": "the task's group column in folktables' sense (RAC1P for the ACS tasks)",
     "image_shape": "images only (version 4): JSON [C, H, W] of each row's pixels",
     "channel_mean": "images only: JSON list of C means of the training pixels / 255",
     "channel_std": "images only: JSON list of C standard deviations of the training "
@@ -140,6 +154,30 @@ def y_name(split: str) -> str:
 def household_name(split: str) -> str:
     """Path of the household keys of ``split`` (``"train/household"``, version 2)."""
     return f"{split}/household"
+
+
+def group_name(split: str, attribute: str) -> str:
+    """Path of the codes of group attribute ``attribute`` in ``split``
+    (``"train/groups/SEX"``)."""
+    return f"{split}/groups/{attribute}"
+
+
+@dataclass(frozen=True)
+class GroupColumn:
+    """A group attribute a file keeps (the ``groups`` attribute's entry).
+
+    Attributes:
+        name: the attribute (``"SEX"``), its dataset ``/s/groups/NAME``.
+        description: the data dictionary's words (``"Sex"``; ``", in bands"`` for AGEP).
+        labels: code -> label (``{1: "Male", 2: "Female"}``; for AGEP the
+            band's first age -> ``"25-34"``); every code in the file has one.
+        feature: whether the model reads the column as a feature.
+    """
+
+    name: str
+    description: str
+    labels: dict[int, str]
+    feature: bool = False
 
 
 def splits_in(handle) -> tuple[str, ...]:
@@ -201,6 +239,10 @@ class DataInfo:
     #: Per channel: mean and standard deviation of the training pixels / 255.
     channel_mean: tuple[float, ...] = ()
     channel_std: tuple[float, ...] = ()
+    #: The group attributes kept in ``/s/groups/NAME``, by name (empty: none).
+    groups: dict[str, GroupColumn] = field(default_factory=dict)
+    #: The task's group column in folktables' sense (``"RAC1P"``), or ``""``.
+    group: str = ""
 
     @property
     def is_image(self) -> bool:
@@ -301,6 +343,7 @@ def read_info(path: str) -> DataInfo:
                               "feature columns")
         code_columns = _code_columns(path, f.attrs, version, n_features)
         image = _image_layout(path, f.attrs, version, n_features)
+        groups = _group_columns(path, f, rows)
         encoding_fingerprint = _attr(f.attrs, "encoding_fingerprint", "") or ""
         if not encoding_fingerprint and names:
             encoding_fingerprint = "names:" + hashlib.sha256(
@@ -309,7 +352,38 @@ def read_info(path: str) -> DataInfo:
                         feature_names=names, task=str(_attr(f.attrs, "task", "") or ""),
                         fingerprint=encoding_fingerprint,
                         households=has_households(version),
-                        code_columns=code_columns, **image)
+                        code_columns=code_columns, groups=groups,
+                        group=str(_attr(f.attrs, "group", "") or ""), **image)
+
+
+def _group_columns(path: str, f, rows: dict[str, int]) -> dict[str, GroupColumn]:
+    """The group columns the ``groups`` attribute describes, checked in every split."""
+    import h5py  # deferred: as in read_info
+
+    text = _attr(f.attrs, "groups", "")
+    if not text:
+        return {}
+    try:
+        described = json.loads(text)
+        columns = {name: GroupColumn(name, str(entry["description"]),
+                                     {int(code): str(label)
+                                      for code, label in entry["labels"].items()},
+                                     bool(entry.get("feature", False)))
+                   for name, entry in described.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise FormatError(f"{path}: attribute groups is not a JSON table of group columns "
+                          f"({exc}); re-run `mpidp prep`") from None
+    for name in columns:
+        for split, n in rows.items():
+            dataset = f.get(group_name(split, name))
+            if not isinstance(dataset, h5py.Dataset):
+                dataset = None
+            if dataset is None or dataset.shape != (n,) or dataset.dtype.kind not in "iu":
+                found = "missing" if dataset is None else f"{dataset.dtype} {dataset.shape}"
+                raise FormatError(f"{path}: attribute groups lists {name}, but "
+                                  f"/{group_name(split, name)} is {found}, not integer "
+                                  f"[{n}]; re-run `mpidp prep`")
+    return columns
 
 
 def has_households(version: int) -> bool:

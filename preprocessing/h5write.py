@@ -72,35 +72,42 @@ class Layout:
     chunk_offsets: dict[str, list[int]] = field(default_factory=dict)
 
 
-def chunk_rows_for(n_features: int) -> int:
-    """Rows per chunk: about :data:`CHUNK_BYTES` of ``X``."""
-    return max(1, CHUNK_BYTES // (4 * max(1, n_features)))
+def chunk_rows_for(n_features: int, most_rows: int | None = None) -> int:
+    """Rows per chunk: about :data:`CHUNK_BYTES` of ``X``, and no more than
+    ``most_rows`` (the largest split's rows: a chunk is allocated whole, so
+    a small file of few columns would otherwise be mostly padding)."""
+    rows = max(1, CHUNK_BYTES // (4 * max(1, n_features)))
+    return rows if most_rows is None else max(1, min(rows, most_rows))
 
 
-def dataset_specs(counts: dict[str, int], n_features: int) -> dict[str, tuple[tuple, str]]:
-    """``/train/X`` etc. -> (shape, dtype) for splits with ``counts`` rows
-    (:mod:`preprocessing.h5format`)."""
+def dataset_specs(counts: dict[str, int], n_features: int,
+                  groups: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[tuple, str]]:
+    """``/train/X`` etc. -> (shape, dtype) for splits with ``counts`` rows and
+    the group attributes ``groups`` (:mod:`preprocessing.h5format`)."""
     specs = {}
     for split, n in counts.items():
         specs[h5format.x_name(split)] = ((n, n_features), h5format.X_DTYPE)
         specs[h5format.y_name(split)] = ((n,), h5format.Y_DTYPE)
         specs[h5format.household_name(split)] = ((n,), h5format.HOUSEHOLD_DTYPE)
+        for name in groups:
+            specs[h5format.group_name(split, name)] = ((n,), h5format.GROUP_DTYPE)
     return specs
 
 
 def create(path: str, counts: dict[str, int], n_features: int, attrs: dict,
-           compression: Compression) -> Layout:
+           compression: Compression, groups: list[str] | tuple[str, ...] = ()) -> Layout:
     """Create the file with its datasets and attributes; rank 0 only.
 
     Args:
         counts: split name (``"train"``, ``"test"``) -> rows.
+        groups: the group attributes kept (``/s/groups/NAME`` in every split).
         attrs: root attributes (str, int, float; dicts/lists are stored as JSON:
             :func:`preprocessing.h5format.write_attributes`).
     """
     import h5py  # deferred: keeps `mpidp prep --help` fast
 
-    rows = chunk_rows_for(n_features)
-    specs = dataset_specs(counts, n_features)
+    rows = chunk_rows_for(n_features, max(counts.values(), default=1))
+    specs = dataset_specs(counts, n_features, groups)
     layout = Layout(chunk_rows=rows, shapes={k: s for k, (s, _) in specs.items()},
                     row_bytes={})
     with h5py.File(path, "w", libver=("v108", "latest"), track_order=True) as handle:

@@ -31,7 +31,8 @@ from typing import Iterator
 import numpy as np
 
 from collectives import MPI
-from preprocessing import atomic, encoding as enc, h5format, h5write, households, shuffle
+from preprocessing import atomic, encoding as enc, groups as group_attributes, h5format, \
+    h5write, households, shuffle
 from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
@@ -293,11 +294,18 @@ def record_dtype(task: Task, codebook: Codebook) -> np.dtype:
     feature, the label, the split (:data:`preprocessing.shuffle.TRAIN`, ``VAL``
     or ``TEST``), the household's shuffle key, the household
     id, the record's own shuffle key and (filled after the shuffle) the
-    household's keyed hash (~55 bytes)."""
+    household's keyed hash, and the int16 code of each group attribute
+    (:func:`group_field`; ~65 bytes)."""
     fields = [(f.name, code_dtype(f, codebook)) for f in task.features]
+    fields += [(group_field(a.name), group_attributes.DTYPE) for a in task.groups()]
     return np.dtype(fields + [("__y", np.int8), ("__split", np.uint8), ("__key", np.uint64),
                               ("__hh", np.int64), ("__row", np.uint64),
                               ("__hkey", np.uint64)])
+
+
+def group_field(name: str) -> str:
+    """The record field of group attribute ``name``."""
+    return f"__group_{name}"
 
 
 def build_records(settings: Settings, parsed: list[Parsed], offsets,
@@ -311,6 +319,8 @@ def build_records(settings: Settings, parsed: list[Parsed], offsets,
         part = records[at:at + k]
         for feature in settings.task.features:
             part[feature.name] = c.codes[feature.name]
+        for name, codes in c.groups.items():
+            part[group_field(name)] = codes
         part["__y"] = c.label
         part["__split"] = shuffle.split_households(c.household, settings.seed,
                                                    settings.test_fraction,
@@ -387,16 +397,24 @@ class Hasher:
         return merged
 
 
+def _columns(split: str, part: np.ndarray, groups) -> list[tuple[str, np.ndarray]]:
+    """The datasets of ``split`` besides ``X`` and the rows of ``part`` they
+    hold: labels, household keys and each group attribute's codes."""
+    out = [(h5format.y_name(split), part["__y"]),
+           (h5format.household_name(split), part["__hkey"])]
+    out += [(h5format.group_name(split, a.name), part[group_field(a.name)]) for a in groups]
+    return [(name, np.ascontiguousarray(values)) for name, values in out]
+
+
 def _encode_and_write(fd: int, layout, encoder, split: str, records: np.ndarray,
-                      offset: int, buffer: np.ndarray) -> None:
+                      offset: int, buffer: np.ndarray, groups) -> None:
     for start in range(0, len(records), ENCODE_ROWS):
         part = records[start:start + ENCODE_ROWS]
         rows = buffer[:len(part)]
         encoder.encode({name: part[name] for name in part.dtype.names}, rows)
         h5write.write_rows(fd, layout, h5format.x_name(split), offset + start, rows)
-        h5write.write_rows(fd, layout, h5format.y_name(split), offset + start, part["__y"])
-        h5write.write_rows(fd, layout, h5format.household_name(split), offset + start,
-                           np.ascontiguousarray(part["__hkey"]))
+        for name, values in _columns(split, part, groups):
+            h5write.write_rows(fd, layout, name, offset + start, values)
 
 
 def _write_compressed(comm, settings, layout, encoder, split: str, records, offset: int,
@@ -408,7 +426,9 @@ def _write_compressed(comm, settings, layout, encoder, split: str, records, offs
     starts.append(total)
     mine = shuffle.rebalance(records, offset, starts, comm)
     first = starts[rank]
-    x_chunks, y_chunks, h_chunks = [], [], []
+    groups = settings.task.groups()
+    chunks_of: dict[str, list] = {h5format.x_name(split): []}
+    chunks_of.update({name: [] for name, _ in _columns(split, mine[:0], groups)})
     buffer = np.empty((rows_per_chunk, encoder.n_features), dtype=np.float32)
     for at in range(0, len(mine), rows_per_chunk):
         part = mine[at:at + rows_per_chunk]
@@ -416,12 +436,10 @@ def _write_compressed(comm, settings, layout, encoder, split: str, records, offs
         encoder.encode({name: part[name] for name in part.dtype.names}, rows)
         index = (first + at) // rows_per_chunk
         level = settings.compression.level
-        x_chunks.append((index, h5write.compress_chunk(rows, rows_per_chunk, level)))
-        y_chunks.append((index, h5write.compress_chunk(part["__y"], rows_per_chunk, level)))
-        h_chunks.append((index, h5write.compress_chunk(np.ascontiguousarray(part["__hkey"]),
-                                                       rows_per_chunk, level)))
-    for name, chunks in ((h5format.x_name(split), x_chunks), (h5format.y_name(split), y_chunks),
-                         (h5format.household_name(split), h_chunks)):
+        for name, values in [(h5format.x_name(split), rows), *_columns(split, part, groups)]:
+            chunks_of[name].append((index, h5write.compress_chunk(values, rows_per_chunk,
+                                                                  level)))
+    for name, chunks in chunks_of.items():
         every = comm.gather(chunks, root=0)
         if rank == 0:
             h5write.write_chunks(temporary, name, [c for p in every for c in p],
@@ -450,7 +468,8 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
         temporary = atomic.temporary_name(settings.out)
         try:
             layout = h5write.create(temporary, counts, encoding.n_features, {},
-                                    settings.compression)
+                                    settings.compression,
+                                    groups=[a.name for a in settings.task.groups()])
         except OSError as exc:
             atomic.discard(temporary)
             raise PrepError(f"{settings.out}: cannot create the output: {exc}") from None
@@ -469,7 +488,8 @@ def write_output(comm, settings: Settings, encoding_text: str, splits: dict,
                 try:
                     buffer = np.empty((ENCODE_ROWS, encoder.n_features), dtype=np.float32)
                     for split, (part, first, _, _) in splits.items():
-                        _encode_and_write(fd, layout, encoder, split, part, first, buffer)
+                        _encode_and_write(fd, layout, encoder, split, part, first, buffer,
+                                          settings.task.groups())
                 finally:
                     os.close(fd)
             except OSError as exc:
@@ -568,6 +588,8 @@ def attributes(settings: Settings, encoding_text: str, drop_counts: dict,
         "label": str(task.label), "universe": ",".join(map(str, task.universe)),
         "like": os.path.basename(settings.like) if settings.like else "",
         "households": household_counts, "household_key": h5format.HOUSEHOLD_KEY,
+        "groups": group_attributes.describe(task.groups(), {f.name for f in task.features}),
+        "group": task.group,
     }
 
 

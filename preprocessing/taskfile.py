@@ -7,6 +7,7 @@ as a built-in one::
     description = "commute over 45 minutes of employed adults"   # optional
     label = "JWMNP > 45"                   # the positive class: one condition
     universe = ["AGEP >= 18", "ESR == 1"]  # optional; default: every record
+    group = "RAC1P"                        # optional: folktables' group column (RAC1P)
 
     [features]                             # in output column order
     AGEP = "numeric"
@@ -21,7 +22,10 @@ Every column must be in the 2018 person dictionary
 (``pums_2018_person.json``), which gives a categorical feature its
 categories; a feature with more than :data:`MAX_CATEGORIES` codes (``PUMA``:
 70,202) must be numeric. ``RELP`` is read from ``RELSHIPP`` in 2019 and
-later files, as in the built-in tasks.
+later files, as in the built-in tasks. ``group`` names the column the
+task's people are grouped by in folktables' sense (default ``RAC1P``): a
+coded column of at most 60 labelled codes, kept in the file beside
+``SEX``, ``RAC1P``, ``AGEP`` in bands and ``ST`` (:mod:`preprocessing.groups`).
 
 Every problem is one :class:`~preprocessing.errors.PrepError` line naming
 the file and the field (``features.SCL``, ``universe[1]``), with the
@@ -38,12 +42,13 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (setup.py)
     import tomli as tomllib
 
+from preprocessing import groups
 from preprocessing.dictionary import Codebook, Variable
 from preprocessing.errors import PrepError
 from preprocessing.tasks import RELP, TASKS, Condition, Feature, Task, parse_conditions
 
 #: The fields of a task file; the first three are required.
-FIELDS = ("name", "label", "features", "description", "universe")
+FIELDS = ("name", "label", "features", "description", "universe", "group")
 REQUIRED = ("name", "label", "features")
 KINDS = ("numeric", "categorical")
 #: The most categories a categorical feature may have (OCCP has 531).
@@ -95,6 +100,11 @@ def check_task(task: Task, codebook: Codebook, where: str) -> None:
     _column(task.label.column, codebook, f"{where}: label")
     for i, condition in enumerate(task.universe):
         _column(condition.column, codebook, f"{where}: universe[{i}]")
+    why = groups.problem(task.group)
+    if why is not None:
+        hint = ("" if task.group in codebook
+                else _closest(task.group, codebook.header, upper=True))
+        raise PrepError(f"{where}: group: {why}{hint}")
 
 
 def _conditions(text: str, where: str) -> tuple[Condition, ...]:
@@ -172,8 +182,11 @@ def parse(data: dict, codebook: Codebook, where: str) -> Task:
     else:
         raise PrepError(f"{where}: universe: a list of conditions, e.g. "
                         "[\"AGEP >= 16\", \"PWGTP >= 1\"]")
+    group = data.get("group", "RAC1P")
+    if not isinstance(group, str):
+        raise PrepError(f"{where}: group: a column name in quotes, e.g. \"RAC1P\"")
     task = Task(name=name, description=description, features=_features(data["features"], where),
-                label=labels[0], universe=conditions)
+                label=labels[0], universe=conditions, group=group.upper())
     check_task(task, codebook, where)
     return task
 

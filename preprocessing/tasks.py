@@ -54,6 +54,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from preprocessing import groups as group_attributes
+
 #: Comparison operators a condition may use.
 OPERATORS: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
     ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt,
@@ -172,6 +174,9 @@ class Task:
         label: the positive class (``ESR == 1``); every other valid value,
             and a blank, is the negative class.
         universe: conditions a record must meet to be kept at all.
+        group: the column folktables groups the task's people by (its
+            ``group``: ``RAC1P`` for every ACS task); kept in the prepared
+            file with :data:`preprocessing.groups.KEPT` (:meth:`groups`).
     """
 
     name: str
@@ -180,16 +185,24 @@ class Task:
     label: Condition
     universe: tuple[Condition, ...] = field(default_factory=tuple)
     n_classes: int = 2
+    group: str = "RAC1P"
 
     def with_universe(self, universe: tuple[Condition, ...]) -> "Task":
         """A copy with another universe (``--universe``)."""
         return Task(self.name, self.description, self.features, self.label, universe,
-                    self.n_classes)
+                    self.n_classes, self.group)
+
+    def groups(self) -> tuple[group_attributes.GroupAttribute, ...]:
+        """The group attributes a prepared file of this task keeps (never features
+        unless listed in :attr:`features`)."""
+        return group_attributes.attributes(self.group)
 
     def columns(self) -> list[str]:
-        """The variables the task reads: features, label, then universe columns."""
+        """The variables the task reads: features, label, universe columns, then
+        the group attributes' columns."""
         names = [f.name for f in self.features] + [self.label.column]
         names += [c.column for c in self.universe]
+        names += [a.column for a in self.groups()]
         return list(dict.fromkeys(names))
 
     def feature(self, name: str) -> Feature | None:

@@ -25,7 +25,7 @@ def _adult(**overrides) -> dict:
     row = {"SERIALNO": "2018HU0000001", "AGEP": "40", "SCHL": "21", "MAR": "1",
            "RELP": "00", "DIS": "2", "CIT": "1", "MIG": "1", "MIL": "4", "ANC": "1",
            "NATIVITY": "1", "DEAR": "2", "DEYE": "2", "DREM": "2", "SEX": "2",
-           "RAC1P": "1", "ESR": "1"}
+           "RAC1P": "1", "ST": "10", "ESR": "1"}
     row.update(overrides)
     return row
 
@@ -74,7 +74,7 @@ def test_universe_with_several_conditions_and_blank_values():
     header = ("SERIALNO", *task.columns())
     base = {"SERIALNO": "2018HU0000001", "AGEP": "30", "COW": "1", "SCHL": "21", "MAR": "1",
             "OCCP": "0010", "POBP": "006", "RELP": "00", "WKHP": "40", "SEX": "1",
-            "RAC1P": "1", "PINCP": "60000", "PWGTP": "10"}
+            "RAC1P": "1", "PINCP": "60000", "PWGTP": "10", "ST": "44"}
     rows = [base, {**base, "WKHP": ""}, {**base, "PINCP": "50"}, {**base, "AGEP": "16"},
             {**base, "PINCP": "40000"}]
     cleaned = Cleaner(task, BOOK, {n: n for n in task.columns()}).clean(_columns(rows, header))
@@ -83,6 +83,24 @@ def test_universe_with_several_conditions_and_blank_values():
                                                   "universe", "kept"]
     assert cleaned.label.tolist() == [1, 0]
     assert cleaned.codes["OCCP"].dtype == np.uint16
+
+
+def test_group_attributes_are_checked_and_kept_as_codes():
+    """SEX, RAC1P, AGEP in bands and ST are kept per record, whether features or
+    not (ST is not an employment feature); a group column outside the
+    dictionary drops the record like any column the task reads."""
+    rows = [_adult(AGEP="16", SEX="1", RAC1P="9", ST="44"), _adult(AGEP="99", ST="72"),
+            _adult(AGEP="24"), _adult(ST="03"), _adult(AGEP="75", RAC1P="6", ST="")]
+    cleaned = Cleaner(EMPLOYMENT, BOOK, _sources()).clean(_columns(rows))
+    names = reason_names(EMPLOYMENT)
+    assert [names[r] for r in cleaned.reason] == ["kept", "kept", "kept", "invalid:ST",
+                                                  "blank:ST"]
+    assert set(cleaned.groups) == {"SEX", "RAC1P", "AGEP", "ST"}
+    assert cleaned.groups["AGEP"].tolist() == [16, 75, 16]
+    assert cleaned.groups["SEX"].tolist() == [1, 2, 2]
+    assert cleaned.groups["RAC1P"].tolist() == [9, 1, 1]
+    assert cleaned.groups["ST"].tolist() == [44, 72, 10]
+    assert cleaned.groups["ST"].dtype == np.int16
 
 
 def test_exact_statistics_match_numpy_and_do_not_depend_on_the_split():

@@ -29,6 +29,19 @@ def test_committed_dictionary_is_the_official_one_regenerated():
     assert len(committed.header) == 286
 
 
+def test_committed_labels_are_the_official_ones_regenerated():
+    """pums_2018_labels.json is `python -m preprocessing.dictionary --labels` of the
+    official dictionary: the words a group's codes are shown with."""
+    official = dictionary.parse_labels(pums_dir() / "PUMS_Data_Dictionary_2018.csv")
+    committed = dictionary.load_labels()
+    assert official == committed and len(committed) == 286
+    assert committed["SEX"].codes == {1: "Male", 2: "Female"}
+    assert committed["RAC1P"].codes[1] == "White alone" and len(committed["RAC1P"].codes) == 9
+    assert committed["ST"].codes[44] == "Rhode Island/RI" and len(committed["ST"].codes) == 52
+    assert committed["AGEP"].codes == {} and committed["AGEP"].description == "Age"
+    assert committed["ESR"].blank == "N/A (less than 16 years old)"
+
+
 def test_header_is_the_header_of_every_real_file():
     header = ",".join(dictionary.load().header)
     for path in sorted((pums_dir() / "acs2018_1yr_person_zips").glob("*.zip")):

@@ -69,3 +69,31 @@ def test_the_val_split_is_optional_and_checked_when_present(tmp_path):
             damage(f)
         with pytest.raises(h5format.FormatError, match=message):
             h5format.read_info(bad)
+
+
+def test_group_columns_are_described_and_checked_in_every_split(tmp_path):
+    """/s/groups/NAME with the groups attribute's labels; a file without them
+    reads as before (no groups); a listed column missing from a split is refused."""
+    shares = {"SEX": {1: 0.5, 2: 0.5}, "RAC1P": {1: 0.8, 2: 0.15, 6: 0.05}}
+    path = synthetic.write(tmp_path / "g.h5", rows=40, features=5, test_rows=10, val_rows=6,
+                           group_columns=shares)
+    info = h5format.read_info(path)
+    assert set(info.groups) == {"SEX", "RAC1P"}
+    assert info.groups["RAC1P"].labels == {1: "RAC1P 1", 2: "RAC1P 2", 6: "RAC1P 6"}
+    with h5py.File(path, "r") as f:
+        for split, n in info.rows.items():
+            codes = f[h5format.group_name(split, "RAC1P")][:]
+            assert codes.shape == (n,) and codes.dtype == np.dtype(h5format.GROUP_DTYPE)
+            assert set(codes.tolist()) <= {1, 2, 6}
+        assert f.attrs["format_version"] == h5format.FORMAT_VERSION  # no new version
+    plain = h5format.read_info(synthetic.write(tmp_path / "p.h5", rows=40, features=5))
+    assert plain.groups == {}
+    with h5py.File(path, "r+") as f:
+        del f[h5format.group_name("val", "SEX")]
+    with pytest.raises(h5format.FormatError, match=r"groups lists SEX, but /val/groups/SEX "
+                       r"is missing, not integer \[6\]"):
+        h5format.read_info(path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["groups"] = "[1, 2]"
+    with pytest.raises(h5format.FormatError, match="attribute groups is not a JSON table"):
+        h5format.read_info(path)

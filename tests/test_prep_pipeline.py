@@ -147,11 +147,23 @@ def _expected(paths, encoding: dict, seed: int, test_fraction: float,
     X = np.stack(columns, axis=1).astype(np.float32)
     y = (rows["ESR"] == "1").fill_null(False).to_numpy().astype(np.int8)
     out, hashed = [], []
-    for mask in (split == shuffle.TRAIN, split == shuffle.TEST, split == shuffle.VAL):
+    # group columns, from the text: codes as written, AGEP banded by hand
+    age_band = np.select([age_of < 16 for age_of in [rows["AGEP"].cast(pl.Int64).to_numpy()]]
+                         + [rows["AGEP"].cast(pl.Int64).to_numpy() >= b
+                            for b in (75, 65, 55, 45, 35, 25)],
+                         [0, 75, 65, 55, 45, 35, 25], default=16)
+    group_values = {"SEX": rows["SEX"].cast(pl.Int64).to_numpy(),
+                    "RAC1P": rows["RAC1P"].cast(pl.Int64).to_numpy(),
+                    "ST": rows["ST"].cast(pl.Int64).to_numpy(), "AGEP": age_band}
+    groups = {}
+    for name, mask in (("train", split == shuffle.TRAIN), ("test", split == shuffle.TEST),
+                       ("val", split == shuffle.VAL)):
         chosen = np.flatnonzero(mask)
         order = chosen[np.lexsort((keys[chosen], household[chosen], house_keys[chosen]))]
         out += [X[order], y[order]]
         hashed.append(households.household_keys(household[order], secret))
+        groups[name] = {g: values[order] for g, values in group_values.items()}
+    _expected.groups = groups  # the group columns of the last call, per split
     return out + hashed, rows, split
 
 
@@ -180,6 +192,17 @@ def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs, secr
     np.testing.assert_allclose(got[0], train_x, atol=1e-6)
     np.testing.assert_allclose(got[2], test_x, atol=1e-6)
     np.testing.assert_allclose(got[4], val_x, atol=1e-6)
+    # The group columns: each row's SEX, RAC1P, ST and AGEP band, labelled.
+    with h5py.File(out, "r") as handle:
+        for split, expected_groups in _expected.groups.items():
+            assert set(handle[f"{split}/groups"]) == set(expected_groups)
+            for name, values in expected_groups.items():
+                assert np.array_equal(handle[f"{split}/groups/{name}"][:], values), name
+    described = json.loads(attrs["groups"])
+    assert described["SEX"]["labels"] == {"1": "Male", "2": "Female"}
+    assert described["ST"]["labels"]["10"] == "Delaware/DE" and not described["ST"]["feature"]
+    assert described["AGEP"]["labels"]["25"] == "25-34" and described["AGEP"]["feature"]
+    assert attrs["group"] == "RAC1P"
     assert np.array_equal(got[1], train_y) and np.array_equal(got[3], test_y)
     assert np.array_equal(got[5], val_y)
     assert got[0].dtype == np.float32 and got[1].dtype == np.int8

@@ -127,6 +127,13 @@ BAD = {
                                 "{p}: universe[1]: ESRR is not a column"),
     "universe_not_list": (_replace('["AGEP >= 18", "ESR == 1"]', "18"),
                           "{p}: universe: a list of conditions"),
+    "unknown_group": (_replace("[features]", 'group = "RAC1PP"\n[features]'),
+                      "{p}: group: RAC1PP is not a column of the 2018 person file (did you "
+                      "mean RAC1P?)"),
+    "group_quantity": (_replace("[features]", 'group = "PINCP"\n[features]'),
+                       "{p}: group: PINCP has no labelled codes in the data dictionary"),
+    "group_not_text": (_replace("[features]", "group = 3\n[features]"),
+                       "{p}: group: a column name in quotes"),
 }
 
 
@@ -139,6 +146,30 @@ def test_a_bad_task_file_is_one_line_naming_the_file_and_field(tmp_path, case):
     message = str(error.value)
     assert message.startswith(expected.format(p=path)), message
     assert "\n" not in message
+
+
+def test_a_task_file_names_its_group_column(tmp_path):
+    """folktables' group column: RAC1P unless the file names another; it is kept
+    beside SEX, RAC1P, AGEP in bands and ST, and read like any column."""
+    task = taskfile.load(_write(tmp_path, GOOD), dictionary.load())
+    assert task.group == "RAC1P" and [a.name for a in task.groups()] == [
+        "SEX", "RAC1P", "AGEP", "ST"]
+    task = taskfile.load(_write(tmp_path, GOOD.replace("[features]", 'group = "dis"\n'
+                                                       "[features]")), dictionary.load())
+    assert task.group == "DIS" and [a.name for a in task.groups()][-1] == "DIS"
+    assert task.columns()[-1] == "DIS"
+
+
+def test_built_in_tasks_group_like_folktables():
+    import folktables
+
+    problems = {"employment": folktables.ACSEmployment, "income": folktables.ACSIncome,
+                "public_coverage": folktables.ACSPublicCoverage,
+                "mobility": folktables.ACSMobility, "travel_time": folktables.ACSTravelTime,
+                "income_poverty_ratio": folktables.ACSIncomePovertyRatio,
+                "health_insurance": folktables.ACSHealthInsurance}
+    for name, task in tasks.TASKS.items():
+        assert task.group == problems[name].group == "RAC1P", name
 
 
 def test_every_built_in_task_passes_the_task_file_checks():

@@ -118,7 +118,8 @@ def rows_in_memory(rows: int, features: int, seed: int = 0) -> tuple[np.ndarray,
 def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
           test_rows: int | None = None, n_classes: int = 2, seed: int = 0,
           numeric: int = 2, attrs: dict | None = None, households: bool = True,
-          codes: bool = False, val_rows: int | None = None) -> str:
+          codes: bool = False, val_rows: int | None = None,
+          group_columns: dict[str, dict[int, float]] | None = None) -> str:
     """Write a contract-format file; returns its path.
 
     Args:
@@ -131,6 +132,10 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
         codes: store each one-hot group as one column of its integer code
             (format version 3, as ``mpidp prep --encoding codes``): the same
             rows and labels, ``numeric + groups`` columns.
+        group_columns: group columns ``/s/groups/NAME`` (as ``mpidp prep`` keeps SEX,
+            RAC1P, ...): name -> {code: share}, each row's code drawn with
+            those shares, independently of its features and label (labels
+            ``"NAME code"``); the rows do not depend on them.
     """
     test_rows = rows // 4 if test_rows is None else test_rows
     numeric = min(numeric, features)
@@ -146,7 +151,7 @@ def write(path: str | os.PathLike, rows: int = 1000, features: int = 16,
     if codes:
         names, encoding, make_rows = _as_codes(numeric, groups, make_rows)
     return _write(path, rows, test_rows, names, encoding, n_classes, seed, "synthetic",
-                  make_rows, attrs, households, val_rows)
+                  make_rows, attrs, households, val_rows, group_columns)
 
 
 def onehot_to_codes(X: np.ndarray, names: list[str]) -> tuple[np.ndarray,
@@ -253,7 +258,8 @@ def write_dense(path: str | os.PathLike, rows: int = 400_000, features: int = 20
 
 def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
            n_classes: int, seed: int, task: str, make_rows, attrs: dict | None,
-           households: bool, val_rows: int | None = None) -> str:
+           households: bool, val_rows: int | None = None,
+           groups: dict[str, dict[int, float]] | None = None) -> str:
     """The splits (``val`` only when ``val_rows`` is not None), chunk by chunk
     from ``make_rows(n) -> (X, y)``, the household keys, then the attributes
     (layout: :mod:`preprocessing.h5format`); written under a temporary name
@@ -285,6 +291,16 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
                 f.create_dataset(h5format.household_name(split), data=keys,
                                  dtype=h5format.HOUSEHOLD_DTYPE)
                 counts[split] = int(n > 0) + int(np.count_nonzero(keys[1:] != keys[:-1]))
+            for i, (name, shares) in enumerate((groups or {}).items()):
+                draw = np.random.default_rng([seed, 7, len(split), i])
+                codes = np.fromiter(shares, dtype=np.int64)
+                p = np.array(list(shares.values()), dtype=np.float64)
+                f.create_dataset(h5format.group_name(split, name),
+                                 data=draw.choice(codes, size=n, p=p / p.sum()),
+                                 dtype=h5format.GROUP_DTYPE)
+        described = {name: {"description": f"synthetic group {name}", "column": name,
+                            "labels": {str(c): f"{name} {c}" for c in shares},
+                            "feature": False} for name, shares in (groups or {}).items()}
         version = h5format.FORMAT_VERSION if households else 1
         if encoding.get("layout") == "codes":
             version = h5format.CODES_VERSION
@@ -298,7 +314,8 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
                                  else val_rows / max(1, rows + val_rows)),
                 "created_by": "mpidp engine.bench.synthetic",
                 "households": json.dumps(counts) if households else None,
-                "household_key": "random synthetic keys" if households else None}
+                "household_key": "random synthetic keys" if households else None,
+                "groups": json.dumps(described) if groups else None}
         base.update(attrs or {})
         h5format.write_attributes(f.attrs, base)  # None values: left out (bad files)
     os.replace(tmp, path)
