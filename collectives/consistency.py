@@ -28,15 +28,27 @@ all-reduces, so:
    call, where the ranks share memory, every rank compares its peers' tags of
    the same call number (a peer cannot be two blind calls ahead: its next
    call needs this rank), so all ranks raise (``collective = True``) instead
-   of returning wrong numbers. Across nodes that costs one more all-reduce
-   per call and is done only with ``MPIDP_ALLREDUCE_VERIFY=1``.
+   of returning wrong numbers; calls of different byte counts raise on the
+   rank that sees it (MPI may have finished its call and left the peer's
+   waiting). Across nodes that costs one more all-reduce per call and is
+   done only with ``MPIDP_ALLREDUCE_VERIFY=1``.
+5. **A rank that makes no more calls says so** (:data:`GONE`): when a call
+   of its own failed and the error is raised (the communicator then
+   refuses its calls), and when its program ends. A peer waiting for it in
+   a wait of ours raises; a peer inside ``MPI_Allreduce`` of a call it will
+   never make is joined with scratch data (:data:`RELEASE_TAG`), and its
+   check of point 4 raises.
 
-What remains MPI's business: ``native`` calls of *different* byte counts
-made in a different order (MPICH ends the job: "Message truncated"), and,
-across nodes, a rank in a point-to-point schedule whose peer sits in
-another call's ``MPI_Allreduce`` (both wait inside MPI; see
-:mod:`collectives.failures`). What happens after an error is the subject of
-:mod:`collectives.failures`.
+What no check here can see, as in plain MPI: a call skipped by one rank
+pairs each later call of the same signature with the other ranks' next
+one (a count of calls is local to each rank and equal on both sides of
+such a pairing), until the calls stop matching; and two calls of one
+signature with different buffers made in a different order. What remains
+MPI's business: ``native`` calls of *different* byte counts made in a
+different order across nodes, and, across nodes, a rank in a
+point-to-point schedule whose peer sits in another call's
+``MPI_Allreduce`` (both wait inside MPI; see :mod:`collectives.failures`).
+What happens after an error is the subject of :mod:`collectives.failures`.
 """
 from __future__ import annotations
 
@@ -60,15 +72,33 @@ RECORD_FIELDS = ("magic", "length", "dtype", "op", "algorithm", "runs", "segment
 #: Seconds a rank waits for its peers' records before it says so on stderr.
 WARN_AFTER = float(os.environ.get("MPIDP_ALLREDUCE_WAIT_WARNING", "60"))
 #: int64 words of a rank's blind-call record, readable by its peers:
-#: ``[blind calls entered, (unused), tag of the last even call, tag of the
+#: ``[blind calls entered, gone, tag of the last even call, tag of the
 #: last odd call]``; the tag of the last call is the slot of its parity.
 BLIND_WORDS = 4
+#: The record's word that says the rank makes no more calls on the
+#: communicator (0 while it may): :data:`GONE_FAILED` or :data:`GONE_EXITED`.
+GONE = 1
+#: A call of this rank failed midway: the communicator refuses its further calls.
+GONE_FAILED = 1
+#: This rank's program is ending (interpreter exit).
+GONE_EXITED = 2
+#: The tag of a *release*: a rank that leaves joins, with scratch data, the
+#: ``MPI_Allreduce`` in which a peer waits for it, so that the peer is not
+#: left there for ever; the peer's order check then sees this tag and raises.
+RELEASE_TAG = -1
 
 
 def last_blind_tag(words) -> tuple[int, int]:
     """``(blind calls entered, tag of the last one)`` from a rank's words."""
     count = int(words[0])
     return count, int(words[2 + (count & 1)])
+
+
+def gone_reason(gone: int) -> str:
+    """What a rank's :data:`GONE` word says, in words."""
+    if gone == GONE_EXITED:
+        return "its program is ending"
+    return "a call of its own failed; its message says why"
 
 
 def make_enter(words: memoryview, tag: int) -> Callable[[], int]:
@@ -88,14 +118,20 @@ def make_enter(words: memoryview, tag: int) -> Callable[[], int]:
 
 
 def make_verify(peers: list[memoryview], tag: int, rank: int, ranks: list[int],
-                describe: str, explain: Callable[[int], str]) -> Callable[[int], None]:
+                describe: str, explain: Callable[[int], str],
+                same_bytes: Callable[[int], bool] = lambda tag: True
+                ) -> Callable[[int], None]:
     """``verify(call)``: after blind call number ``call`` of ``tag`` completed,
     check that every peer's call of that number had the same tag (point 4).
 
     ``peers`` are the peers' blind-call words (shared memory), ``ranks`` their
     ranks. A peer cannot be two blind calls ahead (its next call needs this
     rank), so the parity slot still holds its tag of ``call``. Raises
-    :class:`AllreduceMismatch` on every rank (each sees a peer that differs).
+    :class:`AllreduceMismatch` on every rank (each sees a peer that differs)
+    when the calls had the same byte count (``same_bytes(their tag)``);
+    else on this rank only: MPI may have finished this rank's call and left
+    the peer's waiting (raised on every rank, it would be caught and the
+    peer left there).
     """
     if not peers:
         return lambda call: None
@@ -103,6 +139,15 @@ def make_verify(peers: list[memoryview], tag: int, rank: int, ranks: list[int],
     def fail(call: int) -> None:
         slot = 2 + (call & 1)
         q, words = next((q, w) for q, w in zip(ranks, peers) if w[slot] != tag)
+        if words[slot] == RELEASE_TAG:
+            raise released(rank, q, describe, int(words[GONE]))
+        if not same_bytes(int(words[slot])):
+            raise AllreduceMismatch(
+                f"rank {rank}: allreduce of {describe} went through MPI_Allreduce "
+                f"together with rank {q}'s call of {explain(words[slot])}, of another byte "
+                "count: the ranks called allreduce in a different order, and MPI may leave "
+                f"rank {q} waiting. The buffer holds no valid result. Every rank must make "
+                "the same sequence of calls.")
         raise AllreduceMismatch(
             f"rank {rank}: allreduce of {describe} went through MPI_Allreduce "
             f"together with rank {q}'s call of {explain(words[slot])}: the ranks "
@@ -126,6 +171,16 @@ def make_verify(peers: list[memoryview], tag: int, rank: int, ranks: list[int],
                 fail(call)
 
     return verify
+
+
+def released(rank: int, peer: int, describe: str, gone: int) -> AllreduceMismatch:
+    """The error of a rank whose ``MPI_Allreduce`` ``peer`` joined only to
+    release it (see :data:`RELEASE_TAG`): raised on this rank only."""
+    return AllreduceMismatch(
+        f"rank {rank}: allreduce of {describe} waited in MPI_Allreduce for rank {peer}, "
+        f"which never made this call ({gone_reason(gone)}) and joined it only to release "
+        "this rank. The buffer holds no valid result. Every rank must make the same "
+        "sequence of calls.")
 
 
 def make_verify_mpi(comm: "MPI.Intracomm", tag: int, rank: int, describe: str

@@ -110,6 +110,12 @@ class PlanContext:
     #: Waiting ranks give their core away (the node is oversubscribed).
     yielding: bool = False
     on_release: list = field(default_factory=list)
+    #: ``{tag: release()}`` of the communicator, where its peers check the
+    #: order of ``MPI_Allreduce`` calls (shared memory), else None: a plan
+    #: that waits inside ``MPI_Allreduce`` registers how a rank that will
+    #: not make its call joins it anyway, so that a peer is not left there
+    #: (:data:`collectives.consistency.RELEASE_TAG`).
+    releases: dict | None = None
 
     def empty(self, n: int) -> Any:
         """A temporary of ``n`` elements of this dtype in the array space."""

@@ -18,12 +18,18 @@ numpy refuse to resize it in place (``ndarray.resize`` raises, even with
 can never write into memory the array no longer owns (re-reading its data
 pointer would cost as much as the rest of the fast path). :func:`forget`
 releases the bindings. A torch or device buffer is re-checked by its data
-pointer and length on every call instead.
+pointer and length on every call instead (whether a torch tensor requires
+grad is checked with the rest of the call, when it is bound); a torch CPU
+tensor is reduced through a numpy view of its memory made by
+address (``tensor.numpy()`` would make its storage unresizable for good).
 
 What happens when a call fails is the subject of :mod:`collectives.failures`.
 """
 from __future__ import annotations
 
+import ctypes
+import sys
+import threading
 import weakref
 from typing import Any, Callable, NamedTuple
 
@@ -31,7 +37,7 @@ import numpy as np
 
 from collectives import device, failures, plans
 from collectives.context import OPS, SUPPORTED_DTYPES
-from collectives.errors import UnknownOp, UnsupportedBuffer
+from collectives.errors import AllreduceError, UnknownOp, UnsupportedBuffer
 from collectives.registry import Algorithm, get
 from collectives.runtime import MPI, mpi_cuda_support
 
@@ -95,6 +101,8 @@ def allreduce(buf: Any, comm: "MPI.Intracomm | None" = None, algorithm: str = "a
                 next(calls)()
         except BaseException as error:
             forget()
+            if not getattr(error, "_collectives_wiped", False):  # not by a nested retry
+                wipe(buf)
             failures.handle(error, comm, midway=True)
             raise
         return buf
@@ -153,7 +161,30 @@ def _is_torch_tensor(buf: Any) -> bool:
     return module.startswith("torch") and hasattr(buf, "data_ptr")
 
 
+def _check_tensor(tensor: Any) -> np.dtype:
+    """The numpy dtype of a torch tensor the all-reduce may reduce in place
+    (any device); raises :class:`UnsupportedBuffer`."""
+    name = str(tensor.dtype).removeprefix("torch.")
+    try:
+        dtype = np.dtype(name)
+    except TypeError:  # bfloat16, complex32, ...: no numpy twin
+        dtype = None
+    if dtype is None or dtype not in SUPPORTED_DTYPES:  # (None == float64 for numpy)
+        raise UnsupportedBuffer(
+            f"allreduce does not support dtype {tensor.dtype}; use one of "
+            f"{', '.join('torch.' + str(d) for d in SUPPORTED_DTYPES)} (e.g. reduce "
+            "x.float() and copy the result back)")
+    if tensor.requires_grad and sys.modules["torch"].is_grad_enabled():
+        raise UnsupportedBuffer(
+            "allreduce writes into the tensor in place, where autograd cannot see it, but "
+            "the tensor requires grad and grad mode is on (torch refuses in-place changes of "
+            "such a leaf too); reduce a tensor that does not (its .grad, or x.detach(), the "
+            "same memory), or call it under torch.no_grad() as an optimizer would")
+    return dtype
+
+
 def _torch_view(tensor: Any) -> np.ndarray:
+    dtype = _check_tensor(tensor)
     if tensor.dim() != 1:
         raise UnsupportedBuffer(f"allreduce needs a 1-D tensor, got shape {tuple(tensor.shape)}; "
                                 "pass a flat view (x.view(-1) of a contiguous tensor)")
@@ -161,11 +192,16 @@ def _torch_view(tensor: Any) -> np.ndarray:
         raise UnsupportedBuffer(f"allreduce needs a contiguous tensor (it reduces in place), "
                                 f"got strides {tuple(tensor.stride())}; pass x.contiguous() "
                                 "and use the result")
-    try:
-        view = tensor.detach().numpy()
-    except (RuntimeError, TypeError) as error:
-        raise UnsupportedBuffer(f"allreduce cannot use this tensor in place: {error}") from None
-    return _host_view(view)
+    # A view of the tensor's memory by address: tensor.numpy() would mark its
+    # storage not resizable for good (even after collectives.forget). The
+    # view is valid while the storage is; the runner re-checks the data
+    # pointer and length on every call (_torch_runner), and the plan holds
+    # the tensor while it is bound.
+    n = tensor.numel()
+    if n == 0:
+        return np.empty(0, dtype)
+    memory = (ctypes.c_char * (n * dtype.itemsize)).from_address(tensor.data_ptr())
+    return _host_view(np.frombuffer(memory, dtype=dtype))
 
 
 def _torch_runner(tensor: Any, view: np.ndarray, run: Runner, retry: Runner) -> Runner:
@@ -227,15 +263,36 @@ class _Checked(NamedTuple):
 
 def _allreduce_slow(buf: Any, comm: "MPI.Intracomm | None", algorithm: str, op: Any) -> Any:
     """:func:`allreduce` for a call that differs from the previous one."""
-    midway = False
+    stage = ["checking"]  # then "planning" (the first-call check), then "running"
     try:
         call = _check(buf, comm, algorithm, op)
-        midway = True
-        return _bind_and_run(buf, comm, algorithm, op, call)
+        stage[0] = "planning"
+        return _bind_and_run(buf, comm, algorithm, op, call, stage)
     except BaseException as error:
         forget()
-        failures.handle(error, comm, midway)
+        if stage[0] == "running" and not getattr(error, "_collectives_wiped", False):
+            wipe(buf)
+        try:
+            error._collectives_wiped = True  # decided here: the caller's frames leave it
+        except AttributeError:  # an exception without a __dict__
+            pass
+        failures.handle(error, comm, stage[0] != "checking")
         raise
+
+
+def wipe(buf: Any) -> None:
+    """Fill ``buf`` with NaN (floats) or 0 (integers) after a call failed
+    once its data had moved: it may hold a mix of calls or ranks, which must
+    never pass for a result (nor show this rank another rank's numbers).
+    Local; best effort (a buffer that cannot be written is left alone)."""
+    try:
+        if _is_torch_tensor(buf):
+            target = buf.detach()
+            target.fill_(float("nan") if target.dtype.is_floating_point else 0)
+        elif isinstance(buf, np.ndarray) or hasattr(buf, "fill"):
+            buf.fill(np.nan if np.dtype(buf.dtype).kind == "f" else 0)
+    except Exception:  # noqa: BLE001 - the call's own error is the one to report
+        pass
 
 
 def _check(buf: Any, comm: Any, algorithm: str, op: Any) -> _Checked:
@@ -250,6 +307,8 @@ def _check(buf: Any, comm: Any, algorithm: str, op: Any) -> _Checked:
         n, dtype = view.size, view.dtype
     elif device.is_device_array(buf):
         kind, view = "device", None
+        if _is_torch_tensor(buf):
+            _check_tensor(buf)
         target = buf.detach() if _is_torch_tensor(buf) else buf
         n, dtype = device.describe(target)
         device.ops_for(target)  # UnsupportedBuffer without CuPy, before any message
@@ -257,15 +316,35 @@ def _check(buf: Any, comm: Any, algorithm: str, op: Any) -> _Checked:
         raise UnsupportedBuffer(
             f"allreduce cannot reduce a {type(buf).__name__}; pass a numpy array, a torch "
             "tensor or a device array (__cuda_array_interface__)")
+    _check_thread()
     state = plans.comm_state(MPI.COMM_WORLD if comm is None else comm)
     state.check_usable()
     return _Checked(kind, view, n, dtype, name, chosen, state)
 
 
-def _bind_and_run(buf: Any, comm: Any, algorithm: str, op: Any, call: _Checked) -> Any:
-    """Find or make the plan (collective the first time), bind it, remember, run."""
+def _check_thread() -> None:
+    """Refuse a call from a thread that may not call MPI: any but the main
+    thread below ``MPI_THREAD_SERIALIZED`` (mpidp asks for ``FUNNELED``)."""
+    if MPI.Is_thread_main():
+        return
+    level = MPI.Query_thread()
+    if level < MPI.THREAD_SERIALIZED:
+        names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
+        raise AllreduceError(
+            f"allreduce called from thread {threading.current_thread().name!r}, but MPI runs "
+            f"at {names.get(level, level)}, where only the main thread may call it; call "
+            "allreduce from the main thread, or set MPI4PY_RC_THREAD_LEVEL=serialized (or "
+            "multiple) before collectives is first imported and let one thread at a time "
+            "call it")
+
+
+def _bind_and_run(buf: Any, comm: Any, algorithm: str, op: Any, call: _Checked,
+                  stage: list) -> Any:
+    """Find or make the plan (collective the first time), bind it, remember, run
+    (``stage[0]`` becomes ``"running"`` when the buffer may be written)."""
     global _hot
     plan = call.state.plan(call.n, call.dtype, call.op, call.algorithm)
+    stage[0] = "running"
     if call.kind == "host":
         run = plan.runner(buf, call.view, hold=weakref.ref(buf))
     elif call.kind == "torch":

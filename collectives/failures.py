@@ -4,8 +4,8 @@ MPI cannot interrupt a rank blocked in a collective or a receive, so an error
 seen by some ranks only would leave the others waiting forever. The rules:
 
 1. **Arguments are checked before any message.** A bad algorithm name, op,
-   buffer or communicator raises on the rank that passed it
-   (:class:`UnknownAlgorithm`, :class:`UnknownOp`,
+   buffer or communicator, or a thread that may not call MPI, raises on the
+   rank that passed it (:class:`UnknownAlgorithm`, :class:`UnknownOp`,
    :class:`UnsupportedBuffer`, :class:`AllreduceError`).
 2. **Ranks that disagree are found** (:mod:`collectives.consistency`): on the
    first call of a signature every rank raises :class:`AllreduceMismatch`
@@ -21,13 +21,25 @@ seen by some ranks only would leave the others waiting forever. The rules:
    (or ``MPIDP_ABORT_ON_ERROR=0``): the error is then raised, and a
    communicator on which a call failed midway refuses further calls
    (ranks may be out of step and messages of that call may still arrive;
-   use ``comm.Dup()``).
-5. **Nothing is collective at interpreter exit**: a rank leaving with an
+   use ``comm.Dup()``). The rank also *leaves* that communicator
+   (:meth:`collectives.plans.CommState.leave`): peers waiting for it in a
+   wait of ours raise, and a peer inside ``MPI_Allreduce`` of a call it
+   will not make is released where the ranks share a node and every other
+   rank is in that call.
+5. **A call that fails once its data moved leaves the buffer filled with
+   NaN** (0 for integers; :func:`collectives.dispatch.wipe`): it may hold a
+   mix of calls or of ranks' numbers, which must neither pass for a result
+   nor show this rank another rank's data.
+6. **Nothing is collective at interpreter exit**: a rank leaving with an
    error never waits for its peers (the OS reclaims the shared windows). An
    uncaught exception under ``python -m mpi4py`` therefore aborts the job as
-   in a plain mpi4py program. Before aborting, and at exit after an uncaught
-   exception, the rank unlinks the files MPICH keeps in ``/dev/shm`` for
-   this job (they would otherwise outlive it).
+   in a plain mpi4py program. At exit every rank marks itself gone on each
+   communicator it used, and if a peer waits for it where that mark cannot
+   be seen (inside ``MPI_Allreduce``, or behind a message this rank never
+   received: one rank made more calls than another), it prints why and
+   ends the job (:func:`leave_at_exit`). Before aborting, and at exit after
+   an uncaught exception, the rank unlinks the files MPICH keeps in
+   ``/dev/shm`` for this job (they would otherwise outlive it).
 """
 from __future__ import annotations
 
@@ -37,6 +49,7 @@ import sys
 import time
 from typing import Any
 
+from collectives.consistency import GONE_EXITED, GONE_FAILED
 from collectives.errors import AllreduceError
 from collectives.runtime import MPI
 
@@ -54,6 +67,11 @@ def abort_on_error(enabled: bool = True) -> bool:
     global _abort
     previous, _abort = _abort, bool(enabled)
     return previous
+
+
+def aborting() -> bool:
+    """The setting of :func:`abort_on_error` (the engine's Python API follows it too)."""
+    return _abort
 
 
 def handle(error: BaseException, comm: Any, midway: bool) -> None:
@@ -74,6 +92,8 @@ def handle(error: BaseException, comm: Any, midway: bool) -> None:
     if midway and state is not None and state.broken is None:
         state.broken = f"{type(error).__name__} on rank {state.rank}"
     if isinstance(error, (KeyboardInterrupt, SystemExit)) or not _abort:
+        if midway and state is not None:
+            state.leave(GONE_FAILED)  # no peer waits for this rank for ever
         return
     size = state.size if state is not None else _size(comm)
     if size > 1:
@@ -89,16 +109,21 @@ def _size(comm: Any) -> int:
         return MPI.COMM_WORLD.Get_size()
 
 
-def abort_job(code: int, message: str | None = None) -> None:
-    """Print ``message`` tagged with the rank, remove this job's MPICH files in
-    ``/dev/shm``, and abort every rank of the job (``MPI_Abort``)."""
+#: The last line of :func:`abort_job`'s report, after the error's.
+ENDING = ("collectives: ending the job so that no rank waits for this one "
+          "(collectives.abort_on_error(False) to raise instead)")
+
+
+def abort_job(code: int, message: str | None = None, ending: str = ENDING) -> None:
+    """Print ``message`` tagged with the rank, then ``ending``; remove this
+    job's MPICH files in ``/dev/shm``, and abort every rank of the job
+    (``MPI_Abort``)."""
     world = MPI.COMM_WORLD
     if message:
         rank = world.Get_rank()
-        text = "".join(f"[rank {rank}] {line}\n" for line in message.splitlines())
-        sys.stderr.write(text + f"[rank {rank}] collectives: ending the job so that no rank "
-                         "waits for this one (collectives.abort_on_error(False) to raise "
-                         "instead)\n")
+        text = "".join(f"[rank {rank}] {line}\n" for line in (message + "\n" + ending)
+                       .splitlines())
+        sys.stderr.write(text)
     sys.stdout.flush()
     sys.stderr.flush()
     remove_shm_files()
@@ -127,10 +152,47 @@ def remove_shm_files() -> list[str]:
     return removed
 
 
+def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
+    """What every rank does when its program ends, before ``MPI_Finalize``
+    (rule 6): on each communicator it used, mark itself gone, so that peers
+    waiting for it in a call it will never make raise; and if a peer is
+    inside such a call where it cannot see that mark (``MPI_Allreduce``, or
+    a message for this rank that it never received: one rank made more
+    calls than the other), print why and end the job (exit code 2, whatever
+    :func:`abort_on_error` says: there is no call left to raise from).
+    Unless the program failed (``failed``: an uncaught exception; it never
+    waits), it then waits until every peer has marked itself gone too, still
+    watching, since a peer may enter such a call later; the communicators'
+    windows are freed in ``MPI_Finalize`` after that, together."""
+    from collectives import plans  # deferred: plans imports this module's users
+
+    for state in list(plans._STATES):
+        if state.size == 1 or state.broken is not None or state.comm == MPI.COMM_NULL:
+            if state.size > 1 and state.comm != MPI.COMM_NULL:
+                state.leave(GONE_EXITED)
+            continue
+        state.leave(GONE_EXITED)
+        while True:
+            reason = state.evidence()
+            if reason is not None:
+                abort_job(2, f"AllreduceMismatch: rank {state.rank}'s program is ending while "
+                          f"{reason}: one rank made more allreduce calls than another (a "
+                          "call skipped, or one too many). Every rank must make the same "
+                          "sequence of calls.",
+                          "collectives: ending the job so that no rank waits for this one")
+            if failed or state.peers_gone():
+                break
+            time.sleep(poll_s)
+
+
 @atexit.register
-def _after_uncaught_exception() -> None:
-    # Local: an uncaught exception ends this rank; the job is about to be
-    # aborted (python -m mpi4py) or to lose this rank.
-    if getattr(sys, "last_value", None) is not None and MPI.Is_initialized() \
-            and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+def _at_exit() -> None:
+    # Local (rule 6): no collective work; an uncaught exception ends this
+    # rank, and the job is about to be aborted (python -m mpi4py) or to lose
+    # this rank.
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    failed = getattr(sys, "last_value", None) is not None
+    leave_at_exit(failed)
+    if failed and MPI.COMM_WORLD.Get_size() > 1:
         remove_shm_files()

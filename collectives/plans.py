@@ -21,8 +21,9 @@ from typing import Any, Callable
 import numpy as np
 
 from collectives import consistency, tuning
-from collectives.consistency import (BLIND_WORDS, last_blind_tag, make_enter, make_verify,
-                                     make_verify_mpi, verify_everywhere)
+from collectives.consistency import (BLIND_WORDS, GONE, RELEASE_TAG, gone_reason,
+                                     last_blind_tag, make_enter, make_verify, make_verify_mpi,
+                                     verify_everywhere)
 from collectives.channels import KINDS, futex
 from collectives.combine import warm_up
 from collectives.context import OPS, PlanContext
@@ -128,6 +129,7 @@ class CommState:
         self.tag_ub = min(int(self.comm.Get_attr(MPI.TAG_UB) or 32767), 2**30)
         self.plans: OrderedDict[tuple, Plan] = OrderedDict()
         self.tags: dict[int, str] = {consistency.CHECK_TAG: "a first-call signature check"}
+        self.nbytes: dict[int, int] = {}  # bytes of the signature of each tag
         self.staging: dict[tuple, Any] = {}
         #: The channels this communicator has, in order of preference (each
         #: kind's creation is collective; a kind that cannot work here is absent).
@@ -155,6 +157,10 @@ class CommState:
         #: Set when a call failed on this rank in the middle of its messages:
         #: the ranks may be out of step, so later calls refuse (see :meth:`check_usable`).
         self.broken: str | None = None
+        #: ``{tag: release(enter)}`` of the signatures whose calls wait inside
+        #: ``MPI_Allreduce`` (see :meth:`leave`); kept where the peers check
+        #: the order of such calls (shared memory) only.
+        self.releases: dict[int, Callable] = {}
         self._suspects: dict[int, tuple[int, int]] = {}
         # One verdict for the whole communicator (also the barrier after the
         # windows' initialisation): thresholds and segments must agree.
@@ -218,6 +224,24 @@ class CommState:
     def explain(self, tag: int) -> str:
         return self.tags.get(tag, f"a call this rank has not made yet (tag {tag})")
 
+    def peer_words(self, peer: int) -> tuple[int, int, int] | None:
+        """``(blind calls entered, gone, tag of the last one)`` of ``peer``
+        (:mod:`collectives.consistency`), or None where they cannot be read."""
+        if self.shared is not None:
+            words = self.shared.peer_blind(peer)
+        elif self.window is not None:
+            words = np.zeros(BLIND_WORDS, dtype=np.int64)
+            try:
+                self.window.Lock(peer, MPI.LOCK_SHARED)
+                self.window.Get([words, MPI.INT64_T], peer)
+                self.window.Unlock(peer)
+            except MPI.Exception:
+                return None
+        else:
+            return None
+        count, their_tag = last_blind_tag(words)
+        return count, int(words[GONE]), their_tag
+
     def peer_blocked(self, peer: int, tag: int, entered: bool = False) -> str | None:
         """Why ``peer`` cannot be joining this rank's call of ``tag``, or None.
 
@@ -225,33 +249,86 @@ class CommState:
         entered: this rank's call is number ``mine`` (+1 unless ``entered``).
         A peer further ahead, or at the same number in a call of another
         tag, waits where our messages cannot reach it, in a call this rank
-        is not making. Reported only when two probes in a row see the same
-        state (a peer that progresses changes it).
+        is not making; a peer marked *gone* (its call failed, or its program
+        is ending) makes no call any more. Reported only when two probes in
+        a row see the same state (a peer that progresses changes it, and a
+        peer that finished its part of this call before it left has
+        delivered it by the next probe).
         """
-        if self.shared is not None:
-            words = self.shared.peer_blind(peer)
-            count, their_tag = last_blind_tag(words)
-        elif self.window is not None:
-            theirs = np.zeros(BLIND_WORDS, dtype=np.int64)
-            try:
-                self.window.Lock(peer, MPI.LOCK_SHARED)
-                self.window.Get([theirs, MPI.INT64_T], peer)
-                self.window.Unlock(peer)
-            except MPI.Exception:
-                return None
-            count, their_tag = last_blind_tag(theirs)
-        else:
+        words = self.peer_words(peer)
+        if words is None:
             return None
+        count, gone, their_tag = words
         expected = self.blind_calls[0] + (0 if entered else 1)
-        if count < expected or (count == expected and their_tag == tag):
+        if not gone and (count < expected or (count == expected and their_tag == tag)):
             self._suspects.pop(peer, None)
             return None
-        if self._suspects.get(peer) != (count, their_tag):
-            self._suspects[peer] = (count, their_tag)  # confirm on the next probe
+        if self._suspects.get(peer) != words:
+            self._suspects[peer] = words  # confirm on the next probe
             return None
+        if gone:
+            return f"gone from this communicator ({gone_reason(gone)})"
         return (f"blocked in blind call number {count} on this communicator "
                 f"({self.explain(their_tag)}: MPI_Allreduce or a shared-memory exchange) "
                 f"while this rank is at {expected}")
+
+    def leave(self, gone: int) -> None:
+        """Mark this rank *gone* from the communicator (``gone``: why, see
+        :data:`collectives.consistency.GONE`), so that peers waiting for it
+        raise instead of waiting; and where a peer waits inside
+        ``MPI_Allreduce`` of a call this rank will never make, with every
+        other rank in that call too, join it (a *release*: the peer's order
+        check raises). Local; never waits for a rank that is not already
+        waiting for this one."""
+        if self.size == 1 or self.comm == MPI.COMM_NULL:
+            return
+        self.blind_calls[GONE] = gone
+        mine = self.blind_calls[0]
+        seen = [self.peer_words(q) for q in range(self.size) if q != self.rank]
+        if not seen or any(w is None for w in seen):
+            return
+        count, _, tag = seen[0]
+        release = self.releases.get(tag)
+        if release is None or not all(w[0] == count and w[2] == tag for w in seen):
+            return
+        words = self.blind_calls
+        if count == mine + 1:  # this rank never entered call `count`
+            release(make_enter(words, RELEASE_TAG))
+        elif count == mine and words[2 + (mine & 1)] not in (tag, RELEASE_TAG) \
+                and words[2 + (mine & 1)] not in self.releases:
+            # this rank's call `count` was not an MPI_Allreduce (that would
+            # have matched the peer's): a shared-memory exchange it left
+
+            def mark() -> int:
+                words[2 + (mine & 1)] = RELEASE_TAG
+                return mine
+
+            release(mark)
+
+    def evidence(self) -> str | None:
+        """Why a peer is inside a call this rank has not made (for a rank
+        that makes no more calls: at exit), or None: a message for this rank
+        that it never received, or a peer counted into more blind calls."""
+        status = MPI.Status()
+        if self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            return (f"rank {status.source} sent it a message of "
+                    f"{self.explain(status.tag)}, which it never received")
+        mine = self.blind_calls[0]
+        for q in range(self.size):
+            words = None if q == self.rank else self.peer_words(q)
+            if words is not None and words[0] > mine:
+                return (f"rank {q} is inside blind call number {words[0]} on this "
+                        f"communicator ({self.explain(words[2])}: MPI_Allreduce or a "
+                        f"shared-memory exchange), and this rank made {mine}")
+        return None
+
+    def peers_gone(self) -> bool:
+        """Whether every peer has marked itself gone (or cannot be read)."""
+        for q in range(self.size):
+            words = None if q == self.rank else self.peer_words(q)
+            if words is not None and not words[1]:
+                return False
+        return True
 
     def plan(self, n: int, dtype: np.dtype, op: str, chosen: Algorithm) -> Plan:
         """The checked plan of a signature (collective on first use)."""
@@ -301,6 +378,7 @@ class CommState:
                 raise AllreduceMismatch(message, collective=True)
         description = consistency.describe_record(record, names())
         self.tags[tag] = f"allreduce {description}"
+        self.nbytes[tag] = n * dtype.itemsize
         if tuned:
             return self._tuned_plan(n, dtype, op, runs.name)
         mpi_op, _ = OPS[op]
@@ -312,7 +390,8 @@ class CommState:
             verify_blind=self._verifier(tag, description),
             blocked=self._blocked_in_call,
             watch=self._watcher(tag) if self.shared is not None else None,
-            yielding=self.oversubscribed)
+            yielding=self.oversubscribed,
+            releases=self.releases if self.shared is not None else None)
         warm_up(dtype, op)  # compile the combine now, not inside the first call's waits
         channel = None
         if runs.schedule is not None:
@@ -337,8 +416,10 @@ class CommState:
         """Point 4 of :mod:`collectives.consistency` for this signature."""
         peers = [q for q in range(self.size) if q != self.rank]
         if self.shared is not None:
+            nbytes, known = self.nbytes.get(tag), self.nbytes
             return make_verify([self.shared.peer_blind(q) for q in peers], tag, self.rank,
-                               peers, description, self.explain)
+                               peers, description, self.explain,
+                               lambda theirs: known.get(theirs) == nbytes)
         if self.size > 1 and verify_everywhere():
             return make_verify_mpi(self.comm, tag, self.rank, description)
         return lambda call: None
@@ -383,7 +464,7 @@ def _at_finalize(comm, keyval, value) -> None:
     # deleted before anything else), when every rank finalizes: the windows
     # are freed there, collectively, before MPI tears down. A job that is
     # aborted never gets here, so a failing rank never waits in a collective
-    # free (collectives.failures, rule 5); the OS reclaims its windows.
+    # free (collectives.failures, rule 6); the OS reclaims its windows.
     for state in list(_STATES):
         try:
             state.free()

@@ -13,7 +13,9 @@ Run it on every rank:
 3. With ``--fail-on-rank R``, rank R raises an ordinary bug of its own while
    the others wait in the next all-reduce. ``python -m mpi4py`` turns the
    uncaught exception into ``MPI_Abort``: the job ends within about a second
-   with the error printed, instead of hanging.
+   with the error printed, instead of hanging. Run without it, rank R's exit
+   ends the job too: collectives sees, as R leaves, that the others wait in
+   a call R will never make (docs/collectives.md, rule 6).
 """
 from __future__ import annotations
 

@@ -13,11 +13,16 @@ the ranks share memory, each rank then reads its peers' tags of the same
 call, so ranks that made different calls of equal byte counts (which MPI
 cannot tell apart) raise :class:`~collectives.errors.AllreduceMismatch` on
 every rank instead of returning wrong numbers
-(:mod:`collectives.consistency`, point 4).
+(:mod:`collectives.consistency`, point 4). There it also registers a
+*release*: a rank that leaves the communicator while a peer waits in this
+call's ``MPI_Allreduce`` joins it with scratch data, and the peer's check
+raises instead of waiting for ever.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
+
+import numpy as np
 
 from collectives.combine import mpi_op
 from collectives.context import PlanContext
@@ -43,6 +48,10 @@ def plan_native(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
         ctx.on_release.append(operation.Free)
     canonical = ctx.space.canonicalizer(ctx.dtype) if ctx.op == "sum" else None
     enter, verify = ctx.enter_blind, ctx.verify_blind
+    if ctx.releases is not None:
+        releases, tag = ctx.releases, ctx.tag
+        releases[tag] = _release(ctx, operation)
+        ctx.on_release.append(lambda: releases.pop(tag, None))
 
     def bind(view: Any) -> Callable[[], None]:
         spec = ctx.typed_spec(view)
@@ -60,3 +69,20 @@ def plan_native(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
         return run
 
     return bind
+
+
+def _release(ctx: PlanContext, operation: "MPI.Op") -> Callable[[Callable[[], int]], None]:
+    """``release(mark)``: join a peer's ``MPI_Allreduce`` of this signature
+    with scratch data, after ``mark()`` published this rank's blind call of
+    that number as :data:`~collectives.consistency.RELEASE_TAG` (the peer's
+    order check then raises). On host memory: MPI matches by type and
+    count only."""
+    allreduce, in_place = ctx.comm.Allreduce, MPI.IN_PLACE
+    n, dtype, mpi_type = ctx.n, ctx.dtype, ctx.mpi_type
+
+    def release(mark: Callable[[], int]) -> None:
+        scratch = np.zeros(n, dtype=dtype)
+        mark()
+        allreduce(in_place, [scratch, mpi_type], operation)
+
+    return release

@@ -12,6 +12,14 @@ failure) and reads the exit code and the lines it prints:
 * ``bad-first-call``: on a fresh communicator, rank 1 passes a bad algorithm name.
 * ``buffers``: resized, reshaped and read-only arrays after a first call.
 * ``specials``: NaN, inf and -0.0 on different ranks, every op and algorithm.
+* ``skip``: ten calls of one signature, rank 1 skips the sixth: the sums
+  after it mix calls (``WRONG``, as in plain MPI: nothing tells two calls
+  of one signature apart), then the others wait in a call rank 1 never
+  makes, which must end the job when rank 1's program ends.
+* ``left-in-native``: with ``abort_on_error(False)``, rank 0 calls another
+  signature while the others wait in a cached ``native`` call: rank 0
+  raises, and must not leave them inside ``MPI_Allreduce``: they raise too,
+  their buffers filled with NaN (``CAUGHT``, then ``NAN`` or ``NOT-NAN``).
 
 An AllreduceMismatch raised on every rank alike is caught and reported as
 ``COLLECTIVE-ERROR``; a result that is wrong without an error prints
@@ -59,6 +67,9 @@ def swap(first: np.ndarray, second: np.ndarray) -> None:
         if not error.collective:
             raise
         print(f"COLLECTIVE-ERROR rank {rank}: {error}", flush=True)
+        # no result, and none of another rank's numbers: NaN, or 0 for integers
+        wiped = np.isnan(buf).all() if buf.dtype.kind == "f" else not buf.any()
+        print(f"{'WIPED' if wiped else 'NOT-WIPED'} rank {rank}", flush=True)
         return
     print(f"DONE rank {rank}", flush=True)
 
@@ -120,6 +131,31 @@ def specials() -> None:
     print(f"DONE rank {rank}", flush=True)
 
 
+def skip() -> None:
+    for i in range(10):
+        if rank == 1 and i == 5:
+            continue
+        buf = np.full(4, float(i * 10 + rank), np.float64)
+        collectives.allreduce(buf, comm, algorithm)
+        check(buf, np.full(4, float(i * 10 * size + sum(range(size)))), f"call {i}")
+    print(f"DONE rank {rank}", flush=True)
+
+
+def left_in_native() -> None:
+    collectives.abort_on_error(False)
+    cached = np.ones(10, np.float32)
+    collectives.allreduce(cached, comm, "native")
+    try:
+        if rank == 0:
+            collectives.allreduce(np.ones(12, np.float32), comm, algorithm)
+        else:
+            collectives.allreduce(cached, comm, "native")
+    except collectives.AllreduceMismatch as error:
+        print(f"CAUGHT rank {rank}: {error}", flush=True)
+    if rank:
+        print(f"{'NAN' if np.isnan(cached).all() else 'NOT-NAN'} rank {rank}", flush=True)
+
+
 SCENARIOS = {
     "raise-after": raise_after,
     "swap": lambda: swap(np.ones(10, np.float32), np.ones(11, np.float32)),
@@ -127,6 +163,8 @@ SCENARIOS = {
     "bad-first-call": bad_first_call,
     "buffers": buffers,
     "specials": specials,
+    "skip": skip,
+    "left-in-native": left_in_native,
 }
 
 if __name__ == "__main__":
