@@ -102,6 +102,17 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
             signal during training (SIGINT, SIGTERM, SIGUSR1) checkpoints and
             returns with ``exit_code`` 75.
 
+    Failures: an error raised on some ranks only (``collective`` False: a
+    model that fails on one rank, a bug, a file one rank cannot read)
+    ends the whole job, as under ``mpidp train``: the rank prints it
+    (``[rank r] ...``, with the traceback unless it is a user error) and
+    calls ``MPI_Abort`` with its exit code (1 for a bug), because its
+    peers would otherwise wait for it in their next collective for ever.
+    ``collectives.abort_on_error(False)`` (or ``MPIDP_ABORT_ON_ERROR=0``)
+    before the call raises it instead, on that rank only (freeing the
+    others is then up to you). Errors raised on every rank alike are
+    raised on every rank.
+
     Returns:
         A :class:`Run`.
 
@@ -113,6 +124,18 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
         WriteFailed (74): an output could not be written midway (the last
             checkpoint is intact).
     """
+    try:
+        return _train(data, model=model, comm=comm, quiet=quiet, **options)
+    except BaseException as exc:  # noqa: B902 - a rank failing alone must end the job
+        from engine.spmd import end_job_on_error  # deferred: keeps `import engine` light
+
+        end_job_on_error(exc, comm)
+        raise
+
+
+def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False,
+           **options: Any) -> Run:
+    """:func:`train` itself (it ends the job when this raises on some ranks only)."""
     # deferred: torch and the trainer; `import engine` stays light
     from engine.config import TrainConfig
     from engine.errors import ConfigError

@@ -170,6 +170,40 @@ def _stopped(signum: int, comm: "MPI.Comm") -> "None":
     _leave(code, comm, speaker)
 
 
+#: The last line printed by :func:`end_job_on_error`.
+ENDING = ("mpidp: ending the job so that no rank waits for this one "
+          "(collectives.abort_on_error(False) before the call to raise instead)")
+
+
+def end_job_on_error(exc: BaseException, comm: "MPI.Comm | None" = None) -> None:
+    """For a library call every rank makes (:func:`engine.train`): what
+    :func:`run_spmd` does for a command, unless the user turned it off.
+
+    Returns (the caller re-raises ``exc``) when ``exc`` was raised on every
+    rank alike (``collective = True``), is a stop (``KeyboardInterrupt``,
+    ``SystemExit``), ``comm`` (default ``COMM_WORLD``) has one rank, or
+    :func:`collectives.abort_on_error` is off (``MPIDP_ABORT_ON_ERROR=0``).
+    Otherwise prints it tagged with the rank (one line for a user error, the
+    traceback for anything else) and ends the job (``MPI_Abort``, the
+    error's ``exit_code`` or 1): its peers would otherwise wait for this
+    rank in their next collective for ever.
+    """
+    from collectives import failures  # the one switch for the library's failure rule
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)) or getattr(exc, "collective", False):
+        return
+    if not failures.aborting() or comm.Get_size() <= 1:
+        return
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if is_user_error(exc):
+        text, code = _line(exc), int(exc.exit_code)
+    else:
+        text, code = "".join(traceback.format_exception(exc)), EXIT_INTERNAL_ERROR
+    _emit(_tag(text.rstrip("\n") + "\n" + ENDING, rank, size))
+    _end_job(code, comm)
+
+
 def run_spmd(main: Callable[[], int | None], comm: "MPI.Comm | None" = None) -> int:
     """Call ``main()`` on this rank; on failure, bring every rank down.
 

@@ -12,6 +12,11 @@
    formed), and trains it in place.
    The same factory runs from the command line as
    ``mpidp train --model examples.train_api:ResidualNet``.
+
+If one rank's run fails (its model raises, a bug), that rank prints the error
+and ends the whole job (``MPI_Abort``), as ``mpidp train`` does: no rank is
+left waiting. ``collectives.abort_on_error(False)`` before the call raises
+the error on that rank instead.
 """
 import sys
 

@@ -174,3 +174,48 @@ def test_only_rank_0_runs_the_accountant_and_every_rank_gets_its_epsilons(tmp_pa
     assert [line[:2] for line in lines] == [["0", "True"], ["1", "False"], ["2", "False"]]
     assert len({line[2] for line in lines}) == 1  # epsilon and history, the same bits
     assert float(lines[0][2].split(" ")[0]) <= 2.0
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("api") / "api.h5"
+    synthetic.write(path, rows=2000, features=12, seed=3)
+    return str(path)
+
+
+def _user_program(scenario: str, data: str, n: int = 2):
+    import subprocess
+    import sys
+
+    from launcher import SCRIPTS, run_mpi
+
+    try:
+        return run_mpi(n, [sys.executable, str(SCRIPTS / "train_api_failure.py"), scenario,
+                           data], timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"engine.train, scenario {scenario}: no exit within 90 s (a hang)")
+
+
+def test_a_model_failing_on_one_rank_ends_the_job(data_file):
+    """Launched as the README says (no python -m mpi4py): rank 1's model
+    raises mid-training; the job ends with its traceback and exit code 1
+    instead of rank 0 waiting in the all-reduce for ever."""
+    result = _user_program("model-raises", data_file)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "[rank 1] ValueError: the user's model fails on rank 1" in result.stderr
+    assert "[rank 1] mpidp: ending the job so that no rank waits for this one" in result.stderr
+    assert "DONE" not in result.stdout
+
+
+def test_abort_on_error_off_raises_on_the_failing_rank_and_frees_the_other(data_file):
+    result = _user_program("opt-out", data_file)
+    out = result.stdout
+    assert "CAUGHT rank 1 ValueError: the user's model fails on rank 1" in out, result.stderr
+    assert "CAUGHT rank 0 AllreduceMismatch" in out, result.stderr[-3000:]
+    assert "ending the job" not in result.stderr
+
+
+def test_an_error_raised_on_every_rank_is_raised_everywhere(data_file):
+    result = _user_program("collective", data_file)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("CAUGHT") == 2 and "unknown option(s) learning_rate" in result.stdout
