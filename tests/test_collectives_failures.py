@@ -90,8 +90,8 @@ def test_equal_byte_counts_out_of_order_raise_on_every_rank(algorithm, n):
         assert result.returncode == 2 and "AllreduceMismatch" in result.stderr, out[-2000:]
 
 
-@pytest.mark.parametrize("n, algorithm", [(2, name) for name in ALGORITHMS]
-                         + [(3, "ring"), (3, "native"), (3, "naive")])
+@pytest.mark.parametrize("n, algorithm", [(2, "ring"), (2, "native"), (2, "naive"),
+                                          (3, "auto")])
 def test_a_skipped_call_ends_the_job_when_the_rank_that_skipped_it_ends(n, algorithm):
     """Rank 1 skips one of ten calls of one signature. Nothing tells two calls
     of a signature apart (nor does MPI), so the sums after the skip mix calls
@@ -107,8 +107,7 @@ def test_a_skipped_call_ends_the_job_when_the_rank_that_skipped_it_ends(n, algor
     assert seconds < PROMPT_S, f"took {seconds:.1f} s"
 
 
-@pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring", "native"])
+@pytest.mark.parametrize("n, algorithm", [(2, "recursive_doubling"), (3, "native")])
 def test_a_rank_raising_with_abort_off_releases_peers_from_mpi_allreduce(n, algorithm):
     """abort_on_error(False): rank 0 raises (it calls another signature) while
     the others wait in a cached native call inside MPI_Allreduce, where no
