@@ -36,8 +36,7 @@ from engine.dp.sampler import PoissonSampler
 from engine.errors import DivergedError
 from engine.nn.fast_mlp import FastMLP
 from engine.nn.model import init_params
-from engine.nn.optim import build as build_optimizer
-from engine.step import DPStep
+from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
 
 #: Stream id of the reference model's seed (kept apart from the target's streams).
 REFERENCE_STREAM = 7
@@ -88,13 +87,9 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
     own_seed = int(np.random.SeedSequence(int(seed), spawn_key=(REFERENCE_STREAM,))
                    .generate_state(1, np.uint64)[0] >> 2)
     params = init_params(spec, own_seed, dtype=torch.float64)
-    buffer = np.zeros(spec.n_params, dtype=np.float64)
-    grad = torch.from_numpy(buffer)
-    capacity = int(batch + 6 * math.sqrt(batch) + 16)
-    engine = FastMLP(spec, params, grad, capacity=capacity, backend="torch")
-    optimizer = build_optimizer(settings.get("optimizer", "sgd"), params,
-                                float(settings.get("lr", 0.05)),
-                                float(settings.get("momentum", 0.9)))
+    buffer, grad, _ = step_buffer(spec.n_params, torch.device("cpu"), host=True,
+                                  dtype=np.float64)
+    engine = FastMLP(spec, params, grad, capacity=engine_capacity(batch), backend="torch")
     # One global sampler per part ("rank" = part number: the same on every rank).
     samplers = [PoissonSampler(part.n, q, seed=own_seed, rank=i) if part.n else None
                 for i, part in enumerate(parts)]
@@ -102,7 +97,11 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
     X = torch.from_numpy(np.concatenate([np.asarray(p.X, dtype=np.float64) for p in parts]))
     y = torch.from_numpy(np.concatenate([np.asarray(p.y, dtype=np.int64) for p in parts]))
     # No clipping and no noise: the reference model is trained without DP.
-    dp_step = DPStep(engine, X, y, buffer, grad, optimizer, 1.0 / batch, comm, max_norm=None)
+    step_settings = StepSettings(batch_size=batch, max_norm=None, noise_std=None, seed=own_seed,
+                                 optimizer=settings.get("optimizer", "sgd"),
+                                 lr=float(settings.get("lr", 0.05)),
+                                 momentum=float(settings.get("momentum", 0.9)))
+    dp_step = build(engine, X, y, buffer, grad, step_settings, comm).step
     bar = tqdm(total=steps, unit="step", desc="reference model", leave=False,
                disable=not progress)
     loss_sum = 0.0

@@ -132,14 +132,13 @@ def _steppers(args, spec, X, y, groups=None, names=()):
     import torch
 
     from engine.dp.naive import naive_clipped_sum
-    from engine.dp.noise import GaussianNoise
     from engine.dp.sampler import HouseholdSampler
     from engine.nn.fast_mlp import FastMLP
     from engine.nn.embedding_mlp import EmbeddingMLP
     from engine.nn.model import init_params, to_module
     from engine.nn.module_engine import ModuleEngine
-    from engine.nn.optim import SGD
-    from engine.step import PHASES, DPStep
+    from engine.step import PHASES
+    from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
 
     C, sigma, lr, momentum, B = 1.0, 1.0, 0.05, 0.9, args.batch_size
     Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
@@ -164,25 +163,23 @@ def _steppers(args, spec, X, y, groups=None, names=()):
 
     def ours(dp: bool, households: np.ndarray | None = None, generic: bool = False,
              embedding: bool = False, secure: bool = False):
-        # The trainer's step (engine.step), on the trainer's buffer layout:
-        # gradient + one control float, numpy on the CPU.
+        # The trainer's step, built as the trainer builds it (engine.step_builder),
+        # on the trainer's buffer layout: gradient + one control float.
         rows_x = Xct if embedding else Xt
         module = embedding_mlp() if embedding else None
         n_params = sum(p.numel() for p in module.parameters()) if embedding else spec.n_params
-        buffer = np.zeros(n_params + 1, dtype=np.float32)
-        grad = torch.from_numpy(buffer[:n_params])
+        buffer, grad, _ = step_buffer(n_params, torch.device("cpu"), host=True)
         params = init_params(spec, args.seed)
         if generic or embedding:
             module = module if embedding else to_module(spec, params)
             engine = ModuleEngine(module, grad, (rows_x[:4], yt[:4]), spec.dims[-1],
-                                  capacity=2 * B)
-            params = engine.params
+                                  capacity=engine_capacity(B))
         else:
-            engine = FastMLP(spec, params, grad, capacity=2 * B)
-        noise = GaussianNoise(n_params, sigma * C, 1, 0, args.seed, secure=secure) \
-            if dp else None
-        dp_step = DPStep(engine, rows_x, yt, buffer, grad, SGD(params, lr, momentum), 1.0 / B,
-                         MPI.COMM_SELF, max_norm=C if dp else None, noise=noise)
+            engine = FastMLP(spec, params, grad, capacity=engine_capacity(B))
+        settings = StepSettings(batch_size=B, max_norm=C if dp else None,
+                                noise_std=sigma * C if dp else None, seed=args.seed,
+                                secure_noise=secure, lr=lr, momentum=momentum)
+        dp_step = build(engine, rows_x, yt, buffer, grad, settings, MPI.COMM_SELF).step
         times = dict.fromkeys(PHASES, 0.0)  # timed as in the trainer, read by nobody
         if households is not None:
             # Households at the rate giving the same expected rows per step; the
@@ -293,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.choices import parse_hidden
     from engine.nn.model import MLPSpec
-    from engine.trainer import configure_threads
+    from engine.run.threads import configure_threads
 
     if MPI.COMM_WORLD.Get_size() > 1:
         raise ConfigError("mpidp bench dpsgd compares methods in one process: run it "

@@ -83,31 +83,21 @@ def _ours(name: str, data, device, dp: bool, graph: bool, batch: int, n_local: i
     """One mpidp step function (rows -> k) and a line on the step it runs."""
     import torch
 
-    from engine import fixed_step
-    from engine.dp.noise import GaussianNoise
     from engine.nn import models
-    from engine.nn.optim import SGD
-    from engine.step import DPStep
+    from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
 
     X, y, classes, codes, shape = data
     model = models.resolve(name, (128, 128), X.shape[1] - 1, classes, seed, device,
                            code_columns=codes, image_shape=shape)
-    n = model.n_params
-    if device.type == "cpu":
-        buffer = np.zeros(n + 1, dtype=np.float32)
-        grad = torch.from_numpy(buffer[:n])
-    else:
-        buffer = torch.zeros(n + 1, dtype=torch.float32, device=device)
-        grad = buffer[:n]
-    capacity = fixed_step.capacity_for(n_local, batch / n_local)
+    buffer, grad, _ = step_buffer(model.n_params, device, host=device.type == "cpu")
     probe = (torch.from_numpy(X[:4]), torch.from_numpy(y[:4]))
-    engine = model.build_engine(grad, seed, probe, classes, capacity, None)
-    noise = GaussianNoise(n, SIGMA * C, 1, 0, seed, device=device) if dp else None
-    Xd, yd = torch.from_numpy(X).to(device), torch.from_numpy(y).to(device)
-    step = DPStep(engine, Xd, yd, buffer, grad, SGD(engine.params, LR, MOMENTUM), 1.0 / batch,
-                  MPI.COMM_SELF, max_norm=C if dp else None, noise=noise)
-    chosen, line = fixed_step.choose(step, "auto" if graph else "off", MPI.COMM_SELF,
-                                     n_local=n_local, q=batch / n_local)
+    engine = model.build_engine(grad, seed, probe, classes, engine_capacity(batch), None)
+    settings = StepSettings(batch_size=batch, max_norm=C if dp else None,
+                            noise_std=SIGMA * C if dp else None, seed=seed, lr=LR,
+                            momentum=MOMENTUM, cuda_graph="auto" if graph else "off")
+    built = build(engine, X, y, buffer, grad, settings, MPI.COMM_SELF, n_local=n_local,
+                  q=batch / n_local)
+    chosen, line = built.step, built.note
     run = (lambda rows: chosen(rows)[0])
     run.replay = getattr(chosen, "_replay", None)  # the captured graph, for its own timing
     return run, line or "the eager step (CPU)"
@@ -271,7 +261,7 @@ def run(args) -> int:
     import torch
 
     from engine.nn.device import select as select_device
-    from engine.trainer import configure_threads
+    from engine.run.threads import configure_threads
 
     threads, _ = configure_threads(args.threads)
     placement = select_device(args.device, MPI.COMM_SELF)
