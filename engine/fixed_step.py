@@ -301,11 +301,21 @@ class FixedShapeStep:
         self._count_total.zero_()
         return loss, count
 
+    @property
+    def extra(self):
+        """The eager step's ``extra`` hook (the canary audit's); a step with one
+        runs eagerly."""
+        return self.step.extra
+
+    @extra.setter
+    def extra(self, hook) -> None:
+        self.step.extra = hook
+
     def set_noise(self, noise) -> None:
-        """As :meth:`engine.step.DPStep.set_noise` (eager steps only: a captured
-        graph keeps the noise it was captured with)."""
-        if self._replay is not None:
-            raise RuntimeError("the noise of a captured step cannot change")
+        """As :meth:`engine.step.DPStep.set_noise`. A captured graph holds the
+        noise it was captured with, so it is dropped: the fixed-shape step then
+        runs eagerly, adding the new noise after its body."""
+        self._release()
         self.step.set_noise(noise)
         self._staged = None
 

@@ -17,52 +17,52 @@ count households. Per epoch: train loss (all-reduced), validation accuracy
 validation split), epsilon, time split into compute and communication; JSON
 lines and a table on rank 0. With a validation split the test split is
 scored once, when the run finishes, with the run's selected model
-(``--select-on``: the best validation epoch's parameters, kept in memory,
-in the checkpoint and in ``best.pt``, or the last ones). Checkpoints are atomic and
+(``--select-on``, :mod:`engine.run.selection`). Checkpoints are atomic and
 carry everything a bit-identical resume needs (:mod:`engine.checkpoint`),
 the per-epoch history included: the metrics file is rewritten from it, so
 any sequence of stops and resumes leaves one record per epoch
 (:mod:`engine.metrics`). The life-cycle of a run (locks, signals, resume,
 exit codes) is written down in docs/lifecycle.md.
+
+The set-up's parts live in :mod:`engine.run` (resume, the state and step,
+selection, what is printed, the hooks a program composes into a run); this
+module wires them and holds the loop, the epoch's record and checkpoints.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-import secrets
 import shlex
 import sys
 import time
 
-import numba
 import numpy as np
 import torch
 from tqdm import tqdm
 
 import collectives
 from collectives import MPI
-from collectives.runtime import available_cores, launch_info
 from engine import checkpoint as ckpt
 from engine import metrics as metrics_mod
 from engine import outputs
+from engine.config import TrainConfig
 from engine.dp.accountant import Accountant
-from engine.config import ADJUSTABLE_ON_RESUME, PER_INVOCATION, TrainConfig
-from engine.nn.device import select as select_device
 from engine.dp.privacy import check_delta_for_rows
-from engine.errors import (EXIT_CHECKPOINTED, CheckpointError, ConfigError, DataError,
-                           DivergedError, MpidpError, PrivacyError, agree)
+from engine.errors import EXIT_CHECKPOINTED, ConfigError, DivergedError, PrivacyError, agree
 from engine.evaluate import evaluate_shard
 from engine.nn import models
-from engine.nn.module_engine import parameter_digest
-from engine.dp.noise import GaussianNoise
-from engine.nn.optim import build as build_optimizer
-from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
+from engine.nn.device import select as select_device
 from engine.nn.schedule import learning_rate
+from engine.run import report
+from engine.run.collective import rank0_check, rank0_value, shared_seed
+from engine.run.hooks import RunHooks
+from engine.run.report import plural
+from engine.run.resume import check_same_data, load_checkpoint
+from engine.run.selection import Selection, select_on
+from engine.run.state import build_state
+from engine.run.threads import configure_threads
 from engine.shard import read_info, read_shard
-from engine.stopping import monitored_accuracy
-from engine import fixed_step
-from engine.step import PHASES, DPStep
+from engine.step import PHASES
 from engine.stopping import (StopRequest, check_startup, forget_signals, signal_name,
                              stop_reason)
 from kernels import registry
@@ -70,102 +70,6 @@ from kernels import registry
 #: Steps between progress-bar updates and between finiteness checks.
 PROGRESS_EVERY = 32
 FINITE_CHECK_EVERY = 256
-
-
-def configure_threads(requested: int | None) -> tuple[int, int]:
-    """One rank per core: ``threads = cores // ranks on this node`` (at least 1).
-
-    Applies to torch and Numba, and turns on flush-to-zero for denormals.
-    Returns (threads, ranks on this node).
-    """
-    local = launch_info().local_ranks or 1
-    threads = requested or max(1, available_cores() // local)
-    torch.set_num_threads(threads)
-    # Flush denormals to zero: once a model fits well, softmax gradients of
-    # confident examples underflow into the denormal range, where x86 float
-    # arithmetic is many times slower. Values below 1.2e-38 change nothing.
-    torch.set_flush_denormal(True)
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    return threads, local
-
-
-def plural(n: int, word: str) -> str:
-    """``1 epoch``, ``2 epochs``."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _option_text(name: str, value) -> str:
-    """How the command line says ``name=value`` (``--no-dp``, ``--hidden 8,8``)."""
-    flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
-        return flag if value else f"no {flag}"
-    if value is None:
-        return f"no {flag}"
-    if name == "hidden":
-        return f"{flag} {','.join(str(v) for v in value)}" if value else f"{flag} ''"
-    if isinstance(value, float):
-        return f"{flag} {value:g}"
-    return f"{flag} {value}"
-
-
-def _same(a, b) -> bool:
-    norm = (lambda v: list(v) if isinstance(v, (list, tuple)) else v)
-    return norm(a) == norm(b)
-
-
-def resumed_config(cfg: TrainConfig, saved: dict, given: set[str] | None) -> TrainConfig:
-    """The settings of a resumed run: the checkpoint's, with the options given now.
-
-    ``given`` names the options on the command line (None: the fields of
-    ``cfg`` that differ from :class:`TrainConfig`'s defaults). An option
-    that is not given never overwrites the recorded value; one that is given
-    must equal it unless it is in :data:`ADJUSTABLE_ON_RESUME`.
-
-    Raises:
-        ConfigError: (collective) naming every given option that differs.
-    """
-    defaults = TrainConfig(data="")
-    names = [f.name for f in dataclasses.fields(TrainConfig)]
-    if given is None:
-        given = {n for n in names if not _same(getattr(cfg, n), getattr(defaults, n))}
-    merged, diffs = {}, []
-    for name in names:
-        mine = getattr(cfg, name)
-        if name in PER_INVOCATION:
-            merged[name] = mine
-            continue
-        # A setting the checkpoint predates had its default then.
-        theirs = saved[name] if name in saved else getattr(defaults, name)
-        if isinstance(getattr(defaults, name), tuple) and theirs is not None:
-            theirs = tuple(theirs)
-        if name not in given:
-            merged[name] = theirs
-            continue
-        if name not in ADJUSTABLE_ON_RESUME and not _same(mine, theirs):
-            if name == "dp":
-                diffs.append("--no-dp (the run is differentially private)" if not mine
-                             else "DP (the run has --no-dp)")
-            else:
-                diffs.append(f"{_option_text(name, mine)} (the run has "
-                             f"{_option_text(name, theirs)})")
-        merged[name] = mine
-    if diffs:
-        raise ConfigError("a resumed run keeps the settings it started with, and --resume "
-                          "needs none of them; leave out what differs: " + "; ".join(diffs),
-                          collective=True)
-    return TrainConfig(**merged)
-
-
-def _number(value: float | None) -> str:
-    """An accuracy in a message: 4 decimals, or nan when there is none."""
-    return f"{value:.4f}" if value is not None else "nan"
-
-
-def shared_seed(comm, seed: int | None) -> int:
-    """Collective: ``seed``, or rank 0's random one on every rank (when None)."""
-    if seed is not None:
-        return int(seed)
-    return int(comm.bcast(secrets.randbits(62) if comm.Get_rank() == 0 else None, root=0))
 
 
 class Trainer:
@@ -177,14 +81,18 @@ class Trainer:
     lock (``lock`` on rank 0, None elsewhere; the command takes it before
     importing this module: :func:`engine.checkpoint.open_directory`); without
     one, :meth:`run` takes it. ``model``: the library's ``model=`` object (a
-    module or a factory), else ``cfg.model`` names the model.
+    module or a factory), else ``cfg.model`` names the model. ``hooks``:
+    where a program composes its own parts into the run
+    (:class:`engine.run.hooks.RunHooks`).
     """
 
     def __init__(self, cfg: TrainConfig, comm=None, out=None, given: set[str] | None = None,
-                 lock: "ckpt.Lock | None" = None, opened: bool = False, model=None):
+                 lock: "ckpt.Lock | None" = None, opened: bool = False, model=None,
+                 hooks: RunHooks | None = None):
         self.cfg = cfg
         #: the library's ``model=`` (a module or a factory), else cfg.model decides
         self.given_model = model
+        self.hooks = hooks or RunHooks()
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.out = sys.stdout if out is None else out
@@ -192,35 +100,24 @@ class Trainer:
         self.lock = lock
         self.opened = opened
         self.history: list[dict] = []
-        #: the best validation epoch so far (``--select-on val_accuracy``): epoch,
-        #: step, val_accuracy, val_loss and its parameters (CPU), or None
-        self.best: dict | None = None
+        self.selection = Selection("last")  # set up from the file and --select-on
         self.resumed_from: dict | None = None  # the checkpoint's step, epsilon, budget
         self.large_delta: str | None = None
+
+    @property
+    def best(self) -> dict | None:
+        """The selected epoch so far (:class:`engine.run.selection.Selection`)."""
+        return self.selection.best
+
+    @property
+    def select_on(self) -> str:
+        return self.selection.on
 
     # ------------------------------------------------------------------ set-up
     def _say(self, text: str) -> None:
         if self.rank == 0:
             self.out.write(text + "\n")
             self.out.flush()
-
-    def _rank0_check(self, check) -> None:
-        """Collective: run ``check()`` on rank 0 (the rank that writes); its
-        MpidpError is raised on every rank."""
-        error = None
-        if self.rank == 0:
-            try:
-                check()
-            except MpidpError as exc:
-                error = exc
-        agree(self.comm, error)
-
-    def _rank0_value(self, compute):
-        """Collective: ``compute()`` on rank 0 alone, its value on every rank;
-        its MpidpError is raised on every rank (:meth:`_rank0_check`)."""
-        box: list = []
-        self._rank0_check(lambda: box.append(compute()))
-        return self.comm.bcast(box[0] if box else None, root=0)
 
     def resume_command(self) -> str:
         """The command that continues this run (what a stop message shows)."""
@@ -245,13 +142,14 @@ class Trainer:
         (for the household unit the training shard comes first: its
         households are the N that every check counts)."""
         comm = self.comm
-        payload = self._load_checkpoint()
+        self.cfg, payload, self.resumed_from = load_checkpoint(self.cfg, comm, self.given)
         cfg = self.cfg  # a resume replaced it by the recorded settings
         self._startup_check()
         self.threads, self.local_ranks = configure_threads(cfg.threads)
         self.placement = select_device(cfg.device, comm)
         self.info = read_info(cfg.data, comm)
-        self._check_splits()
+        self.selection = Selection(select_on(cfg, self.info),
+                                   payload.get("best") if payload else None)
         self.train = None
         if cfg.privacy_unit == "household":
             self.train = read_shard(self.info, "train", comm, min_rows_per_rank=1,
@@ -268,7 +166,7 @@ class Trainer:
         self.steps_per_epoch = max(1, round(n / cfg.batch_size))
         self.total_steps = cfg.epochs * self.steps_per_epoch
         if payload is not None:
-            self._check_same_data(payload)
+            check_same_data(payload, self.info, cfg)
         if cfg.dp:
             try:
                 self.large_delta = check_delta_for_rows(cfg.delta, n, cfg.allow_large_delta,
@@ -290,7 +188,7 @@ class Trainer:
             existing = ckpt.path_in(cfg.checkpoint_dir)
             if payload is not None and existing.is_file():
                 needed = max(needed, existing.stat().st_size)
-            self._rank0_check(lambda: outputs.check_free_space(
+            rank0_check(comm, lambda: outputs.check_free_space(
                 cfg.checkpoint_dir, needed, "--checkpoint-dir"))
         self._plan_privacy(payload)
         self._startup_check()
@@ -300,84 +198,10 @@ class Trainer:
         self.test = read_shard(self.info, "test", comm, min_rows_per_rank=0)
         self.val = (read_shard(self.info, "val", comm, min_rows_per_rank=0)
                     if self.info.has_val else None)
+        if self.hooks.train_shard is not None:
+            self.train = self.hooks.train_shard(self.train, self)
         self._build_state(payload)
         self._startup_check()
-
-    def _check_splits(self) -> None:
-        """Collective (every rank read the same header): a file with training rows,
-        and the validation split that ``--select-on`` needs; sets ``select_on``."""
-        cfg, info = self.cfg, self.info
-        if info.rows["train"] == 0:
-            raise DataError(f"{cfg.data} has no training rows (a file only for scoring, "
-                            "made with mpidp prep --test-fraction 1?): train on a file with "
-                            "a training split, and score this one with mpidp eval",
-                            collective=True)
-        self.select_on = cfg.select_on or ("val_accuracy" if info.has_val else "last")
-        if self.select_on != "val_accuracy":
-            return
-        default = "" if cfg.select_on else " (the default for a file with one)"
-        if not info.has_val:
-            raise ConfigError(f"--select-on val_accuracy: {cfg.data} has no validation "
-                              "split (prepared by an older mpidp, or with --val-fraction 0); "
-                              "prepare it again with mpidp prep --val-fraction F, or use "
-                              "--select-on last", collective=True)
-        if info.rows["val"] == 0:
-            raise ConfigError(f"{cfg.data}: the validation split /val has no rows, and "
-                              f"--select-on val_accuracy{default} needs some; prepare the "
-                              "file again with a larger --val-fraction, or pass "
-                              "--select-on last", collective=True)
-
-    def _load_checkpoint(self) -> dict | None:
-        """Collective: the checkpoint of a resumed run (None for a fresh one), with
-        ``self.cfg`` replaced by the recorded settings and the options given now."""
-        cfg = self.cfg
-        if not cfg.checkpoint_dir:
-            return None
-        error, payload = None, None
-        try:
-            payload = ckpt.load(cfg.checkpoint_dir)
-        except CheckpointError as exc:
-            error = exc
-        agree(self.comm, error)
-        where = ckpt.path_in(cfg.checkpoint_dir)
-        if payload is None:
-            if cfg.resume:
-                raise CheckpointError(f"--resume: {where} does not exist; nothing to resume "
-                                      "(drop --resume to start a new run)", collective=True)
-            return None
-        if not cfg.resume:
-            spent = payload.get("epsilon")
-            raise CheckpointError(
-                f"{where} holds a run at step {payload['step']}"
-                + (f" that has spent epsilon={spent:.3f}" if spent is not None else "")
-                + "; pass --resume to continue it, or choose another --checkpoint-dir",
-                collective=True)
-        if payload["world_size"] != self.size:
-            raise CheckpointError(f"{where} was written by {payload['world_size']} ranks; "
-                                  f"resume it with {payload['world_size']} ranks (this job "
-                                  f"has {self.size})", collective=True)
-        merged = resumed_config(cfg, payload["config"], self.given)
-        try:
-            merged.validate()
-        except ConfigError as exc:
-            raise ConfigError(f"{exc} (the settings of the resumed run: the checkpoint's, "
-                              "with the options given now)", collective=True) from None
-        if merged.metrics and merged.metrics != cfg.metrics:
-            self._rank0_check(lambda: outputs.check_file(merged.metrics, "--metrics"))
-        self.cfg = merged
-        self.resumed_from = {"step": int(payload["step"]), "epsilon": payload.get("epsilon"),
-                             "budget": payload.get("budget_epsilon"),
-                             "text": ckpt.describe(payload)}
-        return payload
-
-    def _check_same_data(self, payload: dict) -> None:
-        data, where = payload["data"], ckpt.path_in(self.cfg.checkpoint_dir)
-        if data["rows"] != self.info.rows or data["n_features"] != self.info.n_features \
-                or data["fingerprint"] != self.info.fingerprint:
-            raise CheckpointError(f"{where} was trained on {data['path']} "
-                                  f"({data['rows']}), not on {self.cfg.data} "
-                                  f"({self.info.rows}); resume with the same data",
-                                  collective=True)
 
     def _plan_privacy(self, payload: dict | None) -> None:
         """Collective: the accountant and budget, planned (or restored and
@@ -403,7 +227,7 @@ class Trainer:
             acct.check_plan(budget, cfg.epochs, self.steps_per_epoch)
             return acct, budget, acct.epsilon(self.total_steps)
 
-        self.accountant, self.budget, self.planned_epsilon = self._rank0_value(plan)
+        self.accountant, self.budget, self.planned_epsilon = rank0_value(self.comm, plan)
 
     def _choose_kernels(self, device: torch.device) -> str | None:
         """Collective: the kernel family every rank runs (``--kernels``, checked
@@ -417,89 +241,23 @@ class Trainer:
         return chosen
 
     def _build_state(self, payload: dict | None) -> None:
-        cfg, n_params = self.cfg, self.model.n_params
-        device = self.placement.device
-        # The all-reduce buffer: the flat gradient and one control float; a
-        # numpy array on the CPU, a tensor on a GPU (collectives stage it
-        # through host memory unless MPI is CUDA-aware).
-        if self.placement.host_buffer:
-            self.buffer = np.zeros(n_params + 1, dtype=np.float32)
-            self.grad = torch.from_numpy(self.buffer[:n_params])
-        else:
-            self.buffer = torch.zeros(n_params + 1, dtype=torch.float32, device=device)
-            self.grad = self.buffer[:n_params]
-        self.control = self.buffer[n_params:]
-        n_local = self.train.n_local
-        if self.train.groups is not None:
-            self.sampler = HouseholdSampler(self.train.groups, self.q, self.seed, self.rank)
-        elif cfg.sampling == "poisson":
-            self.sampler = PoissonSampler(n_local, self.q, self.seed, self.rank)
-        else:
-            b = cfg.batch_size
-            local_batch = b * (self.rank + 1) // self.size - b * self.rank // self.size
-            self.sampler = ShuffleSampler(n_local, local_batch, self.steps_per_epoch,
-                                          self.seed, self.rank)
-        expected = self.sampler.expected_local_batch()
-        capacity = int(expected + 6 * math.sqrt(expected) + 16)
-        kernels = self._choose_kernels(device)
-        probe = (torch.from_numpy(self.train.X[:4]), torch.from_numpy(self.train.y[:4]))
-        self.engine = self.model.build_engine(self.grad, self.seed, probe, self.info.n_classes,
-                                              capacity, kernels)
-        self.params = params = self.engine.params
+        """Collective: the sampler, engine and step (:mod:`engine.run.state`),
+        kept as this trainer's attributes; then the step hook."""
+        cfg = self.cfg
+        state = build_state(
+            cfg, model=self.model, train=self.train, n_classes=self.info.n_classes,
+            placement=self.placement, seed=self.seed, q=self.q,
+            steps_per_epoch=self.steps_per_epoch,
+            sigma=self.accountant.sigma if self.accountant is not None else None,
+            kernels=self._choose_kernels(self.placement.device), comm=self.comm,
+            payload=payload)
+        for name in ("buffer", "grad", "control", "sampler", "engine", "params", "noise",
+                     "optimizer", "X", "y", "dp_step", "step_note", "step", "local"):
+            setattr(self, name, getattr(state, name))
         if payload is not None:
-            with torch.no_grad():
-                params.copy_(payload["params"].to(device))
-        self._check_ranks_agree_on_the_model()
-        self.noise = None
-        if cfg.dp:
-            std = self.accountant.sigma * cfg.max_grad_norm
-            self.noise = GaussianNoise(n_params, std, self.size, self.rank, self.seed,
-                                       cfg.noise_scheme, device=device, backend=kernels,
-                                       secure=cfg.secure_noise)
-        self.optimizer = build_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum,
-                                         cfg.weight_decay, backend=kernels,
-                                         nesterov=cfg.nesterov)
-        self.step = 0
-        self.local = {"loss_sum": 0.0, "examples": 0, "clipped": 0}
-        if payload is not None:
-            self.optimizer.load_state_dict(payload["optimizer"])
-            self.step = int(payload["step"])
-            mine = payload["ranks"][self.rank]
-            try:
-                self.sampler.set_state(mine["sampler"])
-                if self.noise is not None:
-                    self.noise.set_state(mine["noise"])
-            except (ValueError, TypeError, KeyError) as exc:
-                raise CheckpointError(f"{ckpt.path_in(cfg.checkpoint_dir)}: its random "
-                                      f"generator states do not fit this mpidp ({exc})",
-                                      collective=True) from None
-            self.local = dict(mine["local"])
             self.history = list(payload.get("history", []))
-            self.best = payload.get("best")  # the best epoch so far travels with the run
-        # The shard moves to the device once; a step gathers its rows there.
-        self.X = torch.from_numpy(self.train.X).to(device)
-        self.y = torch.from_numpy(self.train.y).to(device)
-        self.dp_step = DPStep(self.engine, self.X, self.y, self.buffer, self.grad,
-                              self.optimizer, 1.0 / cfg.batch_size, self.comm,
-                              max_norm=cfg.max_grad_norm if cfg.dp else None,
-                              noise=self.noise, algorithm=cfg.allreduce)
-        shuffled = isinstance(self.sampler, ShuffleSampler)
-        self.dp_step, self.step_note = fixed_step.choose(
-            self.dp_step, cfg.cuda_graph, self.comm, n_local=n_local, q=self.q,
-            fixed_batch=int(expected) if shuffled else None,
-            households=self.train.groups is not None)
-
-    def _check_ranks_agree_on_the_model(self) -> None:
-        """Collective: every rank must start from the same parameters (a user's
-        factory that draws without the run's seed would train a different
-        model per rank, and the all-reduced sum would fit none of them)."""
-        digests = self.comm.allgather(parameter_digest(self.params))
-        odd = [r for r, d in enumerate(digests) if d != digests[0]]
-        if odd:
-            raise ConfigError(f"the model's initial parameters differ between ranks (rank "
-                              f"{odd[0]} differs from rank 0): build it the same way on every "
-                              "rank (a factory is called after seeding torch with the run's "
-                              "seed; draw with torch's default generator)", collective=True)
+        if self.hooks.step is not None:
+            self.dp_step = self.hooks.step(self.dp_step, self)
 
     # ------------------------------------------------------------ checkpoints
     def _epsilon(self) -> float | None:
@@ -512,7 +270,7 @@ class Trainer:
         (None for a non-private run, or one stopped before its plan)."""
         if getattr(self, "accountant", None) is None:
             return None
-        return self._rank0_value(self._epsilon)
+        return rank0_value(self.comm, self._epsilon)
 
     def save_checkpoint(self) -> str | None:
         """Collective: rank 0 writes the checkpoint with every rank's state, then
@@ -552,20 +310,13 @@ class Trainer:
                 "ranks": ranks, "history": self.history, "best": self.best}
             ckpt.save(self.cfg.checkpoint_dir, payload)
             if self.best is not None:
-                ckpt.save(self.cfg.checkpoint_dir, self._best_payload(payload),
+                # the model to publish: only what its epsilon covers
+                ckpt.save(self.cfg.checkpoint_dir, ckpt.published(payload, self.best),
                           ckpt.BEST_NAME)
             self._write_metrics_file()
 
-        self._rank0_check(write)
+        rank0_check(self.comm, write)
         return str(ckpt.path_in(self.cfg.checkpoint_dir))
-
-    def _best_payload(self, payload: dict) -> dict:
-        """``best.pt``: the selected model to publish, readable by ``mpidp eval``
-        (:func:`engine.checkpoint.published`: no seed, generator states,
-        optimizer or exact scores; those stay in the checkpoint, which a
-        resume needs). Its epsilon is the run's so far: choosing an epoch
-        looked at every epoch's parameters."""
-        return ckpt.published(payload, self.best)
 
     def _write_metrics_file(self) -> None:
         if self.cfg.metrics:
@@ -577,9 +328,8 @@ class Trainer:
         Raises (on every rank): WriteFailed.
         """
         if self.cfg.metrics:
-            self._rank0_check(self._write_metrics_file)
+            rank0_check(self.comm, self._write_metrics_file)
 
-    # ------------------------------------------------------------------- loop
     def _settle(self) -> None:
         """Add what the step kept on the device (loss, clipped count) to the
         epoch's sums (:meth:`engine.fixed_step.FixedShapeStep.settle`)."""
@@ -627,7 +377,7 @@ class Trainer:
             if self.val is not None:  # the test split waits for the end (_final_test)
                 result = self._evaluate(self.val)
                 record.update(val_accuracy=result["accuracy"], val_loss=result["loss"])
-                self._consider(record)
+                self.selection.consider(record, self.params)
             else:  # a file without a validation split: test every epoch, as before
                 result = self._evaluate(self.test)
                 record.update(test_accuracy=result["accuracy"], test_loss=result["loss"])
@@ -642,67 +392,9 @@ class Trainer:
         return evaluate_shard(self.engine.logits, shard.X, shard.y, self.comm,
                               self.cfg.allreduce)
 
-    def _consider(self, record: dict) -> None:
-        """Keep this epoch's parameters if its validation accuracy is the best so far
-        (``--select-on val_accuracy``; the first of equal ones). The accuracy is
-        all-reduced: every rank keeps the same epoch."""
-        accuracy = record.get("val_accuracy")
-        if self.select_on != "val_accuracy" or accuracy is None \
-                or not math.isfinite(accuracy):
-            return
-        if self.best is None or accuracy > self.best["val_accuracy"]:
-            self.best = {"epoch": record["epoch"], "step": record["step"],
-                         "val_accuracy": float(accuracy),
-                         "val_loss": metrics_mod.finite_or_none(record.get("val_loss")),
-                         "params": self.params.detach().to("cpu", copy=True)}
-
-    def _selected_epoch(self, last_epoch: int) -> int:
-        """The epoch whose parameters are the run's model."""
-        return self.best["epoch"] if self.best is not None else last_epoch
-
-    def _final_test(self, record: dict) -> None:
-        """Collective, when a run with a validation split finishes: score the test
-        split once, with the selected parameters, into the last epoch's record."""
-        if self.val is None:
-            return  # tested every --eval-every epochs, the last one included
-        selected = self._selected_epoch(record["epoch"])
-        if self.best is not None:
-            last = self.params.detach().clone()
-            with torch.no_grad():
-                self.params.copy_(self.best["params"].to(self.params.device))
-            try:
-                result = self._evaluate(self.test)
-            finally:
-                with torch.no_grad():
-                    self.params.copy_(last)  # the checkpoint keeps training's state
-        else:
-            result = self._evaluate(self.test)
-        record.update(test_accuracy=metrics_mod.finite_or_none(result["accuracy"]),
-                      test_loss=metrics_mod.finite_or_none(result["loss"]),
-                      test_rows=result["rows"], selected_epoch=selected,
-                      select_on=self.select_on)
-
-    def _test_line(self, record: dict) -> str:
-        """``test (once, at the end): accuracy ...`` for a run with a validation split."""
-        accuracy, loss = record.get("test_accuracy"), record.get("test_loss")
-        numbers = (f"accuracy {accuracy:.4f}, loss {loss:.4f} on "
-                   f"{record.get('test_rows', 0):,} rows" if accuracy is not None
-                   else "the test split has no rows")
-        if self.best is not None:
-            whose = (f"the parameters of epoch {self.best['epoch']}, selected on "
-                     f"val_accuracy ({self.best['val_accuracy']:.4f})")
-        elif self.select_on == "val_accuracy":
-            whose = "the last parameters (no epoch was scored on the validation split)"
-        else:
-            whose = "the last parameters (--select-on last)"
-        return f"test (once, at the end): {numbers}; {whose}"
-
     def adopt_selection(self) -> None:
-        """Make the selected epoch's parameters the run's (``Run.model``); the
-        checkpoint already holds the last ones, which a resume continues from."""
-        if self.best is not None:
-            with torch.no_grad():
-                self.params.copy_(self.best["params"].to(self.params.device))
+        """Make the selected epoch's parameters the run's (``Run.model``)."""
+        self.selection.adopt(self.params)
 
     def run(self) -> int:
         """Collective: train; returns the exit code (0 done, 75 checkpointed on a
@@ -725,68 +417,17 @@ class Trainer:
                     self.lock.release()
                 forget_signals()  # acted on (or the run ended anyway)
 
-    def _first_line(self) -> str | None:
-        """The first line of a resumed run, or of one with --allow-large-delta."""
-        parts = []
-        if self.resumed_from is not None:
-            budget = self.resumed_from.get("budget")
-            parts.append(f"resumed the run in {self.cfg.checkpoint_dir} at "
-                         f"{self.resumed_from['text']}"
-                         + (f" of budget {budget:.3f}" if budget is not None else ""))
-        if self.large_delta:
-            parts.append(f"WARNING --allow-large-delta: {self.large_delta}")
-        return "mpidp train: " + "; ".join(parts) if parts else None
-
-    def _describe(self) -> None:
-        cfg = self.cfg
-        first = self._first_line()
-        if first:
-            self._say(first)
-        if self.lock is not None and self.lock.note:
-            self._say(f"note: {self.lock.note}")
-        if self.step_note:
-            self._say(f"mpidp train: on {self.placement.device.type}, {self.step_note}")
-        unit = ("" if not cfg.dp else "epsilon protects each person (one row); "
-                if cfg.privacy_unit == "person"
-                else "epsilon protects each household (all its rows at once); ")
-        households = ("" if cfg.privacy_unit == "person"
-                      else f" in {self.n_train:,} households")
-        self._say(f"mpidp train: {unit}{self.model.describe()} on {cfg.data} "
-                  f"({self.info.rows['train']:,} training rows{households}, "
-                  f"{self.info.n_features} features), "
-                  f"{self.size} rank(s) x {self.threads} thread(s), kernels "
-                  f"{self.engine.backends['clip_rows']}"
-                  + ("" if self.engine.backends.get("mlp_step", "composed") == "composed"
-                     else " (the MLP step in one call)" if self.engine.parts == 1
-                     else f" (the MLP step in one call, its rows cut over "
-                          f"{self.engine.parts} threads)")
-                  + ("" if self.placement.device.type == "cpu"
-                     else f", rank 0 on {self.placement.describe()}"))
-        if cfg.dp:
-            acct = self.accountant
-            per = "" if cfg.privacy_unit == "person" else " households"
-            self._say(f"DP-SGD: C={cfg.max_grad_norm:g}, sigma={acct.sigma:.4f}, expected "
-                      f"batch {cfg.batch_size}{per} (q={self.q:.3g}, {cfg.sampling}), "
-                      f"{plural(self.steps_per_epoch, 'step')}/epoch; planned epsilon="
-                      f"{self.planned_epsilon:.3f} at delta={cfg.delta:g} "
-                      f"({acct.describe()}), budget {self.budget:.3f}")
-            if not self.sampler.assumption_met:
-                self._say("WARNING: --sampling shuffle is outside the accountant's "
-                          "assumption (Poisson sampling): epsilon is NOT a guarantee")
-        else:
-            self._say(f"non-private (--no-dp): expected batch {cfg.batch_size}, "
-                      f"{plural(self.steps_per_epoch, 'step')}/epoch")
-
     def _run(self, stop: StopRequest) -> int:
         self.setup()
         cfg = self.cfg  # for a resume: the recorded settings
-        self._describe()
+        for line in report.describe(self):
+            self._say(line)
         if self.step > 0:
             self.write_metrics()  # back to the checkpoint's history (module docstring)
         if self.step >= self.total_steps:
             self._say(f"nothing to do: the run in {cfg.checkpoint_dir} has finished "
                       f"{plural(self.step // self.steps_per_epoch, 'epoch')}")
-            self.adopt_selection()
+            self.selection.adopt(self.params)
             return 0
         show = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and self.rank == 0
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", disable=not show,
@@ -848,14 +489,15 @@ class Trainer:
                 if reason is not None:
                     record["stop_reason"] = reason
                 finished = self.step >= self.total_steps or reason is not None
-                if finished:
-                    self._final_test(record)  # before the checkpoint that carries it
+                if finished and self.val is not None:  # before the checkpoint carrying it
+                    self.selection.final_test(record, self.params,
+                                              lambda: self._evaluate(self.test))
                 self.history.append(record)
                 if self.rank == 0:
                     bar.clear()
                 self._say(metrics_mod.row(record, val=self.val is not None))
                 if finished and self.val is not None:
-                    self._say(self._test_line(record))
+                    self._say(self.selection.test_line(record))
                 if (epoch + 1) % cfg.checkpoint_every == 0 or finished or stopping:
                     self.save_checkpoint()
                 else:
@@ -866,8 +508,9 @@ class Trainer:
                     break
         finally:
             bar.close()
-        self._summary()
-        self.adopt_selection()
+        for line in report.summary(self):
+            self._say(line)
+        self.selection.adopt(self.params)
         return 0
 
     def _interrupt(self, stop: StopRequest, saved: bool = False) -> int:
@@ -891,32 +534,3 @@ class Trainer:
                   f"written to {where}. Continue with:\n  {self.resume_command()}\n"
                   f"(exit code {EXIT_CHECKPOINTED})")
         return EXIT_CHECKPOINTED
-
-    def _summary(self) -> None:
-        last = self.history[-1] if self.history else {}
-        times = [r["epoch_time_s"] for r in self.history if r.get("epoch_time_s")]
-        eps = last.get("epsilon")
-        val = ""
-        if self.val is not None:
-            chosen = (self.best["val_accuracy"] if self.best is not None
-                      else last.get("val_accuracy"))
-            val = (f"val accuracy {_number(chosen)} (epoch "
-                   f"{self._selected_epoch(last.get('epoch', 0))}, "
-                   + ("selected), " if self.best is not None else "the last), "))
-        self._say(f"done: {plural(len(self.history), 'epoch')}, {val}test accuracy "
-                  f"{_number(last.get('test_accuracy'))}, "
-                  + (f"epsilon {eps:.3f} per {self.cfg.privacy_unit} (delta {self.cfg.delta:g}), "
-                     if eps is not None
-                     else "non-private, ")
-                  + f"{np.median(times) if times else float('nan'):.2f} s/epoch (median)")
-        if not self.cfg.checkpoint_dir:
-            self._say("the trained model was not saved: give --checkpoint-dir DIR to keep it "
-                      "(for mpidp eval and resuming); engine.train returns it as Run.model")
-        if last.get("stop_reason") == "target_accuracy":
-            which = "validation" if self.val is not None else "test"
-            self._say(f"stopped early: {which} accuracy {monitored_accuracy(last):.4f} >= "
-                      f"--target-accuracy {self.cfg.target_accuracy:g} after "
-                      f"{last['train_time_s']:.2f} s of training (time to accuracy)")
-        elif last.get("stop_reason") == "time_budget":
-            self._say(f"stopped early: {last['train_time_s']:.2f} s of training reached "
-                      f"--time-budget {self.cfg.time_budget:g} s")

@@ -24,7 +24,8 @@ from engine.bench import synthetic
 from engine.config import ADJUSTABLE_ON_RESUME, FIXED_ON_RESUME, PER_INVOCATION, TrainConfig
 from engine.errors import (CheckpointError, ConfigError, DataError, DirectoryLocked,
                            OutputError, PrivacyError, WriteFailed)
-from engine.trainer import Trainer, resumed_config
+from engine.run.resume import resumed_config
+from engine.trainer import Trainer
 from launcher import clean_env, mpidp, mpiexec_path
 
 # A fixed all-reduce: auto picks by timing, and at 3 or more ranks algorithms

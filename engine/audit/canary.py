@@ -492,6 +492,7 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
 
     from collectives import MPI
     from engine.config import TrainConfig
+    from engine.run.hooks import RunHooks
     from engine.trainer import Trainer
 
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -510,57 +511,57 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
     cfg.validate()
     state: dict = {}
 
-    class _AuditedTrainer(Trainer):
-        def _build_state(self, payload):
-            # the black-box canary rows: canary j joins rank j % p's shard when
-            # included, before the sampler is built, so it is sampled as a row
-            X_c, y_c, in_c = canary_rows(m, self.train.X.shape[1] - 1, self.info.n_classes, seed)
-            mine = np.flatnonzero(in_c & (np.arange(m) % self.size == self.rank))
-            self.train = dataclasses.replace(
-                self.train, X=np.concatenate([self.train.X, X_c[mine]]),
-                y=np.concatenate([self.train.y, y_c[mine]]))
-            state.update(rows=(X_c, y_c, in_c))
-            super()._build_state(payload)
-            n_params = self.model.n_params
-            if m > n_params:
-                raise ConfigError(f"--canaries {m} exceeds what the model allows: one "
-                                  f"parameter coordinate per canary, and it has {n_params}",
-                                  collective=True)
-            steps = self.total_steps
-            if steps * m > MAX_RESIDUALS:
-                raise ConfigError(f"{steps} steps x {m} canaries: too many residuals to "
-                                  f"keep (at most {MAX_RESIDUALS:,}); fewer epochs or "
-                                  "canaries", collective=True)
-            coords, included = secrets(m, n_params, seed)
-            hook = CanaryHook(coords, included, self.rank, self.size, self.q,
-                              cfg.max_grad_norm, seed)
-            inner = self.dp_step
-            if self.noise is not None:  # the test-only faults
-                self.noise.local_std *= noise_scale
-                if noise_ranks is not None and self.rank not in noise_ranks:
-                    self.noise.local_std = 0.0
-                inner.set_noise(self.noise)  # the step binds the deviation
-            inner.extra = hook
-            residuals = np.zeros((steps, m), dtype=np.float32)
-            data_sum = np.zeros(m, dtype=np.float64)
-            reduced_at = hook.coords
-            grad, comm_, C = self.grad, self.comm, cfg.max_grad_norm
-            counter = [0]
+    def add_canary_rows(train, trainer):
+        # the black-box canary rows: canary j joins rank j % p's shard when
+        # included, before the sampler is built, so it is sampled as a row
+        X_c, y_c, in_c = canary_rows(m, train.X.shape[1] - 1, trainer.info.n_classes, seed)
+        mine = np.flatnonzero(in_c & (np.arange(m) % trainer.size == trainer.rank))
+        state.update(rows=(X_c, y_c, in_c))
+        return dataclasses.replace(train, X=np.concatenate([train.X, X_c[mine]]),
+                                   y=np.concatenate([train.y, y_c[mine]]))
 
-            def step(rows, times=None, started=None, groups=None):
-                result = inner(rows, times, started, groups)
-                # the auditor: reduced noisy sum minus the data's, at the canaries
-                comm_.Allreduce(hook.data, data_sum, op=MPI.SUM)
-                reduced = grad[reduced_at].double().cpu().numpy()
-                residuals[counter[0]] = (reduced - data_sum) / C
-                counter[0] += 1
-                return result
+    def audit_step(inner, trainer):
+        n_params = trainer.model.n_params
+        if m > n_params:
+            raise ConfigError(f"--canaries {m} exceeds what the model allows: one "
+                              f"parameter coordinate per canary, and it has {n_params}",
+                              collective=True)
+        steps = trainer.total_steps
+        if steps * m > MAX_RESIDUALS:
+            raise ConfigError(f"{steps} steps x {m} canaries: too many residuals to "
+                              f"keep (at most {MAX_RESIDUALS:,}); fewer epochs or "
+                              "canaries", collective=True)
+        coords, included = secrets(m, n_params, seed)
+        hook = CanaryHook(coords, included, trainer.rank, trainer.size, trainer.q,
+                          cfg.max_grad_norm, seed)
+        noise = trainer.noise
+        if noise is not None:  # the test-only faults
+            noise.local_std *= noise_scale
+            if noise_ranks is not None and trainer.rank not in noise_ranks:
+                noise.local_std = 0.0
+            inner.set_noise(noise)  # the step binds the deviation
+        inner.extra = hook  # added as clipped rows are, before the noise
+        residuals = np.zeros((steps, m), dtype=np.float32)
+        data_sum = np.zeros(m, dtype=np.float64)
+        reduced_at = hook.coords
+        grad, comm_, C = trainer.grad, trainer.comm, cfg.max_grad_norm
+        counter = [0]
 
-            step.settle = inner.settle  # the trainer reads what a step kept on the device
-            self.dp_step = step
-            state.update(hook=hook, included=included, residuals=residuals, counter=counter)
+        def step(rows, times=None, started=None, groups=None):
+            result = inner(rows, times, started, groups)
+            # the auditor: reduced noisy sum minus the data's, at the canaries
+            comm_.Allreduce(hook.data, data_sum, op=MPI.SUM)
+            reduced = grad[reduced_at].double().cpu().numpy()
+            residuals[counter[0]] = (reduced - data_sum) / C
+            counter[0] += 1
+            return result
 
-    trainer = _AuditedTrainer(cfg, comm, out=io.StringIO() if out is None else out)
+        step.settle = inner.settle  # the trainer reads what a step kept on the device
+        state.update(hook=hook, included=included, residuals=residuals, counter=counter)
+        return step
+
+    trainer = Trainer(cfg, comm, out=io.StringIO() if out is None else out,
+                      hooks=RunHooks(train_shard=add_canary_rows, step=audit_step))
     trainer.run()
     used = state["counter"][0]
     if used != trainer.total_steps:

@@ -230,7 +230,7 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
                                      plan_rows, reference_rows)
     from engine.audit.reference import Part, train_reference, training_plan
     from engine.audit.scoring import allgather_rows, score_rows
-    from engine.trainer import configure_threads
+    from engine.run.threads import configure_threads
 
     out = sys.stdout if out is None else out
     rank, n_ranks = comm.Get_rank(), comm.Get_size()

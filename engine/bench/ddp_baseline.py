@@ -242,7 +242,8 @@ class Run:
         import torch
 
         from engine.shard import read_info, read_shard
-        from engine.trainer import configure_threads, shared_seed
+        from engine.run.collective import shared_seed
+        from engine.run.threads import configure_threads
 
         self.args, self.ignored, self.comm = args, ignored, comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()

@@ -94,7 +94,7 @@ def _time(call, seconds: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Rank 0 alone: every method on the same buffer size; prints the table."""
-    from engine.trainer import configure_threads
+    from engine.run.threads import configure_threads
 
     if MPI.COMM_WORLD.Get_size() > 1:
         raise ConfigError("mpidp bench noise times one process: run it without mpiexec "

@@ -1,0 +1,135 @@
+"""The state a run trains: the sampler, the model's engine and the step, built
+fresh or restored from a checkpoint, the same way on every rank."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine import checkpoint as ckpt
+from engine.config import TrainConfig
+from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
+from engine.errors import CheckpointError, ConfigError
+from engine.nn.module_engine import parameter_digest
+from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
+
+
+@dataclass
+class RunState:
+    """What the loop reads and a checkpoint saves (see :func:`build_state`)."""
+
+    buffer: object
+    grad: torch.Tensor
+    #: the buffer's last float: stop requests, all-reduced with the gradient
+    control: object
+    sampler: object
+    engine: object
+    params: torch.Tensor
+    noise: object
+    optimizer: object
+    X: torch.Tensor
+    y: torch.Tensor
+    #: the step the loop calls, and the line that says which step it is
+    dp_step: object
+    step_note: str | None
+    #: the steps taken and this epoch's sums (restored on resume)
+    step: int = 0
+    local: dict = field(default_factory=lambda: {"loss_sum": 0.0, "examples": 0,
+                                                   "clipped": 0})
+
+
+def make_sampler(cfg: TrainConfig, train, q: float, seed: int, rank: int, size: int,
+                 steps_per_epoch: int):
+    """The rank's sampler: households, Poisson rows, or shuffled batches."""
+    if train.groups is not None:
+        return HouseholdSampler(train.groups, q, seed, rank)
+    if cfg.sampling == "poisson":
+        return PoissonSampler(train.n_local, q, seed, rank)
+    b = cfg.batch_size
+    local_batch = b * (rank + 1) // size - b * rank // size
+    return ShuffleSampler(train.n_local, local_batch, steps_per_epoch, seed, rank)
+
+
+def check_ranks_agree(params: torch.Tensor, comm) -> None:
+    """Collective: every rank must start from the same parameters (a user's
+    factory that draws without the run's seed would train a different model
+    per rank, and the all-reduced sum would fit none of them).
+
+    Raises:
+        ConfigError: (collective) naming the first rank that differs.
+    """
+    digests = comm.allgather(parameter_digest(params))
+    odd = [r for r, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        raise ConfigError(f"the model's initial parameters differ between ranks (rank "
+                          f"{odd[0]} differs from rank 0): build it the same way on every "
+                          "rank (a factory is called after seeding torch with the run's "
+                          "seed; draw with torch's default generator)", collective=True)
+
+
+def build_state(cfg: TrainConfig, *, model, train, n_classes: int, placement, seed: int,
+                q: float, steps_per_epoch: int, sigma: float | None, kernels: str | None,
+                comm, payload: dict | None) -> RunState:
+    """Collective: the run's state, fresh or (with the checkpoint's ``payload``)
+    as it was when the checkpoint was written.
+
+    Raises (on every rank):
+        ConfigError: the ranks' initial parameters differ; ``--cuda-graph on``
+            where the graph cannot run.
+        CheckpointError: the checkpoint's generator states do not fit.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    device = placement.device
+    buffer, grad, control = step_buffer(model.n_params, device, placement.host_buffer)
+    sampler = make_sampler(cfg, train, q, seed, rank, size, steps_per_epoch)
+    expected = sampler.expected_local_batch()
+    probe = (torch.from_numpy(train.X[:4]), torch.from_numpy(train.y[:4]))
+    engine = model.build_engine(grad, seed, probe, n_classes, engine_capacity(expected),
+                                kernels)
+    params = engine.params
+    if payload is not None:
+        with torch.no_grad():
+            params.copy_(payload["params"].to(device))
+    check_ranks_agree(params, comm)
+    settings = StepSettings(
+        batch_size=cfg.batch_size, max_norm=cfg.max_grad_norm if cfg.dp else None,
+        noise_std=sigma * cfg.max_grad_norm if cfg.dp else None, seed=seed,
+        noise_scheme=cfg.noise_scheme, secure_noise=cfg.secure_noise,
+        optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay, nesterov=cfg.nesterov, algorithm=cfg.allreduce,
+        kernels=kernels, cuda_graph=cfg.cuda_graph)
+    restored: dict = {}
+
+    def resume(parts) -> None:  # before a graph is captured from them
+        if payload is not None:
+            restored.update(restore(parts.optimizer, parts.noise, sampler, payload, rank, cfg))
+
+    built = build(engine, train.X, train.y, buffer, grad, settings, comm,
+                  n_local=train.n_local, q=q,
+                  fixed_batch=int(expected) if isinstance(sampler, ShuffleSampler) else None,
+                  households=train.groups is not None, restore=resume)
+    state = RunState(buffer=buffer, grad=grad, control=control, sampler=sampler,
+                     engine=engine, params=params, noise=built.noise,
+                     optimizer=built.optimizer, X=built.X, y=built.y, dp_step=built.step,
+                     step_note=built.note)
+    state.__dict__.update(restored)
+    return state
+
+
+def restore(optimizer, noise, sampler, payload: dict, rank: int, cfg: TrainConfig) -> dict:
+    """The checkpoint's optimizer state and this rank's generator states, put
+    back; returns its step count and epoch sums (``step``, ``local``).
+
+    Raises:
+        CheckpointError: (collective) generator states of another kind.
+    """
+    optimizer.load_state_dict(payload["optimizer"])
+    mine = payload["ranks"][rank]
+    try:
+        sampler.set_state(mine["sampler"])
+        if noise is not None:
+            noise.set_state(mine["noise"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"{ckpt.path_in(cfg.checkpoint_dir)}: its random generator "
+                              f"states do not fit this mpidp ({exc})", collective=True) from None
+    return {"step": int(payload["step"]), "local": dict(mine["local"])}
