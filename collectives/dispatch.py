@@ -329,7 +329,8 @@ def _check_thread() -> None:
         return
     level = MPI.Query_thread()
     if level < MPI.THREAD_SERIALIZED:
-        names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
+        names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
+                 MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
         raise AllreduceError(
             f"allreduce called from thread {threading.current_thread().name!r}, but MPI runs "
             f"at {names.get(level, level)}, where only the main thread may call it; call "

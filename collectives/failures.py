@@ -167,9 +167,12 @@ def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
     from collectives import plans  # deferred: plans imports this module's users
 
     for state in list(plans._STATES):
-        if state.size == 1 or state.broken is not None or state.comm == MPI.COMM_NULL:
-            if state.size > 1 and state.comm != MPI.COMM_NULL:
-                state.leave(GONE_EXITED)
+        if state.size == 1 or state.comm == MPI.COMM_NULL:
+            continue
+        if state.broken is not None or state.peer_failed():
+            # A failed call was reported (raised with abort_on_error off) and
+            # the ranks are out of step: its leftovers are no news.
+            state.leave(GONE_EXITED)
             continue
         state.leave(GONE_EXITED)
         while True:

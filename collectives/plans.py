@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from collectives import consistency, tuning
-from collectives.consistency import (BLIND_WORDS, GONE, RELEASE_TAG, gone_reason,
+from collectives.consistency import (BLIND_WORDS, GONE, GONE_FAILED, RELEASE_TAG, gone_reason,
                                      last_blind_tag, make_enter, make_verify, make_verify_mpi,
                                      verify_everywhere)
 from collectives.channels import KINDS, futex
@@ -321,6 +321,14 @@ class CommState:
                         f"communicator ({self.explain(words[2])}: MPI_Allreduce or a "
                         f"shared-memory exchange), and this rank made {mine}")
         return None
+
+    def peer_failed(self) -> bool:
+        """Whether a peer marked itself gone after a failed call of its own."""
+        for q in range(self.size):
+            words = None if q == self.rank else self.peer_words(q)
+            if words is not None and words[1] == GONE_FAILED:
+                return True
+        return False
 
     def peers_gone(self) -> bool:
         """Whether every peer has marked itself gone (or cannot be read)."""

@@ -218,4 +218,5 @@ def test_abort_on_error_off_raises_on_the_failing_rank_and_frees_the_other(data_
 def test_an_error_raised_on_every_rank_is_raised_everywhere(data_file):
     result = _user_program("collective", data_file)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("CAUGHT") == 2 and "unknown option(s) learning_rate" in result.stdout
+    assert result.stdout.count("CAUGHT") == 2
+    assert "unknown option(s) learning_rate" in result.stdout
