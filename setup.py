@@ -56,6 +56,9 @@ setup(
             # the test reads the Census zips with pandas, folktables' dependency.
             "folktables>=0.0.12",
             "pandas>=2.0",
+            # The independent reference of the per-group figures of mpidp eval --by
+            # (tests/test_engine_groups.py: confusion matrices per group).
+            "scikit-learn>=1.3",
             # Numba's CUDA target as the GPU extras install it (without its NVRTC
             # wheels): the suite imports and simulates it, so a release that
             # cannot load under the installed numpy fails here, not on a GPU node.

@@ -49,6 +49,11 @@ class CheckpointError(MpidpError):
     """A checkpoint that is missing, corrupt, or belongs to another run."""
 
 
+class GroupError(MpidpError):
+    """A per-group request that cannot be answered: an unknown attribute, one the
+    file does not keep, or a table whose every group is too small to publish."""
+
+
 class OutputError(MpidpError):
     """An output path that cannot be written, found before any work: bad input."""
 

@@ -3,10 +3,14 @@
 Also ``mpidp eval``: accuracy and loss of a checkpoint's model on any
 prepared file (for example other states, prepared with ``prep --like`` so the
 encoding matches; ``prep --test-fraction 1`` puts every row in the test
-split of a file meant only for scoring), on one split or on all of them::
+split of a file meant only for scoring), on one split or on all of them,
+overall or per group of people, and two models side by side::
 
     mpiexec -n 2 mpidp eval --checkpoint runs/a --data other.h5 --split test
     mpiexec -n 2 mpidp eval --checkpoint runs/a/checkpoint.pt --data pums.h5 --split all
+    mpiexec -n 2 mpidp eval --checkpoint runs/a --data pums.h5 --by SEX,RAC1P,SEX:AGEP \\
+        --json groups.json --plot groups.png
+    mpiexec -n 2 mpidp eval --checkpoint runs/nondp --checkpoint runs/dp --data pums.h5 --by RAC1P
 
 A run's directory scores the run's model: the epoch selected on the
 validation split when the run kept one (``best.pt``), else the last
@@ -14,10 +18,20 @@ parameters; a file scores the parameters it holds (``checkpoint.pt``: the
 last epoch's; ``best.pt``: the selected one's). The epsilon printed is the
 one the file states: for the model a ``mpidp tune`` chose, the epsilon
 including the tuning (said so), never the trial's alone.
+
+``--by`` groups the rows by the group attributes the file keeps (``SEX``,
+``RAC1P``, ``AGEP`` in bands, ``ST``, the task's group:
+:mod:`preprocessing.groups`; ``A:B`` crosses two): per group the rows,
+accuracy, true- and false-positive rates and selection rate with exact
+95% intervals, and the gaps between groups (:mod:`engine.groups`); groups
+smaller than ``--min-group-size`` are left out of every output. Two
+``--checkpoint`` score two models on the same rows and say which groups
+lose most accuracy from the first to the second (docs/groups.md).
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 from typing import Callable
 
@@ -25,24 +39,63 @@ import numpy as np
 
 import collectives
 from collectives import MPI
-from engine.errors import CheckpointError, DataError, agree
-from engine.shard import read_info, read_shard
+from engine import group_plot, group_report, groups, outputs
+from engine.errors import CheckpointError, ConfigError, DataError, GroupError, OutputError, agree
+from engine.shard import read_group_columns, read_info, read_shard
+from preprocessing import groups as group_attributes
 from preprocessing.h5format import SPLITS
 
 CHUNK_ROWS = 65536
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint file (or the --checkpoint-dir of a training run)")
+    parser.add_argument("--checkpoint", required=True, action="append",
+                        help="checkpoint file (or the --checkpoint-dir of a training run); "
+                        "twice to compare two models on the same rows (typically the "
+                        "non-private one first, the DP one second)")
     parser.add_argument("--data", required=True, help="prepared HDF5 file (mpidp prep)")
     parser.add_argument("--split", default="test", choices=(*SPLITS, "all"),
                         help="which split to score: train, val (a file with a validation "
                         "split), test, or all (every split the file has, counted "
                         "together) (default: test)")
+    parser.add_argument("--by", default=None, metavar="ATTR[,ATTR|A:B...]",
+                        help="figures per group of a group attribute the file keeps (SEX, "
+                        "RAC1P, AGEP, ST, the task's group), or of a cross of two (SEX:RAC1P); "
+                        "comma-separated for several tables")
+    parser.add_argument("--min-group-size", type=int, default=groups.MIN_GROUP_SIZE,
+                        metavar="N", help="groups with fewer rows are left out of every "
+                        "output, figures and labels alike (default: 100, a common "
+                        "disclosure-control threshold)")
+    parser.add_argument("--plot", default=None, metavar="FILE.png",
+                        help="with --by: a bar chart of each group's accuracy with its "
+                        "interval (.png, or .svg)")
     parser.add_argument("--allreduce", default="auto",
                         help="all-reduce algorithm for the counts (default: auto)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                        help="print one JSON document instead of the text (or write it to "
+                        "FILE, beside the text)")
+
+
+def predict_shard(logits_fn: Callable, X, y) -> tuple[np.ndarray, float]:
+    """This rank's predicted classes (int64) and the summed cross-entropy.
+
+    Args:
+        logits_fn: rows (torch, with the trailing ones column) -> logits.
+        X, y: this rank's rows (numpy; X with the ones column), possibly empty.
+    """
+    import torch  # deferred: keeps `mpidp eval --help` fast
+
+    pred = np.empty(y.shape[0], dtype=np.int64)
+    loss_sum = 0.0
+    with torch.no_grad():
+        for start in range(0, y.shape[0], CHUNK_ROWS):
+            xb = torch.from_numpy(X[start:start + CHUNK_ROWS])
+            yb = torch.from_numpy(y[start:start + CHUNK_ROWS])
+            out = logits_fn(xb)
+            pred[start:start + yb.shape[0]] = out.argmax(1).numpy()
+            loss_sum += float(torch.nn.functional.cross_entropy(
+                out.double(), yb, reduction="sum"))
+    return pred, loss_sum
 
 
 def evaluate_shard(logits_fn: Callable, X, y, comm, algorithm: str = "auto") -> dict:
@@ -57,18 +110,12 @@ def evaluate_shard(logits_fn: Callable, X, y, comm, algorithm: str = "auto") -> 
         ``{"accuracy", "loss", "rows", "correct"}`` (same on every rank);
         accuracy and loss are NaN when no rank has a row.
     """
-    import torch  # deferred: keeps `mpidp eval --help` fast
+    pred, loss_sum = predict_shard(logits_fn, X, y)
+    return _overall(int((pred == y).sum()), loss_sum, y.shape[0], comm, algorithm)
 
-    correct, loss_sum = 0, 0.0
-    with torch.no_grad():
-        for start in range(0, y.shape[0], CHUNK_ROWS):
-            xb = torch.from_numpy(X[start:start + CHUNK_ROWS])
-            yb = torch.from_numpy(y[start:start + CHUNK_ROWS])
-            out = logits_fn(xb)
-            correct += int((out.argmax(1) == yb).sum())
-            loss_sum += float(torch.nn.functional.cross_entropy(
-                out.double(), yb, reduction="sum"))
-    counts = np.array([correct, loss_sum, y.shape[0]], dtype=np.float64)
+
+def _overall(correct: int, loss_sum: float, rows: int, comm, algorithm: str) -> dict:
+    counts = np.array([correct, loss_sum, rows], dtype=np.float64)
     collectives.allreduce(counts, comm, algorithm=algorithm)
     rows = int(counts[2])
     nan = float("nan")
@@ -77,94 +124,306 @@ def evaluate_shard(logits_fn: Callable, X, y, comm, algorithm: str = "auto") -> 
             "rows": rows, "correct": int(counts[0])}
 
 
-def run(args: argparse.Namespace) -> int:
-    """Collective: score the checkpoint on ``--split`` of ``--data``; rank 0 prints.
+def _check_options(args: argparse.Namespace) -> list[groups.Grouping]:
+    """The options' own checks, before any file is read (every rank parsed the
+    same command line, so the errors are collective).
 
     Raises:
-        CheckpointError, DataError: on every rank (a model that does not fit the file).
+        ConfigError: three or more --checkpoint, --min-group-size below 1, --plot
+            without --by or of another format.
+        GroupError: a --by that cannot be read.
     """
-    # deferred: torch, kept out of `mpidp eval --help`
-    import torch
-
-    from engine import checkpoint as ckpt
-    from engine.nn import models
-    from engine.nn.model import MLPSpec
-
-    comm = MPI.COMM_WORLD
-    error, payload = None, None
+    if len(args.checkpoint) > 2:
+        raise ConfigError(f"--checkpoint given {len(args.checkpoint)} times: give one model, "
+                          "or two to compare on the same rows", collective=True)
+    if args.min_group_size < 1:
+        raise ConfigError(f"--min-group-size {args.min_group_size}: give at least 1 (the "
+                          f"default, {groups.MIN_GROUP_SIZE}, is a common disclosure-control "
+                          "threshold for published tables)", collective=True)
+    if args.plot and not args.by:
+        raise ConfigError("--plot draws the groups of --by: give --by too (e.g. --by RAC1P)",
+                          collective=True)
+    if args.plot and not args.plot.lower().endswith(group_plot.FORMATS):
+        raise ConfigError(f"--plot {args.plot}: name a .png or .svg file", collective=True)
+    if not args.by:
+        return []
     try:
-        payload = ckpt.load_model(args.checkpoint)
-        ckpt.check_data_path(args.data)
-    except (CheckpointError, DataError) as exc:
-        error = exc
-    agree(comm, error)
-    info = read_info(args.data, comm)
-    recorded = payload["model"]
-    spec = None if recorded.get("kind") == "module" else MLPSpec.from_dict(recorded)
-    trained = payload.get("data", {})
-    # The task first: a file of another task also differs in its features, and
-    # "827 features, the model expects 99" hides the reason.
-    if trained.get("task") and info.task and trained["task"] != info.task:
-        raise DataError(f"{args.data} holds task {info.task!r}; the model was trained for "
-                        f"{trained['task']!r} on {trained.get('path')}", collective=True)
-    if spec is not None and (info.n_features != spec.dims[0]
-                             or info.n_classes != spec.dims[-1]):
-        raise DataError(f"{args.data} has {info.n_features} features and {info.n_classes} "
-                        f"classes; the model expects {spec.dims[0]} and {spec.dims[-1]} "
-                        "(prepare the file with `mpidp prep --like` the training file)",
-                        collective=True)
-    if trained.get("fingerprint") and info.fingerprint \
-            and trained["fingerprint"] != info.fingerprint:
-        raise DataError(f"{args.data} was encoded differently from the training file "
-                        f"{trained.get('path')} (encoding fingerprints differ); prepare it "
-                        "with `mpidp prep --like` the training file", collective=True)
-    splits = _splits_to_score(info, args.split, args.data)
-    recorded, params, selected = ckpt.model_of(payload, args.checkpoint)
-    params = params.to(torch.float32)
-    model_logits = models.checkpoint_logits(recorded, params, info.n_features, info.n_classes,
-                                            str(args.checkpoint))
-    per_split = {}
-    for split in splits:  # one split in memory at a time
-        shard = read_shard(info, split, comm, min_rows_per_rank=0)
-        per_split[split] = evaluate_shard(model_logits, shard.X, shard.y, comm,
-                                          args.allreduce)
-        del shard
-    result = dict(per_split[splits[0]]) if len(splits) == 1 else _together(per_split)
-    if comm.Get_rank() == 0:
+        groupings = groups.parse_by(args.by)
+    except ValueError as exc:
+        raise GroupError(str(exc), collective=True) from None
+    return groupings
+
+
+def _groupable() -> list[str]:
+    """Every column a file could keep as a group attribute (for a typo's hint)."""
+    from preprocessing import dictionary
+
+    names = [a.name for a in group_attributes.KEPT]
+    return names + [n for n, w in dictionary.load_labels().items() if w.codes and n not in names]
+
+
+def _check_groups(info, groupings: list[groups.Grouping], data: str) -> None:
+    """Raises GroupError (collective: every rank read the same header) unless the
+    file keeps every attribute ``groupings`` names: an unknown attribute (no
+    file can keep it), a file without group columns, or one without that one."""
+    if not groupings:
+        return
+    for grouping in groupings:  # a name no file can keep, whatever this one keeps
+        for name in grouping.attributes:
+            why = group_attributes.problem(name) if name not in info.groups else None
+            if why is None:
+                continue
+            if "not a column" in why:
+                kept = [a.name for a in group_attributes.KEPT]
+                close = (difflib.get_close_matches(name, kept, n=1)
+                         or difflib.get_close_matches(name, _groupable(), n=1))
+                why = f"unknown attribute {name}" + (f" (did you mean {close[0]}?)"
+                                                     if close else "")
+            raise GroupError(f"--by {grouping.name}: {why}; a prepared file keeps SEX, "
+                             "RAC1P, AGEP (in bands), ST and its task's group column",
+                             collective=True)
+    if not info.groups:
+        why = ("an image file" if info.is_image else
+               "prepared by an mpidp that kept no group columns, or a synthetic file")
+        raise GroupError(f"--by: {data} keeps no group columns ({why}); it is scored overall "
+                         "without --by; prepare it again with mpidp prep to group its rows "
+                         "by SEX, RAC1P, AGEP, ST and the task's group", collective=True)
+    for grouping in groupings:
+        for name in grouping.attributes:
+            if name not in info.groups:
+                raise GroupError(f"--by {grouping.name}: {data} keeps the group columns "
+                                 f"{', '.join(info.groups)}, not {name} (a task file with "
+                                 f"group = \"{name}\" keeps it)", collective=True)
+
+
+class _Model:
+    """One --checkpoint: its payload, the function to its logits, what it states."""
+
+    def __init__(self, checkpoint: str, payload: dict, info, data: str) -> None:
+        import torch  # deferred: kept out of `mpidp eval --help`
+
+        from engine import checkpoint as ckpt
+        from engine.nn import models
+        from engine.nn.model import MLPSpec
+
+        self.checkpoint = checkpoint
+        self.payload = payload
+        recorded = payload["model"]
+        spec = None if recorded.get("kind") == "module" else MLPSpec.from_dict(recorded)
+        trained = payload.get("data", {})
+        # The task first: a file of another task also differs in its features, and
+        # "827 features, the model expects 99" hides the reason.
+        if trained.get("task") and info.task and trained["task"] != info.task:
+            raise DataError(f"{data} holds task {info.task!r}; the model was trained for "
+                            f"{trained['task']!r} on {trained.get('path')}", collective=True)
+        if spec is not None and (info.n_features != spec.dims[0]
+                                 or info.n_classes != spec.dims[-1]):
+            raise DataError(f"{data} has {info.n_features} features and {info.n_classes} "
+                            f"classes; the model expects {spec.dims[0]} and {spec.dims[-1]} "
+                            "(prepare the file with `mpidp prep --like` the training file)",
+                            collective=True)
+        if trained.get("fingerprint") and info.fingerprint \
+                and trained["fingerprint"] != info.fingerprint:
+            raise DataError(f"{data} was encoded differently from the training file "
+                            f"{trained.get('path')} (encoding fingerprints differ); prepare "
+                            "it with `mpidp prep --like` the training file", collective=True)
+        recorded, params, self.selected = ckpt.model_of(payload, checkpoint)
+        self.logits = models.checkpoint_logits(recorded, params.to(torch.float32),
+                                               info.n_features, info.n_classes,
+                                               str(checkpoint))
+
+    @property
+    def epsilon(self) -> float | None:
+        return self.payload.get("epsilon")
+
+    def describe(self, split: str) -> dict:
+        """What the text and the JSON say of the model beside its figures."""
+        payload, selected = self.payload, self.selected
         step = selected.get("step", payload.get("step")) if selected else payload.get("step")
         privacy = payload.get("privacy") or {}
         tuned = bool(privacy.get("includes_tuning"))
-        result.update(checkpoint=str(args.checkpoint), data=args.data, split=args.split,
-                      step=step, epsilon=payload.get("epsilon"),
-                      epsilon_includes_tuning=tuned)
+        out = {"checkpoint": str(self.checkpoint), "split": split, "step": step,
+               "epsilon": self.epsilon, "epsilon_includes_tuning": tuned}
         if tuned:
-            result["trial_epsilon"] = privacy.get("trial_epsilon")
+            out["trial_epsilon"] = privacy.get("trial_epsilon")
         if selected and selected.get("epoch") is not None:
-            result["selected_epoch"] = selected.get("epoch")
-        if args.split == "all":
-            result["splits"] = per_split
-        if args.json:
-            print(json.dumps(result, default=str))
-        else:
-            eps = result["epsilon"]
-            where = args.split if args.split != "all" else "all: " + "+".join(splits)
-            model = (f"model of epoch {selected['epoch']} (step {step}), selected on "
-                     "val_accuracy" if selected and selected.get("epoch") is not None
-                     else f"model from step {step}")
-            if eps is None:
-                privacy_text = ", non-private)"
-            elif tuned:
-                privacy_text = f", epsilon {eps:.3f} incl. tuning)"
-            else:
-                privacy_text = f", epsilon {eps:.3f})"
-            print(f"{args.data} [{where}]: accuracy {result['accuracy']:.4f}, "
-                  f"loss {result['loss']:.4f}, {result['rows']:,} rows ({model}"
-                  + privacy_text)
-            if args.split == "all":
-                for split, part in per_split.items():
-                    print(f"  {split:<5} accuracy {part['accuracy']:.4f}, loss "
-                          f"{part['loss']:.4f}, {part['rows']:,} rows")
+            out["selected_epoch"] = selected.get("epoch")
+        return out
+
+    def name(self) -> str:
+        """``runs/a (epsilon 1.000)`` or ``runs/a (non-private)``."""
+        if self.epsilon is None:
+            return f"{self.checkpoint} (non-private)"
+        tuned = " incl. tuning" if (self.payload.get("privacy") or {}).get("includes_tuning") \
+            else ""
+        return f"{self.checkpoint} (epsilon {self.epsilon:.3f}{tuned})"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Collective: score the checkpoint(s) on ``--split`` of ``--data``, overall and
+    ``--by`` group; rank 0 prints and writes.
+
+    Raises:
+        ConfigError, GroupError: bad options, before any file is read; a --by
+            attribute the file does not keep, or a table with no group left.
+        CheckpointError, DataError: on every rank (a model that does not fit the file).
+        OutputError: a --json or --plot file that cannot be written, before any work.
+    """
+    comm = MPI.COMM_WORLD
+    groupings = _check_options(args)
+    error, payloads = None, []
+    try:
+        if comm.Get_rank() == 0:
+            outputs.check_all({"--json": args.json, "--plot": args.plot})
+        from engine import checkpoint as ckpt  # deferred: torch, kept out of `--help`
+
+        payloads = [ckpt.load_model(checkpoint) for checkpoint in args.checkpoint]
+        ckpt.check_data_path(args.data)
+    except (CheckpointError, DataError, OutputError) as exc:
+        error = exc
+    agree(comm, error)
+    info = read_info(args.data, comm)
+    _check_groups(info, groupings, args.data)
+    splits = _splits_to_score(info, args.split, args.data)
+    models = [_Model(c, p, info, args.data) for c, p in zip(args.checkpoint, payloads)]
+    per_split: list[dict] = [{} for _ in models]
+    cells = [groups.Cells.of(g, {n: info.groups[n].labels for n in g.attributes})
+             for g in groupings]
+    width = len(groups.COUNTS)
+    counts = [np.zeros((len(models), len(c), width), dtype=np.int64) for c in cells]
+    pairs = [np.zeros((len(c), 2), dtype=np.int64) for c in cells]
+    for split in splits:  # one split in memory at a time
+        shard = read_shard(info, split, comm, min_rows_per_rank=0)
+        predictions = []
+        for m, model in enumerate(models):
+            pred, loss_sum = predict_shard(model.logits, shard.X, shard.y)
+            predictions.append(pred)
+            per_split[m][split] = _overall(int((pred == shard.y).sum()), loss_sum,
+                                           shard.n_local, comm, args.allreduce)
+        if cells:
+            names = sorted({n for g in groupings for n in g.attributes})
+            columns = read_group_columns(info, split, shard, names, comm)
+            _count_groups(cells, columns, shard, predictions, counts, pairs, split, info, comm)
+        del shard
+    flat = np.concatenate([c.reshape(-1) for c in counts] + [p.reshape(-1) for p in pairs]) \
+        if cells else np.zeros(0, dtype=np.int64)
+    collectives.allreduce(flat, comm, algorithm=args.allreduce)
+    tables = _tables(cells, flat, counts, pairs, len(models), info, args)
+    if comm.Get_rank() == 0:
+        _report(args, models, per_split, splits, tables)
     return 0
+
+
+def _count_groups(cells, columns, shard, predictions, counts, pairs, split, info,
+                  comm) -> None:
+    """Add this rank's rows of one split into each grouping's counts.
+
+    Raises:
+        DataError: on every rank, if some rank holds a code its labels lack.
+    """
+    error = None
+    for c, grouping_cells in enumerate(cells):
+        index = grouping_cells.index({n: columns[n]
+                                      for n in grouping_cells.grouping.attributes})
+        if error is None and (index < 0).any():
+            row = int(np.flatnonzero(index < 0)[0])
+            bad = ", ".join(f"{n} {int(columns[n][row])}"
+                            for n in grouping_cells.grouping.attributes)
+            error = DataError(f"{info.path}: /{split} row {shard.file_row(row)} has {bad}, "
+                              "a code the groups attribute does not label; re-run mpidp prep")
+            continue
+        for m, pred in enumerate(predictions):
+            counts[c][m] += groups.count(index, len(grouping_cells), shard.y, pred)
+        if len(predictions) == 2:
+            pairs[c] += groups.discordant(index, len(grouping_cells), shard.y, *predictions)
+    agree(comm, error)
+
+
+def _tables(cells, flat, counts, pairs, n_models: int, info, args) -> list:
+    """The published tables from the counts added over the ranks (the same on
+    every rank, so a table with no group left is refused everywhere)."""
+    at, tables = 0, []
+    for c in counts:
+        c[...] = flat[at:at + c.size].reshape(c.shape)
+        at += c.size
+    for p in pairs:
+        p[...] = flat[at:at + p.size].reshape(p.shape)
+        at += p.size
+    for grouping_cells, c, p in zip(cells, counts, pairs):
+        names = grouping_cells.grouping.attributes
+        description = " x ".join(info.groups[n].description for n in names)
+        if n_models == 1:
+            t = groups.table(grouping_cells, c[0], args.min_group_size, description)
+        else:
+            t = groups.compare(grouping_cells, c[0], c[1], p, args.min_group_size, description)
+        if not t.groups:
+            raise GroupError(f"--by {grouping_cells.grouping.name}: every group has fewer than "
+                             f"--min-group-size {args.min_group_size} rows (or could be derived "
+                             "from the total): nothing can be published; group by fewer "
+                             "attributes, or score more rows (--split all)", collective=True)
+        tables.append(t)
+    return tables
+
+
+def _report(args, models: list[_Model], per_split: list[dict], splits: list[str],
+            tables: list) -> None:
+    """Rank 0: the text (unless --json prints JSON), the JSON document and the plot."""
+    results = []
+    for model, parts in zip(models, per_split):
+        result = dict(parts[splits[0]]) if len(splits) == 1 else _together(parts)
+        result.update(data=args.data, **model.describe(args.split))
+        if args.split == "all":
+            result["splits"] = parts
+        results.append(result)
+    where = f"{args.split} split" if args.split != "all" else "splits " + "+".join(splits)
+    document = dict(results[0])
+    if len(models) == 2:
+        document = {"data": args.data, "split": args.split, "models": results,
+                    "accuracy_change": results[1]["accuracy"] - results[0]["accuracy"]}
+    if tables:
+        document["min_group_size"] = args.min_group_size
+        document["by"] = [groups.as_dict(t) for t in tables]
+    if args.json not in (None, "-"):
+        outputs.write_json(args.json, document, "--json")
+    if args.json == "-":
+        print(json.dumps(document, default=str))
+    else:
+        for model, result in zip(models, results):
+            _print_overall(args, model, result, splits)
+        privacy_cost = len(models) == 2 and models[0].epsilon is None \
+            and models[1].epsilon is not None
+        for t in tables:
+            lines = (group_report.table_text(t, where) if len(models) == 1 else
+                     group_report.comparison_text(t, where, (models[0].name(),
+                                                             models[1].name()), privacy_cost))
+            print("\n".join(lines))
+    if args.plot:
+        overall = [r["accuracy"] for r in results]
+        names = [m.name() for m in models]
+        group_plot.plot(tables, args.plot, overall, names,
+                        f"{args.data} [{where}]: " + " vs ".join(names))
+
+
+def _print_overall(args, model: _Model, result: dict, splits: list[str]) -> None:
+    eps = result["epsilon"]
+    selected, step = model.selected, result["step"]
+    where = args.split if args.split != "all" else "all: " + "+".join(splits)
+    what = (f"model of epoch {selected['epoch']} (step {step}), selected on "
+            "val_accuracy" if selected and selected.get("epoch") is not None
+            else f"model from step {step}")
+    if eps is None:
+        privacy_text = ", non-private)"
+    elif result["epsilon_includes_tuning"]:
+        privacy_text = f", epsilon {eps:.3f} incl. tuning)"
+    else:
+        privacy_text = f", epsilon {eps:.3f})"
+    prefix = f"{model.checkpoint}: " if len(args.checkpoint) > 1 else ""
+    print(f"{prefix}{args.data} [{where}]: accuracy {result['accuracy']:.4f}, "
+          f"loss {result['loss']:.4f}, {result['rows']:,} rows ({what}" + privacy_text)
+    if args.split == "all":
+        for split, part in result["splits"].items():
+            print(f"  {split:<5} accuracy {part['accuracy']:.4f}, loss "
+                  f"{part['loss']:.4f}, {part['rows']:,} rows")
 
 
 def _splits_to_score(info, split: str, data: str) -> list[str]:

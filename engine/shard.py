@@ -263,6 +263,33 @@ def household_layout(path: str, split: str) -> HouseholdLayout:
     return group_by_key(keys)
 
 
+def read_group_columns(info: DataInfo, split: str, shard: Shard, names: list[str],
+                       comm: MPI.Comm) -> dict[str, np.ndarray]:
+    """Collective: the codes of group attributes ``names`` (``/s/groups/NAME``,
+    :mod:`preprocessing.groups`) for this rank's rows of ``shard``, as int64.
+    They are read beside the shard, never into ``X``.
+
+    Raises:
+        DataError: on every rank, if a rank cannot read them.
+    """
+    import h5py  # deferred: as in _read_rows
+
+    error, out = None, {}
+    lo, hi = shard.offset, shard.offset + shard.n_local
+    try:
+        with h5py.File(info.path, "r") as f:
+            for name in names:
+                dataset = f[h5format.group_name(split, name)]
+                values = dataset[lo:hi] if shard.rows is None else \
+                    dataset[:][shard.rows]
+                out[name] = np.asarray(values, dtype=np.int64)
+    except (OSError, KeyError) as exc:
+        error = DataError(f"{info.path}: cannot read /{split}/groups of rows {lo}..{hi}: "
+                          f"{exc}")
+    agree(comm, error)
+    return out
+
+
 def _check_codes(info: DataInfo, split: str, X: np.ndarray, file_row) -> None:
     """Raise DataError unless every code column holds integers ``0 .. count-1``
     (an embedding would index outside its table); ``file_row(i)`` names local

@@ -1,0 +1,341 @@
+"""Per-group figures (engine/groups.py, mpidp eval --by): against pandas and
+scikit-learn on real PUMS files at any number of ranks, suppression of small
+groups in every output, and bad requests.
+
+The reference reads the whole split on one rank with h5py, predicts with the
+checkpoint's model, and groups with pandas; its intervals are the
+Clopper-Pearson formula through scipy's beta quantiles, its McNemar p-value
+the two-sided exact binomial tail, both written out here.
+"""
+import json
+import re
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import beta, binom
+from sklearn.metrics import accuracy_score, confusion_matrix
+
+import engine
+from engine import groups
+from engine.bench import synthetic
+from engine.cli import build_parser
+from engine.errors import GroupError
+from test_prep_pipeline import _run as prep, pums_zips
+
+STATES = ("csv_pde.zip", "csv_pnd.zip")
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """Delaware and North Dakota, employment, with a non-private and a DP model
+    (one epoch each), made on the ranks of the job."""
+    from collectives import MPI
+
+    comm = MPI.COMM_WORLD
+    folder = Path(comm.bcast(str(tmp_path_factory.mktemp("groups"))
+                             if comm.Get_rank() == 0 else None, root=0))
+    data = str(folder / "de_nd.h5")
+    prep(comm, [*(str(pums_zips() / s) for s in STATES), "--out", data, "--seed", "3"])
+    runs = {}
+    for name, options in (("nondp", dict(dp=False, lr=0.05)),
+                          ("dp", dict(noise_multiplier=1.0, lr=0.05))):
+        runs[name] = str(folder / name)
+        engine.train(data, comm=comm, quiet=True, epochs=1, batch_size=256, hidden=(16,),
+                     seed=5, checkpoint_dir=runs[name], **options)
+    return data, runs, folder
+
+
+def _eval(comm, *argv) -> dict:
+    """mpidp eval in this process on every rank; the JSON document on every rank."""
+    args = build_parser().parse_args(["eval", *argv])
+    assert args._run(args) == 0
+    out = json.loads(Path(args.json).read_text()) if comm.Get_rank() == 0 else None
+    return comm.bcast(out, root=0)
+
+
+def _predictions(checkpoint: str, data: str, split: str) -> np.ndarray:
+    """The model's classes for every row of ``split``, in one process."""
+    from engine import checkpoint as ckpt
+    from engine.nn import models
+
+    payload = ckpt.load_model(checkpoint)
+    recorded, params, _ = ckpt.model_of(payload, checkpoint)
+    with h5py.File(data, "r") as f:
+        X = f[f"{split}/X"][:]
+        n_classes = int(f.attrs["n_classes"])
+    logits = models.checkpoint_logits(recorded, params.float(), X.shape[1], n_classes, "")
+    rows = torch.from_numpy(np.hstack([X, np.ones((len(X), 1), np.float32)]))
+    with torch.no_grad():
+        return logits(rows).argmax(1).numpy()
+
+
+def _clopper_pearson(k: int, n: int) -> list[float]:
+    low = 0.0 if k == 0 else beta.ppf(0.025, k, n - k + 1)
+    high = 1.0 if k == n else beta.ppf(0.975, k + 1, n - k)
+    return [float(low), float(high)]
+
+
+def _frame(data: str, split: str, pred: np.ndarray) -> pd.DataFrame:
+    with h5py.File(data, "r") as f:
+        columns = {name: f[f"{split}/groups/{name}"][:] for name in f[f"{split}/groups"]}
+        labels = {name: {int(c): t for c, t in e["labels"].items()}
+                  for name, e in json.loads(f.attrs["groups"]).items()}
+        y = f[f"{split}/y"][:]
+    frame = pd.DataFrame({**{n: [labels[n][int(c)] for c in v] for n, v in columns.items()},
+                          "y": y, "pred": pred})
+    return frame
+
+
+def _reference(frame: pd.DataFrame, by: list[str], min_size: int) -> dict[str, dict]:
+    """label -> figures of every group of ``by`` with at least ``min_size`` rows,
+    by pandas and scikit-learn."""
+    out = {}
+    for key, part in frame.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        tn, fp, fn, tp = confusion_matrix(part["y"], part["pred"], labels=[0, 1]).ravel()
+        n = len(part)
+        out[" / ".join(key)] = {
+            "rows": n, "accuracy": accuracy_score(part["y"], part["pred"]),
+            "accuracy_ci": _clopper_pearson(tp + tn, n),
+            "tpr": tp / (tp + fn) if tp + fn else None,
+            "fpr": fp / (fp + tn) if fp + tn else None,
+            "selection_rate": (tp + fp) / n,
+            "selection_rate_ci": _clopper_pearson(tp + fp, n)}
+    return out
+
+
+def _expected_shown(sizes: dict[str, int], min_size: int) -> set[str]:
+    """The suppression rule, written out: cells below the threshold, then the
+    smallest others while the withheld rows add up to fewer than it."""
+    shown = {k for k, n in sizes.items() if n >= min_size}
+    hidden = sum(n for k, n in sizes.items() if k not in shown)
+    for k in sorted(shown, key=lambda k: sizes[k]):
+        if hidden == 0 or hidden >= min_size:
+            break
+        shown.discard(k)
+        hidden += sizes[k]
+    return shown
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("by", ["RAC1P", "SEX:AGEP", "ST"])
+def test_group_figures_equal_pandas_and_sklearn_on_real_files(comm, real, by):
+    data, runs, folder = real
+    out = str(folder / f"g-{comm.Get_size()}-{by.replace(':', '_')}.json")
+    got = _eval(comm, "--checkpoint", runs["nondp"], "--data", data, "--by", by,
+                "--json", out)
+    if comm.Get_rank() != 0:
+        return
+    frame = _frame(data, "test", _predictions(runs["nondp"], data, "test"))
+    names = by.split(":")
+    expected = _reference(frame, names, 1)
+    shown = _expected_shown({k: v["rows"] for k, v in expected.items()}, 100)
+    table = got["by"][0]
+    assert {g["label"] for g in table["groups"]} == shown and shown
+    assert got["accuracy"] == pytest.approx(accuracy_score(frame["y"], frame["pred"]),
+                                            abs=1e-12)
+    for g in table["groups"]:
+        e = expected[g["label"]]
+        assert g["rows"] == e["rows"]
+        for key in ("accuracy", "tpr", "fpr", "selection_rate"):
+            assert g[key] == pytest.approx(e[key], abs=1e-12), (g["label"], key)
+        for key in ("accuracy_ci", "selection_rate_ci"):
+            assert g[key] == pytest.approx(e[key], abs=1e-9), (g["label"], key)
+    accuracies = [expected[k]["accuracy"] for k in shown]
+    if len(shown) > 1:
+        assert table["gaps"]["accuracy_gap"] == pytest.approx(max(accuracies) - min(accuracies))
+        worst = min(shown, key=lambda k: expected[k]["accuracy"])
+        assert table["gaps"]["worst_group"] == worst
+        rates = [expected[k]["selection_rate"] for k in shown]
+        assert table["gaps"]["selection_rate_ratio"] == pytest.approx(min(rates) / max(rates))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_two_models_side_by_side_equal_pandas_on_the_same_rows(comm, real):
+    data, runs, folder = real
+    out = str(folder / f"c-{comm.Get_size()}.json")
+    got = _eval(comm, "--checkpoint", runs["nondp"], "--checkpoint", runs["dp"], "--data",
+                data, "--by", "SEX,RAC1P", "--split", "all", "--json", out)
+    if comm.Get_rank() != 0:
+        return
+    splits = ("train", "val", "test")
+    frames = {}
+    for name in ("nondp", "dp"):
+        frames[name] = pd.concat([_frame(data, s, _predictions(runs[name], data, s))
+                                  for s in splits], ignore_index=True)
+    a, b = frames["nondp"], frames["dp"]
+    assert [m["epsilon"] is None for m in got["models"]] == [True, False]
+    assert got["accuracy_change"] == pytest.approx(
+        accuracy_score(b["y"], b["pred"]) - accuracy_score(a["y"], a["pred"]), abs=1e-12)
+    for table, by in zip(got["by"], ("SEX", "RAC1P")):
+        ref_a, ref_b = _reference(a, [by], 1), _reference(b, [by], 1)
+        shown = _expected_shown({k: v["rows"] for k, v in ref_a.items()}, 100)
+        assert {g["label"] for g in table["groups"]} == shown
+        for g in table["groups"]:
+            label = g["label"]
+            change = ref_b[label]["accuracy"] - ref_a[label]["accuracy"]
+            assert g["accuracy_change"] == pytest.approx(change, abs=1e-12)
+            rows = a[by] == label
+            right_a, right_b = a["y"][rows] == a["pred"][rows], b["y"][rows] == b["pred"][rows]
+            only_a, only_b = int((right_a & ~right_b).sum()), int((~right_a & right_b).sum())
+            assert (g["only_a_correct"], g["only_b_correct"]) == (only_a, only_b)
+            p = min(1.0, 2 * binom.cdf(min(only_a, only_b), only_a + only_b, 0.5)) \
+                if only_a + only_b else 1.0
+            assert g["mcnemar_p"] == pytest.approx(p, rel=1e-9)
+        worst = min(table["groups"], key=lambda g: g["accuracy_change"])
+        assert table["pays_most"] == worst["label"]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_group_on_one_rank_only_and_groups_split_over_ranks(comm, shared_tmp):
+    """Rows 0..149 are the only ones of group 9 (rank 0's rows at 1, 2 and 3
+    ranks), the others are spread over every rank: every rank count gives the
+    counts of one process."""
+    data = str(shared_tmp / "one.h5")
+    if comm.Get_rank() == 0:
+        synthetic.write(data, rows=600, features=6, test_rows=1200, val_rows=100, seed=2,
+                        group_columns={"G": {1: 0.5, 2: 0.3, 3: 0.2}})
+        with h5py.File(data, "r+") as f:
+            codes = f["test/groups/G"][:]
+            codes[:150] = 9
+            f["test/groups/G"][...] = codes
+            described = json.loads(f.attrs["groups"])
+            described["G"]["labels"]["9"] = "G 9"
+            f.attrs["groups"] = json.dumps(described)
+    comm.Barrier()
+    run = str(shared_tmp / "run")
+    engine.train(data, comm=comm, quiet=True, epochs=1, batch_size=64, hidden=(8,), dp=False,
+                 seed=1, checkpoint_dir=run)
+    got = _eval(comm, "--checkpoint", run, "--data", data, "--by", "G", "--json",
+                str(shared_tmp / "g.json"))
+    if comm.Get_rank() == 0:
+        frame = _frame(data, "test", _predictions(run, data, "test"))
+        expected = _reference(frame, ["G"], 100)
+        table = {g["label"]: g for g in got["by"][0]["groups"]}
+        assert set(table) == {"G 1", "G 2", "G 3", "G 9"}
+        for label, g in table.items():
+            assert g["rows"] == expected[label]["rows"]
+            assert g["accuracy"] == pytest.approx(expected[label]["accuracy"], abs=1e-12)
+        assert table["G 9"]["rows"] == 150
+
+
+def test_suppression_leaves_no_trace_of_a_small_group_in_any_output(tmp_path, capsys):
+    """Group 7 has about 20 test rows (below 100): no output names it or gives a
+    figure of it; group 3 is withheld too (else total minus the others would
+    give group 7), and the chart holds only the published groups."""
+    data = synthetic.write(tmp_path / "s.h5", rows=600, features=6, test_rows=2000, seed=3,
+                           group_columns={"G": {1: 0.55, 2: 0.3, 3: 0.14, 7: 0.01}})
+    run = str(tmp_path / "run")
+    engine.train(data, quiet=True, epochs=1, batch_size=64, hidden=(8,), dp=False, seed=1,
+                 checkpoint_dir=run)
+    with h5py.File(data, "r") as f:
+        codes = f["test/groups/G"][:]
+    sizes = {c: int((codes == c).sum()) for c in (1, 2, 3, 7)}
+    assert 0 < sizes[7] < 100 and sizes[3] >= 100
+    report, chart = tmp_path / "g.json", tmp_path / "g.svg"
+    capsys.readouterr()
+    args = build_parser().parse_args(["eval", "--checkpoint", run, "--data", data, "--by", "G",
+                                      "--json", str(report), "--plot", str(chart)])
+    assert args._run(args) == 0
+    text = capsys.readouterr().out
+    document, svg = report.read_text(), chart.read_text()
+    for output in (text, document, svg):
+        assert "G 1" in output and "G 2" in output
+        assert "G 7" not in output and "G 3" not in output
+    figures = {g["label"]: g for g in json.loads(document)["by"][0]["groups"]}
+    assert set(figures) == {"G 1", "G 2"}
+    assert not re.search(rf"\brows\D+{sizes[7]}\b", document)
+    assert "2 of 4 groups shown" in text
+    # the chart: its group labels are the published groups' (SVG text is searchable)
+    assert sorted(re.findall(r">(G \d+)</text>", svg)) == ["G 1", "G 2"]
+    png = tmp_path / "g.png"
+    args = build_parser().parse_args(["eval", "--checkpoint", run, "--data", data, "--by", "G",
+                                      "--plot", str(png)])
+    assert args._run(args) == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_suppression_rule():
+    rows = np.array([0, 5, 300, 120, 2000])
+    assert groups.suppress(rows, 100).tolist() == [False, False, True, False, True]
+    assert groups.suppress(np.array([0, 150, 120, 2000]), 100).tolist() == [False, True,
+                                                                            True, True]
+    assert groups.suppress(np.array([60, 50, 2000, 900]), 100).tolist() == [False, False,
+                                                                            True, True]
+    assert groups.suppress(np.array([99, 100]), 100).tolist() == [False, False]
+    assert groups.suppress(np.array([1, 1]), 1).tolist() == [True, True]
+
+
+def test_cells_of_a_cross_index_each_rows_pair_of_codes():
+    labels = {"A": {1: "a1", 2: "a2"}, "B": {-1: "blank", 5: "b5", 9: "b9"}}
+    cells = groups.Cells.of(groups.Grouping(("A", "B")), labels)
+    assert cells.labels == ("a1 / blank", "a1 / b5", "a1 / b9", "a2 / blank", "a2 / b5",
+                            "a2 / b9")
+    index = cells.index({"A": np.array([2, 1, 1, 3]), "B": np.array([9, -1, 5, 5])})
+    assert index.tolist() == [5, 0, 1, -1]
+    y, pred = np.array([1, 0, 1, 1]), np.array([1, 1, 0, 1])
+    counts = groups.count(index[:3], len(cells), y[:3], pred[:3])
+    assert counts[5].tolist() == [1, 1, 1, 1, 0, 0, 1]
+    assert counts[0].tolist() == [1, 0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("SEX,", "an empty attribute name"), ("A:B:C", "a cross of 3 attributes"),
+    ("SEX:SEX", "names SEX twice")])
+def test_a_by_that_cannot_be_read(text, message):
+    with pytest.raises(ValueError, match=message):
+        groups.parse_by(text)
+    assert [g.name for g in groups.parse_by("sex, RAC1P,SEX:agep")] == ["SEX", "RAC1P",
+                                                                        "SEX:AGEP"]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A synthetic file with group columns and one without, and a model."""
+    folder = tmp_path_factory.mktemp("bad")
+    data = synthetic.write(folder / "g.h5", rows=400, features=5, test_rows=400, seed=4,
+                           group_columns={"SEX": {1: 0.5, 2: 0.5}, "RAC1P": {1: 0.7, 2: 0.3}})
+    plain = synthetic.write(folder / "plain.h5", rows=400, features=5, test_rows=400, seed=4)
+    run = str(folder / "run")
+    engine.train(data, quiet=True, epochs=1, batch_size=64, hidden=(4,), dp=False, seed=1,
+                 checkpoint_dir=run)
+    return folder, data, plain, run
+
+
+BAD = {
+    "unknown": (["--by", "RACE"], "--by RACE: unknown attribute RACE (did you mean RAC1P?)"),
+    "not_kept": (["--by", "ST"], "--by ST: {data} keeps the group columns SEX, RAC1P, not ST"),
+    "threshold": (["--by", "SEX", "--min-group-size", "0"], "--min-group-size 0: give at "
+                  "least 1"),
+    "all_suppressed": (["--by", "SEX:RAC1P", "--min-group-size", "250"],
+                       "--by SEX:RAC1P: every group has fewer than --min-group-size 250 rows"),
+    "no_groups": (["--by", "SEX", "--data-plain"], "--by: {plain} keeps no group columns"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_request_is_one_line_exit_2_and_nothing_written(small, case):
+    """Under mpiexec at 2 ranks, as a user runs it."""
+    from launcher import mpidp
+
+    folder, data, plain, run = small
+    argv, expected = BAD[case]
+    target = plain if "--data-plain" in argv else data
+    argv = [a for a in argv if a != "--data-plain"]
+    out, chart = folder / f"{case}.json", folder / f"{case}.png"
+    result = mpidp(2, "eval", "--checkpoint", run, "--data", target, *argv, "--json",
+                   str(out), "--plot", str(chart), timeout=120)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("mpidp: error: " + expected.format(data=data, plain=plain)), \
+        errors[0]
+    assert not out.exists() and not chart.exists() and not list(folder.glob(".*tmp"))
+    assert result.stdout == ""
+
+
+def test_group_error_is_a_user_error():
+    assert GroupError("x").exit_code == 2
