@@ -46,9 +46,8 @@ from engine import checkpoint as ckpt
 from engine import metrics as metrics_mod
 from engine import outputs
 from engine.config import TrainConfig
-from engine.dp.accountant import Accountant
 from engine.dp.privacy import check_delta_for_rows
-from engine.errors import EXIT_CHECKPOINTED, ConfigError, DivergedError, PrivacyError, agree
+from engine.errors import EXIT_CHECKPOINTED, ConfigError, DivergedError, PrivacyError
 from engine.evaluate import evaluate_shard
 from engine.nn import models
 from engine.nn.device import select as select_device
@@ -59,13 +58,13 @@ from engine.run.hooks import RunHooks
 from engine.run.report import plural
 from engine.run.resume import check_same_data, load_checkpoint
 from engine.run.selection import Selection, select_on
+from engine.run.plan import choose_kernels, plan_privacy
 from engine.run.state import build_state
 from engine.run.threads import configure_threads
 from engine.shard import read_info, read_shard
 from engine.step import PHASES
 from engine.stopping import (StopRequest, check_startup, forget_signals, signal_name,
                              stop_reason)
-from kernels import registry
 
 #: Steps between progress-bar updates and between finiteness checks.
 PROGRESS_EVERY = 32
@@ -204,41 +203,10 @@ class Trainer:
         self._startup_check()
 
     def _plan_privacy(self, payload: dict | None) -> None:
-        """Collective: the accountant and budget, planned (or restored and
-        checked) on rank 0 alone and broadcast. dp-accounting takes about 1.5 s
-        of CPU to import and a calibration seconds more; one rank doing it
-        spares every other rank both, and the plan is the same everywhere by
-        construction. A PrivacyError there is raised on every rank."""
-        cfg = self.cfg
-        self.accountant: Accountant | None = None
-        self.budget: float | None = None
-        self.planned_epsilon: float | None = None
-        if not cfg.dp:
-            return
-
-        def plan() -> tuple[Accountant, float, float]:
-            if payload is not None:
-                acct = Accountant.from_state(payload["accountant"])
-                budget = float(payload["budget_epsilon"])
-            else:
-                acct, budget = Accountant.plan(
-                    self.q, cfg.delta, self.total_steps, cfg.accountant,
-                    target_epsilon=cfg.target_epsilon, sigma=cfg.noise_multiplier)
-            acct.check_plan(budget, cfg.epochs, self.steps_per_epoch)
-            return acct, budget, acct.epsilon(self.total_steps)
-
-        self.accountant, self.budget, self.planned_epsilon = rank0_value(self.comm, plan)
-
-    def _choose_kernels(self, device: torch.device) -> str | None:
-        """Collective: the kernel family every rank runs (``--kernels``, checked
-        by a probe kernel on GPUs; the first that runs when not given)."""
-        chosen, error = self.cfg.kernels, None
-        try:
-            chosen = registry.choose(device, self.cfg.kernels)
-        except registry.BackendUnusable as exc:
-            error = ConfigError(f"--kernels {self.cfg.kernels}: {exc}")
-        agree(self.comm, error)
-        return chosen
+        """Collective: the accountant, budget and planned epsilon
+        (:func:`engine.run.plan.plan_privacy`); None for a non-private run."""
+        self.accountant, self.budget, self.planned_epsilon = plan_privacy(
+            self.cfg, payload, self.q, self.total_steps, self.steps_per_epoch, self.comm)
 
     def _build_state(self, payload: dict | None) -> None:
         """Collective: the sampler, engine and step (:mod:`engine.run.state`),
@@ -249,7 +217,7 @@ class Trainer:
             placement=self.placement, seed=self.seed, q=self.q,
             steps_per_epoch=self.steps_per_epoch,
             sigma=self.accountant.sigma if self.accountant is not None else None,
-            kernels=self._choose_kernels(self.placement.device), comm=self.comm,
+            kernels=choose_kernels(self.cfg, self.placement.device, self.comm), comm=self.comm,
             payload=payload)
         for name in ("buffer", "grad", "control", "sampler", "engine", "params", "noise",
                      "optimizer", "X", "y", "dp_step", "step_note", "step", "local"):

@@ -4,6 +4,7 @@
 * :mod:`engine.run.collective`: the run's collective helpers (rank 0 checks
   and values, the shared seed);
 * :mod:`engine.run.resume`: a resumed run's settings and checkpoint;
+* :mod:`engine.run.plan`: the privacy plan and the kernels, settled first;
 * :mod:`engine.run.state`: the sampler, the model's engine and the step,
   built (or restored) before the first step;
 * :mod:`engine.run.selection`: which epoch's parameters are the run's model,
