@@ -223,8 +223,16 @@ def _device_pointer(buf: Any) -> int:
     return buf.__cuda_array_interface__["data"][0]
 
 
+def _nothing_to_reduce() -> None:
+    """The all-reduce of a device buffer over one rank."""
+
+
 def _device_runner(buf: Any, comm_state: plans.CommState, plan: plans.Plan,
                    retry: Runner) -> Runner:
+    if comm_state.size == 1:
+        # One rank: the sum is the buffer. Nothing to stage, and no reason to
+        # wait for the device (a one-GPU run keeps the host ahead of it).
+        return _nothing_to_reduce
     target = buf.detach() if _is_torch_tensor(buf) else buf
     ops = device.ops_for(target)
     n, dtype = plan.ctx.n, plan.ctx.dtype

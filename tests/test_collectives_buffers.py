@@ -195,6 +195,11 @@ def test_device_array_waits_for_its_stream_and_is_reduced(comm, fake_gpu, monkey
             values = np.arange(n, dtype=np.float32) + 10 * rank
             array = produced_on_a_stream(values)
             collectives.allreduce(array, comm, algorithm, op)
+            if size == 1:  # nothing to reduce: no staging, no wait for the device
+                assert array.stream.synchronizations == 0, algorithm
+                array.stream.synchronize()
+                np.testing.assert_array_equal(array.memory, values, err_msg=algorithm)
+                continue
             expected = (np.arange(n, dtype=np.float32) * size + 10 * sum(range(size))
                         if op == "sum" else values - 10 * rank + 10 * (size - 1))
             np.testing.assert_array_equal(array.memory, expected, err_msg=algorithm)
@@ -211,7 +216,10 @@ def test_staging_buffer_is_pinned_allocated_once_and_reused(comm, fake_gpu, monk
         for array in (first, second):
             collectives.allreduce(array, comm, "ring")
     CURRENT[0].synchronize()
-    assert fake_gpu.pinned == [(50,)]  # one pinned staging buffer for the signature
+    for array in (first, second):
+        array.stream.synchronize()
+    # one pinned staging buffer for the signature (none for one rank: nothing to reduce)
+    assert fake_gpu.pinned == ([] if size == 1 else [(50,)])
     np.testing.assert_array_equal(first.memory, np.full(50, size ** 3))
     np.testing.assert_array_equal(second.memory, np.full(50, 2.0 * size ** 3))
 
@@ -223,6 +231,7 @@ def test_cuda_aware_mpi_gets_the_device_pointer_itself(comm, fake_gpu, monkeypat
     array = produced_on_a_stream(np.ones(8, np.int64))
     collectives.allreduce(array, comm, "native")
     assert fake_gpu.pinned == []
+    array.stream.synchronize()
     np.testing.assert_array_equal(array.memory, np.full(8, comm.Get_size()))
 
 
