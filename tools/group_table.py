@@ -124,9 +124,9 @@ def _gap(gaps: dict | None) -> str:
 def table(records: list[dict], by: str) -> list[str]:
     """One markdown table: per task, both models' overall and worst-group accuracy,
     the largest gap, and the group that pays most for privacy."""
-    lines = [f"| task | test rows | groups shown | accuracy, non-private / DP "
-             f"| worst group, non-private | worst group, DP | largest gap (points), "
-             f"non-private / DP | pays most for privacy (points, McNemar p) |",
+    lines = ["| task | test rows | groups shown | accuracy, non-private / DP "
+             "| worst group, non-private | worst group, DP | largest gap (points), "
+             "non-private / DP | pays most for privacy (points, McNemar p) |",
              "|---|---:|---:|---|---|---|---|---|"]
     for r in records:
         doc = r["eval"]
