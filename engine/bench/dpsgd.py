@@ -378,11 +378,14 @@ def run(args: argparse.Namespace) -> int:
               "numba_target": asdict(CHOICE), "mlp_step": step_mode}
     # Median of the per-round ratios: both methods of a round ran seconds apart,
     # so a load change on a shared machine cancels out.
+    cpu = f"{where.get('cpu', 'this CPU')}, {CHOICE.describe()}"
     for key, slower, faster, label in RATIOS:
         if slower in median and faster in median:
-            result[key] = statistics.median(
-                f / sl for sl, f in zip(rates[slower], rates[faster]))
-            print(f"{label} time per example: {result[key]:.3f}")
+            per_round = [f / sl for sl, f in zip(rates[slower], rates[faster])]
+            result[key] = statistics.median(per_round)
+            result[key + "_spread"] = [min(per_round), max(per_round)]
+            print(f"{label} time per example: {result[key]:.3f} [{min(per_round):.3f}, "
+                  f"{max(per_round):.3f} over {len(per_round)} rounds; {cpu}]")
     result["speedup"] = {name: ref / rate for name, rate in median.items()} if ref else {}
     if args.json:
         outputs.write_json(args.json, result, "--json")

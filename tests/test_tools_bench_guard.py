@@ -1,0 +1,45 @@
+"""tools/bench_guard.py: a run's ratios against the last run on the same kind of CPU."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("bench_guard", ROOT / "tools/bench_guard.py")
+guard = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(guard)
+
+MACHINE = {"cpu": "AMD EPYC 7763 64-Core", "vector_extensions": ["sse4_2", "avx", "avx2", "fma"]}
+
+
+def _run(dp: float, spread: tuple, generic: float = 1.2) -> dict:
+    return {"machine": MACHINE, "dp_over_nondp": dp, "dp_over_nondp_spread": list(spread),
+            "generic_over_fused": generic, "generic_over_fused_spread": [generic, generic],
+            "examples_per_s": {"mpidp-dp": 5.0}}
+
+
+def test_the_key_is_the_cpu_and_its_vector_extensions():
+    assert guard.machine_key({"machine": MACHINE}) == "amd-epyc-7763-64-core__avx-avx2"
+    other = dict(MACHINE, vector_extensions=MACHINE["vector_extensions"] + ["avx512f"])
+    assert guard.machine_key({"machine": other}) != guard.machine_key({"machine": MACHINE})
+
+
+def test_a_ratio_inside_the_noise_is_the_same_and_one_outside_moved():
+    old = _run(1.05, (1.02, 1.09))
+    same = guard.compare(old, _run(1.10, (1.08, 1.12)))  # 1.10 <= 1.09 + 0.02
+    assert all(line.startswith("same") for line in same), same
+    moved = guard.compare(old, _run(1.20, (1.18, 1.22)))
+    assert moved[0].startswith("MOVED dp_over_nondp") and moved[1].startswith("same")
+    assert guard.ratios({"models": {"mlp": _run(1.1, (1.0, 1.2))}})["mlp/dp_over_nondp"] == \
+        (1.1, 1.0, 1.2)
+
+
+def test_store_then_compare(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(guard, "STORE", tmp_path / "machines")
+    monkeypatch.setattr(guard, "ROOT", tmp_path)
+    first, second = tmp_path / "dpsgd.json", tmp_path / "dpsgd-new.json"
+    first.write_text(json.dumps(_run(1.05, (1.02, 1.09))))
+    second.write_text(json.dumps(_run(1.30, (1.28, 1.31))))
+    assert guard.main([str(first), "--store"]) == 0
+    assert "nothing to compare" in capsys.readouterr().out
+    assert guard.main([str(second)]) == 1
+    assert "MOVED dp_over_nondp" in capsys.readouterr().out
