@@ -307,9 +307,14 @@ def test_second_job_into_the_same_directory_is_refused(cluster, job_env, prepare
     assert re.search(rf"in use by another run: pid \d+ on host \S+ \(Slurm job {first}",
                      second.output), second.output
     assert ended.state == "CANCELLED", ended.output
-    # a cancelled job stays cancelled, its checkpoint written for a resubmission
-    assert "the job was cancelled, so it is not requeued" in ended.output, ended.output
-    # scancel signals the ranks (SIGTERM) and the batch shell, which relays SIGUSR1:
-    # whichever reaches the ranks first stops them, the checkpoint written either way
-    assert re.search(r"on SIG(TERM|USR1); checkpoint written", ended.output), ended.output
+    # A cancelled job stays cancelled, its checkpoint written for a resubmission.
+    # What the batch shell and the ranks print on the way out may be lost: Slurm
+    # signals them all at once and kills what is left after KillWait, so whether
+    # the shell's last line ("the job was cancelled, so it is not requeued")
+    # reaches the file depends on who wins that race. The facts do not: the job
+    # was never requeued, the checkpoint is on disk, the lock is released.
+    time.sleep(1.5)  # a requeue by the trap would have shown by now
+    fields = cluster.job_fields(first)
+    assert fields.get("JobState") == "CANCELLED" and fields.get("Restarts", "0") == "0", fields
+    assert (tmp_path / "run" / "checkpoint" / "checkpoint.pt").is_file(), ended.output
     assert not (tmp_path / "run" / "checkpoint" / "lock").exists()
