@@ -180,3 +180,23 @@ def test_the_gpu_page_shows_the_tables_its_result_files_give():
     page = (ROOT / "docs/gpus.md").read_text(encoding="utf-8")
     shown = page.split(tables.BEGIN, 1)[1].split(tables.END, 1)[0]
     assert shown == "\n" + tables.render(ROOT / "results" / "gpu-h200-2026-11-27")
+
+
+def test_the_groups_page_shows_the_tables_its_result_files_give():
+    """docs/groups.md's per-task figures are rendered from results/ by
+    tools/group_table.py, never edited by hand; the result files hold no group
+    below the threshold they state."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("group_table", ROOT / "tools/group_table.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    folder = ROOT / "results" / "groups-2026-11-27"
+    page = (ROOT / "docs/groups.md").read_text(encoding="utf-8")
+    shown = page.split(tables.BEGIN, 1)[1].split(tables.END, 1)[0]
+    assert shown == "\n" + tables.render(folder.relative_to(ROOT))
+    for task in tables.TASKS:
+        document = json.loads((folder / f"{task}.json").read_text())["eval"]
+        for table in document["by"]:
+            assert all(g["rows"] >= document["min_group_size"] for g in table["groups"])
