@@ -11,6 +11,6 @@ COMMANDS: dict[str, tuple[str, str]] = {}
 
 #: mpidp bench <name>
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "allreduce": ("collectives.bench",
+    "allreduce": ("collectives.bench.allreduce",
                   "all-reduce algorithms vs MPI_Allreduce, OSU / nccl-tests style"),
 }

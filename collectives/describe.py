@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives import auto
+from collectives.auto import table as auto
 from collectives.channels.shm_pair import copy_choice
 from collectives.errors import AllreduceError
-from collectives.plans import comm_state
+from collectives.core.plans import comm_state
 from collectives.runtime import MPI
 
 _COPIES = {"auto": "cached or streaming, chosen per call from measured times",
@@ -23,7 +23,7 @@ def describe(comm: "MPI.Intracomm | None" = None) -> dict[str, Any]:
 
     Collective the first time ``comm`` is used by this package (it sets up
     the communicator's channels, as the first all-reduce would). Returns a
-    dict with ``placement`` (see :mod:`collectives.auto`), ``channels`` (the
+    dict with ``placement`` (see :mod:`collectives.auto.table`), ``channels`` (the
     channels this communicator has, in order of preference), ``shared_memory``
     (the shared-memory channel or ``"none"``), ``waiting`` (how a waiting
     rank waits), ``copies`` (how the shared pair copies, or None), ``auto``

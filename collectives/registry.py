@@ -1,6 +1,6 @@
 """The all-reduce algorithms by name.
 
-Three kinds, one module each (``collectives/algorithms/``, ``collectives/auto.py``):
+Three kinds, one module each (``collectives/algorithms/``, ``collectives/auto/table.py``):
 
 * a **schedule** (:func:`register`): ``schedule(rank, size, n) ->``
   :class:`collectives.schedule.Schedule`, the rounds of messages of one
@@ -24,7 +24,7 @@ from collectives.errors import UnknownAlgorithm
 from collectives.schedule import Scheduler
 
 if TYPE_CHECKING:
-    from collectives.context import PlanContext
+    from collectives.core.context import PlanContext
 
 __all__ = ["Algorithm", "UnknownAlgorithm", "register", "register_library",
            "register_selector", "get", "names"]
@@ -32,7 +32,7 @@ __all__ = ["Algorithm", "UnknownAlgorithm", "register", "register_library",
 Runner = Callable[[], None]
 Binder = Callable[[Any], Runner]
 Planner = Callable[["PlanContext"], Binder]
-#: ``choose(nbytes, placement) -> algorithm name`` (see :mod:`collectives.auto`)
+#: ``choose(nbytes, placement) -> algorithm name`` (see :mod:`collectives.auto.table`)
 Selector = Callable[[int, str], str]
 
 

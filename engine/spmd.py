@@ -39,7 +39,7 @@ from typing import Callable
 
 import collectives
 from collectives import MPI
-from collectives.failures import ABORT_GRACE_S, remove_shm_files
+from collectives.core.failures import ABORT_GRACE_S, remove_shm_files
 from engine import stopping
 
 EXIT_INTERNAL_ERROR = 1
@@ -188,7 +188,7 @@ def end_job_on_error(exc: BaseException, comm: "MPI.Comm | None" = None) -> None
     error's ``exit_code`` or 1): its peers would otherwise wait for this
     rank in their next collective for ever.
     """
-    from collectives import failures  # the one switch for the library's failure rule
+    from collectives.core import failures  # the one switch for the library's failure rule
 
     comm = MPI.COMM_WORLD if comm is None else comm
     if isinstance(exc, (KeyboardInterrupt, SystemExit)) or getattr(exc, "collective", False):

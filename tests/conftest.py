@@ -32,7 +32,7 @@ from collectives.runtime import MPI
 import collectives
 
 # In-process tests check which ranks raise which error; the job-ending
-# default (collectives.failures, rule 4) is tested with user programs under
+# default (collectives.core.failures, rule 4) is tested with user programs under
 # mpiexec (tests/test_collectives_failures.py).
 collectives.abort_on_error(False)
 from engine.spmd import ABORT_GRACE_S

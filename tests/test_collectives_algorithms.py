@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import collectives
-from collectives.context import SUPPORTED_DTYPES
+from collectives.core.context import SUPPORTED_DTYPES
 
 ALGORITHMS = collectives.names()
 OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
@@ -141,7 +141,7 @@ def test_ranks_on_one_node_ring_through_the_shared_group_in_segments(comm, monke
     over the real segment size runs on the unpatched communicator."""
     from collectives.channels import shm_group
     from collectives.channels.shm_group import SharedGroup
-    from collectives.plans import comm_state
+    from collectives.core.plans import comm_state
 
     rank, size = comm.Get_rank(), comm.Get_size()
     planned = []
@@ -185,7 +185,7 @@ def test_shared_memory_waits_asleep_and_spinning(comm, sleep, monkeypatch):
     import time
 
     from collectives.channels import shm_window
-    from collectives.plans import comm_state
+    from collectives.core.plans import comm_state
 
     monkeypatch.setattr(shm_window, "CHECK_EVERY", 5.0)  # both channels wait with wait_until
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -247,7 +247,7 @@ def test_every_required_algorithm_is_registered():
 
 
 def test_segment_setting_is_validated(monkeypatch):
-    from collectives.plans import DEFAULT_SEGMENT, UNLIMITED_SEGMENT, segment_bytes
+    from collectives.core.plans import DEFAULT_SEGMENT, UNLIMITED_SEGMENT, segment_bytes
 
     monkeypatch.setenv("MPIDP_ALLREDUCE_SEGMENT", "12")
     with pytest.raises(ValueError, match="MPIDP_ALLREDUCE_SEGMENT"):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives import bench, registry
+from collectives import registry
+from collectives.bench import allreduce, measure, report
 from collectives.registry import register_library
 
 RECORD_KEYS = {"algorithm", "bytes", "count", "dtype", "ranks", "avg_us", "min_us", "max_us",
@@ -15,8 +16,8 @@ RECORD_KEYS = {"algorithm", "bytes", "count", "dtype", "ranks", "avg_us", "min_u
 @pytest.mark.mpi(min_size=1)
 def test_measure_checks_every_algorithm_and_fills_the_records(comm):
     names = collectives.names()
-    records = bench.measure(comm, names, [8, 24, 1024], "int64", "sum", iters=3, warmup=1,
-                            check=True, rounds=2)
+    records = measure.measure(comm, names, [8, 24, 1024], "int64", "sum", iters=3, warmup=1,
+                              check=True, rounds=2)
     size = comm.Get_size()
     assert [(r["algorithm"], r["bytes"]) for r in records] == \
         [(name, b) for b in (8, 24, 1024) for name in names]
@@ -33,7 +34,7 @@ def test_measure_checks_every_algorithm_and_fills_the_records(comm):
         # when no clock tick passed (or no /proc/stat)
         assert "steal_pct" in r
         assert r["steal_pct"] is None or 0.0 <= r["steal_pct"] <= 100.0
-    from collectives.plans import comm_state
+    from collectives.core.plans import comm_state
 
     probed = size >= 2 and not comm_state(comm).oversubscribed  # one machine: ranks 0, 1 share it
     for r in records:  # core-to-core copy before and after the size
@@ -49,11 +50,11 @@ def test_records_say_which_share_of_calls_streamed(comm, setting, monkeypatch):
     """``streamed``: the share of timed calls whose copies into the shared pair
     streamed (collectives.channels.copy_mode); None where no copy could stream."""
     from collectives.channels import streaming
-    from collectives.plans import comm_state
+    from collectives.core.plans import comm_state
 
     monkeypatch.setenv("MPIDP_ALLREDUCE_STREAMING", setting)
-    records = bench.measure(comm, ["ring", "native"], [8, 256 << 10], "float32", "sum",
-                            iters=4, warmup=1, rounds=2)
+    records = measure.measure(comm, ["ring", "native"], [8, 256 << 10], "float32", "sum",
+                              iters=4, warmup=1, rounds=2)
     state = comm_state(comm)
     pair = state.channel_named("shm-pair")
     streams = pair is not None and not pair.sleep and streaming.available()
@@ -62,24 +63,24 @@ def test_records_say_which_share_of_calls_streamed(comm, setting, monkeypatch):
             assert r["streamed"] == (1.0 if setting == "on" else None)
         else:  # 8 B (pieces too small), MPI's own, or no pair with a core each
             assert r["streamed"] is None
-    line = bench.streaming_line(records)
+    line = report.streaming_line(records)
     assert (line is not None) == (streams and setting == "on")
     if line:
         assert "ring 100-100%" in line
 
 
 def test_steal_time_from_proc_stat_readings():
-    assert bench.steal_percent((10, 1000), (30, 1400)) == pytest.approx(5.0)
-    assert bench.steal_percent(None, (30, 1400)) is None
-    assert bench.steal_percent((10, 1000), (10, 1000)) is None  # no time passed
-    ticks = bench.cpu_ticks()
+    assert measure.steal_percent((10, 1000), (30, 1400)) == pytest.approx(5.0)
+    assert measure.steal_percent(None, (30, 1400)) is None
+    assert measure.steal_percent((10, 1000), (10, 1000)) is None  # no time passed
+    ticks = measure.cpu_ticks()
     if ticks is not None:  # Linux
         stolen, total = ticks
         assert 0 <= stolen <= total
     rows = [{"bytes": 1024, "steal_pct": 0.5}, {"bytes": 4 << 20, "steal_pct": 12.25}]
-    line = bench.steal_line(1.5, rows)
+    line = report.steal_line(1.5, rows)
     assert "1.5% over the run" in line and "at most 12.2% at 4 MiB" in line
-    assert "not measurable" in bench.steal_line(0.0, [{"bytes": 8, "steal_pct": None}])
+    assert "not measurable" in report.steal_line(0.0, [{"bytes": 8, "steal_pct": None}])
 
 
 @pytest.fixture
@@ -113,8 +114,8 @@ def test_a_wrong_result_is_counted_and_fails_the_command(comm, shared_tmp, broke
     path = shared_tmp / "bench.json"
     args = parser.parse_args(["-b", "64", "-e", "128", "-i", "2", "-w", "1", "-c",
                               "-a", f"native,{broken_algorithm}", "--json", str(path)])
-    code = bench.run(args)
-    assert code == bench.EXIT_WRONG
+    code = allreduce.run(args)
+    assert code == allreduce.EXIT_WRONG
     comm.Barrier()
     records = json.loads(path.read_text())
     wrong = {(r["algorithm"], r["bytes"]): r["wrong"] for r in records}
@@ -127,27 +128,27 @@ def _parser():
     import argparse
 
     parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
+    allreduce.add_arguments(parser)
     return parser
 
 
 def test_sizes_and_units():
-    assert bench.parse_size("64M") == 64 << 20 and bench.parse_size("8") == 8
-    assert bench.parse_size("1KiB") == 1024 and bench.parse_size("2g") == 2 << 30
-    assert bench.sizes(8, 64, 2) == [8, 16, 32, 64]
-    assert bench.sizes(8, 100, 4) == [8, 32]
-    with pytest.raises(bench.BenchUsageError):
-        bench.sizes(64, 8, 2)
+    assert allreduce.parse_size("64M") == 64 << 20 and allreduce.parse_size("8") == 8
+    assert allreduce.parse_size("1KiB") == 1024 and allreduce.parse_size("2g") == 2 << 30
+    assert allreduce.sizes(8, 64, 2) == [8, 16, 32, 64]
+    assert allreduce.sizes(8, 100, 4) == [8, 32]
+    with pytest.raises(allreduce.BenchUsageError):
+        allreduce.sizes(64, 8, 2)
     import argparse
 
     with pytest.raises(argparse.ArgumentTypeError):
-        bench.parse_size("12 parsecs")
+        allreduce.parse_size("12 parsecs")
 
 
 def test_pattern_sums_are_exact_in_float16():
     size = 6
-    want = bench.expected(1000, size, np.float16, "sum")
-    exact = sum(bench.pattern(1000, q, np.int64) for q in range(size))
+    want = measure.expected(1000, size, np.float16, "sum")
+    exact = sum(measure.pattern(1000, q, np.int64) for q in range(size))
     assert (want.astype(np.int64) == exact).all()
 
 
@@ -159,9 +160,9 @@ def test_table_and_plot(tmp_path):
                          "dtype": "float32", "avg_us": 2.0, "min_us": 1.0, "max_us": 3.0,
                          "algbw_gbps": 0.004, "busbw_gbps": 0.004, "x_native": 1.0,
                          "wrong": 0})
-    line = bench.format_row(rows[0])
-    assert len(line) == len(bench.HEADER) and "ring" in line
-    bench.plot(rows, str(tmp_path / "p.png"), "test", ceiling=10.0)
+    line = report.format_row(rows[0])
+    assert len(line) == len(report.HEADER) and "ring" in line
+    report.plot(rows, str(tmp_path / "p.png"), "test", ceiling=10.0)
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -191,18 +192,18 @@ def test_summarize_pairs_rounds_and_takes_medians(tmp_path, capsys):
     # Round 2 is slow for everyone (host noise): paired ratios ignore it.
     run = [record("native", [2.0, 20.0, 2.0]), record("ring", [1.0, 10.0, 1.0]),
            record("auto", [2.0, 20.0, 2.0], runs="native")]
-    table = bench.summarize([run, run])
+    table = report.summarize([run, run])
     row = next(line for line in table.splitlines() if line.startswith("| 1 KiB"))
     assert "| 2.00 |" in row  # ring: twice as fast as native in every round
     assert "1.00 (native, 2.00 of best)" in row  # auto ran native: twice the best time
     assert "Host steal time per size: 0.5-0.5% (median 0.5%)." in table
     older = [record("native", [2.0]), record("ring", [1.0], steal=None)]  # before steal_pct
-    assert "steal" not in bench.summarize([[dict(r, steal_pct=None) for r in older]])
+    assert "steal" not in report.summarize([[dict(r, steal_pct=None) for r in older]])
     paths = []
     for i in range(2):
         paths.append(tmp_path / f"r{i}.json")
         paths[-1].write_text(json.dumps(run))
-    assert bench.run(_parser().parse_args(["--summarize", *map(str, paths)])) == 0
+    assert allreduce.run(_parser().parse_args(["--summarize", *map(str, paths)])) == 0
     assert "| 1 KiB |" in capsys.readouterr().out
 
 
@@ -216,28 +217,28 @@ def test_summarize_leaves_out_sizes_measured_in_a_slow_spell():
     fast, slow = [9.5, 10.0], [9.8, 1.9]  # the spell began during the size
     run = [record("native", 1024, fast, 1.0), record("ring", 1024, fast, 4.0),
            record("native", 4096, slow, 1.0), record("ring", 4096, slow, 1.5)]
-    everything = bench.summarize([run])
+    everything = report.summarize([run])
     assert "| 1 KiB |" in everything and "| 4 KiB |" in everything
     assert "Core-to-core copy (rank 0 -> 1) before/after each size: 1.9-10.0 GB/s." \
         in everything
-    quiet = bench.summarize([run], min_xcore=5)
+    quiet = report.summarize([run], min_xcore=5)
     assert "| 1 KiB |" in quiet and "| 4 KiB |" not in quiet
     assert "measured below 5 GB/s core to core: 1 of 2 sizes" in quiet
-    assert "No size left" in bench.summarize([run], min_xcore=20)
+    assert "No size left" in report.summarize([run], min_xcore=20)
     wholly_slow = [record("native", 8192, [1.8, 1.7], 1.0), record("ring", 8192, [1.8, 1.7], 3.0)]
-    only_slow = bench.summarize([run + wholly_slow], max_xcore=5)
+    only_slow = report.summarize([run + wholly_slow], max_xcore=5)
     assert "| 8 KiB |" in only_slow and "| 1 KiB |" not in only_slow \
         and "| 4 KiB |" not in only_slow  # 4 KiB: the spell began during the size
     assert "measured not wholly below 5 GB/s core to core: 2 of 3 sizes" in only_slow
-    assert "No size left" in bench.summarize([run], max_xcore=1)
+    assert "No size left" in report.summarize([run], max_xcore=1)
     all_slow = [dict(r, xcore_gbps=[1.8, 1.7]) for r in run]  # a run slow throughout
-    both = bench.summarize([run, all_slow], min_xcore=5)
+    both = report.summarize([run, all_slow], min_xcore=5)
     assert "| 1 KiB |" in both and "3 of 4 sizes" in both
-    assert not bench.slow_spell(dict(run[0], xcore_gbps=None), 5)  # not measured: kept
+    assert not report.slow_spell(dict(run[0], xcore_gbps=None), 5)  # not measured: kept
 
 
 def test_min_xcore_only_filters_saved_runs():
-    with pytest.raises(bench.BenchUsageError, match="--summarize"):
-        bench.run(_parser().parse_args(["--min-xcore", "5"]))
-    with pytest.raises(bench.BenchUsageError, match="--summarize"):
-        bench.run(_parser().parse_args(["--max-xcore", "5"]))
+    with pytest.raises(allreduce.BenchUsageError, match="--summarize"):
+        allreduce.run(_parser().parse_args(["--min-xcore", "5"]))
+    with pytest.raises(allreduce.BenchUsageError, match="--summarize"):
+        allreduce.run(_parser().parse_args(["--max-xcore", "5"]))

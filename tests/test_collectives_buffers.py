@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import collectives
-from collectives import device
+from collectives.core import device
 from collectives.runtime import MPI
 
 
@@ -130,14 +130,14 @@ CURRENT = [None]  # the current stream, as cupy.cuda.get_current_stream() return
 
 
 def fake_cupy():
-    """The parts of the cupy and cupyx modules that collectives.device uses."""
+    """The parts of the cupy and cupyx modules that collectives.core.device uses."""
     def ufunc(name):
         def launch(a, b, out):
             CURRENT[0].enqueue(lambda: getattr(np, name)(a.memory, b.memory, out=out.memory))
         return launch
 
     def elementwise(inputs, outputs, body, name):  # CuPy's ElementwiseKernel: the host rule
-        from collectives.combine import canonicalize, host_combiner
+        from collectives.core.combine import canonicalize, host_combiner
 
         op = name.split("_")[1]
 

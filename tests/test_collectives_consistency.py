@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives import tuning
-from collectives import dispatch
+from collectives.auto import tuning
+from collectives.core import dispatch
 from collectives.errors import (AllreduceMismatch, UnknownAlgorithm, UnknownOp,
                                 UnsupportedBuffer)
 from collectives.runtime import MPI
@@ -88,7 +88,7 @@ def test_new_signature_while_the_peer_waits_in_native(pair):
     """MPI_Allreduce cannot see our check; the one-sided counter can."""
     if pair is None:
         pytest.skip("ranks 0 and 1 only")
-    from collectives.plans import comm_state
+    from collectives.core.plans import comm_state
 
     cached = np.ones(10, np.float32)
     collectives.allreduce(cached, pair, "native")
@@ -155,7 +155,7 @@ def test_repeated_call_allocates_nothing(comm):
 
 @pytest.mark.mpi(min_size=1)
 def test_a_new_buffer_of_a_known_signature_needs_no_new_check(comm, monkeypatch):
-    from collectives import consistency
+    from collectives.core import consistency
 
     first = np.ones(64, np.float64)
     collectives.allreduce(first, comm, "recursive_doubling")
@@ -267,8 +267,8 @@ def test_unknown_op_and_algorithm():
 
 @pytest.mark.mpi(min_size=1)
 def test_forget_releases_plans_and_the_next_call_is_checked_again(fresh, monkeypatch):
-    from collectives import consistency
-    from collectives.plans import comm_state
+    from collectives.core import consistency
+    from collectives.core.plans import comm_state
 
     buf = np.ones(100, np.float32)
     collectives.allreduce(buf, fresh, "ring")
@@ -297,7 +297,7 @@ def test_a_communicator_that_cannot_be_used():
 
 @pytest.mark.mpi(min_size=2)
 def test_two_ranks_on_one_node_exchange_small_buffers_through_shared_memory(pair):
-    from collectives.plans import comm_state
+    from collectives.core.plans import comm_state
 
     if pair is None:
         pytest.skip("ranks 0 and 1 only")
@@ -330,7 +330,7 @@ def test_new_signature_while_the_peer_waits_in_shared_memory(pair):
 def test_shared_memory_exchange_while_the_peer_waits_in_native(pair):
     if pair is None:
         pytest.skip("ranks 0 and 1 only")
-    from collectives.plans import comm_state
+    from collectives.core.plans import comm_state
 
     small, other = np.ones(10, np.float32), np.ones(20, np.float32)
     collectives.allreduce(small, pair, "recursive_doubling")
@@ -349,7 +349,7 @@ def test_new_signature_while_the_others_run_a_cached_ring_in_the_shared_group(fr
     """Rank 0 starts a new signature while the others wait in a cached ring in
     the node's shared window: rank 0 sees them in another blind call, they see
     its check record (a message from a rank that has not finished the ring)."""
-    from collectives.plans import comm_state
+    from collectives.core.plans import comm_state
 
     cached = np.ones(10, np.float32)
     collectives.allreduce(cached, fresh, "ring")
@@ -374,7 +374,7 @@ def test_ring_in_the_shared_group_while_a_peer_waits_in_native(fresh):
     through the shared window: rank 1 sees rank 0 in another blind call and
     raises, marking itself failed, which rank 2 sees, and so on around the
     ring; each then joins the native call, which releases rank 0."""
-    from collectives.plans import comm_state
+    from collectives.core.plans import comm_state
 
     rank, size = fresh.Get_rank(), fresh.Get_size()
     ring_buf, native_buf = np.ones(10, np.float32), np.ones(20, np.float32)
@@ -402,8 +402,8 @@ def test_a_message_from_a_rank_past_the_call_is_left_for_its_own_call(fresh):
     call's end means that rank is in another call (AllreduceMismatch)."""
     import time
 
-    from collectives.consistency import CHECK_TAG
-    from collectives.plans import comm_state
+    from collectives.core.consistency import CHECK_TAG
+    from collectives.core.plans import comm_state
 
     state = comm_state(fresh)
     group, rank = state.channel_named("shm-group"), fresh.Get_rank()

@@ -3,7 +3,7 @@
 Each test starts a user-style program (tests/scripts/user_allreduce.py,
 tests/scripts/fuzz_allreduce.py) under mpiexec with a timeout, so a hang is a
 failure and not a stuck suite, and reads its exit code and output. The rules
-checked are those of :mod:`collectives.failures`: an error seen by some ranks
+checked are those of :mod:`collectives.core.failures`: an error seen by some ranks
 ends the job promptly (exit code 2, the error printed); an error seen by
 every rank alike is raised everywhere; never a hang, a crash or a wrong
 number.

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WARM = """
 import numpy as np
-from collectives import combine
+from collectives.core import combine
 from collectives.channels import streaming
 for dtype in (np.float32, np.float64):
     for op in ("sum", "max", "min"):

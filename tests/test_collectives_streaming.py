@@ -13,7 +13,7 @@ import collectives
 from collectives.channels import copy_mode, shm_pair, streaming
 from collectives.channels.copy_mode import CACHED, DECISION, STREAMING, Chooser, PairChoices, PairCopyMode
 from collectives.errors import AllreduceError
-from collectives.plans import comm_state
+from collectives.core.plans import comm_state
 
 needs_streaming = pytest.mark.skipif(not streaming.available(),
                                      reason="streaming stores need x86-64 and Numba")

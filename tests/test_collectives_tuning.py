@@ -1,4 +1,4 @@
-"""auto by measurement (collectives.tuning): the tuner with fake timings, the file,
+"""auto by measurement (collectives.auto.tuning): the tuner with fake timings, the file,
 and tuned calls at 1-4 ranks (exact, the same choice on every rank)."""
 import json
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives import tuning
-from collectives.plans import comm_state
-from collectives.tuning import Tuner
+from collectives.auto import tuning
+from collectives.core.plans import comm_state
+from collectives.auto.tuning import Tuner
 
 COST = {"native": 12e-6, "recursive_doubling": 1.2e-6, "ring": 6e-6, "rabenseifner": 3.7e-6}
 

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import collectives
-from collectives import auto, consistency
+from collectives.auto import table as auto
+from collectives.core import consistency
 from collectives.algorithms.recursive_doubling import roles
 from collectives.channels.shm_group import _program
 from collectives.channels.shm_pair import _cut, _stages
@@ -194,7 +195,7 @@ def test_tags_are_stable_and_in_range():
 ])
 def test_placement_follows_the_shared_channel_and_the_cores(size, oversubscribed, pair,
                                                             group, placement):
-    from collectives.plans import placement_of
+    from collectives.core.plans import placement_of
 
     assert placement_of(size, oversubscribed, pair, group) == placement
     assert placement in auto.PLACEMENTS

@@ -2,7 +2,7 @@
 
 Messages: whatever the library chooses (MPICH on one node: shared-memory
 collectives for small buffers, reduce-scatter + all-gather for large ones).
-Special float values follow the rule of :mod:`collectives.combine` like every
+Special float values follow the rule of :mod:`collectives.core.combine` like every
 other algorithm: a sum's NaNs are made canonical after the call (MPI adds in
 an order that differs between ranks), and max/min on floats use a
 user-defined operation with the rule (``MPI_MAX`` keeps or drops a NaN
@@ -13,7 +13,7 @@ the ranks share memory, each rank then reads its peers' tags of the same
 call, so ranks that made different calls of equal byte counts (which MPI
 cannot tell apart) raise :class:`~collectives.errors.AllreduceMismatch` on
 every rank instead of returning wrong numbers
-(:mod:`collectives.consistency`, point 4). There it also registers a
+(:mod:`collectives.core.consistency`, point 4). There it also registers a
 *release*: a rank that leaves the communicator while a peer waits in this
 call's ``MPI_Allreduce`` joins it with scratch data, and the peer's check
 raises instead of waiting for ever.
@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.combine import mpi_op
-from collectives.context import PlanContext
+from collectives.core.combine import mpi_op
+from collectives.core.context import PlanContext
 from collectives.registry import register_library
 from collectives.runtime import MPI
 
@@ -57,7 +57,7 @@ def plan_native(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
         spec = ctx.typed_spec(view)
 
         def run() -> None:
-            call = enter()  # peers may read it (collectives.consistency, points 3 and 4)
+            call = enter()  # peers may read it (collectives.core.consistency, points 3 and 4)
             try:
                 allreduce(in_place, spec, operation)
             except MPI.Exception as error:
@@ -74,7 +74,7 @@ def plan_native(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
 def _release(ctx: PlanContext, operation: "MPI.Op") -> Callable[[Callable[[], int]], None]:
     """``release(mark)``: join a peer's ``MPI_Allreduce`` of this signature
     with scratch data, after ``mark()`` published this rank's blind call of
-    that number as :data:`~collectives.consistency.RELEASE_TAG` (the peer's
+    that number as :data:`~collectives.core.consistency.RELEASE_TAG` (the peer's
     order check then raises). On host memory: MPI matches by type and
     count only."""
     allreduce, in_place = ctx.comm.Allreduce, MPI.IN_PLACE

@@ -21,7 +21,7 @@ communicator has and that serves the schedule. A channel provides:
   run`` binds the plan to a buffer;
 * ``blind_calls`` (this rank's blind-call words in shared memory, or None)
   and ``peer_blind(peer)`` (a peer's, read with plain loads, or None), see
-  :mod:`collectives.consistency`;
+  :mod:`collectives.core.consistency`;
 * ``free()`` (collective).
 
 Adding a channel means a module here and an entry in :data:`KINDS`; no

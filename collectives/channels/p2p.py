@@ -6,7 +6,7 @@ send and one receive are a ``Sendrecv``, a lone send or receive a blocking
 together. Every message carries the call signature's tag and every receive
 accepts any tag and checks it, so a rank whose call differs from its
 partner's raises :class:`AllreduceMismatch` instead of mixing the two calls'
-data (:mod:`collectives.consistency`). Messages travel as bytes: a message
+data (:mod:`collectives.core.consistency`). Messages travel as bytes: a message
 of another call then always lands as a clean error (wrong tag, or
 truncation), never as a partial element, which MPICH treats as an internal
 error.
@@ -18,10 +18,10 @@ call (which no message reaches): then :class:`AllreduceMismatch` instead of
 two ranks blocked in MPI for ever. Across nodes the waits stay inside MPI
 (cheaper; a rank of a point-to-point schedule and a peer in another call's
 ``MPI_Allreduce`` can then wait for each other: see
-:mod:`collectives.failures`).
+:mod:`collectives.core.failures`).
 
 A message longer than the segment (``MPIDP_ALLREDUCE_SEGMENT``, see
-:mod:`collectives.plans`) is sent in pieces, so that a received piece is
+:mod:`collectives.core.plans`) is sent in pieces, so that a received piece is
 combined right after it arrives, while it is still in cache; both ends cut
 by the round's agreed length (:meth:`collectives.schedule.Round.cut_basis`).
 Messages only copied on arrival (a round whose ``span`` is None) go whole.
@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable
 
 from collectives.channels import shm_window
-from collectives.context import PlanContext
+from collectives.core.context import PlanContext
 from collectives.runtime import MPI
 from collectives.schedule import (COPY, REDUCE_INCOMING_FIRST, REDUCTIONS, STASH, Round,
                                   Schedule, split)
@@ -52,7 +52,7 @@ class PointToPoint:
     #: Waiting happens inside MPI.
     sleep = False
     #: No shared memory: the communicator's state keeps the blind-call
-    #: words in an MPI window instead (:mod:`collectives.plans`).
+    #: words in an MPI window instead (:mod:`collectives.core.plans`).
     blind_calls = None
 
     @classmethod

@@ -10,7 +10,7 @@ oversubscribed node a waiting rank sleeps in the kernel
 of polling through MPICH's yield loop.
 
 Layout per rank: a header of int64 words ``[steps published, failed,
-blind-call words (:data:`collectives.consistency.BLIND_WORDS`), tag of slot
+blind-call words (:data:`collectives.core.consistency.BLIND_WORDS`), tag of slot
 0, ..., tag of slot k-1]`` and ``k = min(p + 1, MAX_SLOTS)`` slots of ``slot_bytes``. Every
 rank numbers the rounds it publishes, across calls: round ``g`` goes to
 slot ``g mod k``, its slot tag is written, then the counter (x86 keeps
@@ -28,7 +28,7 @@ combined straight into the next round's slot and never stored in the
 buffer.
 
 Waiting sees no MPI messages, so the wait is *blind*, like ``MPI_Allreduce``
-(:mod:`collectives.consistency`); every 10 ms it looks for what would mean
+(:mod:`collectives.core.consistency`); every 10 ms it looks for what would mean
 the call cannot complete: a message from a rank that has not finished this
 call (it is in another one), or the awaited rank counted into a blind call
 this rank is not making, or the awaited rank marked as *failed*: a rank
@@ -46,8 +46,8 @@ import numpy as np
 
 from collectives.channels import futex
 from collectives.channels.shm_window import shared_window, wait_until
-from collectives.consistency import BLIND_WORDS
-from collectives.context import PlanContext
+from collectives.core.consistency import BLIND_WORDS
+from collectives.core.context import PlanContext
 from collectives.errors import AllreduceError
 from collectives.runtime import MPI
 from collectives.schedule import COPY, REDUCE_INCOMING_FIRST, REDUCTIONS, Round, Schedule
@@ -126,7 +126,7 @@ class SharedGroup:
     # ------------------------------------------------------------ blind calls
     @property
     def blind_calls(self) -> memoryview:
-        """This rank's blind-call words (:mod:`collectives.consistency`)."""
+        """This rank's blind-call words (:mod:`collectives.core.consistency`)."""
         return self.heads[self.rank][_BLIND:_FIXED_WORDS]
 
     def peer_blind(self, peer: int) -> memoryview:
@@ -224,7 +224,7 @@ class SharedGroup:
 
             def steps(g: int) -> None:
                 end = g + rounds_per_call
-                enter()  # a blind call: peers may look (collectives.consistency)
+                enter()  # a blind call: peers may look (collectives.core.consistency)
                 for prefilled, send, kind, incoming_first, target in program:
                     if not prefilled:
                         reserve(g, end)
@@ -256,7 +256,7 @@ class SharedGroup:
     def wait(self, q: int, count: int, ctx: Any, end: int) -> None:
         """Wait until rank ``q`` has published ``count`` rounds.
 
-        ``ctx`` is the call's :class:`collectives.context.PlanContext` and
+        ``ctx`` is the call's :class:`collectives.core.context.PlanContext` and
         ``end`` the round count at which every rank has finished the call: a
         message from a rank short of it means that rank makes another call.
         Raises :class:`AllreduceMismatch` through ``ctx.fail`` /

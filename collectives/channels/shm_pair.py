@@ -12,7 +12,7 @@ combines (or copies) straight from the peer's slot.
 Layout per rank: a 64-byte header of int64 ``[sequence, tag of even calls,
 tag of odd calls, copy mode, blind-call words]`` (the copy mode: rank 0's
 decision, :mod:`collectives.channels.copy_mode`; the blind-call words:
-:data:`collectives.consistency.BLIND_WORDS`) and two
+:data:`collectives.core.consistency.BLIND_WORDS`) and two
 slots, used by alternate exchanges, so a rank may publish exchange s+1 while
 its peer still reads exchange s; it cannot reach s+2 before the peer has
 published s+1, i.e. finished reading s. On x86 (total store order) the data
@@ -34,7 +34,7 @@ A rank waiting here cannot see point-to-point messages, so every few
 milliseconds it looks for what would mean the peer is not coming: a message
 of another call waiting for this rank (``Iprobe``), or the peer counted
 into a blind call this rank never made
-(:meth:`collectives.plans.CommState.peer_blocked`). It spins without giving
+(:meth:`collectives.core.plans.CommState.peer_blocked`). It spins without giving
 up its core unless the node is oversubscribed (see ``sleep``).
 """
 from __future__ import annotations
@@ -47,8 +47,8 @@ import numpy as np
 from collectives.channels import copy_mode, futex, streaming
 from collectives.channels.copy_mode import DECISION, PairChoices, PairCopyMode
 from collectives.channels.shm_window import shared_window, wait_until
-from collectives.consistency import BLIND_WORDS
-from collectives.context import PlanContext
+from collectives.core.consistency import BLIND_WORDS
+from collectives.core.context import PlanContext
 from collectives.runtime import MPI
 from collectives.schedule import COPY, REDUCE_INCOMING_FIRST, REDUCTIONS, Round, Schedule, split
 
@@ -121,7 +121,7 @@ class SharedPair:
     # ------------------------------------------------------------ blind calls
     @property
     def blind_calls(self) -> memoryview:
-        """This rank's blind-call words (:mod:`collectives.consistency`)."""
+        """This rank's blind-call words (:mod:`collectives.core.consistency`)."""
         return self.my_head[_BLIND:_BLIND + BLIND_WORDS]
 
     def peer_blind(self, peer: int) -> memoryview:
@@ -175,7 +175,7 @@ class SharedPair:
     def wait(self, seq: int, tag: int, ctx: Any) -> None:
         """Wait until the peer has published exchange ``seq``.
 
-        ``ctx`` is the call's :class:`collectives.context.PlanContext`: its
+        ``ctx`` is the call's :class:`collectives.core.context.PlanContext`: its
         communicator is probed for messages of other calls, ``ctx.blocked``
         tells whether the peer sits in another blind call, and the failures
         raise through ``ctx.fail`` / ``ctx.fail_blocked``.
@@ -241,7 +241,7 @@ def exchange_step(pair: SharedPair, ctx: PlanContext, send: np.ndarray, receive:
     parity as ``receive`` elements of ``send``'s dtype (``operands`` is called
     once per parity, here), e.g. ``combine(theirs, part, part)``. ``first``:
     the call's first exchange, which marks the call as blind
-    (:mod:`collectives.consistency`). ``mode``: a
+    (:mod:`collectives.core.consistency`). ``mode``: a
     :class:`collectives.channels.copy_mode.PairCopyMode`, whose decision word
     says whether this call copies into the slot with streaming stores (else,
     and without ``mode``, an ordinary copy). Both ranks must run the same
@@ -278,7 +278,7 @@ def exchange_step(pair: SharedPair, ctx: PlanContext, send: np.ndarray, receive:
         if sleeping:
             wake(address)
         if first:
-            enter()  # a blind call: peers may look (collectives.consistency)
+            enter()  # a blind call: peers may look (collectives.core.consistency)
         if their_head[0] < seq:
             wait(seq, tag, ctx)
         if their_head[1 + parity] != tag:

@@ -34,11 +34,11 @@ UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
 @functools.lru_cache(maxsize=None)
 def _kernels() -> dict[str, Callable] | None:
-    """The Numba kernels (:mod:`collectives.combine_kernels`, compiled on first
+    """The Numba kernels (:mod:`collectives.core.combine_kernels`, compiled on first
     use per dtype and cached on disk), or None where Numba cannot be imported
     (numpy with a second pass instead)."""
     try:  # deferred: only a plan with a float buffer needs Numba
-        from collectives import combine_kernels
+        from collectives.core import combine_kernels
     except Exception:  # noqa: BLE001 - any import failure means "not here"
         return None
     kernels: dict[str, Callable] = {op: _pair(*loops)
@@ -49,7 +49,7 @@ def _kernels() -> dict[str, Callable] | None:
 
 def _pair(into: Callable, apart: Callable) -> Combine:
     """``combine(a, b, out)``: the two-array loop when ``out`` is ``a`` or ``b``
-    (see :mod:`collectives.combine_kernels`), else the three-array one."""
+    (see :mod:`collectives.core.combine_kernels`), else the three-array one."""
 
     def combine(a, b, out):
         if out is b:

@@ -7,7 +7,7 @@ seen by some ranks only would leave the others waiting forever. The rules:
    buffer or communicator, or a thread that may not call MPI, raises on the
    rank that passed it (:class:`UnknownAlgorithm`, :class:`UnknownOp`,
    :class:`UnsupportedBuffer`, :class:`AllreduceError`).
-2. **Ranks that disagree are found** (:mod:`collectives.consistency`): on the
+2. **Ranks that disagree are found** (:mod:`collectives.core.consistency`): on the
    first call of a signature every rank raises :class:`AllreduceMismatch`
    (``collective = True``); later, the ranks that see a message, a slot or a
    counter of another call raise it.
@@ -22,12 +22,12 @@ seen by some ranks only would leave the others waiting forever. The rules:
    communicator on which a call failed midway refuses further calls
    (ranks may be out of step and messages of that call may still arrive;
    use ``comm.Dup()``). The rank also *leaves* that communicator
-   (:meth:`collectives.plans.CommState.leave`): peers waiting for it in a
+   (:meth:`collectives.core.plans.CommState.leave`): peers waiting for it in a
    wait of ours raise, and a peer inside ``MPI_Allreduce`` of a call it
    will not make is released where the ranks share a node and every other
    rank is in that call.
 5. **A call that fails once its data moved leaves the buffer filled with
-   NaN** (0 for integers; :func:`collectives.dispatch.wipe`): it may hold a
+   NaN** (0 for integers; :func:`collectives.core.dispatch.wipe`): it may hold a
    mix of calls or of ranks' numbers, which must neither pass for a result
    nor show this rank another rank's data.
 6. **Nothing is collective at interpreter exit**: a rank leaving with an
@@ -49,7 +49,7 @@ import sys
 import time
 from typing import Any
 
-from collectives.consistency import GONE_EXITED, GONE_FAILED
+from collectives.core.consistency import GONE_EXITED, GONE_FAILED
 from collectives.errors import AllreduceError
 from collectives.runtime import MPI
 
@@ -86,7 +86,7 @@ def handle(error: BaseException, comm: Any, midway: bool) -> None:
         error._collectives_handled = True
     except AttributeError:  # an exception without a __dict__
         pass
-    from collectives import plans  # deferred: plans imports this module's users
+    from collectives.core import plans  # deferred: plans imports this module's users
 
     state = plans.existing_state(comm)
     if midway and state is not None and state.broken is None:
@@ -164,7 +164,7 @@ def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
     waits), it then waits until every peer has marked itself gone too, still
     watching, since a peer may enter such a call later; the communicators'
     windows are freed in ``MPI_Finalize`` after that, together."""
-    from collectives import plans  # deferred: plans imports this module's users
+    from collectives.core import plans  # deferred: plans imports this module's users
 
     for state in list(plans._STATES):
         if state.size == 1 or state.comm == MPI.COMM_NULL:

@@ -8,7 +8,7 @@ and, every few calls, the ranks agree on the estimates with one small
 all-reduce (the slowest rank's time counts), so every rank makes the same
 choice at the same call without any other message.
 
-* It starts from the static table's choice (:mod:`collectives.auto`), or from
+* It starts from the static table's choice (:mod:`collectives.auto.table`), or from
   what an earlier run measured on this machine (the tuning file, below).
 * Exploration: each candidate is tried on a few calls (the first one
   untimed: it builds the candidate's plan), also those the file knows: an
@@ -349,7 +349,7 @@ class TunedPlan:
         # (settle). The calls come from one endless iterator of runners: the
         # slow call, then ``repeat(chosen, length)``, then the next slow call...
         # Calling ``next(calls)()`` walks a stretch in C, with no frame of ours:
-        # the dispatcher does that itself (collectives.dispatch), since a
+        # the dispatcher does that itself (collectives.core.dispatch), since a
         # Python frame per call cost 5% of a 1 us call.
         length, chosen_index = 0, 0
         current: Iterable[Runner] = ()

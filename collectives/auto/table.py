@@ -1,7 +1,7 @@
 """``auto``: picks an algorithm by message size and placement.
 
 The *placement* of a communicator is decided once, identically on every
-rank (:attr:`collectives.plans.CommState.placement`):
+rank (:attr:`collectives.core.plans.CommState.placement`):
 
 * ``single``: one rank (every algorithm is a no-op);
 * ``pair``: two ranks sharing a node, a core each (schedules of pairwise

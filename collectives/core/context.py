@@ -6,7 +6,7 @@ length, dtype and op, the message tag of the signature, the *array space*
 (host memory, or device memory with a CUDA-aware MPI: temporaries, the
 element-wise combine and the MPI message spec of a view), and raises the
 errors that name what went wrong when ranks disagree
-(:mod:`collectives.consistency`).
+(:mod:`collectives.core.consistency`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.combine import Combine, canonicalizer, host_combiner
+from collectives.core.combine import Combine, canonicalizer, host_combiner
 from collectives.errors import AllreduceMismatch
 from collectives.runtime import MPI
 
@@ -32,7 +32,7 @@ OPS: dict[str, tuple[Any, str]] = {
 
 
 class HostSpace:
-    """Host memory: numpy temporaries, the combines of :mod:`collectives.combine`,
+    """Host memory: numpy temporaries, the combines of :mod:`collectives.core.combine`,
     MPI specs over ``MPI.buffer``."""
 
     name = "host"
@@ -76,7 +76,7 @@ class PlanContext:
             *blind* call of this signature, one that waits where
             point-to-point messages cannot reach it (``MPI_Allreduce``, or a
             shared-memory channel's wait); peers read the count
-            (:mod:`collectives.consistency`).
+            (:mod:`collectives.core.consistency`).
         verify_blind: ``verify(call number)``: after a blind call of
             ``MPI_Allreduce``, check that the peers made the same call.
         on_release: functions to call when the plan is dropped (e.g. to free
@@ -114,7 +114,7 @@ class PlanContext:
     #: order of ``MPI_Allreduce`` calls (shared memory), else None: a plan
     #: that waits inside ``MPI_Allreduce`` registers how a rank that will
     #: not make its call joins it anyway, so that a peer is not left there
-    #: (:data:`collectives.consistency.RELEASE_TAG`).
+    #: (:data:`collectives.core.consistency.RELEASE_TAG`).
     releases: dict | None = None
 
     def empty(self, n: int) -> Any:
@@ -124,7 +124,7 @@ class PlanContext:
     @property
     def combine(self) -> Combine:
         """``combine(a, b, out)``: ``out = a (op) b`` with the special-value rule of
-        :mod:`collectives.combine`; on a device, finished when it returns."""
+        :mod:`collectives.core.combine`; on a device, finished when it returns."""
         return self.space.combiner(self.op, self.dtype)
 
     def piece_count(self, longest: int) -> int:

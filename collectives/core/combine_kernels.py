@@ -1,4 +1,4 @@
-"""The Numba loops behind :mod:`collectives.combine` (imported on first use).
+"""The Numba loops behind :mod:`collectives.core.combine` (imported on first use).
 
 They are module-level functions on purpose. Numba keys a cached function by
 its code and the values of its closure cells, and a dispatcher held in a

@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from collectives.context import OPS, SUPPORTED_DTYPES
+from collectives.core.context import OPS, SUPPORTED_DTYPES
 from collectives.errors import UnsupportedBuffer
 
 Runner = Callable[[], None]
@@ -133,7 +133,7 @@ def staged_runner(ops: DeviceOps, buf: Any, host: np.ndarray, run: Runner) -> Ru
     return run_staged
 
 
-#: CUDA C bodies of the element-wise rules of :mod:`collectives.combine`
+#: CUDA C bodies of the element-wise rules of :mod:`collectives.core.combine`
 #: (``nan("")`` is the canonical quiet NaN, converted to ``T``).
 DEVICE_RULES = {
     "sum": "T v = a + b; out = (v != v) ? (T)nan(\"\") : v;",
@@ -157,7 +157,7 @@ class CupySpace:
         return self.cupy.empty(n, dtype)
 
     def combiner(self, op: str, dtype: np.dtype) -> Callable[[Any, Any, Any], None]:
-        """The rule of :mod:`collectives.combine` as one CuPy element-wise kernel
+        """The rule of :mod:`collectives.core.combine` as one CuPy element-wise kernel
         (integers: CuPy's ufunc)."""
         cupy = self.cupy
         if dtype.kind == "f":

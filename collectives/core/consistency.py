@@ -47,8 +47,8 @@ signature with different buffers made in a different order. What remains
 MPI's business: ``native`` calls of *different* byte counts made in a
 different order across nodes, and, across nodes, a rank in a
 point-to-point schedule whose peer sits in another call's
-``MPI_Allreduce`` (both wait inside MPI; see :mod:`collectives.failures`).
-What happens after an error is the subject of :mod:`collectives.failures`.
+``MPI_Allreduce`` (both wait inside MPI; see :mod:`collectives.core.failures`).
+What happens after an error is the subject of :mod:`collectives.core.failures`.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ from typing import Callable
 
 import numpy as np
 
-from collectives.context import OPS, SUPPORTED_DTYPES
+from collectives.core.context import OPS, SUPPORTED_DTYPES
 from collectives.errors import AllreduceMismatch
 from collectives.runtime import MPI
 

@@ -5,7 +5,7 @@ meet the user's, and receives may accept any tag), sets up the channels the
 communicator can use (:mod:`collectives.channels`) and attaches the state
 to it as an MPI attribute: freeing the user's communicator frees ours. A
 :class:`Plan` is made once per call signature, after the ranks agreed on it
-(:mod:`collectives.consistency`): the algorithm's schedule over the first
+(:mod:`collectives.core.consistency`): the algorithm's schedule over the first
 channel that serves it, or a library collective; it keeps the runners bound
 to the last few buffers it reduced, so a repeated call allocates nothing.
 """
@@ -20,17 +20,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives import consistency, tuning
-from collectives.consistency import (BLIND_WORDS, GONE, GONE_FAILED, RELEASE_TAG, gone_reason,
-                                     last_blind_tag, make_enter, make_verify, make_verify_mpi,
-                                     verify_everywhere)
+from collectives.auto import tuning
+from collectives.auto.tuning import TunedPlan
 from collectives.channels import KINDS, futex
-from collectives.combine import warm_up
-from collectives.context import OPS, PlanContext
+from collectives.core import consistency
+from collectives.core.combine import warm_up
+from collectives.core.consistency import (BLIND_WORDS, GONE, GONE_FAILED, RELEASE_TAG,
+                                          gone_reason, last_blind_tag, make_enter, make_verify,
+                                          make_verify_mpi, verify_everywhere)
+from collectives.core.context import OPS, PlanContext
 from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
 from collectives.runtime import MPI, launch_info
-from collectives.tuning import TunedPlan
 
 #: Signatures kept per communicator, and buffers bound per signature.
 MAX_PLANS = 64
@@ -134,7 +135,7 @@ class CommState:
         #: The channels this communicator has, in order of preference (each
         #: kind's creation is collective; a kind that cannot work here is absent).
         self.channels = [c for c in (kind.create(self.comm) for kind in KINDS) if c is not None]
-        # The blind-call words, readable by the peers (collectives.consistency):
+        # The blind-call words, readable by the peers (collectives.core.consistency):
         # for ranks all on one node in their shared window (plain loads: a
         # one-sided Get would wait for the peer to enter MPI, which a
         # shared-memory wait never does), otherwise in a window read with
@@ -226,7 +227,7 @@ class CommState:
 
     def peer_words(self, peer: int) -> tuple[int, int, int] | None:
         """``(blind calls entered, gone, tag of the last one)`` of ``peer``
-        (:mod:`collectives.consistency`), or None where they cannot be read."""
+        (:mod:`collectives.core.consistency`), or None where they cannot be read."""
         if self.shared is not None:
             words = self.shared.peer_blind(peer)
         elif self.window is not None:
@@ -274,7 +275,7 @@ class CommState:
 
     def leave(self, gone: int) -> None:
         """Mark this rank *gone* from the communicator (``gone``: why, see
-        :data:`collectives.consistency.GONE`), so that peers waiting for it
+        :data:`collectives.core.consistency.GONE`), so that peers waiting for it
         raise instead of waiting; and where a peer waits inside
         ``MPI_Allreduce`` of a call this rank will never make, with every
         other rank in that call too, join it (a *release*: the peer's order
@@ -408,7 +409,7 @@ class CommState:
 
 
     def _tuned_plan(self, n: int, dtype: np.dtype, op: str, first: str) -> TunedPlan:
-        """``auto`` chosen by measurement (:mod:`collectives.tuning`)."""
+        """``auto`` chosen by measurement (:mod:`collectives.auto.tuning`)."""
         names_ = [name for name in tuning.CANDIDATES if name in names()]
         key = tuning.bucket(n * dtype.itemsize, dtype, op)
         counter = np.dtype(np.float64)
@@ -421,7 +422,7 @@ class CommState:
         return plan
 
     def _verifier(self, tag: int, description: str) -> Callable[[int], None]:
-        """Point 4 of :mod:`collectives.consistency` for this signature."""
+        """Point 4 of :mod:`collectives.core.consistency` for this signature."""
         peers = [q for q in range(self.size) if q != self.rank]
         if self.shared is not None:
             nbytes, known = self.nbytes.get(tag), self.nbytes
@@ -447,7 +448,7 @@ class CommState:
 
 
 def placement_of(size: int, oversubscribed: bool, pair: bool, group: bool) -> str:
-    """The placement :mod:`collectives.auto` chooses by (see ``auto.PLACEMENTS``)."""
+    """The placement :mod:`collectives.auto.table` chooses by (see ``auto.PLACEMENTS``)."""
     if size == 1:
         return "single"
     if oversubscribed:
@@ -472,7 +473,7 @@ def _at_finalize(comm, keyval, value) -> None:
     # deleted before anything else), when every rank finalizes: the windows
     # are freed there, collectively, before MPI tears down. A job that is
     # aborted never gets here, so a failing rank never waits in a collective
-    # free (collectives.failures, rule 6); the OS reclaims its windows.
+    # free (collectives.core.failures, rule 6); the OS reclaims its windows.
     for state in list(_STATES):
         try:
             state.free()

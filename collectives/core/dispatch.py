@@ -7,10 +7,10 @@ the array is still 1-D and writeable) and, when nothing changed,
 runs the runner bound last time: no allocation, no collective, well under a
 microsecond of Python. For a tuned ``auto`` on a numpy array it takes the
 next call from the tuner's iterator itself
-(:class:`collectives.tuning.TunedPlan`): a frame of auto's own cost 5% of a
+(:class:`collectives.auto.tuning.TunedPlan`): a frame of auto's own cost 5% of a
 1 us call. Anything else takes the slow path: check the buffer, find or
 make the checked plan of the signature (collective the first time, see
-:mod:`collectives.consistency`), bind it to the buffer, remember the call.
+:mod:`collectives.core.consistency`), bind it to the buffer, remember the call.
 
 A numpy array bound to a plan is held by a weak reference, which makes
 numpy refuse to resize it in place (``ndarray.resize`` raises, even with
@@ -23,7 +23,7 @@ grad is checked with the rest of the call, when it is bound); a torch CPU
 tensor is reduced through a numpy view of its memory made by
 address (``tensor.numpy()`` would make its storage unresizable for good).
 
-What happens when a call fails is the subject of :mod:`collectives.failures`.
+What happens when a call fails is the subject of :mod:`collectives.core.failures`.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from collectives import device, failures, plans
-from collectives.context import OPS, SUPPORTED_DTYPES
+from collectives.core import device, failures, plans
+from collectives.core.context import OPS, SUPPORTED_DTYPES
 from collectives.errors import AllreduceError, UnknownOp, UnsupportedBuffer
 from collectives.registry import Algorithm, get
 from collectives.runtime import MPI, mpi_cuda_support
@@ -70,7 +70,7 @@ def allreduce(buf: Any, comm: "MPI.Intracomm | None" = None, algorithm: str = "a
             size and placement).
         op: ``"sum"``, ``"max"`` or ``"min"`` (or ``MPI.SUM``, ``MPI.MAX``,
             ``MPI.MIN``). Floats follow the special-value rule of
-            :mod:`collectives.combine` (one answer for NaN, inf and -0.0 on
+            :mod:`collectives.core.combine` (one answer for NaN, inf and -0.0 on
             every rank and with every algorithm).
 
     Returns:
@@ -87,7 +87,7 @@ def allreduce(buf: Any, comm: "MPI.Intracomm | None" = None, algorithm: str = "a
     communicator usable. Any other error on a job of several ranks ends the
     job (``MPI_Abort``) after printing it, unless
     :func:`collectives.abort_on_error` was turned off; see
-    :mod:`collectives.failures`.
+    :mod:`collectives.core.failures`.
     """
     hot = _hot
     if (buf is hot[0] and comm is hot[1] and algorithm == hot[2] and op == hot[3]
@@ -304,7 +304,7 @@ def wipe(buf: Any) -> None:
 
 
 def _check(buf: Any, comm: Any, algorithm: str, op: Any) -> _Checked:
-    """Check the call's arguments (rule 1 of :mod:`collectives.failures`)."""
+    """Check the call's arguments (rule 1 of :mod:`collectives.core.failures`)."""
     name = op_name(op)
     chosen = get(algorithm)  # UnknownAlgorithm before any communication
     if isinstance(buf, np.ndarray):

@@ -1,0 +1,280 @@
+"""All-reduce micro-benchmark: every registered algorithm against MPI's own.
+
+Run it like OSU's osu_allreduce or nccl-tests' all_reduce_perf, on every
+rank: ``mpiexec -n 2 mpidp bench allreduce``. For each size (``-b`` to ``-e``,
+times ``-f``) it times every algorithm (``-a``, default all, ``native``
+included) on the same buffer, interleaving the algorithms in rounds so that
+host effects hit them all alike, and prints on rank 0:
+
+* time: average over iterations and ranks, with the fastest and slowest
+  rank's average (OSU's avg/min/max latency);
+* algbw = bytes / time and busbw = algbw * 2(p-1)/p (nccl-tests'
+  PERFORMANCE.md), the bandwidth each rank's link sustains, comparable across
+  rank counts; the single-process memory-copy bandwidth is printed above the
+  table as the ceiling on one node;
+* "x native": native's time divided by the algorithm's (> 1 is faster);
+* the channel each algorithm's schedule ran over (``--json``: ``channel``),
+  and for ``auto`` what it ran (its tuning tries the candidates on the timed
+  calls themselves; ``--json``: ``tuned_calls``, calls per candidate);
+* #wrong with ``-c``: elements differing from the exact expected result, or
+  not bit-identical to rank 0's (the data are small integers, so every sum is
+  exact in every dtype). Any wrong element makes the command exit with 3.
+
+``--json FILE`` writes one record per algorithm and size; ``--plot FILE.png``
+draws latency and busbw against size. The harness never knows which
+algorithm it times: it looks them up by name in the registry. The timed
+rounds are :mod:`collectives.bench.measure`'s, the table, footers, plot and
+``--summarize`` :mod:`collectives.bench.report`'s.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import re
+import sys
+from typing import Any
+
+from collectives import machine
+from collectives.bench.measure import copy_bandwidth, cpu_ticks, measure, steal_percent
+from collectives.bench.report import (HEADER, format_row, plot, steal_line, streaming_line,
+                                      summarize, xcore_line)
+from collectives.core.plans import comm_state
+from collectives.describe import format_size
+from collectives.registry import get, names
+from collectives.runtime import MPI, launch_info
+
+EXIT_WRONG = 3
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+DTYPES = ("float16", "float32", "float64", "int32", "int64")
+
+
+def parse_size(text: str) -> int:
+    """``"8"``, ``"64K"``, ``"64M"``, ``"1GiB"`` -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8, 64K, 64M, 1G)")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"),
+                        metavar="SIZE", help="smallest message (default 8 B)")
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"),
+                        metavar="SIZE", help="largest message (default 64M)")
+    parser.add_argument("-f", "--stepfactor", type=int, default=2, metavar="F",
+                        help="multiply the size by F between rows (default 2)")
+    parser.add_argument("-i", "--iters", type=int, default=0, metavar="N",
+                        help="timed iterations per algorithm and size (default 0: as many "
+                        "as fit in --time seconds, between 5 and 10000)")
+    parser.add_argument("-w", "--warmup_iters", type=int, default=5, metavar="N",
+                        help="untimed iterations first (default 5)")
+    parser.add_argument("-c", "--check", type=int, nargs="?", const=1, default=0,
+                        metavar="0|1", help="check every result (exact, bit-identical on all "
+                        "ranks); a wrong one makes the command exit with 3")
+    parser.add_argument("-a", "--algorithms", default="all", metavar="A,B",
+                        help="comma-separated algorithms (default: all registered, "
+                        "native included)")
+    parser.add_argument("-d", "--datatype", default="float32", choices=DTYPES,
+                        help="element type (default float32)")
+    parser.add_argument("-o", "--op", default="sum", choices=("sum", "max", "min"),
+                        help="reduction (default sum)")
+    parser.add_argument("--rounds", type=int, default=5, metavar="R",
+                        help="interleave the algorithms in R rounds per size (default 5)")
+    parser.add_argument("--time", type=float, default=0.1, metavar="S",
+                        help="with -i 0: seconds of timing per algorithm and size (default 0.1)")
+    parser.add_argument("--keep-heap", action="store_true",
+                        help="on every rank, keep freed memory in the heap (glibc mallopt: "
+                        "M_MMAP_MAX 0, M_TRIM_THRESHOLD 1 GiB, i.e. MALLOC_MMAP_MAX_=0 "
+                        "MALLOC_TRIM_THRESHOLD_=1073741824), so MPICH's temporary for large "
+                        "native all-reduces is not page-faulted in on every call "
+                        "(default: leave malloc alone)")
+    parser.add_argument("--json", metavar="FILE", help="write the records as JSON")
+    parser.add_argument("--summarize", nargs="+", metavar="FILE",
+                        help="do not measure: print a markdown table of the medians of "
+                        "earlier --json runs (speedups over native paired per round)")
+    parser.add_argument("--min-xcore", type=float, metavar="GBPS",
+                        help="with --summarize: leave out the sizes measured while the "
+                        "core-to-core copy bandwidth (measured before and after each size, "
+                        "see the footer of a run) was below GBPS, i.e. in a slow spell of a "
+                        "virtual machine's host")
+    parser.add_argument("--max-xcore", type=float, metavar="GBPS",
+                        help="with --summarize: the opposite, keep only the sizes measured "
+                        "while the core-to-core copy was below GBPS before and after (the "
+                        "slow spells)")
+    parser.add_argument("--plot", metavar="FILE.png", help="plot latency and busbw vs size")
+
+
+def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    """The message sizes in bytes, nccl-tests style."""
+    if minbytes < 1 or maxbytes < minbytes or factor < 2:
+        raise BenchUsageError("need 1 <= -b <= -e and -f >= 2")
+    out, size = [], minbytes
+    while size <= maxbytes:
+        out.append(size)
+        size *= factor
+    return out
+
+
+class BenchUsageError(ValueError):
+    """A benchmark option that cannot work."""
+
+    exit_code = 2
+    collective = True
+
+
+class BenchWriteError(OSError):
+    """An output that could not be written at the end (checked before the run)."""
+
+    exit_code = 74
+    collective = True
+
+
+def check_output(path: str | None, option: str) -> str | None:
+    """Why ``path`` cannot be written, or None: mpidp's rule for every output
+    (docs/lifecycle.md: the file may exist; its directory must exist and
+    accept a new file; mpidp never creates a missing parent directory)."""
+    if not path:
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{option} {path}: is a directory; give a file name"
+    if not os.path.isdir(parent):
+        what = "is a file, not a directory" if os.path.exists(parent) else "does not exist"
+        return (f"{option} {path}: directory {parent} {what} (mpidp creates the file you "
+                "name, never its parent)")
+    probe = os.path.join(parent, f".mpidp-probe-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as error:
+        return f"{option} {path}: cannot write in {parent}: {error.strerror}"
+    return None
+
+
+def keep_heap() -> bool:
+    """glibc: serve large allocations from the heap and never trim it; False without glibc."""
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_max = -1, -4
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold,
+                                                                        1 << 30))
+    except (OSError, AttributeError):
+        return False
+
+
+def malloc_setting(kept: bool) -> str:
+    if kept:
+        return "heap kept (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=1 GiB, --keep-heap)"
+    env = {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
+           if k in os.environ}
+    return " ".join(f"{k}={v}" for k, v in env.items()) or "glibc defaults (no --keep-heap)"
+
+
+def describe_run(comm: Any, auto_placement: str = "") -> str:
+    """One line about the job (local; ``auto_placement`` from the comm's state)."""
+
+    info = launch_info(comm)
+    level = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+             MPI.THREAD_SERIALIZED: "serialized",
+             MPI.THREAD_MULTIPLE: "multiple"}.get(MPI.Query_thread(), "?")
+    placement = (f"oversubscribed: {info.local_ranks} ranks on {info.cores} cores"
+                 if info.oversubscribed else f"{info.cores} cores")
+    auto = f", auto's placement '{auto_placement}'" if auto_placement else ""
+    return (f"{comm.Get_size()} ranks ({placement}{auto}), {machine.one_line()}, "
+            f"MPI thread level {level}")
+
+
+def run(args: argparse.Namespace) -> int:
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if (args.min_xcore is not None or args.max_xcore is not None) and not args.summarize:
+        raise BenchUsageError("--min-xcore and --max-xcore apply to --summarize (they filter "
+                              "saved runs)")
+    if args.summarize:
+        if rank == 0:
+            runs = []
+            for path in args.summarize:
+                try:
+                    with open(path) as handle:
+                        runs.append(json.load(handle))
+                except (OSError, ValueError) as error:
+                    raise BenchUsageError(f"{path}: cannot read benchmark JSON ({error})")
+            print(summarize(runs, args.min_xcore, args.max_xcore))
+        return 0
+    if args.algorithms == "all":
+        algorithms = names()
+    else:
+        algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+        for name in algorithms:
+            get(name)  # UnknownAlgorithm, the same on every rank
+    sizes_bytes = sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    if args.keep_heap and not keep_heap():
+        raise BenchUsageError("--keep-heap needs glibc (mallopt failed)")
+    problem = None
+    if rank == 0:  # the outputs before any measurement; rank 0 writes them
+        problem = check_output(args.json, "--json") or check_output(args.plot, "--plot")
+    problem = comm.bcast(problem, root=0)
+    if problem:
+        raise BenchUsageError(problem)
+    ceiling = None
+    comm.Barrier()
+    if rank == 0:  # copy as much as the largest message (4 MiB to 256 MiB)
+        ceiling = copy_bandwidth(max(4 << 20, min(args.maxbytes, 256 << 20)))
+    ceiling = comm.bcast(ceiling, root=0)
+
+    job = describe_run(comm, comm_state(comm).placement)  # collective on first use
+    out = sys.stdout
+    if rank == 0:
+        print(f"# mpidp bench allreduce: {job}", file=out)
+        print(f"# dtype {args.datatype}, op {args.op}, iterations "
+              f"{args.iters or f'auto ({args.time:g} s per algorithm and size)'}, warm-up "
+              f"{args.warmup_iters}, {args.rounds} interleaved rounds, check "
+              f"{'on' if args.check else 'off'}", file=out)
+        print(f"# memory-copy ceiling (one process, np.copyto of "
+              f"{format_size(max(4 << 20, min(args.maxbytes, 256 << 20)))}): {ceiling:.2f} GB/s; "
+              "busbw = algbw * 2(p-1)/p; 'x native' = native time / time", file=out)
+        print(f"# malloc: {malloc_setting(args.keep_heap)}", file=out)
+        print(HEADER, file=out, flush=True)
+
+    def on_row(rows: list[dict]) -> None:
+        if rank == 0:
+            for row in rows:
+                print(format_row(row), file=out)
+            out.flush()
+
+    ticks = cpu_ticks()
+    records = measure(comm, algorithms, sizes_bytes, args.datatype, args.op, args.iters,
+                      args.warmup_iters, bool(args.check), args.rounds, args.time, on_row)
+    stolen = comm.allreduce(steal_percent(ticks, cpu_ticks()) or 0.0, op=MPI.MAX)
+    facts = machine.describe()
+    for record in records:
+        record["copy_ceiling_gbps"] = ceiling
+        record.update(cpu=facts["cpu"], vector_extensions=facts["vector_extensions"],
+                      mpi_library=facts["mpi"])
+    wrong = sum(r["wrong"] or 0 for r in records)
+    if rank == 0:
+        print(steal_line(stolen, records), file=out)
+        print(xcore_line(records), file=out)
+        streaming = streaming_line(records)
+        if streaming:
+            print(streaming, file=out)
+        try:
+            if args.json:
+                with open(args.json + ".tmp", "w") as handle:
+                    json.dump(records, handle, indent=1)
+                os.replace(args.json + ".tmp", args.json)
+            if args.plot:
+                plot(records, args.plot, f"all-reduce, {job}", ceiling)
+        except OSError as error:
+            raise BenchWriteError(f"cannot write the results: {error.strerror or error}") \
+                from None
+        if args.check:
+            verdict = "all results correct" if not wrong else f"{wrong} WRONG elements"
+            print(f"# check: {verdict}", file=out, flush=True)
+    return EXIT_WRONG if wrong else 0
