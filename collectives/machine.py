@@ -2,12 +2,18 @@
 
 Every benchmark prints this in its header and JSON, and the all-reduce tuner
 keys its cache by it, because a figure or a choice measured on one CPU need
-not hold on the next.
+not hold on the next. :func:`provenance` adds what a result file needs to be
+measured again: the command, the date and the commit.
 """
 from __future__ import annotations
 
+import datetime
 import functools
+import os
 import platform
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 from collectives.runtime import MPI, available_cores
@@ -62,3 +68,55 @@ def one_line(facts: dict | None = None) -> str:
     vector = ", ".join(facts["vector_extensions"]) or "no vector extensions listed"
     return (f"{facts['cpu']} ({vector}), {facts['cores']} cores, {facts['host']}; "
             f"{facts['mpi']}")
+
+
+#: The checkout mpidp runs from (the folder above ``collectives/``).
+_SOURCE = Path(__file__).resolve().parent.parent
+
+
+def source_commit(root: Path = _SOURCE) -> tuple[str | None, bool]:
+    """(``git rev-parse --short HEAD``, whether tracked files differ from it) of
+    the checkout at ``root``; (None, False) where mpidp does not run from a git
+    checkout of its own (an installed copy, no git)."""
+    def git(*argv: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *argv], capture_output=True,
+                                  text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != root.resolve():
+        return None, False
+    commit = git("rev-parse", "--short", "HEAD")
+    return commit, bool(commit and git("status", "--porcelain", "--untracked-files=no"))
+
+
+def command_line(argv: list[str] | None = None, ranks: int = 1) -> str:
+    """The command as a user types it again: ``mpidp ...`` (or ``python
+    script.py ...``), with ``mpiexec -n P`` in front when ``ranks`` > 1."""
+    argv = list(sys.argv if argv is None else argv)
+    program = os.path.basename(argv[0]) if argv else "python"
+    if argv and Path(argv[0]).resolve() == _SOURCE / "engine" / "cli.py":
+        program = "mpidp"  # python -m engine.cli: the entry point itself
+    elif program.endswith(".py"):
+        path = Path(argv[0]).resolve()
+        shown = path.relative_to(_SOURCE) if _SOURCE in path.parents else path
+        program = f"python {shown}"
+    text = " ".join([program, *map(shlex.quote, argv[1:])])
+    return f"mpiexec -n {ranks} {text}" if ranks > 1 else text
+
+
+def provenance(facts: dict | None = None, argv: list[str] | None = None,
+               ranks: int | None = None) -> dict:
+    """The block a result file carries so that its figures can be traced and
+    measured again: ``command`` (:func:`command_line`; ``ranks`` defaults to
+    the size of ``COMM_WORLD``), ``date`` (UTC, ISO 8601), ``commit`` and
+    ``dirty`` (:func:`source_commit`) and ``machine`` (``facts``, default
+    :func:`describe`)."""
+    ranks = MPI.COMM_WORLD.Get_size() if ranks is None else ranks
+    commit, dirty = source_commit()
+    return {"command": command_line(argv, ranks),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit, "dirty": dirty, "machine": facts or describe()}

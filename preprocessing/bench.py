@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from collectives import MPI
+from collectives import MPI, machine
 from collectives.launch import child_env, find_tool
 from preprocessing import atomic
 from preprocessing.errors import PrepError
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps({
                 "input": source, "records": records, "megabytes": size_mb,
                 "repeat": args.repeat, "seconds": times, "median_seconds": medians,
+                "provenance": machine.provenance(),
             }, indent=2))
         except OSError as exc:
             raise PrepError(f"--json {args.json}: cannot write it: {exc.strerror}") from None

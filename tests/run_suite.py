@@ -17,11 +17,13 @@ has none cached yet (:mod:`kernels.numba_target`), and printed.
 
 Every stage has a wall-clock limit (``MPIEXEC_TIMEOUT`` and pytest-timeout),
 so a hang fails with a message instead of blocking CI. Any stage failing
-fails the command. The last line is the summary.
+fails the command. The last line is the summary; ``--json FILE`` also writes
+it, with the command, date, commit and machine (docs/results/test-suite.md).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -84,6 +86,23 @@ def run_stage(name: str, argv: list[str], timeout: int, env: dict) -> tuple[int,
     return code, time.monotonic() - start
 
 
+def summary(results: list[tuple[str, int, float, dict]]) -> dict:
+    """The stages as a JSON document: name, exit code, seconds and junit counts
+    of each, whether all passed, the test runs (run, not skipped) and the time."""
+    return {"stages": [{"stage": name, "exit_code": code, "seconds": round(secs, 1), **counts}
+                       for name, code, secs, counts in results],
+            "passed": all(code == 0 for _, code, _, _ in results),
+            "test_runs": sum(c.get("tests", 0) - c.get("skipped", 0) for *_, c in results),
+            "seconds": round(sum(r[2] for r in results), 1)}
+
+
+def write_summary(path: str, results: list) -> None:
+    from collectives import machine  # deferred: MPI, only once the stages have run
+
+    Path(path).write_text(json.dumps({**summary(results), "provenance": machine.provenance(
+        ranks=1)}, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,3,4",
@@ -94,8 +113,13 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=None,
                         help="pytest-xdist workers for stage 1 (default: one per core, at "
                              "most 4; 0 runs it in one process)")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write the summary, with the command, date, commit and "
+                             "machine, as JSON")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"--json {args.json}: no such folder")
 
     env = dict(os.environ)
     env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
@@ -136,6 +160,8 @@ def main() -> int:
         verdict = "ok" if code == 0 else f"FAIL({code})"
         print(f"{name:<16} {verdict:<7} {counts.get('tests', '?'):>6} {failed:>7} "
               f"{counts.get('skipped', '?'):>8} {secs:>7.1f}s")
+    if args.json:
+        write_summary(args.json, results)
     bad = [name for name, code, *_ in results if code != 0]
     total = sum(r[2] for r in results)
     ran = sum(r[3].get("tests", 0) - r[3].get("skipped", 0) for r in results)

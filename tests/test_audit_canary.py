@@ -310,7 +310,10 @@ def test_mpidp_audit_attack_canary_on_two_ranks(data, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "canary audit (white-box, one run): epsilon >=" in done.stdout
     assert "f-DP analysis of the same guesses: epsilon >=" in done.stdout
-    report = json.loads(out.read_text())["canary"]
+    written = json.loads(out.read_text())
+    report = written["canary"]
+    assert written["provenance"]["command"].startswith(
+        "mpiexec -n 2 mpidp audit --attack canary --data ")
     assert report["ranks"] == 2 and report["m"] == 500 and not report["detected"]
     assert report["verdict"] == "not-refuted" and "-> not refuted (this audit could have " \
         "shown up to epsilon" in done.stdout

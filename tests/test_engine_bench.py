@@ -50,6 +50,7 @@ def test_bench_dpsgd_runs_the_trainers_step_and_reports_what_it_counted(tmp_path
                 "--json", str(out)) == 0
     data = json.loads(out.read_text())
     assert data["mlp_step"] == "the MLP step in one call (torch's BLAS sgemm_)"
+    assert data["provenance"]["machine"] == data["machine"] and data["provenance"]["date"]
     rates, rounds = data["examples_per_s"], data["all_rounds"]
     # Both mpidp methods ran engine.step.DPStep: warm-up, then STEPS per round.
     steps = {}

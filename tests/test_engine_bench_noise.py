@@ -1,6 +1,8 @@
 """``mpidp bench noise`` and the machine facts every benchmark prints."""
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -43,8 +45,15 @@ def test_bench_noise_reports_the_median_ratios_and_the_machine(tmp_path, capsys,
     monkeypatch.setattr(noise, "_methods", fake_methods)
     monkeypatch.setattr(noise.time, "perf_counter", lambda: clock[0])
     out = tmp_path / "n.json"
-    assert _run("--size", "1000", "--repeats", "3", "--seconds", "1e-5", "--json", str(out)) == 0
+    argv = ["--size", "1000", "--repeats", "3", "--seconds", "1e-5", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/mpidp", "bench", "noise", *argv])
+    assert _run(*argv) == 0
     data = json.loads(out.read_text())
+    # The file says how to make it again: the command, the date, the code, the machine.
+    made = data["provenance"]
+    assert made["command"] == "mpidp bench noise " + " ".join(argv)
+    assert made["date"].endswith("+00:00") and made["machine"] == data["machine"]
+    assert made["commit"] == machine.source_commit()[0]
     for name, seconds in cost.items():
         assert data["ns_per_sample"][name] == pytest.approx(seconds * 1e9 / 1000)
         assert data["over_mpidp"][name] == pytest.approx(seconds / cost["mpidp"])
@@ -75,3 +84,33 @@ def test_vector_extensions_are_named_in_a_fixed_order(monkeypatch):
     line = machine.one_line()
     assert line.startswith("Some CPU 9000 (sse4_2, avx2, fma, avx512f), ")
     assert machine.mpi_library() in line
+
+
+def test_a_command_line_is_what_a_user_types_again():
+    assert machine.command_line(["/v/bin/mpidp", "bench", "allreduce", "-e", "4K"], ranks=2) == \
+        "mpiexec -n 2 mpidp bench allreduce -e 4K"
+    assert machine.command_line(["/v/bin/mpidp", "bench", "dpsgd", "--json", "a b.json"]) == \
+        "mpidp bench dpsgd --json 'a b.json'"
+    script = str(machine._SOURCE / "tests" / "faults.py")
+    assert machine.command_line([script, "--runs", "4"]) == "python tests/faults.py --runs 4"
+    entry = str(machine._SOURCE / "engine" / "cli.py")  # python -m engine.cli
+    assert machine.command_line([entry, "bench", "prep"]) == "mpidp bench prep"
+
+
+def test_the_commit_is_the_checkouts_own_or_none(tmp_path):
+    """A copy of mpidp outside a git checkout (or inside someone else's) names
+    no commit: None, never the commit of an unrelated repository."""
+    assert machine.source_commit(tmp_path) == (None, False)
+    outer = tmp_path / "outer"
+    (outer / "mpidp").mkdir(parents=True)
+    git = ["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (outer / "f").write_text("1")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    assert machine.source_commit(outer / "mpidp") == (None, False)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert machine.source_commit(outer) == (head, False)
+    (outer / "f").write_text("2")
+    assert machine.source_commit(outer) == (head, True)

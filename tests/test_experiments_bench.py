@@ -37,6 +37,7 @@ def test_bench_scaling_runs_one_launch_per_rank_count(tmp_path, capsys):
     assert "cost at 1 per node-hour" in text and "load average before" in text
     doc = json.loads(out.read_text())
     assert doc["machine"]["mlp_step"] in text and "MLP step" in doc["machine"]["mlp_step"]
+    assert doc["provenance"]["machine"] == doc["machine"] and doc["provenance"]["command"]
     one, two = sorted(doc["summaries"], key=lambda s: s["ranks"])
     assert (one["ranks"], two["ranks"]) == (1, 2) and one["speedup"] == 1.0
     assert two["speedup"] == pytest.approx(one["epoch_avg_s"] / two["epoch_avg_s"])

@@ -48,3 +48,22 @@ def test_the_serial_stage_takes_one_worker_per_core_up_to_four(monkeypatch):
         assert run_suite.default_workers() == workers
     monkeypatch.setitem(sys.modules, "xdist", None)  # not installed: one process
     assert run_suite.default_workers() == 0
+
+
+def test_the_suites_summary_as_json(tmp_path, monkeypatch):
+    """``run_suite.py --json``: every stage with its counts and time, the test runs
+    that ran (skips not counted), and how the run was made."""
+    import json
+
+    import run_suite
+    results = [("1 rank (serial)", 0, 10.04, {"tests": 5, "failures": 0, "errors": 0,
+                                               "skipped": 1}),
+               ("2 ranks", 1, 2.5, {"tests": 3, "failures": 1, "errors": 0, "skipped": 0})]
+    monkeypatch.setattr(run_suite.sys, "argv", [str(run_suite.ROOT / "tests/run_suite.py"),
+                                                "--ranks", "2"])
+    run_suite.write_summary(str(tmp_path / "s.json"), results)
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["stages"][0] == {"stage": "1 rank (serial)", "exit_code": 0, "seconds": 10.0,
+                                "tests": 5, "failures": 0, "errors": 0, "skipped": 1}
+    assert doc["passed"] is False and doc["test_runs"] == 7 and doc["seconds"] == 12.5
+    assert doc["provenance"]["command"] == "python tests/run_suite.py --ranks 2"

@@ -182,6 +182,9 @@ def test_bench_prep_runs_and_prints_ratios(tmp_path):
     for name in ("polars (1 process)", "mpidp prep, 2 ranks"):
         assert name in result.stdout
     assert "vs polars" in result.stdout and (tmp_path / "bench.json").exists()
+    made = json.loads((tmp_path / "bench.json").read_text())["provenance"]
+    assert made["command"].startswith("mpidp bench prep --rows 3000 --repeat 1 --ranks 2 ")
+    assert made["date"] and made["machine"]["cores"] >= 1
     assert list(tmp_path.glob("synth-pums-2018-3000-seed1.csv"))
 
 

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collectives import MPI
+from collectives import MPI, machine
 from engine import __version__, outputs
 from engine.audit import membership, report as report_mod
 from engine.errors import (EXIT_CANNOT_REFUTE, EXIT_CLAIM_REFUTED, ConfigError, DataError,
@@ -368,8 +368,8 @@ def run_canary(cfg: AuditConfig, args: argparse.Namespace, comm, out=None) -> di
         if cfg.json != "-":
             out.write(result.text() + "\n")
             out.flush()
-        if cfg.json:
-            write_json(cfg.json, report)
+        if cfg.json:  # the file also says how it was made (rank 0's git call alone)
+            write_json(cfg.json, {**report, "provenance": machine.provenance()})
     return report
 
 

@@ -375,7 +375,8 @@ def run(args: argparse.Namespace) -> int:
     result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
               "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
               "data": source, "steps": args.steps, "repeats": args.repeats, "machine": where,
-              "numba_target": asdict(CHOICE), "mlp_step": step_mode}
+              "numba_target": asdict(CHOICE), "mlp_step": step_mode,
+              "provenance": machine.provenance(where)}
     # Median of the per-round ratios: both methods of a round ran seconds apart,
     # so a load change on a shared machine cancels out.
     cpu = f"{where.get('cpu', 'this CPU')}, {CHOICE.describe()}"

@@ -282,7 +282,8 @@ def run(args) -> int:
     if args.json:
         outputs.write_json(args.json, {"device": gpu, "machine": where, "threads": threads,
                                        "steps": args.steps, "repeats": args.repeats,
-                                       "models": out}, "--json")
+                                       "models": out,
+                                       "provenance": machine.provenance(where)}, "--json")
     return 0
 
 

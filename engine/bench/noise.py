@@ -134,5 +134,6 @@ def run(args: argparse.Namespace) -> int:
         outputs.write_json(args.json, {"ns_per_sample": ns, "over_mpidp": ratio,
                                        "all_rounds_s": seconds, "size": args.size,
                                        "threads": threads, "machine": where,
-                                       "numba_target": asdict(CHOICE)}, "--json")
+                                       "numba_target": asdict(CHOICE),
+                                       "provenance": machine.provenance(where)}, "--json")
     return 0

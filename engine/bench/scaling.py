@@ -835,7 +835,8 @@ def run(args: argparse.Namespace) -> int:
                     "load_average": {"before": load_before, "after": load_after},
                     "data": source, "target_accuracy": target, "time_budget": budget,
                     "baseline": getattr(settings, "baseline", None), "notes": notes,
-                    "summaries": summaries, "runs": runs}
+                    "summaries": summaries, "runs": runs,
+                    "provenance": machine_facts.provenance(where)}
         outputs.write_json(args.json, document, "--json")
     if args.plot:
         data_label = (os.path.basename(settings.data) if getattr(settings, "data", None)
