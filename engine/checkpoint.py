@@ -132,7 +132,8 @@ def published(checkpoint: dict, best: dict | None) -> dict:
                "sampling": config.get("sampling"), "includes_tuning": False}
     selected = None
     if best is not None:
-        selected = {"epoch": best["epoch"], "step": best["step"], "on": "val_accuracy",
+        selected = {"epoch": best["epoch"], "step": best["step"],
+                    "on": config.get("select_on") or "val_accuracy",
                     "run_step": checkpoint["step"]}
     return {"config": config, "world_size": checkpoint.get("world_size"),
             "data": checkpoint.get("data"), "model": checkpoint["model"],

@@ -27,10 +27,12 @@ FIXED_ON_RESUME = ("batch_size", "lr", "optimizer", "momentum", "max_grad_norm",
                    "noise_multiplier", "target_epsilon", "delta", "dp", "accountant",
                    "sampling", "noise_scheme", "model", "hidden", "seed", "device",
                    "weight_decay", "lr_schedule", "privacy_unit", "secure_noise",
-                   "select_on", "nesterov", "lr_warmup_epochs", "lr_milestones", "lr_decay")
+                   "select_on", "nesterov", "lr_warmup_epochs", "lr_milestones", "lr_decay",
+                   "group_by", "min_group_size")
 #: What the run's final model is (``--select-on``): the parameters of the epoch
-#: with the best validation accuracy, or those of the last epoch.
-SELECT_ON = ("val_accuracy", "last")
+#: with the best validation accuracy, or with the best accuracy of its worst
+#: validation group (``--group-by``), or those of the last epoch.
+SELECT_ON = ("val_accuracy", "worst_group_val_accuracy", "last")
 #: Whose privacy epsilon is about (``--privacy-unit``), the default first.
 PRIVACY_UNITS = ("person", "household")
 #: Options a resume may change (given again, they replace the recorded value).
@@ -80,6 +82,8 @@ class TrainConfig:
     metrics: str | None = None
     eval_every: int = 1
     select_on: str | None = None  # None: val_accuracy when the file has /val, else last
+    group_by: str | None = None  # worst_group_val_accuracy's attribute (None: the file's group)
+    min_group_size: int = 100  # the smallest validation group worst_group_val_accuracy counts
     target_accuracy: float | None = None
     time_budget: float | None = None
     threads: int | None = None
@@ -128,7 +132,12 @@ class TrainConfig:
         if self.time_budget is not None and not self.time_budget > 0:
             fail(f"--time-budget {self.time_budget} must be a positive number of seconds")
         if self.select_on is not None and self.select_on not in SELECT_ON:
-            fail(f"--select-on {self.select_on!r}: choose val_accuracy or last")
+            fail(f"--select-on {self.select_on!r}: choose {', '.join(SELECT_ON)}")
+        if self.group_by is not None and self.select_on != "worst_group_val_accuracy":
+            fail(f"--group-by {self.group_by} chooses the groups of --select-on "
+                 "worst_group_val_accuracy: add it, or leave --group-by out")
+        if self.min_group_size < 1:
+            fail(f"--min-group-size {self.min_group_size}: give at least 1 (default 100)")
         if self.checkpoint_every < 1 or self.eval_every < 1:
             fail("--checkpoint-every and --eval-every must be at least 1")
         if self.stop_after is not None and self.stop_after < 1:
@@ -326,7 +335,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "--checkpoint-dir as best.pt), or those of the last epoch; the test "
                      "split is scored once, at the end, with that model. No privacy cost: "
                      "the validation rows are not training rows (default: val_accuracy "
-                     "when the file has a validation split, else last)")
+                     "when the file has a validation split, else last). "
+                     "worst_group_val_accuracy: the epoch whose worst --group-by group "
+                     "(of at least --min-group-size validation rows) is most accurate")
+    out.add_argument("--group-by", default=None, metavar="ATTR",
+                     help="with --select-on worst_group_val_accuracy: a group attribute the "
+                     "file keeps (SEX, RAC1P, AGEP, ST; default: the task's group, RAC1P)")
+    out.add_argument("--min-group-size", type=int, default=100, metavar="N",
+                     help="with --select-on worst_group_val_accuracy: validation groups with "
+                     "fewer rows are not scored (default: 100)")
     stop = parser.add_argument_group(
         "stopping early (checked at epoch boundaries; the same decision on every rank)")
     stop.add_argument("--target-accuracy", type=float, default=None, metavar="A",
@@ -376,6 +393,8 @@ def from_args(args: argparse.Namespace, check: bool = True) -> TrainConfig:
         checkpoint_every=args.checkpoint_every, resume=args.resume,
         stop_after=args.stop_after, metrics=args.metrics, eval_every=args.eval_every,
         select_on=args.select_on,
+        group_by=args.group_by.upper() if args.group_by else None,
+        min_group_size=args.min_group_size,
         threads=args.threads, device=args.device, kernels=args.kernels,
         cuda_graph=args.cuda_graph, progress=args.progress)
     if check:

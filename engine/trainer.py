@@ -57,7 +57,7 @@ from engine.run.collective import rank0_check, rank0_value, shared_seed
 from engine.run.hooks import RunHooks
 from engine.run.report import plural
 from engine.run.resume import check_same_data, load_checkpoint
-from engine.run.selection import Selection, select_on
+from engine.run.selection import GroupScore, Selection, select_on
 from engine.run.plan import choose_kernels, plan_privacy
 from engine.run.state import build_state
 from engine.run.threads import configure_threads
@@ -100,6 +100,7 @@ class Trainer:
         self.opened = opened
         self.history: list[dict] = []
         self.selection = Selection("last")  # set up from the file and --select-on
+        self.group_score: GroupScore | None = None  # --select-on worst_group_val_accuracy
         self.resumed_from: dict | None = None  # the checkpoint's step, epsilon, budget
         self.large_delta: str | None = None
 
@@ -197,6 +198,8 @@ class Trainer:
         self.test = read_shard(self.info, "test", comm, min_rows_per_rank=0)
         self.val = (read_shard(self.info, "val", comm, min_rows_per_rank=0)
                     if self.info.has_val else None)
+        self.group_score = (GroupScore(cfg, self.info, self.val, comm)
+                            if self.select_on == "worst_group_val_accuracy" else None)
         if self.hooks.train_shard is not None:
             self.train = self.hooks.train_shard(self.train, self)
         self._build_state(payload)
@@ -345,6 +348,8 @@ class Trainer:
             if self.val is not None:  # the test split waits for the end (_final_test)
                 result = self._evaluate(self.val)
                 record.update(val_accuracy=result["accuracy"], val_loss=result["loss"])
+                if self.group_score is not None:  # --select-on worst_group_val_accuracy
+                    record.update(self.group_score(self.engine.logits))
                 self.selection.consider(record, self.params)
             else:  # a file without a validation split: test every epoch, as before
                 result = self._evaluate(self.test)

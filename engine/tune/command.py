@@ -4,12 +4,14 @@ Every trial is `mpidp train` on the training split with one point of the
 space; the trials run side by side (--parallel P groups of ranks, each a
 sub-communicator of the job, one trial at a time each), every trained model
 is scored on the file's val split (`mpidp prep --val-fraction`), and the
-trial with the best val accuracy is chosen. The test split is never used
-to choose. Rank 0 prints a line per finished trial, then a table, the
-privacy the tuning itself costs, and the chosen settings as an `mpidp
-train` command; OUT/tune.json holds it all, and the chosen trial's model is
-kept in OUT/trials/trial-NNNN/best.pt, the file to publish: its epsilon is
-the one including the tuning, and it holds no exact score (`mpidp eval
+trial with the best val accuracy is chosen (--select-on
+worst_group_val_accuracy: the best accuracy of its worst --group-by
+group). The test split is never used to choose. Rank 0 prints a line per
+finished trial, then a table, the privacy the tuning itself costs, and the
+chosen settings as an `mpidp train` command; OUT/tune.json holds it all,
+and the chosen trial's model is kept in OUT/trials/trial-NNNN/best.pt, the
+file to publish: its epsilon is the one including the tuning, and it holds
+no exact score (`mpidp eval
 --checkpoint OUT/trials/trial-NNNN` scores it and prints that epsilon).
 
 Examples:
@@ -74,8 +76,8 @@ from pathlib import Path
 from collectives import MPI
 from engine.config import TrainConfig
 from engine.dp.accountant import DEFAULT_KIND, KINDS
-from engine.errors import (EXIT_CHECKPOINTED, EXIT_DIVERGED, ConfigError, DataError, MpidpError,
-                           OutputError, PrivacyError, agree)
+from engine.errors import (EXIT_CHECKPOINTED, EXIT_DIVERGED, ConfigError, DataError, GroupError,
+                           MpidpError, OutputError, PrivacyError, agree)
 from engine.tune import space as space_mod
 from engine.tune.privacy import DISTRIBUTIONS
 
@@ -112,6 +114,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--seed", type=int, default=None,
                       help="seed of the plan, of each trial (derived from it) and of the score "
                       "noise (default: random; experiments only)")
+    what.add_argument("--select-on", choices=("val_accuracy", "worst_group_val_accuracy"),
+                      default="val_accuracy",
+                      help="the score a trial is chosen by, on the val split: its accuracy, "
+                      "or the accuracy of its worst --group-by group of at least "
+                      "--min-group-size val rows (default: val_accuracy)")
+    what.add_argument("--group-by", default=None, metavar="ATTR",
+                      help="with --select-on worst_group_val_accuracy: a group attribute the "
+                      "file keeps (SEX, RAC1P, AGEP, ST; default: the task's group, RAC1P)")
+    what.add_argument("--min-group-size", type=int, default=100, metavar="N",
+                      help="with --select-on worst_group_val_accuracy: val groups with fewer "
+                      "rows (noisy rows, in a private random search) are not scored "
+                      "(default: 100)")
     what.add_argument("--out", default="tune", metavar="DIR",
                       help="the search's directory: search.json, trials.jsonl, tune.json and "
                       "the chosen trial's checkpoint; created if missing (its parent must "
@@ -226,6 +240,20 @@ class Options:
                 _fail("--search random needs --trials N (the points to draw)")
             self.search = args.search or ("random" if args.trials is not None else "grid")
             self.trials = args.trials
+        self.objective = args.select_on
+        self.group_by = args.group_by.upper() if args.group_by else None
+        self.min_group_size = args.min_group_size
+        worst = self.objective == "worst_group_val_accuracy"
+        if self.group_by and not worst:
+            _fail(f"--group-by {args.group_by} chooses the groups of --select-on "
+                  "worst_group_val_accuracy: add it, or leave --group-by out")
+        if self.min_group_size < 1:
+            _fail(f"--min-group-size {self.min_group_size}: give at least 1 (default 100)")
+        if worst and self.score_std is not None and args.privacy_unit == "household":
+            _fail("--select-on worst_group_val_accuracy with --privacy-unit household in a "
+                  "private random search: a household may span groups, and the noise of the "
+                  "per-group counts is calibrated to one person; use --privacy-unit person, "
+                  "or --tuning-privacy public with --public-split val")
         self.parallel = args.parallel
         self.privacy = {"dp": self.dp, "target_epsilon": args.target_epsilon,
                         "noise_multiplier": args.noise_multiplier, "delta": args.delta,
@@ -245,7 +273,10 @@ class Options:
                 "distribution": self.distribution if self.mode == "random-search" else None,
                 "eta": (self.eta if self.mode == "random-search"
                         and self.distribution != "poisson" else None),
-                "score_noise": self.score_std}
+                "score_noise": self.score_std,
+                **({"select_on": self.objective, "group_by": self.group_by,
+                    "min_group_size": self.min_group_size}
+                   if self.objective != "val_accuracy" else {})}
 
 
 def _check_space(space, opts: Options) -> None:
@@ -280,6 +311,13 @@ def _check_file(info, opts: Options) -> None:
     if opts.privacy["privacy_unit"] == "household" and not info.households:
         _fail(f"{opts.data} has no household keys; --privacy-unit household needs a file "
               "prepared by this mpidp", DataError)
+    if opts.objective == "worst_group_val_accuracy":
+        opts.group_by = opts.group_by or info.group or "RAC1P"
+        if opts.group_by not in info.groups:
+            kept = (f"keeps the group columns {', '.join(info.groups)}" if info.groups
+                    else "keeps no group columns (prepare it again with mpidp prep)")
+            _fail(f"--select-on worst_group_val_accuracy --group-by {opts.group_by}: "
+                  f"{opts.data} {kept}", GroupError)
 
 
 def _training_units(info, unit: str, comm) -> int:
@@ -509,8 +547,11 @@ def run(args: argparse.Namespace) -> int:
         plans = _privacy_plans(keys, units, opts, comm)
         if opts.mode == "random-search":
             curves = [privacy.trial_curve(*plans[k]) for k in keys]
-            statement = privacy.random_search(curves, opts.privacy["delta"], opts.distribution,
-                                              float(opts.trials), opts.eta, opts.score_std)
+            from engine.tune.search import GROUP_SENSITIVITY
+
+            statement = privacy.random_search(
+                curves, opts.privacy["delta"], opts.distribution, float(opts.trials), opts.eta,
+                opts.score_std, GROUP_SENSITIVITY if opts.objective != "val_accuracy" else 1.0)
         else:
             curves = [privacy.trial_curve(*plans[_privacy_key(space_mod.from_plain(t.settings),
                                                               opts)]) for t in trials]
@@ -555,7 +596,9 @@ def run(args: argparse.Namespace) -> int:
             settings = search.Settings(data=opts.data, out=opts.out, base=opts.base,
                                        score_std=opts.score_std, seed=opts.seed,
                                        total=len(trials), shown=shown,
-                                       unit=opts.privacy["privacy_unit"])
+                                       unit=opts.privacy["privacy_unit"],
+                                       objective=opts.objective, group_by=opts.group_by,
+                                       min_group_size=opts.min_group_size)
             records, stopped = search.run_search(settings, info, pending, parallel, comm)
         if stopped:
             left = len(pending) - len(records) if rank == 0 else 0
@@ -615,12 +658,14 @@ def publish(directory: str, chosen: dict, statement, opts: Options) -> bool:
     payload["privacy"] = privacy
     payload["epsilon"] = privacy.get("epsilon")
     tuning = {"trial": chosen["trial"], "settings": chosen["settings"]}
+    worst = {k: chosen[k] for k in ("val_worst_group_accuracy", "val_worst_group", "group_by")
+             if chosen.get(k) is not None}
     if chosen.get("val_noise_std") is not None:  # the noisy score the statement covers
         tuning.update(val_accuracy=chosen["val_accuracy"],
-                      val_noise_std=chosen["val_noise_std"], val_split="val, noised")
+                      val_noise_std=chosen["val_noise_std"], val_split="val, noised", **worst)
     elif opts.public_split:  # exact, from a split the user declared public
         tuning.update(val_accuracy=chosen["val_accuracy"], val_noise_std=None,
-                      val_split=f"{opts.public_split}, declared public")
+                      val_split=f"{opts.public_split}, declared public", **worst)
     selected = {k: v for k, v in (payload.get("selected") or {}).items()
                 if k in ckpt.PUBLISHED_SELECTION}
     payload["selected"] = {**selected, "tuning": tuning}
@@ -641,7 +686,7 @@ def _report(opts: Options, space, info, trials, results: dict, statement, size: 
     tuned = statement.epsilon if statement is not None else None
     for r in records:
         r["epsilon_incl_tuning"] = tuned if r.get("epsilon") is not None else None
-    chosen = report.choose(records)
+    chosen = report.choose(records, report.SCORES[opts.objective])
     by_number = {t.number: t for t in trials}
     command, checkpoint_dir = None, None
     if chosen is not None:
@@ -658,7 +703,10 @@ def _report(opts: Options, space, info, trials, results: dict, statement, size: 
         "format": FORMAT, "version": VERSION, "data": opts.data, "ranks": size,
         "parallel": parallel, "space": space.to_json(), "search": opts.search,
         "trials_planned": len(trials), "selection": (
-            "val accuracy" + ("" if opts.score_std is None else
+            ("val accuracy" if opts.objective == "val_accuracy" else
+             f"the accuracy of the worst {opts.group_by} group of at least "
+             f"{opts.min_group_size} val rows")
+            + ("" if opts.score_std is None else
                               f" with Gaussian noise of std {opts.score_std:g} on the count"
                               + (" (households' shares)" if opts.privacy["privacy_unit"]
                                  == "household" else ""))),
@@ -677,7 +725,8 @@ def _report(opts: Options, space, info, trials, results: dict, statement, size: 
               f"chosen, no privacy spent; report: {opts.out}/{search.REPORT_FILE}", flush=True)
         return 0
     print("")
-    for line in report.table(records, space.varied, chosen, tuned):
+    for line in report.table(records, space.varied, chosen, tuned,
+                             worst=opts.objective != "val_accuracy"):
         print(line)
     for r in records:
         if r["status"] == "failed":
@@ -687,7 +736,11 @@ def _report(opts: Options, space, info, trials, results: dict, statement, size: 
               f"{opts.out}/{search.REPORT_FILE}", file=sys.stderr, flush=True)
         return EXIT_DIVERGED
     eps = chosen.get("epsilon")
+    worst = (f", worst {opts.group_by} group {chosen['val_worst_group']} "
+             f"{chosen['val_worst_group_accuracy']:.4f}"
+             if opts.objective != "val_accuracy" else "")
     print(f"\nchosen: trial {chosen['trial']}, val accuracy {chosen['val_accuracy']:.4f}"
+          + worst
           + (f", epsilon {eps:.3f} per trial, {tuned:.3f} incl. tuning "
              f"(delta {opts.privacy['delta']:g})" if eps is not None and tuned is not None
              else "")

@@ -254,13 +254,17 @@ class Statement:
 
 
 def random_search(trial_curves, delta: float, distribution: str, mean: float,
-                  eta: float, score_std: float | None) -> Statement:
+                  eta: float, score_std: float | None,
+                  score_sensitivity: float = 1.0) -> Statement:
     """The statement of a private random search whose base algorithm's trial
-    is any of ``trial_curves`` (one per distinct privacy setting of the space)."""
+    is any of ``trial_curves`` (one per distinct privacy setting of the space);
+    ``score_sensitivity``: the L2 sensitivity of the noised score (1 for the
+    count of correct predictions; sqrt(2) for the per-group counts of rows and
+    correct predictions of a worst-group score, :mod:`engine.tune.search`)."""
     base = np.max(np.stack(list(trial_curves)), axis=0)
     single, _ = to_epsilon(ORDERS, base, delta)
     if score_std is not None:
-        base = base + gaussian_curve(score_std)
+        base = base + gaussian_curve(score_std, score_sensitivity)
     if distribution == "poisson":
         tuned, gamma, eta_used = poisson_curve(ORDERS, base, mean), None, None
         what = f"K ~ Poisson({mean:g}) trials (Theorem 6)"
@@ -273,7 +277,10 @@ def random_search(trial_curves, delta: float, distribution: str, mean: float,
         what = (f"K ~ {name} (eta={eta:g}, gamma={gamma:.4g}, E[K]={tnb_mean(eta, gamma):.3g}) "
                 "trials (Theorem 2)")
     eps, order = to_epsilon(ORDERS, tuned, delta)
-    score = ("the val scores noised (Gaussian, std %g)" % score_std if score_std is not None
+    score = ("the val scores noised (Gaussian, std %g%s)"
+             % (score_std, "" if score_sensitivity == 1.0 else
+                ", on each group's counts of rows and correct predictions, L2 sensitivity "
+                f"{score_sensitivity:.3g}") if score_std is not None
              else "the val split declared public (exact scores)")
     text = (f"private random search (Papernot & Steinke, ICLR 2022): {what}, {score}; "
             f"releasing the chosen trial (settings, model, score) is ({eps:.3f}, {delta:g})-DP "

@@ -8,16 +8,19 @@ from engine.config import TrainConfig
 from engine.tune.space import describe_point, format_value
 
 _DEFAULTS = TrainConfig(data="")
+#: The record's field each ``--select-on`` maximises.
+SCORES = {"val_accuracy": "val_accuracy",
+          "worst_group_val_accuracy": "val_worst_group_accuracy"}
 
 
-def choose(records: list[dict]) -> dict | None:
-    """The finished trial with the best val accuracy (the lowest number on a tie);
-    None when no trial finished."""
-    done = [r for r in records if r.get("status") == "ok" and r.get("val_accuracy") is not None
-            and math.isfinite(r["val_accuracy"])]
+def choose(records: list[dict], key: str = "val_accuracy") -> dict | None:
+    """The finished trial with the best ``key`` score (the lowest number on a
+    tie); None when no trial finished (with that score)."""
+    done = [r for r in records if r.get("status") == "ok" and r.get(key) is not None
+            and math.isfinite(r[key])]
     if not done:
         return None
-    return max(done, key=lambda r: (r["val_accuracy"], -r["trial"]))
+    return max(done, key=lambda r: (r[key], -r["trial"]))
 
 
 def train_command(data: str, settings: dict, privacy: dict, ranks: int) -> str:
@@ -54,17 +57,19 @@ def _num(value, spec: str) -> str:
 
 
 def table(records: list[dict], shown: list[str], chosen: dict | None,
-          tuned_epsilon: float | None) -> list[str]:
-    """The report's table, one row per trial (``*`` marks the chosen one)."""
-    rows = [("trial", "settings", "val acc", "train s", "epsilon", "eps incl. tuning",
-             "status")]
+          tuned_epsilon: float | None, worst: bool = False) -> list[str]:
+    """The report's table, one row per trial (``*`` marks the chosen one); with
+    ``worst``, a column of the worst group's val accuracy."""
+    rows = [("trial", "settings", "val acc") + (("worst group",) if worst else ())
+            + ("train s", "epsilon", "eps incl. tuning", "status")]
     for r in sorted(records, key=lambda r: r["trial"]):
         mark = "*" if chosen is not None and r["trial"] == chosen["trial"] else " "
         rows.append((f"{mark}{r['trial']}", describe_point(r["settings"], shown) or "-",
-                     _num(r.get("val_accuracy"), ".4f"), _num(r.get("train_time_s"), ".1f"),
-                     _num(r.get("epsilon"), ".3f"),
-                     _num(tuned_epsilon if r.get("epsilon") is not None else None, ".3f"),
-                     r["status"]))
+                     _num(r.get("val_accuracy"), ".4f"))
+                    + ((_num(r.get("val_worst_group_accuracy"), ".4f"),) if worst else ())
+                    + (_num(r.get("train_time_s"), ".1f"), _num(r.get("epsilon"), ".3f"),
+                       _num(tuned_epsilon if r.get("epsilon") is not None else None, ".3f"),
+                       r["status"]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     left = {1}
     return ["  ".join(cell.ljust(widths[i]) if i in left or i == len(row) - 1

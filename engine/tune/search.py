@@ -32,6 +32,17 @@ person; with ``--privacy-unit household`` the count is the sum over
 households of each one's fraction of correct predictions, sensitivity 1
 household), drawn by the group's first rank and shared; only that noisy
 score is recorded, never the exact one.
+
+``--select-on worst_group_val_accuracy`` scores each trial by its worst
+``--group-by`` group of at least ``--min-group-size`` validation rows
+(:mod:`engine.groups`). Privately, the released vector is each group's
+count of rows and of correct predictions, every entry with Gaussian noise
+of standard deviation ``score_std``: one person changes one group's two
+counts by at most 1 each, an L2 sensitivity of sqrt(2)
+(:data:`GROUP_SENSITIVITY`); the worst group (among those whose noisy row
+count reaches the threshold) and the val accuracy (the noisy counts
+summed) are computed from that vector alone, and nothing else is
+recorded. Only for the person unit: a household may span groups.
 """
 from __future__ import annotations
 
@@ -46,7 +57,7 @@ import numpy as np
 
 import collectives
 from collectives import MPI
-from engine.errors import MpidpError, WriteFailed
+from engine.errors import DataError, MpidpError, WriteFailed, agree
 from engine.stopping import StartupInterrupted, check_startup, signal_count
 from engine.tune.space import describe_point, from_plain, plain, settings_key
 
@@ -56,6 +67,9 @@ REPORT_FILE = "tune.json"
 TRIALS_DIR = "trials"
 #: Rows scored at a time.
 CHUNK_ROWS = 65536
+#: L2 sensitivity of the per-group counts (rows, correct) a private worst-group
+#: score releases: one person moves one group's two counts by at most 1 each.
+GROUP_SENSITIVITY = 2 ** 0.5
 
 
 @dataclass
@@ -153,14 +167,20 @@ def append_result(path: str, record: dict) -> None:
 
 # -- scoring ----------------------------------------------------------------------------
 
-def score(model, shard, comm, algorithm: str = "auto") -> dict:
+def score(model, shard, comm, algorithm: str = "auto", cells: np.ndarray | None = None,
+          n_cells: int = 0) -> dict:
     """Collective over ``comm``: the model's val counts over all ranks' shards.
+
+    Args:
+        cells: each local row's group cell (:meth:`engine.groups.Cells.index`),
+            to count rows and correct predictions per group as well.
 
     Returns ``{"rows", "correct", "loss", "units", "unit_score"}``: rows and
     correct predictions, mean cross-entropy, and the privacy units with their
     score (rows and correct predictions for the person unit; households and
     the sum of each one's fraction of correct predictions when the shard has
-    ``groups``).
+    ``groups``); with ``cells``, ``"group_rows"`` and ``"group_correct"``
+    (int64 ``[n_cells]``).
     """
     import torch  # deferred: keeps `mpidp tune --help` fast
 
@@ -185,11 +205,31 @@ def score(model, shard, comm, algorithm: str = "auto") -> dict:
         unit_score, units = float(correct.sum()), shard.n_local
     sums = np.array([shard.n_local, correct.sum(), loss_sum, units, unit_score],
                     dtype=np.float64)
+    if cells is not None:  # exact integers in float64 (fewer than 2^53 rows)
+        sums = np.concatenate([sums, np.bincount(cells, minlength=n_cells),
+                               np.bincount(cells, weights=correct, minlength=n_cells)])
     collectives.allreduce(sums, comm, algorithm=algorithm)
     rows = int(sums[0])
-    return {"rows": rows, "correct": int(round(sums[1])),
-            "loss": float(sums[2] / rows) if rows else float("nan"),
-            "units": int(sums[3]), "unit_score": float(sums[4])}
+    out = {"rows": rows, "correct": int(round(sums[1])),
+           "loss": float(sums[2] / rows) if rows else float("nan"),
+           "units": int(sums[3]), "unit_score": float(sums[4])}
+    if cells is not None:
+        out["group_rows"] = np.rint(sums[5:5 + n_cells]).astype(np.int64)
+        out["group_correct"] = np.rint(sums[5 + n_cells:]).astype(np.int64)
+    return out
+
+
+def worst_group(rows: np.ndarray, correct: np.ndarray, labels, min_size: int
+                ) -> tuple[float | None, str | None]:
+    """The lowest accuracy of the groups with at least ``min_size`` rows, and the
+    group's label; (None, None) when none has (counts may be noisy floats)."""
+    scored = np.flatnonzero(np.asarray(rows) >= min_size)
+    if not scored.size:
+        return None, None
+    accuracy = np.clip(np.asarray(correct, dtype=np.float64)[scored]
+                       / np.asarray(rows, dtype=np.float64)[scored], 0.0, 1.0)
+    at = int(np.argmin(accuracy))
+    return float(accuracy[at]), labels[int(scored[at])]
 
 
 # -- assignment -------------------------------------------------------------------------
@@ -233,16 +273,21 @@ class Settings:
     total: int  # trials in the plan
     shown: list[str]  # the settings a progress line names
     unit: str  # privacy unit
+    objective: str = "val_accuracy"  # or worst_group_val_accuracy (--select-on)
+    group_by: str | None = None  # the attribute of worst_group_val_accuracy
+    min_group_size: int = 100  # the smallest validation group it scores
 
 
 class GroupRunner:
     """Runs trials on one group (a sub-communicator); collective over it."""
 
-    def __init__(self, settings: Settings, comm, color: int, val_shard) -> None:
+    def __init__(self, settings: Settings, comm, color: int, val_shard, cells=None) -> None:
         self.s = settings
         self.comm = comm
         self.color = color
         self.val = val_shard
+        #: worst_group_val_accuracy: (the groups' Cells, each val row's cell)
+        self.cells = cells
         self.rank = comm.Get_rank()
         self.stop = False  # a stop signal came during the last trial, after its last step
 
@@ -254,6 +299,36 @@ class GroupRunner:
                    else np.random.default_rng(secrets.randbits(128)))
             value = float(rng.normal(0.0, self.s.score_std))
         return float(self.comm.bcast(value, root=0))
+
+    def _group_noise(self, trial: Trial, n: int) -> np.ndarray:
+        """The noise of a private worst-group score: ``2 n`` normals (rows, then
+        correct, per group), drawn by the group's first rank and shared."""
+        value = np.zeros(2 * n)
+        if self.rank == 0:
+            rng = (np.random.default_rng([int(self.s.seed) % 2 ** 63, trial.number, 0x6A0])
+                   if self.s.seed is not None
+                   else np.random.default_rng(secrets.randbits(128)))
+            value = rng.normal(0.0, self.s.score_std, size=2 * n)
+        return np.asarray(self.comm.bcast(value, root=0), dtype=np.float64)
+
+    def _group_score(self, result: dict, trial: Trial) -> dict:
+        """The record's scores of worst_group_val_accuracy (exact, or from the
+        noisy per-group counts alone)."""
+        cells, _ = self.cells
+        rows = result["group_rows"].astype(np.float64)
+        correct = result["group_correct"].astype(np.float64)
+        if self.s.score_std is not None:
+            noise = self._group_noise(trial, len(cells))
+            rows, correct = rows + noise[:len(cells)], correct + noise[len(cells):]
+            total = float(rows.sum())
+            accuracy = float(np.clip(correct.sum() / total, 0.0, 1.0)) if total > 0 else None
+            extra = {"val_accuracy": accuracy, "val_loss": None,
+                     "val_noise_std": self.s.score_std, "val_units": None}
+        else:
+            extra = {}
+        worst, label = worst_group(rows, correct, cells.labels, self.s.min_group_size)
+        return {**extra, "val_worst_group_accuracy": worst, "val_worst_group": label,
+                "group_by": self.s.group_by}
 
     def run(self, trial: Trial) -> dict | None:
         """Collective: train and score ``trial``; its record (on every rank of the
@@ -289,7 +364,9 @@ class GroupRunner:
             if self.rank == 0:
                 shutil.rmtree(trial.directory(self.s.out), ignore_errors=True)
             return None
-        result = score(run.model, self.val, self.comm, self.s.base.get("allreduce", "auto"))
+        cells, index = self.cells if self.cells is not None else (None, None)
+        result = score(run.model, self.val, self.comm, self.s.base.get("allreduce", "auto"),
+                       index, len(cells) if cells is not None else 0)
         last = run.history[-1] if run.history else {}
         record.update(status="ok", message=None, epsilon=run.epsilon, delta=run.delta,
                       noise_multiplier=last.get("noise_multiplier"), steps=last.get("step"),
@@ -303,6 +380,8 @@ class GroupRunner:
             record.update(val_accuracy=noisy / result["units"] if result["units"] else None,
                           val_loss=None, val_noise_std=self.s.score_std,
                           val_units=result["units"])
+        if self.cells is not None:  # --select-on worst_group_val_accuracy
+            record.update(self._group_score(result, trial))
         record["wall_s"] = time.perf_counter() - start
         self._finish(record, trial)
         # A signal after the trial's last step finished it, and the trainer forgot
@@ -320,7 +399,10 @@ class GroupRunner:
         if record["status"] == "ok":
             eps = record.get("epsilon")
             acc = record.get("val_accuracy")
+            worst = record.get("val_worst_group_accuracy")
             tail = (f"val accuracy {acc:.4f}" if acc is not None else "val accuracy n/a") \
+                + (f", worst group {worst:.4f} ({record['val_worst_group']})"
+                   if worst is not None else "") \
                 + (f", epsilon {eps:.3f}" if eps is not None else "") \
                 + f", {record['wall_s']:.1f} s"
         else:
@@ -347,7 +429,19 @@ def run_search(settings: Settings, info, pending: list[Trial], parallel: int, co
     mine = assign(pending, sizes, cost)[color]
     unit = "household" if settings.unit == "household" else "person"
     val = read_shard(info, "val", sub, min_rows_per_rank=0, unit=unit)
-    runner = GroupRunner(settings, sub, color, val)
+    cells = None
+    if settings.objective == "worst_group_val_accuracy":
+        from engine.groups import Cells, Grouping
+        from engine.shard import read_group_columns  # deferred: h5py
+
+        attribute = settings.group_by
+        grouping = Cells.of(Grouping((attribute,)), {attribute: info.groups[attribute].labels})
+        index = grouping.index(read_group_columns(info, "val", val, [attribute], sub))
+        agree(sub, DataError(f"{info.path}: /val/groups/{attribute} holds a code its groups "
+                             "attribute does not label; re-run mpidp prep")
+              if (index < 0).any() else None)
+        cells = (grouping, index)
+    runner = GroupRunner(settings, sub, color, val, cells)
     records, stopped = [], False
     for i, trial in enumerate(mine):
         record = runner.run(trial)
