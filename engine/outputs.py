@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.errors import OutputError, WriteFailed
+import kernels.files
 from preprocessing.atomic import probe_directory
 
 
@@ -127,37 +128,18 @@ def check_all(files: dict[str, str | None]) -> None:
 def replace_file(path: str | os.PathLike, data: str | bytes,
                  failure: Callable[[str], str], mode: int = 0o666,
                  sync_directory: bool = False) -> None:
-    """Replace ``path`` by ``data`` atomically: written under a hidden temporary
-    name in the same directory (``.NAME.PID.tmp``), flushed to disk, renamed
-    over ``path``; with ``sync_directory`` the rename is flushed too.
+    """Replace ``path`` by ``data`` atomically (:func:`kernels.files.replace_file`:
+    a hidden temporary name in the same directory, ``.NAME.PID.tmp``, flushed
+    to disk, renamed over ``path``; with ``sync_directory`` the rename is
+    flushed too).
 
     Raises:
         WriteFailed: ``failure(reason)`` as its message, the temporary file
             removed and the old ``path``, if any, intact.
     """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    view = memoryview(data.encode() if isinstance(data, str) else data)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        if sync_directory:
-            fd = os.open(_parent(path), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        kernels.files.replace_file(path, data, mode, sync_directory)
     except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
         raise WriteFailed(failure(exc.strerror)) from None
 
 

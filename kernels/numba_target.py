@@ -8,11 +8,13 @@ where it runs: the first process that imports a Numba loop of mpidp on a
 CPU it has not seen times the DP step's Numba kernels (the Gaussian noise
 and the clipping norms) compiled each way, in child processes, keeps the
 faster, and caches the choice in a JSON file the user can read, delete or
-ship: ``MPIDP_NUMBA_TARGET_FILE``, default ``~/.cache/mpidp/numba-target.json``
-(``none``: no file and no measurement, LLVM's own choice). Entries are keyed
-by what the code depends on: LLVM's CPU name and features and the Numba
-version (with the host that measured, for the reader). Processes
-that start together (the ranks of a job) wait on a lock while one measures.
+ship: ``MPIDP_NUMBA_TARGET_FILE``, default ``numba-target.json`` in mpidp's
+cache folder, ``$XDG_CACHE_HOME/mpidp`` or ``~/.cache/mpidp``
+(:func:`kernels.files.cache_file`; ``none``: no file and no measurement,
+LLVM's own choice). Entries are keyed by what the code depends on: LLVM's
+CPU name and features and the Numba version (with the host that measured,
+for the reader). Processes that start together (the ranks of a job) wait on
+a lock while one measures.
 
 ``MPIDP_VECTOR_WIDTH=256`` or ``512`` forces a width, ``host`` keeps LLVM's
 choice, ``auto`` (the default) measures. A ``NUMBA_CPU_FEATURES`` set by the
@@ -40,6 +42,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from kernels import files
 
 #: ``MPIDP_VECTOR_WIDTH`` values.
 MODES = ("auto", "host", "256", "512")
@@ -76,16 +80,6 @@ class Choice:
         width = "LLVM's default vector width" if self.width is None \
             else f"{self.width}-bit vectors"
         return f"Numba compiles for '{self.cpu}', {width} ({self.source})"
-
-
-def tuning_file() -> Path | None:
-    """The cache file, or None (``MPIDP_NUMBA_TARGET_FILE=none``)."""
-    value = os.environ.get("MPIDP_NUMBA_TARGET_FILE", "").strip()
-    if value.lower() == "none":
-        return None
-    if value:
-        return Path(value).expanduser()
-    return Path("~/.cache/mpidp/numba-target.json").expanduser()
 
 
 def _host() -> tuple[str, str]:
@@ -126,10 +120,8 @@ def _read(path: Path) -> dict:
 
 
 def _write(path: Path, entries: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1,
-                              sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    files.replace_file(path, json.dumps({"version": VERSION, "entries": entries}, indent=1,
+                                        sort_keys=True) + "\n")
 
 
 @contextlib.contextmanager
@@ -225,7 +217,8 @@ def configure(time_width=_time_in_child) -> Choice:
     if mode in ("256", "512"):
         choice = Choice(cpu, int(mode), f"MPIDP_VECTOR_WIDTH={mode}")
     else:
-        choice = _measured(tuning_file(), cpu, host_features, time_width)
+        choice = _measured(files.cache_file("numba-target.json", "MPIDP_NUMBA_TARGET_FILE"),
+                           cpu, host_features, time_width)
     if choice.width is not None:
         numba.config.CPU_FEATURES = features_for(host_features, choice.width)
     return choice

@@ -1,10 +1,10 @@
 """All-or-nothing output: a temporary name in the output's directory, then a rename.
 
 The file is written as ``.NAME.mpidp-tmp-XXXXXXXX`` next to the final path
-and renamed over it (``os.replace``, atomic within one file system) once
-every rank has finished writing. Any failure on any rank removes the
-temporary file before the error ends the job, so a failed run leaves
-neither a partial file nor a half-replaced old one. (A rank killed by a
+and renamed over it (:func:`kernels.files.move_into_place`, atomic within
+one file system) once every rank has finished writing. Any failure on any
+rank removes the temporary file before the error ends the job, so a failed
+run leaves neither a partial file nor a half-replaced old one. (A rank killed by a
 signal cannot clean up; its temporary file keeps the hidden name above.)
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 
+import kernels.files
 from preprocessing.errors import PrepError
 
 
@@ -60,10 +61,10 @@ def discard(temporary: str | None) -> None:
 
 
 def commit(temporary: str, path: str) -> None:
-    """Rename the finished temporary file to its final name (one rank)."""
+    """Rename the finished temporary file to its final name (one rank;
+    :func:`kernels.files.move_into_place`, which removes it on failure)."""
     try:
-        os.replace(temporary, path)
+        kernels.files.move_into_place(temporary, path)
     except OSError as exc:
-        discard(temporary)
         raise PrepError(f"{path}: cannot move the finished file into place: "
                         f"{exc.strerror}") from None

@@ -29,10 +29,12 @@ choice at the same call without any other message.
   period's timed calls.
 
 The tuning file (``MPIDP_ALLREDUCE_TUNING_FILE``, default
-``~/.cache/mpidp/allreduce-tuning.json``; ``none`` for no file) keeps the
-agreed times per machine (host, CPU model, MPI library), rank layout and
-message size; JSON, to inspect, delete or ship. Rank 0 reads it when a
-communicator is first used and shares it; it writes it at exit.
+``allreduce-tuning.json`` in mpidp's cache folder, ``$XDG_CACHE_HOME/mpidp``
+or ``~/.cache/mpidp``: :func:`kernels.files.cache_file`; ``none`` for no
+file) keeps the agreed times per machine (host, CPU model, MPI library),
+rank layout and message size; JSON, to inspect, delete or ship. Rank 0
+reads it when a communicator is first used and shares it; it writes it at
+exit.
 ``MPIDP_ALLREDUCE_TUNING=0`` (or a table in ``MPIDP_ALLREDUCE_AUTO``) keeps
 the static table.
 """
@@ -52,6 +54,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+import kernels.files
 from collectives.machine import cpu_model, mpi_library
 
 #: Candidates, in the order of exploration. ``naive`` (the seed project's
@@ -406,13 +409,7 @@ def machine_key(size: int, nodes: int, placement: str) -> str:
 
 def tuning_file() -> Path | None:
     """Where tunings are kept, or None (``MPIDP_ALLREDUCE_TUNING_FILE=none``)."""
-    text = os.environ.get("MPIDP_ALLREDUCE_TUNING_FILE", "").strip()
-    if text.lower() == "none":
-        return None
-    if text:
-        return Path(text).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mpidp" / "allreduce-tuning.json"
+    return kernels.files.cache_file("allreduce-tuning.json", "MPIDP_ALLREDUCE_TUNING_FILE")
 
 
 def bucket(nbytes: int, dtype: np.dtype, op: str) -> str:
@@ -447,9 +444,7 @@ def write(path: Path | None, key: str, tunings: dict[str, dict[str, float]]) -> 
         except (OSError, ValueError):
             data = {}
         data.setdefault(key, {}).update(tunings)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        kernels.files.replace_file(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass
 

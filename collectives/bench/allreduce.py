@@ -37,6 +37,7 @@ import re
 import sys
 from typing import Any
 
+import kernels.files
 from collectives import machine
 from collectives.bench.measure import copy_bandwidth, cpu_ticks, measure, steal_percent
 from collectives.bench.report import (HEADER, format_row, plot, steal_line, streaming_line,
@@ -266,9 +267,7 @@ def run(args: argparse.Namespace) -> int:
             print(streaming, file=out)
         try:
             if args.json:
-                with open(args.json + ".tmp", "w") as handle:
-                    json.dump(records, handle, indent=1)
-                os.replace(args.json + ".tmp", args.json)
+                kernels.files.replace_file(args.json, json.dumps(records, indent=1))
             if args.plot:
                 plot(records, args.plot, f"all-reduce, {job}", ceiling)
         except OSError as error:

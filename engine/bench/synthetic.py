@@ -41,6 +41,7 @@ import os
 
 import numpy as np
 
+import kernels.files
 from preprocessing import h5format
 
 #: Rows generated and written at a time.
@@ -268,12 +269,11 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
 
     features = len(names)
     encoding_text = json.dumps(encoding)
-    tmp = f"{path}.tmp{os.getpid()}"
     counts: dict[str, int] = {}
     sizes = {"train": rows, "test": test_rows}
     if val_rows is not None:
         sizes["val"] = val_rows
-    with h5py.File(tmp, "w") as f:
+    with kernels.files.replacing(path) as tmp, h5py.File(tmp, "w") as f:
         # train, test, then val: the rows drawn for train and test stay those of a
         # file without val
         for split, n in sizes.items():
@@ -318,7 +318,6 @@ def _write(path, rows: int, test_rows: int, names: list[str], encoding: dict,
                 "groups": json.dumps(described) if groups else None}
         base.update(attrs or {})
         h5format.write_attributes(f.attrs, base)  # None values: left out (bad files)
-    os.replace(tmp, path)
     return str(path)
 
 
@@ -421,40 +420,34 @@ def write_images(path: str | os.PathLike, shape: tuple[int, int, int] = (1, 28, 
     streams = {"train": np.random.default_rng([seed, 0]),
                "test": np.random.default_rng([seed, 1])}
     counts = np.zeros((c, 256), dtype=np.int64)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with h5py.File(tmp, "w") as f:
-            for split, n in (("train", rows), ("test", test_rows)):
-                chunk = (max(1, min(n, (1 << 20) // width)), width) if n else None
-                X = f.create_dataset(h5format.x_name(split), (n, width),
-                                     dtype=h5format.IMAGE_DTYPE, chunks=chunk)
-                y = f.create_dataset(h5format.y_name(split), (n,), dtype=h5format.Y_DTYPE)
-                for start in range(0, n, IMAGE_CHUNK):
-                    xb, yb = image_rows(streams[split], min(IMAGE_CHUNK, n - start),
-                                        templates)
-                    X[start:start + len(yb)] = xb
-                    y[start:start + len(yb)] = yb
-                    if split == "train":
-                        planes = xb.reshape(len(yb), c, h * w)
-                        for channel in range(c):
-                            counts[channel] += np.bincount(planes[:, channel].ravel(),
-                                                           minlength=256)
-            mean, std = _stats_from_counts(counts)
-            layout = {"image_shape": [c, h, w], "channel_mean": mean, "channel_std": std}
-            task = "synthetic-images"
-            h5format.write_attributes(f.attrs, {
-                **h5format.identity(h5format.IMAGE_VERSION), **layout,
-                "task": task, "n_classes": n_classes,
-                "encoding_fingerprint": h5format.fingerprint(json.dumps(
-                    {"format": task, **layout}, sort_keys=True)),
-                "sources": [], "seed": seed,
-                "test_fraction": test_rows / max(1, rows + test_rows),
-                "val_fraction": 0.0, "created_by": "mpidp engine.bench.synthetic",
-                "drop_counts": {}})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with kernels.files.replacing(path) as tmp, h5py.File(tmp, "w") as f:
+        for split, n in (("train", rows), ("test", test_rows)):
+            chunk = (max(1, min(n, (1 << 20) // width)), width) if n else None
+            X = f.create_dataset(h5format.x_name(split), (n, width),
+                                 dtype=h5format.IMAGE_DTYPE, chunks=chunk)
+            y = f.create_dataset(h5format.y_name(split), (n,), dtype=h5format.Y_DTYPE)
+            for start in range(0, n, IMAGE_CHUNK):
+                xb, yb = image_rows(streams[split], min(IMAGE_CHUNK, n - start),
+                                    templates)
+                X[start:start + len(yb)] = xb
+                y[start:start + len(yb)] = yb
+                if split == "train":
+                    planes = xb.reshape(len(yb), c, h * w)
+                    for channel in range(c):
+                        counts[channel] += np.bincount(planes[:, channel].ravel(),
+                                                       minlength=256)
+        mean, std = _stats_from_counts(counts)
+        layout = {"image_shape": [c, h, w], "channel_mean": mean, "channel_std": std}
+        task = "synthetic-images"
+        h5format.write_attributes(f.attrs, {
+            **h5format.identity(h5format.IMAGE_VERSION), **layout,
+            "task": task, "n_classes": n_classes,
+            "encoding_fingerprint": h5format.fingerprint(json.dumps(
+                {"format": task, **layout}, sort_keys=True)),
+            "sources": [], "seed": seed,
+            "test_fraction": test_rows / max(1, rows + test_rows),
+            "val_fraction": 0.0, "created_by": "mpidp engine.bench.synthetic",
+            "drop_counts": {}})
     return str(path)
 
 
@@ -466,36 +459,31 @@ def tile_rows(source: str | os.PathLike, path: str | os.PathLike, repeat: int) -
     not change when every row appears ``repeat`` times)."""
     import h5py  # deferred: as in _write
 
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with h5py.File(source, "r") as src, h5py.File(tmp, "w") as dst:
-            for split in h5format.splits_in(src):
-                times = repeat if split == "train" else 1
-                for name in (h5format.x_name(split), h5format.y_name(split),
-                             h5format.household_name(split)):
-                    if name not in src:
-                        continue
-                    data = src[name]
-                    n = data.shape[0]
-                    shape = (n * times, *data.shape[1:])
-                    row_bytes = max(1, int(np.prod(data.shape[1:], dtype=np.int64))
-                                    * data.dtype.itemsize)
-                    chunk = ((max(1, min(n, (1 << 20) // row_bytes)), *data.shape[1:])
-                             if n else None)
-                    out = dst.create_dataset(name, shape, dtype=data.dtype, chunks=chunk)
-                    step = max(1, (64 << 20) // row_bytes)
-                    for start in range(0, n, step):
-                        block = data[start:min(n, start + step)]
-                        for t in range(times):
-                            out[t * n + start:t * n + start + len(block)] = block
-            for key, value in src.attrs.items():
-                dst.attrs[key] = value
-            dst.attrs["created_by"] = (f"mpidp engine.bench.synthetic: {os.path.basename(source)}"
-                                       f" with its training rows x{repeat}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with (kernels.files.replacing(path) as tmp, h5py.File(source, "r") as src,
+          h5py.File(tmp, "w") as dst):
+        for split in h5format.splits_in(src):
+            times = repeat if split == "train" else 1
+            for name in (h5format.x_name(split), h5format.y_name(split),
+                         h5format.household_name(split)):
+                if name not in src:
+                    continue
+                data = src[name]
+                n = data.shape[0]
+                shape = (n * times, *data.shape[1:])
+                row_bytes = max(1, int(np.prod(data.shape[1:], dtype=np.int64))
+                                * data.dtype.itemsize)
+                chunk = ((max(1, min(n, (1 << 20) // row_bytes)), *data.shape[1:])
+                         if n else None)
+                out = dst.create_dataset(name, shape, dtype=data.dtype, chunks=chunk)
+                step = max(1, (64 << 20) // row_bytes)
+                for start in range(0, n, step):
+                    block = data[start:min(n, start + step)]
+                    for t in range(times):
+                        out[t * n + start:t * n + start + len(block)] = block
+        for key, value in src.attrs.items():
+            dst.attrs[key] = value
+        dst.attrs["created_by"] = (f"mpidp engine.bench.synthetic: {os.path.basename(source)}"
+                                   f" with its training rows x{repeat}")
     return str(path)
 
 

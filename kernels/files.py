@@ -1,0 +1,125 @@
+"""The files every mpidp package writes: where its caches live, and how an output is replaced.
+
+It sits at the bottom of the layering (standard library only, like the rest
+of ``kernels``) so that every package uses the same two rules
+(docs/contributing.md):
+
+* **A cache file** (the all-reduce tunings, Numba's vector width) is named
+  by an environment variable, ``none`` meaning no file, else lives in
+  mpidp's cache folder, ``$XDG_CACHE_HOME/mpidp`` (``~/.cache/mpidp`` when
+  ``XDG_CACHE_HOME`` is unset or empty): :func:`cache_file`.
+* **An output is replaced atomically**: written under a hidden temporary
+  name in its own directory (``.NAME.PID.tmp``), renamed over the final
+  path (``os.replace``, atomic within one file system) only once complete;
+  on failure the temporary file is removed and the old file, if any, is
+  left intact. :func:`replace_file` writes bytes or text that way,
+  :func:`replacing` hands out the temporary name to a writer that opens the
+  file itself (HDF5), and :func:`move_into_place` is the rename alone, for
+  a file several ranks wrote.
+
+Errors are ``OSError`` s; each caller turns them into its own message.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+
+def cache_dir() -> Path:
+    """mpidp's cache folder: ``$XDG_CACHE_HOME/mpidp``, else ``~/.cache/mpidp``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mpidp"
+
+
+def cache_file(name: str, variable: str) -> Path | None:
+    """The cache file ``name``: the path in ``$variable`` if set (``~`` expanded),
+    None where it says ``none`` (no file), else ``name`` in :func:`cache_dir`."""
+    text = os.environ.get(variable, "").strip()
+    if text.lower() == "none":
+        return None
+    if text:
+        return Path(text).expanduser()
+    return cache_dir() / name
+
+
+def temporary_name(path: str | os.PathLike) -> Path:
+    """The hidden name ``path`` is written under before it is renamed: ``.NAME.PID.tmp``
+    in the same directory."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def discard(temporary: str | os.PathLike | None) -> None:
+    """Remove a temporary file if it is there."""
+    if temporary:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+
+
+def move_into_place(temporary: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Rename the finished ``temporary`` over ``path``; on failure the temporary
+    file is removed and the ``OSError`` raised."""
+    try:
+        os.replace(temporary, path)
+    except OSError:
+        try:
+            discard(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def _sync_directory(path: Path) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_file(path: str | os.PathLike, data: str | bytes, mode: int = 0o666,
+                 sync_directory: bool = False) -> None:
+    """Replace ``path`` by ``data`` atomically: written to :func:`temporary_name`,
+    flushed to disk, renamed over ``path``; with ``sync_directory`` the rename
+    is flushed too.
+
+    Raises:
+        OSError: the temporary file removed, the old ``path``, if any, intact.
+    """
+    path = Path(path)
+    tmp = temporary_name(path)
+    view = memoryview(data.encode() if isinstance(data, str) else data)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        if sync_directory:
+            _sync_directory(path)
+    except OSError:
+        try:
+            discard(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """``with replacing(path) as tmp:`` write the file ``tmp``; when the block
+    ends normally ``tmp`` is renamed over ``path``, otherwise removed (the
+    exception propagates, the old ``path`` intact)."""
+    tmp = temporary_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        discard(tmp)
