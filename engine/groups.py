@@ -24,15 +24,16 @@ number of ranks.
 **Suppression.** A published table of a small cell's accuracy is itself a
 disclosure: with the cell's row count, a reader learns how a model did on a
 handful of identifiable people. Groups with fewer rows than
-``min_group_size`` (default :data:`MIN_GROUP_SIZE`, 100, a common
-threshold of statistical agencies' disclosure control for tables of
-counts) are suppressed: no figure of them, not even their row count or
+``min_group_size`` (default :data:`MIN_GROUP_SIZE`, 100: a cautious
+minimum cell size of disclosure control, docs/groups.md) are suppressed: no figure of them, not even their row count or
 their label, appears in any output, and the gaps are taken over the
-published groups only. Because the overall figures are printed too, the
-suppressed cells' sum could be derived from them by subtraction; so when
-the suppressed rows add up to fewer than the threshold, the smallest
-published groups are suppressed as well until they do (complementary
-suppression, :func:`suppress`). A table with no group left is refused.
+published groups only. Within a published group, a rate whose own base
+(positives for the TPR, negatives for the FPR) is under the threshold is
+withheld too, and no count but the group's rows is published. Because
+the overall figures are printed too, the suppressed cells' sum could be
+derived from them by subtraction; so when the suppressed rows add up to
+fewer than the threshold, the smallest published groups are suppressed as
+well until they do (complementary suppression, :func:`suppress`). A table with no group left is refused.
 This protects each table on its own; tables of different groupings of the
 same rows can still be differenced, which only noise (a DP release) rules
 out (docs/groups.md).
@@ -194,9 +195,9 @@ class GroupTable:
 
     Attributes:
         grouping: the attribute(s).
-        groups: per published group: ``label``, ``codes``, the :data:`COUNTS`
-            and per rate in :data:`RATES` its value and ``[low, high]``
-            interval (None where its denominator is 0).
+        groups: per published group: ``label``, ``codes``, ``rows`` and per
+            rate in :data:`RATES` its value and ``[low, high]`` interval
+            (None where its own base is under the threshold: :func:`figures`).
         possible: the cells the file's labels allow; those not in ``groups``
             are empty or suppressed (which is never said).
         gaps: over the published groups (None with fewer than two).
@@ -212,14 +213,24 @@ class GroupTable:
     extra: dict = field(default_factory=dict)
 
 
-def figures(counts: np.ndarray, confidence: float = CONFIDENCE) -> dict:
-    """The counts and rates (with intervals) of one cell's counts row."""
+def figures(counts: np.ndarray, min_group_size: int = 1,
+            confidence: float = CONFIDENCE) -> dict:
+    """One cell's rows and rates (with intervals), from its counts row.
+
+    A rate is published only where its own base reaches ``min_group_size``:
+    the group's rows for the accuracy and the selection rate, its positives
+    for the TPR and its negatives for the FPR (a TPR over three positives is
+    a figure about three people); a withheld rate is None. No count but the
+    rows is returned: the others are sub-cells of the group.
+    """
     values = {name: int(v) for name, v in zip(COUNTS, counts)}
+    out: dict = {"rows": values["rows"]}
     for rate, (num, den) in RATES.items():
         n = values[den]
-        values[rate] = values[num] / n if n else None
-        values[f"{rate}_ci"] = list(interval(values[num], n, confidence)) if n else None
-    return values
+        shown = n >= max(1, min_group_size)
+        out[rate] = values[num] / n if shown else None
+        out[f"{rate}_ci"] = list(interval(values[num], n, confidence)) if shown else None
+    return out
 
 
 def gaps(groups: list[dict]) -> dict | None:
@@ -249,8 +260,8 @@ def table(cells: Cells, counts: np.ndarray, min_group_size: int = MIN_GROUP_SIZE
     """The published table of one model: ``counts`` ``[len(cells), len(COUNTS)]``
     summed over every rank."""
     shown = suppress(counts[:, 0], min_group_size)
-    groups = [{"label": cells.labels[i], "codes": list(cells.codes[i]), **figures(counts[i])}
-              for i in np.flatnonzero(shown)]
+    groups = [{"label": cells.labels[i], "codes": list(cells.codes[i]),
+               **figures(counts[i], min_group_size)} for i in np.flatnonzero(shown)]
     return GroupTable(cells.grouping, groups, len(cells), gaps(groups), min_group_size,
                       description)
 
@@ -260,22 +271,22 @@ def compare(cells: Cells, counts_a: np.ndarray, counts_b: np.ndarray, pairs: np.
     """Two models on the same rows, group by group: each model's figures
     (``a``, ``b``), the change in accuracy ``b - a`` and McNemar's exact
     p-value (two-sided, from the rows only one model gets right, ``pairs``
-    of :func:`discordant`); ``extra`` names the group whose accuracy falls
-    most from A to B (``pays_most``) and the overall change. Suppression
-    is by rows, the same for both (the rows are the same)."""
+    of :func:`discordant`, which are not published themselves); ``extra``
+    names the group whose accuracy falls most from A to B (``pays_most``)
+    and each model's gaps. Suppression is by rows, the same for both (the
+    rows are the same)."""
     from scipy.stats import binomtest  # deferred: scipy is slow to import
 
     shown = suppress(counts_a[:, 0], min_group_size)
     groups = []
     for i in np.flatnonzero(shown):
-        a, b = figures(counts_a[i]), figures(counts_b[i])
+        a, b = figures(counts_a[i], min_group_size), figures(counts_b[i], min_group_size)
         only_a, only_b = int(pairs[i, 0]), int(pairs[i, 1])
         p = (binomtest(min(only_a, only_b), only_a + only_b).pvalue
              if only_a + only_b else 1.0)
         groups.append({"label": cells.labels[i], "codes": list(cells.codes[i]),
                        "rows": a["rows"], "a": a, "b": b,
                        "accuracy_change": b["accuracy"] - a["accuracy"],
-                       "only_a_correct": only_a, "only_b_correct": only_b,
                        "mcnemar_p": float(p)})
     extra: dict = {}
     if groups:
