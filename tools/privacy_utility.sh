@@ -6,7 +6,7 @@
 #   rdp        the same recipe, sigma calibrated with RDP (more noise)
 #   household  pld, --privacy-unit household (epsilon per household)
 # and nondp, the same recipe without clipping and noise (reference).
-# Usage: [EPSILONS="1 0.25"] docs/privacy_utility.sh PUMS_ZIP_DIR OUT_DIR [RANKS]
+# Usage: [EPSILONS="1 0.25"] tools/privacy_utility.sh PUMS_ZIP_DIR OUT_DIR [RANKS]
 # Runs what is missing in OUT_DIR, then prints the table.
 set -euo pipefail
 zips=${1:?folder of csv_p*.zip}; out=${2:?output folder}; ranks=${3:-2}

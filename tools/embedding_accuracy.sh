@@ -1,7 +1,7 @@
 #!/bin/bash
 # embedding-mlp (codes file) against logistic regression (one-hot file) on the
 # same rows, non-private: two optimizer settings x three seeds, 2 ranks.
-# Usage: docs/embedding_accuracy.sh ZIPDIR OUTDIR   (ZIPDIR: the PUMS person zips)
+# Usage: tools/embedding_accuracy.sh ZIPDIR OUTDIR   (ZIPDIR: the PUMS person zips)
 set -euo pipefail
 zips=$1 out=$2
 bin=${BIN:-.venv/bin}

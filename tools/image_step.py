@@ -7,8 +7,8 @@ computing per-sample gradients, clipping them and summing (the work of its
 DP step before noise). Best of ``--repeat`` runs; prints a markdown table for
 docs/images.md.
 
-    python docs/image_step.py --threads 2
-    python docs/image_step.py --models resnet20 --batches 32,128
+    python tools/image_step.py --threads 2
+    python tools/image_step.py --models resnet20 --batches 32,128
 """
 from __future__ import annotations
 
