@@ -145,7 +145,7 @@ def test_bench_scaling_job_runs_a_preset_and_its_peers_as_job_steps(cluster, job
     """jobs/bench_scaling.sbatch: --preset dp-sweep on a tiny grid at 2 ranks
     across the two nodes, DP, the mpidp run and its Opacus-DDP peer each a step
     of the allocation (srun), tabulated side by side (the grid's other axes and
-    the DDP peer: tests/test_experiments_bench.py, under mpiexec)."""
+    the DDP peer: tests/test_engine_bench_scaling.py, under mpiexec)."""
     out = tmp_path / "bench"
     result = cluster.run(JOBS / "bench_scaling.sbatch", "--nodes=2", "--ntasks-per-node=1",
                          "--ntasks=2", f"--output={tmp_path}/scaling-%j.out", cwd=ROOT,

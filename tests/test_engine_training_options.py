@@ -1,5 +1,6 @@
-"""The trainer pieces the experiments need: stopping rules, the alpha/sqrt(t)
-schedule, L2 weight decay, the dense epsilon-like generator."""
+"""Training options beyond the DP step: the learning-rate schedules (alpha/sqrt(t),
+warm-up and milestones), L2 weight decay, the stopping rules, and the dense
+epsilon-like synthetic generator they are tried on."""
 import math
 
 import numpy as np
