@@ -1,8 +1,9 @@
 """``auto`` by measurement: each signature tries the candidate algorithms and keeps the fastest.
 
 A static table of thresholds wins on the machine it was measured on and can
-lose by 1.5x on the next one (another CPU, another MPI, another rank
-layout). So ``auto`` measures where it runs: a :class:`Tuner` per call
+lose on the next one (another CPU, another MPI, another rank layout;
+docs/results.md, "Figures behind the design of the channels and ``auto``").
+So ``auto`` measures where it runs: a :class:`Tuner` per call
 signature (length, dtype, op) times the candidates on the calls themselves
 and, every few calls, the ranks agree on the estimates with one small
 all-reduce (the slowest rank's time counts), so every rank makes the same
@@ -21,7 +22,7 @@ choice at the same call without any other message.
   so that the trials together cost about ``BUDGET`` of the time: a
   candidate is tried again after its last trial's measured cost over the
   choice's (warm-up included: the first calls of an algorithm that has not
-  run for a while can cost 50 of the choice's 1 us calls), divided by
+  run for a while can cost many of the choice's small calls), divided by
   ``BUDGET / (k - 1)`` of a call (before its first trial, its estimated
   ratio r stands in: 6 (r - 1) calls). It switches when a trial beats the
   current estimate by more than ``MARGIN`` (a host that moves the ranks to

@@ -1,14 +1,14 @@
 """The Numba loops behind :mod:`collectives.core.combine` (imported on first use).
 
-They are module-level functions on purpose. Numba keys a cached function by
-its code and the values of its closure cells, and a dispatcher held in a
-closure cell pickles differently in every process: the loops used to be
-made by a factory, so every process compiled them again (about 0.25 s per
-op and dtype) and wrote one more cache file each time. Here nothing is
-closed over, so a process loads them from Numba's cache. The six loops
-are written out rather than made from one: a factory is what closed over
-them, and one loop taking the op as an argument costs 10-15 ns more a call,
-which small all-reduces pay on every combine.
+They are module-level functions on purpose, so that a process loads them
+from Numba's cache instead of compiling them: Numba keys a cached function
+by its code and the values of its closure cells, and a dispatcher held in a
+closure cell pickles differently in every process, so loops made by a
+factory were compiled again by every process, each writing one more cache
+file (docs/results.md, "Test suite"). Nothing here may close over anything.
+The six loops are written out rather than made from one: a factory is what
+closed over them, and a loop taking the op as an argument costs every
+combine a call more, which small all-reduces pay on every call.
 
 Each op comes twice: ``<op>_into(x, y)`` (``y = x (op) y``) and
 ``<op>_apart(a, b, out)``. A loop whose output may alias an input is not

@@ -4,13 +4,15 @@ The trainer reduces the same buffer with the same arguments on every step,
 so :func:`allreduce` first compares the call with the previous one (object
 identity of buffer and communicator, the algorithm and op, the dtype, that
 the array is still 1-D and writeable) and, when nothing changed,
-runs the runner bound last time: no allocation, no collective, well under a
-microsecond of Python. For a tuned ``auto`` on a numpy array it takes the
-next call from the tuner's iterator itself
-(:class:`collectives.auto.tuning.TunedPlan`): a frame of auto's own cost 5% of a
-1 us call. Anything else takes the slow path: check the buffer, find or
-make the checked plan of the signature (collective the first time, see
-:mod:`collectives.core.consistency`), bind it to the buffer, remember the call.
+runs the runner bound last time: no allocation, no collective, no plan
+lookup. For a tuned ``auto`` on a numpy array it takes the next call from
+the tuner's iterator itself (:class:`collectives.auto.tuning.TunedPlan`),
+because a frame of ``auto``'s own is a measurable share of a small call
+(docs/results.md, "``auto`` with no frame of its own"). Anything else takes
+the slow path: check the buffer, find or make the checked plan of the
+signature (collective the first time, see
+:mod:`collectives.core.consistency`), bind it to the buffer, remember the
+call.
 
 A numpy array bound to a plan is held by a weak reference, which makes
 numpy refuse to resize it in place (``ndarray.resize`` raises, even with

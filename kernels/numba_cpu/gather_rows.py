@@ -4,16 +4,15 @@ The batch's rows are scattered over a shard far larger than the caches, so
 the copy waits on memory, and what matters is how many rows' cache lines are
 in flight at once. A plain loop over the rows keeps several in flight;
 ``torch.index_select`` spends its time between them (two calls, one for the
-inputs and one for the labels, each with torch's dispatch): on a cold
-256-row gather of 102 float32 columns it took 42-55 us where this loop takes
-31 us. Software prefetching a few rows ahead gained nothing measurable
-beyond that, so there is none.
+inputs and one for the labels, each with torch's dispatch), so this loop
+replaces it. Software prefetching a few rows ahead gained nothing
+measurable, so there is none (figures: docs/results.md, "Sampling and the
+row gather").
 
 At several threads each thread copies one contiguous part of the rows, as
-many misses in flight per core: 256 rows in 22 us instead of 34-39 at two
-threads (a 2-vCPU Intel Xeon, inside a training step). The parts are the
-fused MLP step's (:mod:`kernels.numba_cpu.mlp_step`), so each thread's
-rows are in its own core's cache when its part of the step reads them.
+many misses in flight per core. The parts are the fused MLP step's
+(:mod:`kernels.numba_cpu.mlp_step`), so each thread's rows are in its own
+core's cache when its part of the step reads them.
 """
 from __future__ import annotations
 

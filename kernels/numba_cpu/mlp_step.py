@@ -20,9 +20,8 @@ buffer of its own; then the parts' sums are added, in part order, into
 ``grad_out``. Per-example work is independent by row, so the threads meet
 once, at that addition, where the BLAS's own threading meets at each of the
 step's eight small products and hands every activation from one core to the
-other (on a 2-vCPU Intel Xeon, the clipped sum of 256 rows at 2 threads:
-167-171 us this way, 248-252 with MKL threading each product; measured in
-``docs/results.md``). The sums then differ from the composed
+other (figures: docs/results.md, "Rows cut over the threads"). The sums
+then differ from the composed
 step's by the order of additions (float rounding; tested against it), are
 the same from call to call at a given number of parts, and are the
 composed step's again with ``MPIDP_NO_ROW_SPLIT`` set. Where torch's BLAS

@@ -5,8 +5,9 @@ ones: a view whose rows are contiguous but one element apart from each
 other. Numba types such a view as of any layout, and LLVM does not
 vectorise a loop whose stride it does not know, so the kernel reads the
 rows through the whole buffer they sit in (C-contiguous, the ones column
-left unread) whenever the view's storage allows it: about three times
-faster on a batch of 256 rows of 128.
+left unread) whenever the view's storage allows it, so that the loop is
+vectorised (figures: docs/results.md, "The ReLU backward through its
+buffer").
 """
 from __future__ import annotations
 
