@@ -35,6 +35,7 @@ setup(
         "numba>=0.60",
         "h5py>=3.10",
         "polars>=2.0",  # CSV parsing in mpidp prep / synth
+        "cryptography>=41",  # AES for prep's keyed household keys (one call per split)
         "dp-accounting>=0.4.4",
         "tqdm>=4.66",
         "matplotlib>=3.7",  # PNG plots of the benchmarks

@@ -98,9 +98,10 @@ Y_DTYPE = "int8"
 HOUSEHOLD_DTYPE = "uint64"
 GROUP_DTYPE = "int16"
 #: How ``/s/household`` is made (the ``household_key`` attribute).
-HOUSEHOLD_KEY = ("BLAKE2b-64 of the household's SERIALNO, keyed with a 32-byte secret that "
-                 "is not stored: random per run of mpidp prep unless --household-secret "
-                 "FILE gives one")
+HOUSEHOLD_KEY = ("AES-256 of the household's SERIALNO id and 'mpidp-hh' (one block), keyed "
+                 "with SHA-256 of 'mpidp-household' and a secret that is not stored, first "
+                 "8 bytes (little-endian); the secret is random per run of mpidp prep "
+                 "unless --household-secret FILE gives one")
 
 #: Root attributes: name -> what it holds (docs/preprocessing.md, "The prepared HDF5 file").
 ATTRIBUTES: dict[str, str] = {
