@@ -3,7 +3,7 @@
 The command checks every option before it imports the trainer (torch,
 Numba: over a second), so a refused run answers at once; the modules that
 implement these choices (:mod:`engine.nn.optim`, :mod:`engine.dp.noise`,
-:mod:`engine.nn.model`) import torch, and take their names from here.
+:mod:`engine.nn.mlp`) import torch, and take their names from here.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import collectives
 from engine.choices import NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, parse_hidden
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.errors import ConfigError
-from engine.nn import factories
+from engine.nn import model_names
 from engine.nn.schedule import SCHEDULES
 
 #: Options a resume must repeat unchanged (they define the run and its privacy).
@@ -144,7 +144,7 @@ class TrainConfig:
             fail(f"--stop-after {self.stop_after} must be at least 1")
         try:
             if self.model != "python":  # the library's model= object
-                factories.check_name(self.model)
+                model_names.check_name(self.model)
         except ConfigError as exc:
             fail(str(exc))
         if self.device not in ("cpu", "cuda"):

@@ -203,8 +203,8 @@ class _Model:
         import torch  # deferred: kept out of `mpidp eval --help`
 
         from engine import checkpoint as ckpt
-        from engine.nn import models
-        from engine.nn.model import MLPSpec
+        from engine import models
+        from engine.nn.mlp import MLPSpec
 
         self.checkpoint = checkpoint
         self.payload = payload

@@ -7,8 +7,8 @@ of kernels with one launch, but only on the shapes and addresses it was
 captured with. So :class:`FixedShapeStep` serves every batch through one
 shape: a batch of ``capacity`` rows, the sampled ones first, the rest
 padding (a valid row index), and a 0/1 mask. The engines' ``masked_sum``
-(:meth:`engine.nn.fast_mlp.FastMLP.masked_sum`,
-:meth:`engine.nn.module_engine.ModuleEngine.masked_sum`) zero the loss
+(:meth:`engine.dp.fast_mlp.FastMLP.masked_sum`,
+:meth:`engine.dp.module_engine.ModuleEngine.masked_sum`) zero the loss
 gradient of the padding rows at the logits, so their gradients, norms and
 clip factors (1) add exactly nothing, and leave the summed loss and the
 clipped count on the device instead of reading them back.

@@ -16,7 +16,7 @@ The features land in a float32 array with one extra trailing column of ones
 (an image file's uint8 pixels normalised per channel on the way, by its
 ``channel_mean`` and ``channel_std``):
 the bias "feature" of the first layer in the book-keeping layout
-(:mod:`engine.nn.fast_mlp`), so a sampled batch is one contiguous gather.
+(:mod:`engine.dp.fast_mlp`), so a sampled batch is one contiguous gather.
 
 Checks, each a :class:`~engine.errors.DataError` raised on every rank
 (:func:`engine.errors.agree`): the file passes

@@ -7,7 +7,7 @@ did. A call, on the rows the caller sampled:
 
 1. **load** this rank's rows ``X[rows]``, ``y[rows]`` into the engine's buffers;
 2. **clip**: the per-example clipped gradient sum into ``grad``
-   (:mod:`engine.nn.fast_mlp`; the plain sum when ``max_norm`` is None);
+   (:mod:`engine.dp.fast_mlp`; the plain sum when ``max_norm`` is None);
 3. **noise**: this rank's share of the Gaussian noise (:mod:`engine.dp.noise`;
    none when ``noise`` is None); an optional ``extra(grad)`` runs just before
    it, after the clipped sum: the canary audit (:mod:`engine.audit.canary`)
@@ -35,7 +35,7 @@ import torch
 import collectives
 from collectives import MPI
 from engine.dp.noise import GaussianNoise
-from engine.nn.fast_mlp import FastMLP
+from engine.dp.fast_mlp import FastMLP
 
 #: Breakdown of a step's time, in the order of the step; the keys of ``times``
 #: (the trainer's metrics and the scaling report read them by these names).
@@ -46,7 +46,7 @@ class DPStep:
     """Load -> clipped sum -> noise -> all-reduce -> update (see module docstring).
 
     Args:
-        engine: the model's :class:`~engine.nn.fast_mlp.FastMLP`; its ``grad``
+        engine: the model's :class:`~engine.dp.fast_mlp.FastMLP`; its ``grad``
             must be ``grad`` below.
         X, y: this rank's rows on the engine's device: ``X`` ``[n, F+1]`` of the
             parameters' dtype (trailing ones column), ``y`` int64 ``[n]``.

@@ -104,8 +104,8 @@ def build(engine, X: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor, bu
     the step over ``engine`` (whose ``grad`` is ``grad``, the head of ``buffer``).
 
     Args:
-        engine: :class:`~engine.nn.fast_mlp.FastMLP` or
-            :class:`~engine.nn.module_engine.ModuleEngine` (or any object with
+        engine: :class:`~engine.dp.fast_mlp.FastMLP` or
+            :class:`~engine.dp.module_engine.ModuleEngine` (or any object with
             their interface) over ``grad``.
         X, y: this rank's rows (with the ones column) and labels, numpy or
             torch; moved to the engine's device once.

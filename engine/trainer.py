@@ -49,7 +49,7 @@ from engine.config import TrainConfig
 from engine.dp.privacy import check_delta_for_rows
 from engine.errors import EXIT_CHECKPOINTED, ConfigError, DivergedError, PrivacyError
 from engine.evaluate import evaluate_shard
-from engine.nn import models
+from engine import models
 from engine.nn.device import select as select_device
 from engine.nn.schedule import learning_rate
 from engine.run import report

@@ -5,7 +5,7 @@ import torch
 
 from engine.audit import inversion
 from engine.audit.scoring import label_log_probs, score_rows
-from engine.nn.model import MLPSpec
+from engine.nn.mlp import MLPSpec
 
 NAMES = ["AGEP", "SEX=1", "SEX=2", "MAR=1", "MAR=2", "MAR=3", "DIS=1", "DIS=2"]
 

@@ -115,9 +115,9 @@ def test_bench_generic_path_steps_the_same_model_as_the_fused_one(tmp_path, step
 
     from torch.nn.utils import parameters_to_vector
 
-    from engine.nn.fast_mlp import FastMLP
-    from engine.nn.model import to_module
-    from engine.nn.module_engine import ModuleEngine
+    from engine.dp.fast_mlp import FastMLP
+    from engine.nn.mlp import to_module
+    from engine.dp.module_engine import ModuleEngine
 
     out = tmp_path / "g.json"
     assert _run("--rows", str(ROWS), "--features", "12", "--hidden", "16", "--batch-size",

@@ -277,7 +277,7 @@ def test_ddp_baseline_builds_mpidps_model_and_schedule(tmp_path):
     """The peer starts from mpidp's initial parameters and follows its learning rates."""
     import torch
 
-    from engine.nn import models
+    from engine import models
 
     data = synthetic.write_images(tmp_path / "img.h5", (3, 8, 8), rows=20, test_rows=10)
     info = h5format.read_info(data)

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from engine.dp.clipping import FuncClipper, LayerClipper
-from engine.nn.fast_mlp import FastMLP
+from engine.dp.fast_mlp import FastMLP
 from engine.dp.rules import has_fast_rule
-from engine.nn.model import MLPSpec, flat_from_module, init_params, to_module
+from engine.nn.mlp import MLPSpec, flat_from_module, init_params, to_module
 from engine.dp.naive import naive_clipped_sum
 
 RTOL, ATOL = 1e-10, 1e-12

@@ -18,9 +18,9 @@ from torch import nn
 from collectives import MPI
 from engine.dp.noise import GaussianNoise
 from engine.fixed_step import FixedShapeStep, capacity_for, overflow_probability
-from engine.nn.fast_mlp import FastMLP
-from engine.nn.model import MLPSpec, init_params
-from engine.nn.module_engine import ModuleEngine
+from engine.dp.fast_mlp import FastMLP
+from engine.nn.mlp import MLPSpec, init_params
+from engine.dp.module_engine import ModuleEngine
 from engine.nn.optim import SGD
 from engine.step import DPStep
 from kernels.common import philox

@@ -36,7 +36,7 @@ def data(comm, shared_tmp) -> str:
 
 def _worst_on_val(payload: dict, path: str, attribute: str, min_size: int = 100) -> float:
     """The worst group's val accuracy of a checkpoint's model, by pandas."""
-    from engine.nn.models import checkpoint_logits
+    from engine.models import checkpoint_logits
 
     with h5py.File(path, "r") as f:
         X, y = f["val/X"][:], f["val/y"][:]

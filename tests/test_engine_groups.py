@@ -60,7 +60,7 @@ def _eval(comm, *argv) -> dict:
 def _predictions(checkpoint: str, data: str, split: str) -> np.ndarray:
     """The model's classes for every row of ``split``, in one process."""
     from engine import checkpoint as ckpt
-    from engine.nn import models
+    from engine import models
 
     payload = ckpt.load_model(checkpoint)
     recorded, params, _ = ckpt.model_of(payload, checkpoint)

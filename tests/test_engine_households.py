@@ -23,8 +23,8 @@ from engine.config import TrainConfig
 from engine.dp.naive import naive_clipped_sum
 from engine.dp.sampler import HouseholdSampler
 from engine.errors import ConfigError, DataError
-from engine.nn.fast_mlp import FastMLP
-from engine.nn.model import MLPSpec, flat_from_module, init_params, to_module
+from engine.dp.fast_mlp import FastMLP
+from engine.nn.mlp import MLPSpec, flat_from_module, init_params, to_module
 from engine.shard import read_info, read_shard
 from engine.trainer import Trainer
 from kernel_inputs import random_layers

@@ -14,8 +14,9 @@ import engine
 from engine.dp.naive import naive_clipped_sum
 from engine.dp.rules import SlowPathWarning
 from engine.errors import ConfigError
-from engine.nn import image_models, models
-from engine.nn.module_engine import ModuleEngine
+from engine import models
+from engine.nn import image_models
+from engine.dp.module_engine import ModuleEngine
 from image_files import cifar10_tar, mnist_dir, prepare
 
 

@@ -56,7 +56,7 @@ def test_a_factory_trains_in_place_with_the_mlps_accounting(data, comm, shared_t
 
 @pytest.mark.mpi(min_size=1)
 def test_a_users_mlp_runs_the_fused_kernels_bit_for_bit(data, comm):
-    from engine.nn.model import MLPSpec, init_params, to_module
+    from engine.nn.mlp import MLPSpec, init_params, to_module
 
     common = dict(comm=comm, epochs=2, batch_size=100, noise_multiplier=1.0, seed=9,
                   quiet=True, hidden=(12,), allreduce="ring")

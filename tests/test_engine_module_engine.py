@@ -9,8 +9,8 @@ from torch import nn
 from engine.dp.naive import naive_clipped_sum
 from engine.dp.rules import SlowPathWarning
 from engine.errors import ConfigError
-from engine.nn import factories
-from engine.nn.module_engine import ModuleEngine, parameter_digest
+from engine.nn import model_names
+from engine.dp.module_engine import ModuleEngine, parameter_digest
 
 F_IN, CLASSES = 6, 3
 
@@ -167,7 +167,7 @@ def test_factory_names_and_failures_are_one_line_errors(tmp_path, monkeypatch):
     (tmp_path / "broken_models.py").write_text("import no_such_package_xyz\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    model = factories.build(factories.load_factory("my_models:good"), F_IN, CLASSES, "x")
+    model = model_names.build(model_names.load_factory("my_models:good"), F_IN, CLASSES, "x")
     assert isinstance(model, nn.Linear) and model.out_features == CLASSES
     for name, message in [
         ("my_models", "choose mlp, logreg, embedding-mlp, mnist-small, mnist-large, resnet20 or MODULE:FACTORY"),
@@ -176,11 +176,11 @@ def test_factory_names_and_failures_are_one_line_errors(tmp_path, monkeypatch):
         ("my_models:value", "'value' is not callable"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            factories.load_factory(name)
+            model_names.load_factory(name)
     for name, message in [("my_models:raises", "factory raised RuntimeError: out of ideas"),
                           ("my_models:not_a_module", "returned int, not a torch.nn.Module")]:
         with pytest.raises(ConfigError, match=message):
-            factories.build(factories.load_factory(name), F_IN, CLASSES, name)
+            model_names.build(model_names.load_factory(name), F_IN, CLASSES, name)
 
 
 class Wrapped(nn.Module):

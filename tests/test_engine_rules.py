@@ -30,7 +30,7 @@ from engine.dp.rules import FuncRule, SlowPathWarning, has_fast_rule, rule_for
 from engine.dp.rules.conv import Chooser
 from engine.dp.rules.linear import OuterSums
 from engine.errors import ConfigError
-from engine.nn.module_engine import ModuleEngine
+from engine.dp.module_engine import ModuleEngine
 
 SETTINGS = settings(max_examples=20, deadline=None)
 batch_sizes = st.sampled_from([0, 1, 2, 5])

@@ -9,8 +9,8 @@ import torch
 import collectives
 from collectives import MPI
 from engine.dp.noise import GaussianNoise
-from engine.nn.fast_mlp import FastMLP
-from engine.nn.model import MLPSpec, init_params
+from engine.dp.fast_mlp import FastMLP
+from engine.nn.mlp import MLPSpec, init_params
 from engine.nn.optim import SGD
 from engine.step import PHASES, DPStep
 

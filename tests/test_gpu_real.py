@@ -151,8 +151,8 @@ def test_numba_views_are_zero_copy():
 
 
 def test_one_mlp_step_on_the_gpu_equals_the_cpu():
-    from engine.nn.fast_mlp import FastMLP
-    from engine.nn.model import MLPSpec, init_params
+    from engine.dp.fast_mlp import FastMLP
+    from engine.nn.mlp import MLPSpec, init_params
 
     spec = MLPSpec((20, 64, 64, 3))
     g = torch.Generator().manual_seed(2)
@@ -254,7 +254,7 @@ def test_image_model_dp_step_on_the_gpu_equals_the_cpu(name, shape, monkeypatch)
     convolutions run in TF32 by default (torch's setting, kept by mpidp), which
     moves gradients by ~1e-3 of their scale, through every layer."""
     from engine.nn.image_models import build
-    from engine.nn.module_engine import ModuleEngine
+    from engine.dp.module_engine import ModuleEngine
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
 
@@ -307,7 +307,7 @@ def _graph_steps(name: str, backend: str | None, dp: bool = True, graph: bool = 
     from engine import fixed_step
     from engine.bench.dpsgd_models import model_data
     from engine.dp.noise import GaussianNoise
-    from engine.nn import models
+    from engine import models
     from engine.nn.optim import SGD
     from engine.step import DPStep
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.nn.fast_mlp import FastMLP
-from engine.nn.model import MLPSpec, init_params
+from engine.dp.fast_mlp import FastMLP
+from engine.nn.mlp import MLPSpec, init_params
 from kernels import registry
 from kernels.numba_cpu import blas, mlp_step
 

@@ -334,7 +334,7 @@ def test_search_chooses_the_best_val_trial_and_survives_divergence(data, comm, s
     # only the chosen trial's model is kept, and its val accuracy is the recorded one
     assert sorted(os.listdir(out / "trials")) == [f"trial-{best['trial']:04d}"]
     from engine import checkpoint
-    from engine.nn.models import checkpoint_logits
+    from engine.models import checkpoint_logits
 
     # one file, the model to publish: non-private trials state no epsilon and
     # their exact scores (neither noised nor declared public) stay out of it
@@ -399,7 +399,7 @@ def _check_published(doc: dict, stated: dict, comm) -> None:
     import torch
     from engine import checkpoint
     from engine.cli import build_parser
-    from engine.nn.models import checkpoint_logits
+    from engine.models import checkpoint_logits
 
     chosen, where = doc["chosen"], doc["chosen"]["checkpoint"]
     assert os.listdir(where) == ["best.pt"] and chosen["model"] == os.path.join(where,

@@ -20,7 +20,7 @@ import warnings
 import torch
 
 from engine.nn.image_models import build
-from engine.nn.module_engine import ModuleEngine
+from engine.dp.module_engine import ModuleEngine
 
 SHAPES = {"mnist-small": (1, 28, 28), "mnist-large": (1, 28, 28), "resnet20": (3, 32, 32)}
 BATCHES = {"mnist-small": 256, "mnist-large": 256, "resnet20": 32}

@@ -41,8 +41,8 @@ import torch
 
 from engine import checkpoint as ckpt
 from engine.errors import CheckpointError, DataError, agree
-from engine.nn.model import MLPSpec
-from engine.nn.models import checkpoint_spec
+from engine.models import checkpoint_spec
+from engine.nn.mlp import MLPSpec
 from engine.shard import read_info
 from preprocessing.h5format import DataInfo
 

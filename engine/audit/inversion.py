@@ -25,7 +25,7 @@ intervals.
 Example (a logistic model whose label is the attribute itself)::
 
     >>> import numpy as np, torch
-    >>> from engine.nn.model import MLPSpec
+    >>> from engine.nn.mlp import MLPSpec
     >>> from engine.audit import inversion
     >>> spec = MLPSpec.build(2, (), 2)     # features S=a, S=b; class logits (4 S=a, 4 S=b)
     >>> params = torch.tensor([4., 0., 0., 0., 4., 0.], dtype=torch.float64)

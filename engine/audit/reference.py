@@ -5,7 +5,7 @@ but was trained the way the target was, on data from the same population: its
 loss on a record says how hard the record is for any such model. We train one
 on the population sample (:mod:`engine.audit.inputs`: the odd rows of both
 splits, disjoint from members and non-members) with the target's architecture (the same
-:class:`~engine.nn.model.MLPSpec`), optimizer, learning rate, momentum, expected
+:class:`~engine.nn.mlp.MLPSpec`), optimizer, learning rate, momentum, expected
 batch size and number of epochs, and on as many rows as the target (or all
 of the sample if it is smaller). It is trained **without** DP: its job is to
 predict how hard a record is, and the target's own noise would only blur that.
@@ -32,10 +32,10 @@ import torch
 from tqdm import tqdm
 
 import collectives
+from engine.dp.fast_mlp import FastMLP
 from engine.dp.sampler import PoissonSampler
 from engine.errors import DivergedError
-from engine.nn.fast_mlp import FastMLP
-from engine.nn.model import init_params
+from engine.nn.mlp import init_params
 from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
 
 #: Stream id of the reference model's seed (kept apart from the target's streams).
@@ -69,7 +69,7 @@ def train_reference(spec, settings: dict, parts: list[Part], comm, seed: int, ep
     """Collective: train the reference model on the rows of ``parts``.
 
     Args:
-        spec: the target's :class:`~engine.nn.model.MLPSpec`.
+        spec: the target's :class:`~engine.nn.mlp.MLPSpec`.
         settings: the target's training config (``optimizer``, ``lr``,
             ``momentum``, ``batch_size``), as stored in its checkpoint.
         parts: this rank's rows of each part (same number of parts everywhere).

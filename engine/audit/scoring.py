@@ -1,7 +1,7 @@
 """What the attacks observe: the model's log-probability of each record's label.
 
 Every rank scores the rows of its own shard (:mod:`engine.shard`) with the
-model of the checkpoint (:func:`engine.nn.model.logits`), in float64 so that a
+model of the checkpoint (:func:`engine.nn.mlp.logits`), in float64 so that a
 row's score does not depend on how the rows are cut between ranks or
 chunks. Scores that a statistic needs all at once are gathered in rank
 order, i.e. in global row order (:func:`allgather_rows`).
@@ -9,7 +9,7 @@ order, i.e. in global row order (:func:`allgather_rows`).
 Example::
 
     >>> import torch, numpy as np
-    >>> from engine.nn.model import MLPSpec
+    >>> from engine.nn.mlp import MLPSpec
     >>> from engine.audit.scoring import label_log_probs
     >>> spec = MLPSpec.build(1, (), 2)              # logistic regression, 1 feature
     >>> params = torch.tensor([0., 0., 1., 0.], dtype=torch.float64)  # logits (0, x)
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.nn.model import logits
+from engine.nn.mlp import logits
 
 #: Rows per forward pass.
 CHUNK_ROWS = 16384
@@ -63,7 +63,7 @@ def label_log_probs(spec, params, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``log p(y_i | x_i)`` under the model: float64 ``[n]`` (the loss is its negative).
 
     Args:
-        spec: :class:`engine.nn.model.MLPSpec`; params: its flat float64 vector.
+        spec: :class:`engine.nn.mlp.MLPSpec`; params: its flat float64 vector.
         X: rows ``[n, F+1]`` with the trailing ones column (as :mod:`engine.shard`
             reads them); y: int labels ``[n]``.
     """

@@ -16,7 +16,7 @@ What is the same as ``mpidp train``:
   (:func:`engine.nn.image_models.build`, built after seeding torch with
   ``--seed``, as ``mpidp train`` builds it), or for ``--model mlp|logreg``
   the ``nn.Sequential`` of the same widths with the same initial parameters
-  (:func:`engine.nn.model.init_params`);
+  (:func:`engine.nn.mlp.init_params`);
 * the optimisation: expected global batch B (Poisson sampling at rate
   q = B/N on every rank, or fixed batches with ``--sampling shuffle``),
   steps per epoch ``round(N/B)``, the gradient summed over the batch and
@@ -216,8 +216,8 @@ def build_model(args: argparse.Namespace, info, seed: int):
     """The model ``mpidp train --model`` trains, with its initial parameters."""
     from engine.nn import image_models
     from engine.choices import parse_hidden
-    from engine.nn.model import MLPSpec, init_params, to_module
-    from engine.nn.models import seeded
+    from engine.nn.mlp import MLPSpec, init_params, to_module
+    from engine.models import seeded
 
     if args.model in image_models.IMAGE_MODELS:
         image_models.check_fits(args.model, info.image_shape, info.n_features, info.path)

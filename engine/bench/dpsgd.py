@@ -5,7 +5,7 @@ Methods (each runs the same Poisson batches, same MLP, same optimizer):
 * ``mpidp-dp``      our DP-SGD step: book-keeping clipping, noise, all-reduce, update;
 * ``mpidp-nondp``   the same loop without clipping and noise (``--no-dp``);
 * ``mpidp-generic`` our DP-SGD step with the MLP as a ``torch.nn.Module`` through
-  the generic path (:mod:`engine.nn.module_engine`: per-layer rules, autograd),
+  the generic path (:mod:`engine.dp.module_engine`: per-layer rules, autograd),
   what any model of a user's runs; the fused kernels are ``mpidp-dp``;
 * ``mpidp-household`` our DP-SGD step with ``--privacy-unit household``: whole
   households sampled (rate chosen for the same expected rows per step), one
@@ -133,10 +133,10 @@ def _steppers(args, spec, X, y, groups=None, names=()):
 
     from engine.dp.naive import naive_clipped_sum
     from engine.dp.sampler import HouseholdSampler
-    from engine.nn.fast_mlp import FastMLP
+    from engine.dp.fast_mlp import FastMLP
     from engine.nn.embedding_mlp import EmbeddingMLP
-    from engine.nn.model import init_params, to_module
-    from engine.nn.module_engine import ModuleEngine
+    from engine.nn.mlp import init_params, to_module
+    from engine.dp.module_engine import ModuleEngine
     from engine.step import PHASES
     from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
 
@@ -289,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from engine.choices import parse_hidden
-    from engine.nn.model import MLPSpec
+    from engine.nn.mlp import MLPSpec
     from engine.run.threads import configure_threads
 
     if MPI.COMM_WORLD.Get_size() > 1:

@@ -83,7 +83,7 @@ def _ours(name: str, data, device, dp: bool, graph: bool, batch: int, n_local: i
     """One mpidp step function (rows -> k) and a line on the step it runs."""
     import torch
 
-    from engine.nn import models
+    from engine import models
     from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
 
     X, y, classes, codes, shape = data
@@ -107,8 +107,8 @@ def _peer(method: str, name: str, data, device, batch: int, seed: int):
     """Plain PyTorch or Opacus on the same model (rows -> k)."""
     import torch
 
-    from engine.nn import models
-    from engine.nn.model import init_params
+    from engine import models
+    from engine.nn.mlp import init_params
 
     X, y, classes, codes, shape = data
     model = models.resolve(name, (128, 128), X.shape[1] - 1, classes, seed, device,

@@ -39,7 +39,7 @@ nothing, with the loss and the clipped count written into device tensors
 instead of returned, so no value is read back and a CUDA graph can hold the
 call (:mod:`engine.fixed_step`).
 
-MLPs built by ``mpidp train`` use the hand-written :mod:`engine.nn.fast_mlp`
+MLPs built by ``mpidp train`` use the hand-written :mod:`engine.dp.fast_mlp`
 instead; all three are tested against the naive loop (:mod:`engine.dp.naive`).
 An empty batch is valid: the sum is zero.
 """

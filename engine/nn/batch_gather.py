@@ -1,5 +1,5 @@
-"""The step's batch gather, shared by the engines (:mod:`engine.nn.fast_mlp`,
-:mod:`engine.nn.module_engine`): the ``gather_rows`` kernel bound once per
+"""The step's batch gather, shared by the engines (:mod:`engine.dp.fast_mlp`,
+:mod:`engine.dp.module_engine`): the ``gather_rows`` kernel bound once per
 batch size, since binding (numpy views of the tensors on the CPU) costs as
 much as a small gather."""
 from __future__ import annotations

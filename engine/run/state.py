@@ -8,9 +8,9 @@ import torch
 
 from engine import checkpoint as ckpt
 from engine.config import TrainConfig
+from engine.dp.module_engine import parameter_digest
 from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
 from engine.errors import CheckpointError, ConfigError
-from engine.nn.module_engine import parameter_digest
 from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
 
 

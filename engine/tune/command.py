@@ -340,7 +340,7 @@ def _training_units(info, unit: str, comm) -> int:
 
 def _check_values(space, info, units: int, opts: Options) -> None:
     """Values that can never work on this file: one line each, exit 2."""
-    from engine.nn.models import check_layout
+    from engine.models import check_layout
 
     what = "rows" if opts.privacy["privacy_unit"] == "person" else "households"
     for batch in space.values.get("batch_size", ()):

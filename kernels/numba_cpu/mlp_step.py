@@ -1,6 +1,6 @@
 """``mlp_step`` as one Numba CPU call: an MLP's whole clipped gradient sum.
 
-:mod:`engine.nn.fast_mlp` composes a step from the ops (GEMMs, ``softmax_xent``,
+:mod:`engine.dp.fast_mlp` composes a step from the ops (GEMMs, ``softmax_xent``,
 ``relu_backward``, ``clip_rows``), about fifteen calls from Python, each with
 its dispatch. This kernel makes the same calls from compiled code: the
 GEMMs through the BLAS routine torch calls (:mod:`kernels.numba_cpu.blas`),

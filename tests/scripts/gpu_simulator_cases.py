@@ -220,8 +220,8 @@ def test_gaussian_stream_state_round_trip_and_other_layouts():
 
 def test_one_mlp_step_through_the_cuda_kernels_equals_the_cpu_step():
     """FastMLP's whole clipped step with every kernel taken from the 'cuda' registry."""
-    from engine.nn.fast_mlp import FastMLP
-    from engine.nn.model import MLPSpec, init_params
+    from engine.dp.fast_mlp import FastMLP
+    from engine.nn.mlp import MLPSpec, init_params
 
     spec = MLPSpec((4, 5, 3))
     g = torch.Generator().manual_seed(1)

@@ -1,6 +1,6 @@
-"""The model a run trains, from ``--model`` (or the library's ``model=``).
+"""The names ``--model`` takes (or the library's ``model=``): built-ins, and ``MODULE:FACTORY``.
 
-``mlp`` and ``logreg`` are the built-in fused MLPs (:mod:`engine.nn.fast_mlp`;
+``mlp`` and ``logreg`` are the built-in fused MLPs (:mod:`engine.dp.fast_mlp`;
 ``logreg`` is the MLP without hidden layers); ``embedding-mlp``
 (:mod:`engine.nn.embedding_mlp`) is built in too, for files of integer
 category codes, and runs through the per-layer rules. ``MODULE:FACTORY`` names a

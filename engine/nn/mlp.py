@@ -8,7 +8,7 @@ All parameters live in one flat float32 vector, layer after layer, each layer
 as a ``d_out x (d_in + 1)`` row-major block ``[W | b]`` (weights with the bias
 as an extra last column). That is the book-keeping layout: with activations
 carrying a trailing column of ones, a layer is one GEMM forward and its
-clipped gradient sum one GEMM backward (:mod:`engine.nn.fast_mlp`), the
+clipped gradient sum one GEMM backward (:mod:`engine.dp.fast_mlp`), the
 optimizer updates one vector, and the all-reduce sends one buffer.
 """
 from __future__ import annotations

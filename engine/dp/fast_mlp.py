@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.nn.model import MLPSpec, layer_views, logits as mlp_logits
 from engine.nn.batch_gather import BatchGather
+from engine.nn.mlp import MLPSpec, layer_views, logits as mlp_logits
 from kernels import registry
 
 

@@ -2,10 +2,13 @@
 
 The trainer asks a model for its parameter count, a one-line description,
 what the checkpoint records about it, and an *engine*
-(:class:`~engine.nn.fast_mlp.FastMLP` or
-:class:`~engine.nn.module_engine.ModuleEngine`) over the run's gradient
+(:class:`~engine.dp.fast_mlp.FastMLP` or
+:class:`~engine.dp.module_engine.ModuleEngine`) over the run's gradient
 buffer; the engine holds the flat parameter vector the optimizer updates.
 :func:`resolve` turns ``--model`` (or the library's ``model=``) into one.
+
+It binds a model (:mod:`engine.nn`) to its clipping engine
+(:mod:`engine.dp`), so it sits above both, beside the step that drives it.
 """
 from __future__ import annotations
 
@@ -14,13 +17,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from engine.dp.fast_mlp import FastMLP
+from engine.dp.module_engine import ModuleEngine, check_model
 from engine.errors import CheckpointError, ConfigError
-from engine.nn import factories, image_models
+from engine.nn import image_models, model_names
 from engine.nn.embedding_mlp import EmbeddingMLP
-from engine.nn.fast_mlp import FastMLP
-from engine.nn.model import MLPSpec, flat_from_module, init_params, layer_views, to_module
-from engine.nn.model import logits as mlp_logits
-from engine.nn.module_engine import ModuleEngine, check_model
+from engine.nn.mlp import MLPSpec, flat_from_module, init_params, layer_views, to_module
+from engine.nn.mlp import logits as mlp_logits
 
 
 class MLPModel:
@@ -204,7 +207,7 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
 
     Raises:
         ConfigError: a bad name, a factory that fails, a module of the wrong
-            kind (see :func:`engine.nn.factories.build`), a built-in model
+            kind (see :func:`engine.nn.model_names.build`), a built-in model
             that does not fit the file's layout.
     """
     if given is None and name == "python":
@@ -215,7 +218,7 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
         model = seeded(seed, lambda: ImageModel(name, image_shape, n_classes))
         model.module_obj.to(device)
         return model
-    if given is None and name in factories.BUILTIN:
+    if given is None and name in model_names.BUILTIN:
         check_layout(name, code_columns, path)
         widths = () if name == "logreg" else tuple(hidden)
         if name == "embedding-mlp":
@@ -225,10 +228,10 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
             return model
         return MLPModel(MLPSpec.build(n_features, widths, n_classes), name)
     if given is None:
-        factory, label = factories.load_factory(name), name
+        factory, label = model_names.load_factory(name), name
     else:
         factory, label = given, _label(given)
-    module = seeded(seed, lambda: factories.build(factory, n_features, n_classes, label))
+    module = seeded(seed, lambda: model_names.build(factory, n_features, n_classes, label))
     if given is None or not isinstance(given, nn.Module):
         module = module.to(device)
     return TorchModel(module, label)
@@ -297,7 +300,7 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
         module = image_models.build(name, recorded["spec"]["image_shape"],
                                     recorded["spec"]["n_classes"])
     else:
-        module = factories.build(factories.load_factory(name), n_features, n_classes, name)
+        module = model_names.build(model_names.load_factory(name), n_features, n_classes, name)
     count = sum(p.numel() for p in module.parameters())
     if count != params.numel():
         raise ConfigError(f"{where}: {name} builds {count:,} parameters for {n_features} "

@@ -1,4 +1,4 @@
-"""Any torch model behind the interface of :class:`~engine.nn.fast_mlp.FastMLP`.
+"""Any torch model behind the interface of :class:`~engine.dp.fast_mlp.FastMLP`.
 
 :class:`engine.step.DPStep` drives an *engine*: ``load(X, y, rows) -> k``,
 ``clipped_sum(k, max_norm, groups=None) -> (loss_sum, n_clipped)`` writing
@@ -235,7 +235,7 @@ class ModuleEngine:
                    count: torch.Tensor) -> None:
         """:meth:`load` + :meth:`clipped_sum` on a batch of fixed shape with no
         value read back (same contract as
-        :meth:`engine.nn.fast_mlp.FastMLP.masked_sum`; the clipper's
+        :meth:`engine.dp.fast_mlp.FastMLP.masked_sum`; the clipper's
         ``masked_sum`` makes the padding rows contribute nothing)."""
         cap = int(rows.shape[0])
         if cap > self.capacity:
