@@ -179,6 +179,10 @@ def test_mpidp_bench_allreduce_under_mpiexec(tmp_path):
     records = json.loads(out_json.read_text())
     assert {r["algorithm"] for r in records} == set(collectives.names())
     assert all(RECORD_KEYS <= set(r) and r["ranks"] == 2 and r["wrong"] == 0 for r in records)
+    made = records[0]["provenance"]
+    assert made["command"].startswith("mpiexec -n 2 mpidp bench allreduce -b 8 -e 4K")
+    assert made["date"] and made["machine"]["cpu"] == records[0]["cpu"]
+    assert all(r["provenance"] == made for r in records)
     assert out_png.stat().st_size > 1000
 
 

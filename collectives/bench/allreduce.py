@@ -266,7 +266,10 @@ def run(args: argparse.Namespace) -> int:
         if streaming:
             print(streaming, file=out)
         try:
-            if args.json:
+            if args.json:  # every record also says how the run was made
+                made = machine.provenance(facts, ranks=comm.Get_size())
+                for record in records:
+                    record["provenance"] = made
                 kernels.files.replace_file(args.json, json.dumps(records, indent=1))
             if args.plot:
                 plot(records, args.plot, f"all-reduce, {job}", ceiling)
