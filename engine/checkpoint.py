@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+import kernels.files
 from engine import outputs
 from engine.errors import (CheckpointError, DataError, DirectoryLocked, MpidpError,
                            WriteFailed, agree)
@@ -526,13 +527,9 @@ def acquire(directory: str | os.PathLike, command: str | None = None) -> Lock:
         if verdict == "unknown":
             raise DirectoryLocked(f"{directory} is locked by {who}, and {why}. If that run "
                                   f"has ended, remove {path} and start again")
-        tmp = path.with_name(f".{LOCK_NAME}.{me['nonce']}")
-        with open(tmp, "w") as handle:
-            json.dump(me, handle, indent=1)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        # a run on another host may take it over at the same moment, with the
+        # same process id: the temporary file is named by this run's nonce
+        kernels.files.replace_file(path, json.dumps(me, indent=1) + "\n", tag=me["nonce"])
     except OSError as exc:
         raise WriteFailed(f"cannot take the lock {path}: {exc.strerror}") from None
     lock = Lock(path, me, note=f"{path} was left by {who}; {why}: taken over")

@@ -44,11 +44,13 @@ def cache_file(name: str, variable: str) -> Path | None:
     return cache_dir() / name
 
 
-def temporary_name(path: str | os.PathLike) -> Path:
-    """The hidden name ``path`` is written under before it is renamed: ``.NAME.PID.tmp``
-    in the same directory."""
+def temporary_name(path: str | os.PathLike, tag: str | None = None) -> Path:
+    """The hidden name ``path`` is written under before it is renamed:
+    ``.NAME.TAG.tmp`` in the same directory, ``TAG`` the process id unless
+    given (a writer that may race with processes of other hosts, whose ids
+    can be the same, passes a random one)."""
     path = Path(path)
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return path.with_name(f".{path.name}.{os.getpid() if tag is None else tag}.tmp")
 
 
 def discard(temporary: str | os.PathLike | None) -> None:
@@ -82,16 +84,16 @@ def _sync_directory(path: Path) -> None:
 
 
 def replace_file(path: str | os.PathLike, data: str | bytes, mode: int = 0o666,
-                 sync_directory: bool = False) -> None:
-    """Replace ``path`` by ``data`` atomically: written to :func:`temporary_name`,
-    flushed to disk, renamed over ``path``; with ``sync_directory`` the rename
-    is flushed too.
+                 sync_directory: bool = False, tag: str | None = None) -> None:
+    """Replace ``path`` by ``data`` atomically: written to :func:`temporary_name`
+    (with ``tag``), flushed to disk, renamed over ``path``; with
+    ``sync_directory`` the rename is flushed too.
 
     Raises:
         OSError: the temporary file removed, the old ``path``, if any, intact.
     """
     path = Path(path)
-    tmp = temporary_name(path)
+    tmp = temporary_name(path, tag)
     view = memoryview(data.encode() if isinstance(data, str) else data)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)

@@ -71,3 +71,22 @@ def test_move_into_place_removes_the_temporary_when_it_cannot_rename(tmp_path):
     temporary.write_text("done")
     files.move_into_place(temporary, tmp_path / "final")
     assert (tmp_path / "final").read_text() == "done" and not temporary.exists()
+
+
+def test_a_tag_names_the_temporary_file(tmp_path):
+    assert files.temporary_name(tmp_path / "lock", "n0nce") == tmp_path / ".lock.n0nce.tmp"
+    assert files.temporary_name(tmp_path / "x").name == f".x.{os.getpid()}.tmp"
+    files.replace_file(tmp_path / "lock", "{}\n", tag="n0nce")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lock"]
+
+
+def test_only_this_module_renames_over_a_file():
+    """Every package replaces its outputs through kernels.files (docs/contributing.md)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = [str(path.relative_to(root))
+             for package in ("engine", "collectives", "kernels", "preprocessing", "tools")
+             for path in sorted((root / package).rglob("*.py"))
+             if "os.replace(" in path.read_text(encoding="utf-8")]
+    assert found == ["kernels/files.py"], found
