@@ -2,10 +2,10 @@
 
 A static table of thresholds wins on the machine it was measured on and can
 lose on the next one (another CPU, another MPI, another rank layout;
-docs/results.md, "Figures behind the design of the channels and ``auto``").
-So ``auto`` measures where it runs: a :class:`Tuner` per call
-signature (length, dtype, op) times the candidates on the calls themselves
-and, every few calls, the ranks agree on the estimates with one small
+docs/design/auto-static-table.md, docs/design/auto-tuner.md). So ``auto``
+measures where it runs: a :class:`Tuner` per call signature (length,
+dtype, op) times the candidates on the calls themselves and, every few
+calls, the ranks agree on the estimates with one small
 all-reduce (the slowest rank's time counts), so every rank makes the same
 choice at the same call without any other message.
 

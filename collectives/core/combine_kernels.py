@@ -5,7 +5,7 @@ from Numba's cache instead of compiling them: Numba keys a cached function
 by its code and the values of its closure cells, and a dispatcher held in a
 closure cell pickles differently in every process, so loops made by a
 factory were compiled again by every process, each writing one more cache
-file (docs/results.md, "Test suite"). Nothing here may close over anything.
+file (docs/design/trainer-small-choices.md). Nothing here may close over anything.
 The six loops are written out rather than made from one: a factory is what
 closed over them, and a loop taking the op as an argument costs every
 combine a call more, which small all-reduces pay on every call.

@@ -8,11 +8,10 @@ runs the runner bound last time: no allocation, no collective, no plan
 lookup. For a tuned ``auto`` on a numpy array it takes the next call from
 the tuner's iterator itself (:class:`collectives.auto.tuning.TunedPlan`),
 because a frame of ``auto``'s own is a measurable share of a small call
-(docs/results.md, "``auto`` with no frame of its own"). Anything else takes
-the slow path: check the buffer, find or make the checked plan of the
-signature (collective the first time, see
-:mod:`collectives.core.consistency`), bind it to the buffer, remember the
-call.
+(docs/design/auto-tuner.md). Anything else takes the slow path: check the
+buffer, find or make the checked plan of the signature (collective the
+first time, see :mod:`collectives.core.consistency`), bind it to the
+buffer, remember the call.
 
 A numpy array bound to a plan is held by a weak reference, which makes
 numpy refuse to resize it in place (``ndarray.resize`` raises, even with

@@ -6,8 +6,7 @@ in flight at once. A plain loop over the rows keeps several in flight;
 ``torch.index_select`` spends its time between them (two calls, one for the
 inputs and one for the labels, each with torch's dispatch), so this loop
 replaces it. Software prefetching a few rows ahead gained nothing
-measurable, so there is none (figures: docs/results.md, "Sampling and the
-row gather").
+measurable, so there is none (figures: docs/design/row-gather.md).
 
 At several threads each thread copies one contiguous part of the rows, as
 many misses in flight per core. The parts are the fused MLP step's

@@ -3,7 +3,7 @@
 Noise is a measurable cost of every DP-SGD step (one Gaussian per model
 parameter per step), and a scalar sampler (numpy's and torch's, or a
 ziggurat with its table lookups and branches) draws one sample at a time
-(figures: docs/results.md, "The noise kernel"). This kernel is written so
+(figures: docs/design/noise-generator.md). This kernel is written so
 that LLVM vectorises it for the CPU it runs on: Numba compiles
 for the host, so the same source runs 16 float32 lanes on an AVX-512 CPU
 and 8 on an AVX2 one, chosen when it is compiled there (Numba's cache is

@@ -20,7 +20,7 @@ buffer of its own; then the parts' sums are added, in part order, into
 ``grad_out``. Per-example work is independent by row, so the threads meet
 once, at that addition, where the BLAS's own threading meets at each of the
 step's eight small products and hands every activation from one core to the
-other (figures: docs/results.md, "Rows cut over the threads"). The sums
+other (figures: docs/design/rows-cut-over-the-threads.md). The sums
 then differ from the composed
 step's by the order of additions (float rounding; tested against it), are
 the same from call to call at a given number of parts, and are the

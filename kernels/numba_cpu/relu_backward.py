@@ -6,8 +6,7 @@ other. Numba types such a view as of any layout, and LLVM does not
 vectorise a loop whose stride it does not know, so the kernel reads the
 rows through the whole buffer they sit in (C-contiguous, the ones column
 left unread) whenever the view's storage allows it, so that the loop is
-vectorised (figures: docs/results.md, "The ReLU backward through its
-buffer").
+vectorised (figures: docs/design/small-kernels.md).
 """
 from __future__ import annotations
 
