@@ -9,7 +9,7 @@ Two steps, so the page is rendered from result files, never typed:
 ``measure``, per task, one command at a time on ``--ranks`` ranks: ``mpidp
 prep`` of the zips (one household secret for every task), ``mpidp train``
 non-private with the defaults and with DP-SGD at epsilon = 1 (delta 1e-5,
-every other option at its default: docs/results.md, "Every ACS task"),
+every other option at its default: docs/design/dp-defaults.md),
 each selecting its epoch on the validation split, then ``mpidp eval
 --checkpoint NONDP --checkpoint DP --by RAC1P,SEX`` on the test split (read
 once here, after both runs ended). It writes ``OUT/TASK.json``: the
@@ -152,12 +152,11 @@ def render(folder: Path) -> str:
     first = records[0]
     machine = first["machine"]
     dates = sorted({r["date"] for r in records})
-    commits = sorted({r["commit"] for r in records})
     eps = ", ".join(f"{r['eval']['models'][1]['epsilon']:.3f}" for r in records)
     cpu = first.get("lscpu", {})
     model = (f"{cpu['Model name']} (family {cpu['CPU family']}, model {cpu['Model']}, "
              f"{cpu['CPU(s)']} vCPUs)" if cpu else f"{machine['cpu']} ({machine['cores']} cores)")
-    head = [f"Measured {', '.join(dates)} at commit {', '.join(commits)} on "
+    head = [f"Measured {', '.join(dates)} on "
             f"{model}, {' '.join(machine['mpi'].split())}, "
             f"{first['ranks']} ranks, by `python tools/group_table.py measure "
             "/work/shared/data/pums/acs2018_1yr_person_zips "
