@@ -616,21 +616,6 @@ def summary(page: Path) -> str:
 
 # ---------------------------------------------------------------- the index
 
-def files(page: Path) -> str:
-    rows = ["| page | result file | measured | command |", "|---|---|---|---|"]
-    for key, entries in MEASURE.items():
-        for pattern, _ in entries:
-            if pattern is None:
-                continue
-            for path in sorted(ROOT.glob(pattern)):
-                m = provenance(load(path))
-                target = os.path.relpath(PAGES / f"{key}.md", page.parent)
-                rows.append(f"| [{key}]({target}) | {link(page, path)} "
-                            f"| {(m.get('date') or '-')[:10]} "
-                            f"| `{m.get('command') or 'not recorded'}` |")
-    return "\n".join(rows)
-
-
 def commands_block(key: str) -> Callable[[Path], str]:
     def render(page: Path) -> str:
         body = "\n".join(c for _, c in MEASURE[key])
@@ -652,7 +637,6 @@ def _page(key: str) -> Path:
 
 TABLES = [
     Table("summary", ROOT / "README.md", summary),
-    Table("files", ROOT / "docs" / "results.md", files),
     Table("dp-methods", _page("what-dp-costs"), dp_methods),
     Table("dp-ratios", _page("what-dp-costs"), dp_ratios),
     Table("noise", _page("what-dp-costs"), noise),
