@@ -14,7 +14,7 @@ What it decides, from what the launcher tells the process about itself:
   computing, or the job crawls. With MPICH that takes ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1``
   (waiting ranks ``nanosleep``), which only acts at thread level ``MULTIPLE``;
   the computing rank then runs about as fast as alone, at the price of the
-  latency of tiny collectives (docs/results.md).
+  latency of tiny collectives (docs/design/waiting-when-oversubscribed.md).
 
 Every choice is a default: a variable the user already set is left alone.
 """

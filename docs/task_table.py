@@ -29,7 +29,7 @@ BIN = Path(sys.executable).parent
 TASKS = ("employment", "income", "public_coverage", "mobility", "travel_time",
          "income_poverty_ratio", "health_insurance")
 #: mpidp's recipes: the defaults for the non-private MLP; for DP-SGD the
-#: recipe of docs/results.md ("Accuracy on the real PUMS files").
+#: recipe docs/design/dp-defaults.md describes.
 NON_PRIVATE = ["--no-dp"]
 DP = ["--optimizer", "adam", "--lr", "0.002", "--batch-size", "1024", "--epochs", "20",
       "--max-grad-norm", "1", "--target-epsilon", "1", "--delta", "1e-5"]

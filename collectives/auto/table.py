@@ -18,8 +18,9 @@ Every rank must make the same choice, so it depends only on values equal on
 all ranks (bytes, placement); the choice is also part of the first-call
 check, so ranks configured differently get an error, not a hang.
 
-The thresholds come from ``mpidp bench allreduce`` (the measurements are in
-``docs/results.md``). Override them with ``MPIDP_ALLREDUCE_AUTO``: a
+The thresholds come from ``mpidp bench allreduce`` (why each row:
+``docs/design/auto-static-table.md``; today's figures:
+``docs/results/collectives.md``). Override them with ``MPIDP_ALLREDUCE_AUTO``: a
 comma-separated list of ``algorithm:max_bytes`` ending with a bare
 algorithm, e.g. ``native:131072,ring`` (native up to 128 KiB, ring above)
 or just ``ring``.
@@ -35,7 +36,7 @@ PLACEMENTS = ("single", "pair", "cores", "oversubscribed", "oversubscribed-pair"
               "oversubscribed-nodes")
 
 #: (largest size in bytes, algorithm) per placement; the last entry has no
-#: limit. Why each row (figures in docs/results.md):
+#: limit. Why each row (figures in docs/design/auto-static-table.md):
 #:
 #: * ``pair``: MPICH's shared-memory ``MPI_Allreduce`` ties the shared-pair
 #:   exchange for the smallest messages; recursive doubling (one exchange)

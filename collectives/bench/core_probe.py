@@ -5,7 +5,7 @@ to another's; a single-process copy never does. On a virtual machine the
 host may run the two vCPUs on cores that share a cache or on cores that do
 not (another chiplet or socket), and may switch between the two at any
 time; every all-reduce on the node then slows, while the one-process copy
-bandwidth does not change (docs/results.md).
+bandwidth does not change (docs/design/cached-or-streaming-copies.md).
 
 :class:`CoreProbe` measures it between ranks 0 and 1 (when they share a
 node): rank 0 copies a buffer into a shared window and raises a flag, rank

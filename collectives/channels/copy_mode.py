@@ -5,7 +5,7 @@ ordinary (cached) copy or a streaming one
 (:mod:`collectives.channels.streaming`) hands it over faster depends on
 where the host runs the two ranks' cores, which can change at any moment;
 measured side by side, no fixed choice was within a factor two of the best
-in both cases (docs/results.md).
+in both cases (docs/design/cached-or-streaming-copies.md).
 
 So rank 0 times each call of a plan and keeps a :class:`Chooser`: it uses
 the mode that was faster when last measured, tries the other one now and
@@ -56,8 +56,9 @@ class Chooser:
     and duration after it. The mode in use (``mode``) changes only when a
     trial of the other mode is faster than the current mode's estimate by
     more than ``margin``. A trial costs one call in the slower mode (several
-    times slower at worst: docs/results.md), so trials are spaced to spend
-    about ``budget`` of the time on them: after a comparison in which one mode took
+    times slower at worst: docs/design/cached-or-streaming-copies.md), so
+    trials are spaced to spend about ``budget`` of the time on them: after
+    a comparison in which one mode took
     ``ratio`` times the other's time, the next trial comes ``(ratio - 1) /
     budget`` calls later (within ``min_gap`` and ``max_gap``). Two calls in
     a row of the current mode more than ``jump`` times slower than its

@@ -10,7 +10,7 @@ streams them from there, at a speed that does not depend on where the
 cores are. Which copy wins therefore depends on where the host runs the
 ranks, and that changes while a job runs:
 :mod:`collectives.channels.copy_mode` chooses, call by call (figures in
-docs/results.md).
+docs/design/cached-or-streaming-copies.md).
 
 Non-temporal stores are weakly ordered even on x86-64, so the kernel ends
 with ``sfence``: the bytes are visible to other cores before any later

@@ -18,7 +18,7 @@ another's internals):
 ``inversion``       attribute inference by model inversion (Fredrikson et al.)
 ``report``          the text report
 ``command``         ``mpidp audit``: wires the above together
-``compare``         the comparison in docs/results.md: trains models, audits them
+``compare``         the comparison in docs/audit.md: trains models, audits them
 ==================  ==========================================================
 
 Example (statistics alone)::

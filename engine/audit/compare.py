@@ -1,9 +1,9 @@
-"""The audit comparison of docs/results.md: train models, attack each, print the tables.
+"""The audit comparison of docs/audit.md ("Results"): train models, attack each, print tables.
 
-Trains, on a prepared file (the real PUMS file in docs/results.md), with
+Trains, on a prepared file (the real PUMS files of docs/audit.md), with
 ``mpiexec -n RANKS mpidp train``: a non-private MLP and DP-SGD models at
-epsilon = 8, 4 and 1 (same architecture, and the settings of "Accuracy on
-the real PUMS files" in docs/results.md). Then, on
+epsilon = 8, 4 and 1 (same architecture, and the DP recipe that
+docs/design/dp-defaults.md describes). Then, on
 a second file prepared from the same person files with most households in
 the test split (``mpidp prep --test-fraction 0.98 --like DATA``: about 2,200
 training rows), a deliberately overfit non-private model and a DP model
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from collectives.launch import find_tool
 
-#: The training settings of "Accuracy on the real PUMS files" (docs/results.md).
+#: The training settings: the DP recipe of docs/design/dp-defaults.md.
 NONPRIVATE = ["--no-dp", "--lr", "0.05", "--batch-size", "256", "--epochs", "20"]
 DP = ["--optimizer", "adam", "--lr", "0.002", "--batch-size", "1024", "--epochs", "20",
       "--max-grad-norm", "1", "--delta", "1e-5"]

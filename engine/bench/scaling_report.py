@@ -431,7 +431,7 @@ def format_cost_table(summaries: list[dict]) -> str:
 
 
 def markdown_table(summaries: list[dict]) -> str:
-    """The same results as a markdown table (for docs/results.md)."""
+    """The same results as a markdown table (for a page of docs/results/)."""
     cols = [c for c in _columns(summaries) if c[0] not in ("layout",)]
     if any("vs_peer" in s for s in summaries):
         cols = [c if c[0] != "vs_peer" else ("vs_peer", "mpidp / peer", c[2], c[3])
