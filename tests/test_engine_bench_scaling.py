@@ -12,7 +12,7 @@ import pytest
 
 from collectives.launch import child_env
 from engine.bench import ddp_baseline, synthetic
-from engine.bench.scaling import BenchError
+from engine.bench.scaling_plan import BenchError
 from engine.cli import build_parser
 from engine.dp.accountant import epsilon_for
 from launcher import run_mpi
@@ -339,7 +339,7 @@ def test_synthetic_images_are_what_prep_writes(tmp_path):
 
 
 def _train_accepts(*options: str) -> bool:
-    from engine.bench.scaling import check_train_options
+    from engine.bench.scaling_plan import check_train_options
 
     return check_train_options({"train_argv": ["train", "--data", "-", *options]}) is None
 
@@ -373,11 +373,12 @@ def test_mlbench_1a_on_tiny_images_or_what_it_needs(tmp_path, capsys):
 def test_dp_runs_get_a_delta_below_one_over_n(tmp_path, capsys, monkeypatch):
     """mpidp train refuses a delta above 1/N; the seed preset has 790,000 rows, so
     its DP runs pass --delta 1e-06 (train's default 1e-5 would be refused)."""
-    from engine.bench import scaling
+    from engine.bench import scaling_plan
     data = tmp_path / "d.h5"
     data.write_bytes(b"")
-    monkeypatch.setattr(scaling, "read_info", lambda path: Namespace(rows={"train": 790_000}))
-    scaling._delta_for.cache_clear()
+    monkeypatch.setattr(scaling_plan, "read_info",
+                        lambda path: Namespace(rows={"train": 790_000}))
+    scaling_plan._delta_for.cache_clear()
     try:
         assert _run("--data", str(data), "--ranks", "1", "--privacy", "dp,nodp",
                     "--dry-run") == 0
@@ -389,4 +390,4 @@ def test_dp_runs_get_a_delta_below_one_over_n(tmp_path, capsys, monkeypatch):
         ours = capsys.readouterr().out.splitlines()[0]
         assert ours.count("--delta") == 1 and "--delta 1e-7" in ours  # the user's own
     finally:
-        scaling._delta_for.cache_clear()
+        scaling_plan._delta_for.cache_clear()

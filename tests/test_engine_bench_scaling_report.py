@@ -4,7 +4,7 @@ import json
 import pytest
 
 from engine.bench import scaling_report as report
-from engine.bench.scaling import BenchError, parse_ints, parse_lr
+from engine.bench.scaling_plan import BenchError, parse_ints, parse_lr
 
 
 def _epochs(times, comm=0.1, accuracies=None, eps=None, threads=1):
