@@ -391,3 +391,15 @@ def test_dp_runs_get_a_delta_below_one_over_n(tmp_path, capsys, monkeypatch):
         assert ours.count("--delta") == 1 and "--delta 1e-7" in ours  # the user's own
     finally:
         scaling_plan._delta_for.cache_clear()
+
+
+def test_the_cache_folder_follows_xdg_cache_home(tmp_path, monkeypatch):
+    """--cache defaults to $MPIDP_CACHE, else mpidp's cache folder
+    (kernels.files.cache_dir: $XDG_CACHE_HOME/mpidp)."""
+    monkeypatch.delenv("MPIDP_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    args = build_parser().parse_args(["bench", "scaling"])
+    assert args.cache == str(tmp_path / "xdg" / "mpidp")
+    monkeypatch.setenv("MPIDP_CACHE", str(tmp_path / "mine"))
+    args = build_parser().parse_args(["bench", "scaling"])
+    assert args.cache == str(tmp_path / "mine")

@@ -109,6 +109,7 @@ from engine.bench.scaling_plan import (BenchError, PRESETS, check_train_options,
 from engine.bench.scaling_plot import plot, plot_sweep
 from engine.bench.scaling_runs import collect, ensure_data, execute
 from engine.errors import WriteFailed
+from kernels.files import cache_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -209,9 +210,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--launcher", default="mpiexec -n {ranks}",
                      help="launch command; {ranks} is replaced (default: 'mpiexec -n "
                      "{ranks}'; e.g. 'srun --mpi=pmi2 -n {ranks}' inside an allocation)")
-    how.add_argument("--cache", default=os.environ.get(
-        "MPIDP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "mpidp")),
-        help="where synthetic files are kept (default: ~/.cache/mpidp or $MPIDP_CACHE)")
+    how.add_argument("--cache", default=os.environ.get("MPIDP_CACHE") or str(cache_dir()),
+                     help="where synthetic files are kept (default: $MPIDP_CACHE, else "
+                     "mpidp's cache folder, $XDG_CACHE_HOME/mpidp or ~/.cache/mpidp)")
     how.add_argument("--collect", nargs="+", metavar="DIR",
                      help="run nothing: tabulate the runs in these directories (each with "
                      "metrics.jsonl and the sweep-point.json of jobs/sweep_scaling.sh)")
