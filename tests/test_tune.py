@@ -242,7 +242,7 @@ def test_households_are_counted_by_key_whatever_the_row_order(tmp_path):
     from collectives import MPI
     from engine.bench import synthetic
     from engine.shard import read_info
-    from engine.tune.command import _training_units
+    from engine.tune.options import training_units
 
     path = synthetic.write(tmp_path / "h.h5", rows=400, features=3, seed=2, val_rows=50)
     with h5py.File(path, "r+") as f:
@@ -251,7 +251,7 @@ def test_households_are_counted_by_key_whatever_the_row_order(tmp_path):
             f[name][...] = f[name][:][perm]
         distinct = len(np.unique(f["train/household"][:]))
     assert distinct < 300
-    assert _training_units(read_info(path), "household", MPI.COMM_SELF) == distinct
+    assert training_units(read_info(path), "household", MPI.COMM_SELF) == distinct
 
 
 def test_choice_and_command():
@@ -429,7 +429,7 @@ def _check_published(doc: dict, stated: dict, comm) -> None:
 
 @pytest.mark.mpi(min_size=1)
 def test_private_random_search_states_its_cost(data, comm, shared_tmp):
-    from engine.tune.command import Options, _privacy_plans
+    from engine.tune.options import Options, privacy_plans
 
     out = shared_tmp / "private"
     code = tune("--data", data, "--target-epsilon", "2", "--out", str(out), "--seed", "11",
@@ -453,7 +453,7 @@ def test_private_random_search_states_its_cost(data, comm, shared_tmp):
     opts = Options(args, comm.Get_size())
     for r in records:
         key = (r["settings"]["batch_size"], 1, None)
-        plan = _privacy_plans([key], 600, opts, comm)[key]
+        plan = privacy_plans([key], 600, opts, comm)[key]
         assert plan[1] == pytest.approx(r["noise_multiplier"], rel=1e-12)
         assert plan[2] == r["steps"]
     # the public mode: exact scores, the trials composed
@@ -516,7 +516,7 @@ def test_points_invalid_only_together_are_left_out(monkeypatch):
     """A combination TrainConfig refuses is dropped and counted; none left is exit 2."""
     from engine.cli import build_parser
     from engine.config import TrainConfig
-    from engine.tune import command
+    from engine.tune import options
 
     real = TrainConfig.validate
 
@@ -527,9 +527,9 @@ def test_points_invalid_only_together_are_left_out(monkeypatch):
 
     monkeypatch.setattr(TrainConfig, "validate", validate)
     args = build_parser(only="tune").parse_args(["tune", "--data", "x.h5", "--no-dp"])
-    opts = command.Options(args, 1)
-    points, dropped, reason = command._valid_points(
+    opts = options.Options(args, 1)
+    points, dropped, reason = options.valid_points(
         space.parse("lr=0.1,0.5;optimizer=sgd,adam", None), opts)
     assert len(points) == 3 and dropped == 1 and "lr=0.5 optimizer=adam" in reason
-    _, dropped, _ = command._valid_points(space.parse("lr=0.5;optimizer=adam", None), opts)
+    _, dropped, _ = options.valid_points(space.parse("lr=0.5;optimizer=adam", None), opts)
     assert dropped == 1

@@ -4,6 +4,9 @@
 runs the trials side by side on sub-communicators and scores them,
 :mod:`engine.tune.privacy` bounds what choosing among them costs in privacy
 (Papernot & Steinke's private random search, or the composition of the
-trials), :mod:`engine.tune.report` writes the table, the JSON and the
-``mpidp train`` command, and :mod:`engine.tune.command` is the command.
+trials), :mod:`engine.tune.report` writes the table, the JSON, the
+``mpidp train`` command and the chosen model to publish,
+:mod:`engine.tune.options` checks the command line against the space and the
+file, :mod:`engine.tune.state` keeps the search's state in ``--out``, and
+:mod:`engine.tune.command` is the command.
 """
