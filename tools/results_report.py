@@ -17,6 +17,12 @@ To measure again: run a page's commands (each page shows them, from
 :data:`MEASURE`; ``--commands`` prints them all) from the repository's root
 with the venv active, one at a time on an otherwise idle machine, then run
 this script. A table whose file is missing says so and names the command.
+
+One file, though over 500 lines: a tool is a script, run as ``python
+tools/results_report.py`` and loaded by path in tests, with no package to
+import siblings from. Its parts are marked sections: the result files'
+helpers, one renderer per results page, the README's summary, and the
+machinery that puts a table between its page's markers.
 """
 from __future__ import annotations
 
