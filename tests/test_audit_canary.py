@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from collectives import MPI
-from engine.audit import canary, one_run, one_run_fdp
+from engine.audit import canary, canary_claim, one_run, one_run_fdp
 from engine.bench import synthetic
 from engine.errors import ConfigError
 
@@ -105,7 +105,7 @@ def test_claim_test_rejects_a_run_with_half_the_noise_and_not_the_claimed_one():
     for scale, rejected in ((1.0, False), (0.5, True)):
         residuals = included + scale * sigma * rng.standard_normal((T, m))
         evidence = canary.scores(residuals, 1.0)
-        assert canary.claim_rejected(evidence, included, ks, 1.0, sigma, T, 1e-5,
+        assert canary_claim.claim_rejected(evidence, included, ks, 1.0, sigma, T, 1e-5,
                                      0.95) is rejected
 
 
@@ -244,7 +244,7 @@ def test_a_refuted_claim_is_exit_code_4(data, monkeypatch, capsys):
 
 def _ceiling(m: int, delta: float = 1e-5, confidence: float = 0.95) -> float:
     """The larger of the two analyses' ceilings, each found by bisection
-    (one_run.largest_ceiling): the reference for canary.reaches."""
+    (one_run.largest_ceiling): the reference for canary_claim.reaches."""
     ks = one_run.default_guess_sizes(m)
     return max(one_run.largest_ceiling(m, ks, delta, confidence, bound)
                for bound in (one_run.epsilon_lower_bound, one_run_fdp.epsilon_lower_bound))
@@ -256,13 +256,13 @@ def test_reaching_a_claim_is_the_ceiling_and_the_advice_reaches_it(monkeypatch):
     a claim no audit up to MAX_CANARIES reaches gets None."""
     for m in (200, 500, 2000):
         top = _ceiling(m)
-        assert canary.reaches(m, 0.99 * top, 1e-5, 0.95)
-        assert not canary.reaches(m, 1.01 * top, 1e-5, 0.95)
-    wanted = canary.canaries_to_reach(8.0, 1e-5, 0.95, 500)
+        assert canary_claim.reaches(m, 0.99 * top, 1e-5, 0.95)
+        assert not canary_claim.reaches(m, 1.01 * top, 1e-5, 0.95)
+    wanted = canary_claim.canaries_to_reach(8.0, 1e-5, 0.95, 500)
     assert _ceiling(wanted) >= 8.0 > _ceiling(int(wanted / 1.2)), wanted
     assert wanted % 10 ** max(0, len(str(wanted)) - 2) == 0  # two significant digits
     monkeypatch.setattr(canary, "MAX_CANARIES", 4096)
-    assert canary.canaries_to_reach(12.0, 1e-5, 0.95, 500) is None
+    assert canary_claim.canaries_to_reach(12.0, 1e-5, 0.95, 500) is None
     assert one_run_fdp.gdp_epsilon(one_run_fdp.gdp_mu(8.0, 1e-5), 1e-5) == pytest.approx(8.0)
 
 

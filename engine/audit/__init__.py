@@ -19,6 +19,11 @@ another's internals):
 ``report``          the text report
 ``command``         ``mpidp audit``: wires the above together
 ``compare``         the comparison in docs/audit.md: trains models, audits them
+``canary``          the one-run canary audit: its run, canaries and scores
+``canary_claim``    its test of the claim; what an audit of m canaries can show
+``canary_result``   its result, verdict and text
+``one_run``,        the binomial and f-DP lower bounds from guesses
+``one_run_fdp``
 ==================  ==========================================================
 
 Example (statistics alone)::

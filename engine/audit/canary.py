@@ -63,7 +63,9 @@ guesses the test of the claim itself would need, :func:`needed_correct`,
 and how many canaries would reach the claim, :func:`canaries_to_reach`:
 exit 5);
 ``not-refuted`` (the audit could have shown the claim and did not: exit 0).
-Before 2026-11-27 the second case printed "consistent with the claim".
+The test of the claim and the audit's reach are in
+:mod:`engine.audit.canary_claim`, the result and its text in
+:mod:`engine.audit.canary_result`.
 
 How N is counted: the claim is the run's accountant at the run's q =
 batch_size / N with N the file's training rows (canaries not counted),
@@ -82,12 +84,14 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.audit import one_run, one_run_fdp
+from engine.audit.canary_claim import (MAX_RESIDUALS, advice, canaries_to_reach,
+                                       claim_rejected, needed_correct)
+from engine.audit.canary_result import CanaryAudit
 from engine.dp.streams import (STREAM_CANARY_COINS, STREAM_CANARY_ROWS, STREAM_CANARY_SECRETS,
                                seed_sequence)
 from engine.errors import ConfigError
@@ -102,8 +106,6 @@ SIGMA_FLOOR = 1e-3
 POOL_FACTOR = 4.0
 #: Rounds of the median shift at most (it settles in a few).
 POOL_ROUNDS = 50
-#: Residuals kept (steps x canaries) before the audit refuses to run.
-MAX_RESIDUALS = 50_000_000
 
 
 def secrets(m: int, n_params: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -218,235 +220,6 @@ class CanaryHook:
             chosen = self.mine[coins].to(grad.device)
             grad[chosen] += self.C  # distinct coordinates: one add each
             self.sampled += int(coins.sum())
-
-
-#: Verdicts of the canary audit (module docstring).
-VERDICTS = ("refuted", "cannot-refute", "not-refuted")
-#: The most canaries :func:`canaries_to_reach` considers.
-MAX_CANARIES = 1 << 20
-
-
-def reaches(m: int, epsilon: float, delta: float, confidence: float,
-            guesses: int | None = None) -> bool:
-    """Whether an audit of ``m`` canaries (guess sizes as :func:`run_canary_audit`
-    chooses them) could report a lower bound of at least ``epsilon``: its
-    ceiling, by either analysis, all guesses right, is at least ``epsilon``.
-
-    One test per guess size and analysis, not a search: the binomial bound
-    reaches ``epsilon`` iff all-right's p-value at ``epsilon`` is at most the
-    size's error share; the f-DP bound iff all-right rejects mu-GDP at the mu
-    whose epsilon at ``delta`` is ``epsilon`` (rejection only gets harder as
-    mu grows).
-    """
-    ks = one_run.default_guess_sizes(m) if guesses is None else \
-        [((guesses + 1) // 2, guesses // 2)]
-    tau = (1.0 - confidence) / len(ks)
-    mu = one_run_fdp.gdp_mu(epsilon, delta)
-    for k_in, k_out in ks:
-        r = k_in + k_out
-        if one_run.p_value(m, r, r, min(epsilon, one_run.EPS_MAX), delta) <= tau:
-            return True
-        if mu is not None and one_run_fdp.rejects(m, r, r, one_run_fdp.gdp_fbar_inverse(mu),
-                                                  tau):
-            return True
-    return False
-
-
-def canaries_to_reach(epsilon: float, delta: float, confidence: float, start: int,
-                      guesses: int | None = None) -> int | None:
-    """About the fewest canaries (to 2 significant digits, rounded up) whose
-    ceiling reaches ``epsilon`` (:func:`reaches`), searched from ``start`` up to
-    :data:`MAX_CANARIES`; None when even that many do not."""
-    lo, hi = max(1, int(start)), None
-    m = lo
-    while m <= MAX_CANARIES:
-        if reaches(m, epsilon, delta, confidence, guesses):
-            hi = m
-            break
-        lo, m = m, m * 2
-    if hi is None:
-        return None
-    while hi - lo > max(1, hi // 20):  # the ceiling grows with m: bisect to ~5%
-        mid = (lo + hi) // 2
-        if reaches(mid, epsilon, delta, confidence, guesses):
-            hi = mid
-        else:
-            lo = mid
-    digits = max(0, len(str(hi)) - 2)
-    return -(-hi // 10 ** digits) * 10 ** digits
-
-
-def needed_correct(m: int, ks: list[tuple[int, int]], fbar_inverse, confidence: float
-                   ) -> tuple[int, int] | None:
-    """(v, r): the fewest right guesses v of r with which the test of the claim
-    (:func:`claim_rejected`, Bonferroni over ``ks``) rejects it, at the guess
-    size where that is the smallest share of r; None when no size can, even
-    with every guess right."""
-    tau = (1.0 - confidence) / len(ks)
-    best = None
-    for k_in, k_out in ks:
-        r = k_in + k_out
-        if not one_run_fdp.rejects(m, r, r, fbar_inverse, tau):
-            continue
-        lo, hi = 0, r  # rejection only gets easier with more right guesses
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if one_run_fdp.rejects(m, r, mid, fbar_inverse, tau) \
-                else (mid, hi)
-        if best is None or hi / r < best[0] / best[1]:
-            best = (hi, r)
-    return best
-
-
-def advice(m: int, wanted: int | None, n_params: int, steps: int, n_features: int,
-           n_classes: int, guesses: int | None) -> str:
-    """What would let the audit reach the claim: more canaries, and what that
-    needs (a wider model, fewer epochs), or why nothing this size would."""
-    if wanted is None:
-        return (f"no number of canaries up to {MAX_CANARIES:,} reaches it: a claim this large "
-                "is beyond a one-run audit at this delta and confidence")
-    parts = [f"--canaries {wanted}" + ("" if guesses is None else " (and drop --guesses)")]
-    if wanted > n_params:
-        width = -(-(wanted - n_classes) // (n_features + 1 + n_classes))
-        parts.append(f"a model with at least {wanted} parameters (--hidden {width}: one "
-                     f"coordinate per canary; it has {n_params})")
-    if steps * wanted > MAX_RESIDUALS:
-        parts.append(f"at most {MAX_RESIDUALS // wanted} steps (fewer --epochs or a larger "
-                     "--batch-size)")
-    return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class CanaryAudit:
-    """The result of :func:`run_canary_audit` (the same on every rank)."""
-
-    epsilon_lower_bound: float
-    claimed_epsilon: float
-    delta: float
-    confidence: float
-    m: int
-    included: int
-    k_in: int
-    k_out: int
-    guesses: int
-    correct: int
-    ceiling: float  # the most this audit can show: all guesses right at its largest k
-    choices: int
-    steps: int
-    q: float
-    sigma: float
-    n_train: int
-    ranks: int
-    noise_scale: float
-    noise_ranks: list[int] | None
-    canary_samples: int  # canary inclusions over all steps and ranks
-    test_accuracy: float | None
-    # the f-DP analysis of the same scores (engine.audit.one_run_fdp): the
-    # paper's empirical epsilon under the Gaussian-DP family, its guess size,
-    # correct count and ceiling
-    epsilon_fdp: float = 0.0
-    k_in_fdp: int = 0
-    k_out_fdp: int = 0
-    correct_fdp: int = 0
-    ceiling_fdp: float = 0.0
-    # black-box: m canary rows (random inputs and labels) scored by their loss
-    # under the final model only; both analyses
-    epsilon_blackbox: float = 0.0
-    epsilon_blackbox_fdp: float = 0.0
-    correct_blackbox: int = 0
-    guesses_blackbox: int = 0
-    # the test of the claim: the white-box guesses reject the run's own
-    # privacy curve (the accountant's PLD), at the audit's confidence
-    claim_rejected: bool = False
-    # the audit's power against the claim: the verdict (VERDICTS), the right
-    # guesses the test of the claim needed (v of r; None: not even all right),
-    # and what would let the audit reach the claim (None: it could)
-    verdict: str = "not-refuted"
-    needed_correct: int | None = None
-    needed_guesses: int | None = None
-    canaries_needed: int | None = None
-    advice: str | None = None
-    analysis: str = "Steinke, Nasr, Jagielski 2023 (exact binomial), white-box Dirac canaries"
-    analysis_fdp: str = ("Mahloujifar, Melis, Chaudhuri 2025 (f-DP, Gaussian-DP hypotheses; "
-                         "epsilon of the largest rejected mu at delta)")
-
-    @property
-    def detected(self) -> bool:
-        """The guesses refute the claim (its privacy curve): the run leaked
-        more than it says."""
-        return self.claim_rejected
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["detected"] = self.detected
-        return out
-
-    @property
-    def top(self) -> float:
-        """The audit's ceiling: the larger of the two analyses' (all guesses right)."""
-        return max(self.ceiling, self.ceiling_fdp)
-
-    def verdict_text(self) -> tuple[str, list[str]]:
-        """The verdict in words (module docstring): the headline, and the lines
-        that explain it."""
-        if self.verdict == "refuted":
-            return "CLAIM REFUTED: this run leaks more than its epsilon says", []
-        if self.verdict == "cannot-refute":
-            need = ("its test of the claim would reject it only with "
-                    f"{self.needed_correct} of {self.needed_guesses} guesses right"
-                    if self.needed_correct is not None else
-                    "its test of the claim would not reject it even with every guess right")
-            return (f"CANNOT REFUTE epsilon={self.claimed_epsilon:.3f} with these settings "
-                    f"(ceiling {self.top:.3f})",
-                    [f"the most this audit can show (all guesses right) is epsilon "
-                     f"{self.top:.3f}, below the claim, and {need}",
-                     f"to be able to: {self.advice}"])
-        return (f"not refuted (this audit could have shown up to epsilon {self.top:.3f})",
-                [])
-
-    def text(self) -> str:
-        verdict, why = self.verdict_text()
-        noise = ""
-        if self.noise_scale != 1.0 or self.noise_ranks is not None:
-            noise = (f"; TEST FAULT: noise x{self.noise_scale:g}"
-                     + ("" if self.noise_ranks is None
-                        else f" on ranks {self.noise_ranks} only"))
-        return (f"canary audit (white-box, one run): epsilon >= "
-                f"{self.epsilon_lower_bound:.3f} at {self.confidence:.0%} confidence; claimed "
-                f"epsilon {self.claimed_epsilon:.3f} (delta {self.delta:g}) -> {verdict}\n"
-                + "".join(f"  {line}\n" for line in why) +
-                f"  test of the claim (the guesses against the run's own privacy curve, "
-                f"its PLD): {'rejected' if self.claim_rejected else 'not rejected'}\n"
-                f"  m={self.m} canaries ({self.included} included), guesses k+={self.k_in} "
-                f"k-={self.k_out}, {self.correct}/{self.guesses} correct; ceiling (all "
-                f"guesses right) {self.ceiling:.3f}\n"
-                f"  run: {self.steps} steps, q={self.q:.4g} (N={self.n_train} rows; canaries "
-                f"not counted), sigma={self.sigma:.4f}, {self.ranks} rank(s){noise}\n"
-                f"  analysis: {self.analysis}\n"
-                f"  f-DP analysis of the same guesses: epsilon >= {self.epsilon_fdp:.3f} as "
-                f"Gaussian DP (k+={self.k_in_fdp} k-={self.k_out_fdp}, "
-                f"{self.correct_fdp}/{self.k_in_fdp + self.k_out_fdp} correct; ceiling "
-                f"{self.ceiling_fdp:.3f}): {self.analysis_fdp}\n"
-                f"  black-box (final model only, {self.m} canary rows scored by their loss): "
-                f"epsilon >= {self.epsilon_blackbox:.3f} (binomial), "
-                f"{self.epsilon_blackbox_fdp:.3f} (f-DP); {self.correct_blackbox}/"
-                f"{self.guesses_blackbox} correct")
-
-
-def claim_rejected(evidence: np.ndarray, included: np.ndarray, ks: list[tuple[int, int]],
-                   q: float, sigma: float, steps: int, delta: float, confidence: float,
-                   fbar_inverse=None) -> bool:
-    """Whether the guesses at any size of ``ks`` reject, at ``confidence``
-    (Bonferroni over ``ks``), that the run has the privacy curve of DP-SGD at
-    (q, sigma, steps): :func:`engine.audit.one_run_fdp.rejects` with
-    :func:`engine.audit.one_run_fdp.dpsgd_fbar_inverse` (or the
-    ``fbar_inverse`` given, computed from the same)."""
-    if fbar_inverse is None:
-        fbar_inverse = one_run_fdp.dpsgd_fbar_inverse(q, sigma, steps, delta)
-    tau = (1.0 - confidence) / len(ks)
-    m = int(np.asarray(evidence).size)
-    return any(one_run_fdp.rejects(m, k_in + k_out, v, fbar_inverse, tau)
-               for (k_in, k_out), v in zip(ks, one_run.correct_guesses(evidence, included, ks)))
 
 
 def check_request(m: int, guesses: int | None, confidence: float) -> None:
