@@ -53,7 +53,7 @@ import argparse
 import dataclasses
 
 from collectives import MPI
-from engine import checkpoint, config
+from engine import checkpoint_lock, config
 
 #: Stop signals are acted on at step boundaries (engine.stopping), not raised.
 STOPS_AT_STEPS = True
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     given = given_options(args)
     cfg = config.from_args(args, check=not args.resume)
     comm = MPI.COMM_WORLD
-    lock = checkpoint.open_directory(cfg.checkpoint_dir, cfg.resume, cfg.metrics, comm)
+    lock = checkpoint_lock.open_directory(cfg.checkpoint_dir, cfg.resume, cfg.metrics, comm)
     try:
         # deferred: the trainer's kernels and Numba, kept out of `mpidp train --help`
         from engine.trainer import Trainer

@@ -43,6 +43,7 @@ from tqdm import tqdm
 import collectives
 from collectives import MPI
 from engine import checkpoint as ckpt
+from engine import checkpoint_lock
 from engine import metrics as metrics_mod
 from engine import outputs
 from engine.config import TrainConfig
@@ -78,7 +79,7 @@ class Trainer:
     come from the checkpoint; None: the fields that differ from the
     defaults). ``opened``: the command already checked the outputs and took the
     lock (``lock`` on rank 0, None elsewhere; the command takes it before
-    importing this module: :func:`engine.checkpoint.open_directory`); without
+    importing this module: :func:`engine.checkpoint_lock.open_directory`); without
     one, :meth:`run` takes it. ``model``: the library's ``model=`` object (a
     module or a factory), else ``cfg.model`` names the model. ``hooks``:
     where a program composes its own parts into the run
@@ -86,7 +87,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, comm=None, out=None, given: set[str] | None = None,
-                 lock: "ckpt.Lock | None" = None, opened: bool = False, model=None,
+                 lock: "checkpoint_lock.Lock | None" = None, opened: bool = False, model=None,
                  hooks: RunHooks | None = None):
         self.cfg = cfg
         #: the library's ``model=`` (a module or a factory), else cfg.model decides
@@ -380,10 +381,10 @@ class Trainer:
             try:
                 if not self.opened:
                     self.opened = True
-                    self.lock = ckpt.open_directory(self.cfg.checkpoint_dir, self.cfg.resume,
-                                                    self.cfg.metrics, self.comm)
+                    self.lock = checkpoint_lock.open_directory(
+                        self.cfg.checkpoint_dir, self.cfg.resume, self.cfg.metrics, self.comm)
                 code = self._run(stop)
-                ckpt.release_everywhere(self.lock, self.comm)
+                checkpoint_lock.release_everywhere(self.lock, self.comm)
                 return code
             finally:
                 if self.lock is not None:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from engine import checkpoint as ckpt
+from engine import checkpoint_lock
 from engine import metrics, outputs, stopping
 from engine.bench import synthetic
 from engine.config import ADJUSTABLE_ON_RESUME, FIXED_ON_RESUME, PER_INVOCATION, TrainConfig
@@ -193,17 +194,17 @@ def test_checkpoint_write_failure_keeps_the_previous_one(tmp_path):
 # --------------------------------------------------------------------- lock
 def test_lock_refuses_a_second_run_naming_the_holder(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    lock = ckpt.acquire(tmp_path, command="mpidp train ...")
+    lock = checkpoint_lock.acquire(tmp_path, command="mpidp train ...")
     holder = json.loads((tmp_path / "lock").read_text())
     assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
     assert holder["slurm_job_id"] == "4242" and holder["command"] == "mpidp train ..."
     with pytest.raises(DirectoryLocked, match=f"in use by another run: pid {os.getpid()} "
                        f"on host {socket.gethostname()} \\(Slurm job 4242"):
-        ckpt.acquire(tmp_path)
+        checkpoint_lock.acquire(tmp_path)
     lock.check()
     lock.release()
     assert not (tmp_path / "lock").exists()
-    ckpt.acquire(tmp_path).release()
+    checkpoint_lock.acquire(tmp_path).release()
 
 
 def _dead_pid() -> int:
@@ -215,7 +216,7 @@ def _dead_pid() -> int:
 def test_lock_of_a_dead_holder_is_taken_over_and_said(tmp_path):
     (tmp_path / "lock").write_text(json.dumps({
         "host": socket.gethostname(), "pid": _dead_pid(), "started": "yesterday"}))
-    lock = ckpt.acquire(tmp_path)
+    lock = checkpoint_lock.acquire(tmp_path)
     assert "no longer runs" in lock.note and "taken over" in lock.note
     assert lock.held()
     lock.release()
@@ -225,7 +226,7 @@ def test_lock_that_cannot_be_checked_is_never_broken(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     (tmp_path / "lock").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
     with pytest.raises(DirectoryLocked, match=f"remove {tmp_path / 'lock'}"):
-        ckpt.acquire(tmp_path)
+        checkpoint_lock.acquire(tmp_path)
     assert json.loads((tmp_path / "lock").read_text())["host"] == "elsewhere"
 
 
@@ -235,7 +236,7 @@ def test_lock_of_an_earlier_run_of_the_same_job_is_stale(tmp_path, monkeypatch):
     (tmp_path / "lock").write_text(json.dumps({"host": "othernode", "pid": 5,
                                                "slurm_job_id": "77",
                                                "slurm_restart_count": 1}))
-    lock = ckpt.acquire(tmp_path)
+    lock = checkpoint_lock.acquire(tmp_path)
     assert "before its requeue" in lock.note
     (tmp_path / "lock").write_text(json.dumps({"host": "x", "pid": 1, "nonce": "other"}))
     with pytest.raises(DirectoryLocked, match="no longer holds its lock"):

@@ -166,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Collective: the search (module docstring); returns the exit code."""
-    from engine import checkpoint, stopping
+    from engine import checkpoint_lock, stopping
     from engine.shard import read_info
     from engine.tune import privacy, search
 
@@ -275,14 +275,14 @@ def run(args: argparse.Namespace) -> int:
             say(f"mpidp tune: stopped by a signal with {left} trial(s) not finished; the "
                 f"finished ones are kept in {opts.out}/{search.TRIALS_FILE}: run the same "
                 f"command again to continue (exit code {EXIT_CHECKPOINTED})")
-            checkpoint.release_everywhere(lock, comm)
+            checkpoint_lock.release_everywhere(lock, comm)
             return EXIT_CHECKPOINTED
         code = 0
         if rank == 0:
             code = write_report(opts, space, info, trials, {**finished, **{r["key"]: r
                                                                         for r in records}},
                            statement, size, parallel, time.perf_counter() - started)
-        checkpoint.release_everywhere(lock, comm)
+        checkpoint_lock.release_everywhere(lock, comm)
         return int(comm.bcast(code, root=0))
     finally:
         if lock is not None:

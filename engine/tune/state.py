@@ -78,13 +78,13 @@ def plan_trials(points: list[dict], opts: Options) -> list[dict]:
 def open_out(out: str, state: dict, created_state: bool, trials, finished: dict):
     """Rank 0: create and lock ``out``, write the state, clear what unfinished
     trials left. Returns the lock."""
-    from engine import checkpoint, outputs
+    from engine import checkpoint_lock, outputs
     from engine.tune import search
 
     created = not os.path.exists(out)
     outputs.check_directory(out, "--out")
     try:
-        lock = checkpoint.acquire(out, command="mpidp tune")
+        lock = checkpoint_lock.acquire(out, command="mpidp tune")
     except MpidpError:
         if created:
             shutil.rmtree(out, ignore_errors=True)
