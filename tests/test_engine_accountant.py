@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.dp import accountant
-from engine.dp.accountant import (Accountant, calibrate, calibrate_sigma, epsilon_for,
-                                  pld_grid, pld_interval)
+from engine.dp import accountant, pld
+from engine.dp.accountant import Accountant, calibrate, calibrate_sigma, epsilon_for
+from engine.dp.pld import pld_grid, pld_interval
 from engine.errors import PrivacyError
 
 # Abadi et al. MNIST setting; values from dp-accounting as recorded in the notes.
@@ -44,7 +44,7 @@ def test_published_cross_check_values():
     # dp-accounting's PLDAccountant at its default grid (1e-4) gives 2.382; the
     # grid chosen here is within PLD_TOLERANCE of it, and above (pessimistic).
     eps = epsilon_for(Q, SIGMA, STEPS, DELTA, "pld")
-    assert eps == pytest.approx(2.382, rel=accountant.PLD_TOLERANCE)
+    assert eps == pytest.approx(2.382, rel=pld.PLD_TOLERANCE)
     assert epsilon_for(Q, SIGMA, STEPS, DELTA) == eps  # pld is the default
 
 
@@ -72,7 +72,7 @@ def test_pld_calibration_is_certified_and_tight(q, steps, target):
     eps = epsilon_for(q, found.sigma, steps, DELTA, "pld", found.interval)
     fine = _dp_accounting_pld(q, found.sigma, steps, DELTA, found.interval / 4)
     assert fine <= eps <= target
-    assert eps <= fine * (1 + 2 * accountant.PLD_TOLERANCE)
+    assert eps <= fine * (1 + 2 * pld.PLD_TOLERANCE)
     below = found.sigma / (1 + 2 * accountant.CALIBRATION_RTOL)
     assert epsilon_for(q, below, steps, DELTA, "pld", found.interval) > target
     lower = _dp_accounting_pld(q, found.sigma, steps, DELTA, found.interval / 4,
@@ -98,7 +98,7 @@ def test_the_grid_follows_the_target_and_converges():
         grid = pld_grid(q, sigma, steps, DELTA)
         coarse = epsilon_for(q, sigma, steps, DELTA, "pld", grid)
         fine = epsilon_for(q, sigma, steps, DELTA, "pld", grid / 2)
-        assert fine <= coarse <= fine * (1 + accountant.PLD_TOLERANCE)
+        assert fine <= coarse <= fine * (1 + pld.PLD_TOLERANCE)
 
 
 def test_a_tiny_sigma_is_answered_on_a_coarser_grid_not_with_a_crash():
@@ -107,7 +107,7 @@ def test_a_tiny_sigma_is_answered_on_a_coarser_grid_not_with_a_crash():
     bound (the RDP epsilon is one too; both are huge)."""
     eps = epsilon_for(DEMO_Q, 0.01, DEMO_STEPS, DELTA)
     assert eps > 100 and math.isfinite(eps) or eps == math.inf
-    assert accountant._effective_interval(DEMO_Q, 0.01, DEMO_STEPS, 1e-4) > 1e-4
+    assert pld.effective_interval(DEMO_Q, 0.01, DEMO_STEPS, 1e-4) > 1e-4
 
 
 def test_a_sigma_too_small_for_the_pld_arithmetic_is_a_one_line_error():
@@ -256,7 +256,7 @@ def test_privacy_command():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["epsilon_rdp"] == pytest.approx(2.597, abs=5e-4)
-    assert result["epsilon_pld"] == pytest.approx(2.382, rel=accountant.PLD_TOLERANCE)
+    assert result["epsilon_pld"] == pytest.approx(2.382, rel=pld.PLD_TOLERANCE)
     bad = _privacy("--sample-rate", "1.0", "--target-epsilon", "0.000001", "--steps", "10000")
     assert bad.returncode == 2 and "out of reach" in bad.stderr
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

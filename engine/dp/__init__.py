@@ -10,6 +10,7 @@
 * :mod:`~engine.dp.noise`: Gaussian noise added exactly once over the ranks;
 * :mod:`~engine.dp.streams`: the per-rank random streams the sampler and the noise draw from;
 * :mod:`~engine.dp.accountant`: epsilon spent, sigma for a target, the budget's arithmetic;
+  :mod:`~engine.dp.pld` computes the epsilon (dp-accounting's PLD on a bounded grid);
 * :mod:`~engine.dp.privacy`: the ``mpidp privacy`` command (accounting offline).
 
 They sit apart from the training loop so that a reviewer can audit each

@@ -15,8 +15,7 @@ Two accountants, both dp-accounting's:
   the true epsilon whatever the grid, and tight (within a fraction of a
   percent) at the grid chosen here;
 * ``rdp``: Renyi DP (Mironov 2017; Mironov, Talwar & Zhang 2019), fast and
-  an upper bound too, but looser: for the demo's run 1.00 where the PLD
-  certifies 0.55.
+  an upper bound too, but looser (docs/design/pld-accountant.md).
 
 **Fast, bounded PLD calibration.** dp-accounting's PLD costs time and memory
 in proportion to the privacy-loss range over the grid's interval, and the
@@ -28,9 +27,10 @@ PLD epsilon was computed and is within the target. The grid follows the
 target: an interval of ``sqrt(tolerance * epsilon / steps)`` (the
 pessimistic rounding accumulates over the steps), checked at the answer by
 halving it and refined where that changes epsilon by more than
-:data:`PLD_TOLERANCE`. A grid that would still be too long (a tiny sigma
-given with ``--noise-multiplier``) is coarsened instead: the pessimistic
-estimate stays an upper bound, only looser.
+:data:`~engine.dp.pld.PLD_TOLERANCE`. A grid that would still be too long
+(a tiny sigma given with ``--noise-multiplier``) is coarsened instead: the
+pessimistic estimate stays an upper bound, only looser. The grid's
+machinery is :mod:`engine.dp.pld`.
 
 The budget's arithmetic lives here too (:meth:`Accountant.fits`,
 :meth:`Accountant.epochs_within`, :meth:`Accountant.check_plan`), so the
@@ -44,12 +44,11 @@ training loop asks questions instead of computing epsilons itself. Example::
 """
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
+from engine.dp.pld import pld_epsilon, pld_grid, pld_interval, quiet_absl, rdp_epsilon, run_pld
 from engine.errors import PrivacyError
 
 #: Accountant names, the default first.
@@ -62,35 +61,10 @@ _SIGMA_MIN_RDP = 1e-2
 #: Relative slack of budget checks: epsilons are compared as floats computed
 #: the same way, and a hair of rounding must not refuse a calibrated run.
 BUDGET_SLACK = 1e-6
-#: Relative accuracy asked of the PLD: the grid is refined until halving its
-#: interval changes epsilon by less than this (:func:`pld_grid`).
-PLD_TOLERANCE = 2e-3
-#: What the first guess of the grid aims at (:func:`pld_interval`).
-_GUESS_TOLERANCE = 1e-3
-#: Bounds on the grid's interval.
-PLD_MIN_INTERVAL, PLD_MAX_INTERVAL = 1e-6, 1.0
-#: Halvings of the interval tried at most before accepting the grid.
-_MAX_REFINEMENTS = 6
 #: Calibration stops at this relative width of the sigma bracket (PLD; RDP,
 #: whose evaluations cost little, narrows it to 1e-4).
 CALIBRATION_RTOL = 2e-3
 _RDP_RTOL = 1e-4
-#: Longest single-step PLD grid (points) before the interval is coarsened:
-#: with dp-accounting's FFT composition, memory stays well under 1 GiB.
-MAX_STEP_POINTS = 1 << 20
-#: Longest composed grid (points, predicted by :func:`_composed_width`) before
-#: the interval is coarsened. dp-accounting composes with scipy's FFT, which
-#: holds a few complex arrays of this length and caches the plans (twiddle
-#: factors, 16 bytes a point) of its last 16 lengths, each evaluation's being
-#: new: about 16 x 16 MiB at this cap.
-MAX_COMPOSED_POINTS = 1 << 20
-#: Points per step of the coarse grid that measures the composed width.
-_PROBE_POINTS = 64
-
-
-def _quiet_absl() -> None:
-    # dp-accounting logs a warning per excluded RDP order; not useful to users.
-    logging.getLogger("absl").setLevel(logging.ERROR)
 
 
 def check_kind(kind: str, option: str = "--accountant") -> None:
@@ -113,175 +87,6 @@ def _check_run(q: float, steps: int) -> None:
         raise PrivacyError(f"{steps} steps: must be >= 0")
 
 
-def pld_interval(epsilon_scale: float, steps: int) -> float:
-    """The first PLD grid interval tried for epsilons near ``epsilon_scale``
-    after ``steps`` steps.
-
-    The pessimistic grid's error grows with the steps (each one's loss is
-    rounded up) and shrinks about quadratically with the interval
-    (connect-the-dots), so ``sqrt(1e-3 * epsilon / steps)`` puts it near
-    :data:`PLD_TOLERANCE`; :func:`pld_grid` then checks the grid and refines
-    it where the guess was too coarse. Deterministic: every rank picks the same.
-    """
-    if not (math.isfinite(epsilon_scale) and epsilon_scale > 0):
-        return PLD_MAX_INTERVAL
-    guess = math.sqrt(_GUESS_TOLERANCE * epsilon_scale / max(1, steps))
-    return min(PLD_MAX_INTERVAL, 0.01 * epsilon_scale, max(PLD_MIN_INTERVAL, guess))
-
-
-# -- RDP ---------------------------------------------------------------------
-
-def _event(q: float, sigma: float):
-    import dp_accounting  # deferred: slow to load; keeps `mpidp train --help` fast
-
-    return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
-
-
-@lru_cache(maxsize=512)
-def _rdp_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
-    from dp_accounting import rdp  # deferred: as in _event
-
-    _quiet_absl()
-    if steps <= 0:
-        return 0.0
-    accountant = rdp.RdpAccountant()
-    accountant.compose(_event(q, sigma), int(steps))
-    return float(accountant.get_epsilon(delta))
-
-
-# -- PLD ---------------------------------------------------------------------
-
-def _loss_range(q: float, sigma: float) -> float:
-    """Width of one step's privacy-loss support (the larger of the remove and
-    add directions), from dp-accounting's own truncation of the noise tails."""
-    from dp_accounting.pld import privacy_loss_mechanism as plm  # deferred: as in _event
-
-    width = 0.0
-    for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
-        loss = plm.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=adjacency)
-        tail = loss.privacy_loss_tail()
-        width = max(width, abs(loss.privacy_loss(tail.lower_x_truncation)
-                               - loss.privacy_loss(tail.upper_x_truncation)))
-        if q == 1.0:
-            break  # one direction: the PLD is symmetric
-    return width
-
-
-@lru_cache(maxsize=64)
-def _composed_width(q: float, sigma: float, steps: int) -> float:
-    """Width, in privacy-loss units, of the grid dp-accounting keeps after
-    composing ``steps`` steps (its tails truncated at 1e-15 by a Chernoff
-    bound), measured on a coarse grid of :data:`_PROBE_POINTS` per step: the
-    width barely depends on the interval, so a finer grid of interval ``d``
-    needs about ``width / d`` points.
-
-    The size is read from the composed distribution's ``size`` (a private
-    attribute of dp-accounting's PLD, checked by a test); without it, the
-    single step's width times the steps stands in (the most the composition
-    can span: safe, and very coarse).
-    """
-    width = _loss_range(q, sigma)
-    if steps <= 1 or width == 0:
-        return width
-    coarse = width / _PROBE_POINTS
-    composed = _step_pld(q, sigma, coarse).self_compose(int(steps))
-    sizes = [getattr(getattr(composed, name, None), "size", None)
-             for name in ("_pmf_remove", "_pmf_add")]
-    sizes = [size for size in sizes if isinstance(size, int)]
-    if not sizes:
-        return width * steps
-    return max(sizes) * coarse
-
-
-def _effective_interval(q: float, sigma: float, steps: int, interval: float) -> float:
-    """``interval``, coarsened where the single-step grid or the composed one
-    would be longer than :data:`MAX_STEP_POINTS` / :data:`MAX_COMPOSED_POINTS`."""
-    width = _loss_range(q, sigma)
-    return max(interval, width / MAX_STEP_POINTS,
-               1.25 * _composed_width(q, sigma, steps) / MAX_COMPOSED_POINTS)
-
-
-@lru_cache(maxsize=8)
-def _step_pld(q: float, sigma: float, interval: float):
-    """One step's PLD (pessimistic, connect-the-dots), cached: building it costs
-    more than composing it, and each epoch's report composes the same one."""
-    from dp_accounting.pld import privacy_loss_distribution as pld  # deferred: as in _event
-
-    return pld.from_gaussian_mechanism(standard_deviation=sigma, sampling_prob=q,
-                                       value_discretization_interval=interval,
-                                       pessimistic_estimate=True)
-
-
-#: What dp-accounting's PLD raises where its arithmetic gives up (a noise
-#: multiplier so small that one step's privacy loss overflows a float, say).
-_PLD_FAILURES = (MemoryError, ValueError, OverflowError, FloatingPointError,
-                 ZeroDivisionError)
-
-
-def _pld_failed(q: float, sigma: float, steps: int, exc: BaseException) -> PrivacyError:
-    """The one-line error for a failure inside dp-accounting's PLD: no
-    traceback from inside the library may reach the user."""
-    reason = (str(exc).splitlines() or [""])[0][:120]
-    return PrivacyError(
-        f"PLD accounting failed at noise multiplier {sigma:.4g}, sampling rate {q:.3g}, "
-        f"{steps} steps ({type(exc).__name__}: {reason}); use --accountant rdp")
-
-
-def _composed(q: float, sigma: float, steps: int, interval: float):
-    """The run's PLD on the grid ``interval`` (coarsened where it would be too
-    long: :func:`_effective_interval`); dp-accounting's failures as one line."""
-    try:
-        effective = _effective_interval(q, sigma, steps, interval)
-        return _step_pld(q, sigma, effective).self_compose(int(steps))
-    except _PLD_FAILURES as exc:
-        raise _pld_failed(q, sigma, steps, exc) from None
-
-
-@lru_cache(maxsize=512)
-def _pld_epsilon(q: float, sigma: float, steps: int, delta: float, interval: float) -> float:
-    """The PLD's epsilon on the grid ``interval`` (:func:`_composed`)."""
-    if steps <= 0:
-        return 0.0
-    composed = _composed(q, sigma, steps, interval)
-    try:
-        return float(composed.get_epsilon_for_delta(delta))
-    except _PLD_FAILURES as exc:
-        raise _pld_failed(q, sigma, steps, exc) from None
-
-
-def _refinable(q: float, sigma: float, steps: int, interval: float) -> bool:
-    """Whether halving ``interval`` gives a finer grid (not at a floor or cap)."""
-    half = interval / 2
-    return half >= PLD_MIN_INTERVAL and _effective_interval(q, sigma, steps, half) == half
-
-
-def pld_grid(q: float, sigma: float, steps: int, delta: float,
-             interval: float | None = None) -> float:
-    """The PLD grid interval on which epsilon has converged to
-    :data:`PLD_TOLERANCE`: halving it changes epsilon by less than that
-    (relative), or it cannot be halved (memory caps).
-
-    Args:
-        interval: the first guess (default :func:`pld_interval` of the RDP
-            epsilon, an upper bound of the answer's scale).
-    """
-    if interval is None:
-        interval = pld_interval(_rdp_epsilon(q, sigma, steps, delta), steps)
-    for _ in range(_MAX_REFINEMENTS):
-        try:  # measures the composed width with dp-accounting
-            refinable = _refinable(q, sigma, steps, interval)
-        except _PLD_FAILURES as exc:
-            raise _pld_failed(q, sigma, steps, exc) from None
-        if not refinable:
-            break
-        coarse = _pld_epsilon(q, sigma, steps, delta, interval)
-        fine = _pld_epsilon(q, sigma, steps, delta, interval / 2)
-        if coarse - fine <= PLD_TOLERANCE * fine or not math.isfinite(fine):
-            break
-        interval /= 2
-    return interval
-
-
 def composed_pld(q: float, sigma: float, steps: int, delta: float):
     """dp-accounting's PLD of the whole run (pessimistic, on the grid where
     epsilon at ``delta`` has converged): the run's privacy curve, for
@@ -295,7 +100,7 @@ def composed_pld(q: float, sigma: float, steps: int, delta: float):
     if not sigma > 0 or steps < 1:
         raise PrivacyError(f"need a noise multiplier > 0 and steps >= 1, got {sigma}, {steps}")
     sigma, steps = float(sigma), int(steps)
-    return _composed(q, sigma, steps, pld_grid(q, sigma, steps, delta))
+    return run_pld(q, sigma, steps, pld_grid(q, sigma, steps, delta))
 
 
 def epsilon_for(q: float, sigma: float, steps: int, delta: float, kind: str = DEFAULT_KIND,
@@ -317,10 +122,10 @@ def epsilon_for(q: float, sigma: float, steps: int, delta: float, kind: str = DE
         raise PrivacyError(f"noise multiplier {sigma} must be positive")
     steps = int(steps)
     if kind == "rdp" or steps == 0:
-        return _rdp_epsilon(q, sigma, steps, delta)
+        return rdp_epsilon(q, sigma, steps, delta)
     if interval is None:
         interval = pld_grid(q, sigma, steps, delta)
-    return _pld_epsilon(q, sigma, steps, delta, float(interval))
+    return pld_epsilon(q, sigma, steps, delta, float(interval))
 
 
 # -- calibration -----------------------------------------------------------------
@@ -404,7 +209,7 @@ def _unreachable(q: float, steps: int, target: float) -> PrivacyError:
 
 def _calibrate_rdp(q: float, steps: int, target: float, delta: float) -> float | None:
     """The RDP sigma, or None when RDP cannot reach the target below SIGMA_MAX."""
-    excess = lambda s: _log_excess(_rdp_epsilon(q, s, steps, delta), target)  # noqa: E731
+    excess = lambda s: _log_excess(rdp_epsilon(q, s, steps, delta), target)  # noqa: E731
     f_hi = excess(SIGMA_MAX)
     if f_hi > 0:
         return None
@@ -429,16 +234,18 @@ def calibrate(q: float, steps: int, target_epsilon: float, delta: float,
     whose run of ``steps`` steps stays within ``(target_epsilon, delta)``.
 
     RDP: bracketed in [0.01, :data:`SIGMA_MAX`]. PLD: searched on a grid
-    from :func:`pld_interval`, which is then checked at the answer (halving
-    it must change epsilon by less than :data:`PLD_TOLERANCE`) and, where it
-    was too coarse, refined with one more search starting at the answer. Deterministic, so every rank may call it and get the same answer.
+    from :func:`~engine.dp.pld.pld_interval`, which is then checked at the
+    answer (halving it must change epsilon by less than
+    :data:`~engine.dp.pld.PLD_TOLERANCE`) and, where it was too coarse,
+    refined with one more search starting at the answer. Deterministic, so
+    every rank may call it and get the same answer.
 
     Raises:
         PrivacyError: an unknown ``kind``, an invalid target, delta, q or
             steps, or a target out of reach with sigma up to :data:`SIGMA_MAX`
             (one line each; nothing from inside dp-accounting).
     """
-    _quiet_absl()
+    quiet_absl()
     check_kind(kind)
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise PrivacyError(f"--target-epsilon {target_epsilon} must be a positive number")
@@ -455,7 +262,7 @@ def calibrate(q: float, steps: int, target_epsilon: float, delta: float,
     interval = pld_interval(target, steps)
 
     def search(grid: float, start: float, first_step: float) -> float:
-        excess = lambda s: _log_excess(_pld_epsilon(q, s, steps, delta, grid), target)  # noqa
+        excess = lambda s: _log_excess(pld_epsilon(q, s, steps, delta, grid), target)  # noqa
         return _bracketed_root(excess, *_bracket(excess, start, q, steps, target, first_step),
                                rtol=CALIBRATION_RTOL)
 

@@ -83,9 +83,9 @@ DISTRIBUTIONS = ("negative-binomial", "poisson")
 
 
 def _quiet() -> None:
-    from engine.dp.accountant import _quiet_absl
+    from engine.dp.pld import quiet_absl
 
-    _quiet_absl()
+    quiet_absl()
 
 
 @lru_cache(maxsize=256)
