@@ -199,14 +199,15 @@ def test_a_plain_sequential_is_run_layer_by_layer_with_the_same_sums_and_hooks(m
     forward hook, torch's slow path); a subclass, a wrapper or a hook on the
     Sequential itself takes the hooks' path. Both give the naive loop's sums
     bit for bit alike, and a user's hooks run in either."""
-    from engine.dp.clipping import LayerClipper, _plain_chain
+    from engine.dp.clipping import LayerClipper
+    from engine.dp.flat_model import plain_chain
 
     X, y = _rows(40)
     x, labels = X[:23, :-1], y[:23]
-    assert _plain_chain(_models()["mlp"]) is not None
-    assert _plain_chain(Wrapped(_models()["mlp"])) is None
-    assert _plain_chain(type("Sub", (nn.Sequential,), {})(nn.Linear(2, 2))) is None
-    assert _plain_chain(nn.Sequential(nn.Sequential(nn.Linear(2, 2)))) is None
+    assert plain_chain(_models()["mlp"]) is not None
+    assert plain_chain(Wrapped(_models()["mlp"])) is None
+    assert plain_chain(type("Sub", (nn.Sequential,), {})(nn.Linear(2, 2))) is None
+    assert plain_chain(nn.Sequential(nn.Sequential(nn.Linear(2, 2)))) is None
     sums = {}
     for how in ("chain", "wrapped", "own hook"):
         seq = _models()["mlp"]

@@ -5,7 +5,8 @@
   interface: :mod:`~engine.dp.fast_mlp` (the MLP's hand-written forward and
   backward, at the cost of plain SGD) and :mod:`~engine.dp.module_engine`
   (any torch model, through :mod:`~engine.dp.clipping` and the per-layer
-  rules of :mod:`~engine.dp.rules`);
+  rules of :mod:`~engine.dp.rules`; :mod:`~engine.dp.flat_model` is the
+  model as they see it: flat parameters, leaf layers, plain chains);
 * :mod:`~engine.dp.naive`: the per-example loop every clipping engine is tested against;
 * :mod:`~engine.dp.noise`: Gaussian noise added exactly once over the ranks;
 * :mod:`~engine.dp.streams`: the per-rank random streams the sampler and the noise draw from;

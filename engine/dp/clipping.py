@@ -51,8 +51,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine.dp.flat_model import (FlatGradient, by_hand, hooks_anywhere, layer_hooks,
+                                  layer_label, leaf_layers, plain_chain)
 from engine.dp.rules import (FuncRule, LayerTerm, SlowPathWarning, group_sq_norms_of,
-                             has_fast_rule, refusal, rule_for)
+                             has_fast_rule, rule_for)
 from kernels import registry
 
 
@@ -69,166 +71,7 @@ def _row_factors(per_group: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(per_group, starts[1:] - starts[:-1])
 
 
-class FlatParameters:
-    """Moves every parameter of ``model`` into one flat buffer (views into it)."""
-
-    def __init__(self, model: nn.Module):
-        named = list(model.named_parameters())
-        if not named:
-            raise ValueError("the model has no parameters")
-        self.names = [name for name, _ in named]
-        self.shapes = [tuple(p.shape) for _, p in named]
-        self.params = torch.cat([p.detach().reshape(-1) for _, p in named]).contiguous()
-        for (_, p), view in zip(named, self._split(self.params)):
-            p.data = view
-
-    def _split(self, buf: torch.Tensor) -> list[torch.Tensor]:
-        views, offset = [], 0
-        for shape in self.shapes:
-            n = 1
-            for s in shape:
-                n *= s
-            views.append(buf[offset:offset + n].view(shape))
-            offset += n
-        return views
-
-    def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{parameter name: view of buf}`` in the parameters' layout."""
-        return dict(zip(self.names, self._split(buf)))
-
-
-def layer_label(name: str, module: nn.Module) -> str:
-    """How messages name a module: ``layer 'body.0' (Linear)``."""
-    return f"layer {name!r} ({type(module).__name__})" if name else \
-        f"the model itself ({type(module).__name__})"
-
-
-def mixed_module(model: nn.Module) -> str | None:
-    """Why the per-layer rules cannot split ``model`` (a module that holds
-    parameters of its own and in its children), or None."""
-    for name, module in model.named_modules():
-        if any(True for _ in module.parameters(recurse=False)) and \
-                any(True for child in module.children() for _ in child.parameters()):
-            return (f"{layer_label(name, module)} has parameters of its own and in its "
-                    "children, which the per-layer rules cannot split")
-    return None
-
-
-def _plain_chain(model: nn.Module) -> tuple[nn.Module, ...] | None:
-    """The children of ``model`` when it is an ``nn.Sequential`` itself (not a
-    subclass, whose forward may differ) whose children have no children of
-    their own, so that calling them in turn *is* its forward; else None.
-
-    A global forward hook turns every module call into torch's slow path;
-    calling such a chain's layers one by one records their inputs without one.
-    """
-    if type(model) is not nn.Sequential:
-        return None
-    children = tuple(model)  # as its forward runs them: children() skips a repeated one
-    if not children or any(True for c in children for _ in c.children()):
-        return None
-    return children
-
-
-#: Layers whose backward to their input :meth:`LayerClipper._chain_pass` writes
-#: itself: an MLP's. torch's ReLU backward (``threshold_backward``) and the
-#: autograd graph cost more than the GEMMs at a batch of a few hundred rows.
-_BY_HAND = (nn.Linear, nn.ReLU)
-
-
-def _by_hand(chain: tuple[nn.Module, ...] | None) -> bool:
-    """Whether a plain chain is Linear and ReLU layers only (those exact types,
-    each used once, one Linear at least): then no autograd is needed."""
-    return (chain is not None and all(type(m) in _BY_HAND for m in chain)
-            and any(type(m) is nn.Linear for m in chain)
-            and len({id(m) for m in chain}) == len(chain))
-
-
-def _own_hooks(module: nn.Module) -> bool:
-    """Whether ``module`` has a forward, pre-forward, backward or pre-backward hook."""
-    return bool(module._forward_hooks or module._forward_pre_hooks
-                or module._backward_hooks or module._backward_pre_hooks)
-
-
-def _layer_hooks(chain: tuple[nn.Module, ...]) -> bool:
-    """Whether any layer of the chain has a hook of its own (a forward hook may
-    change an output, a backward hook must see autograd)."""
-    return any(_own_hooks(m) for m in chain)
-
-
-def _hooks_anywhere(model: nn.Module) -> bool:
-    """Whether calling ``model`` would run hooks that calling its children would
-    not (its own, or global ones): then the chain is not called layer by layer."""
-    module_mod = nn.modules.module
-    return bool(_own_hooks(model) or module_mod._global_forward_hooks
-                or module_mod._global_forward_pre_hooks or module_mod._global_backward_hooks
-                or module_mod._global_backward_pre_hooks)
-
-
-def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, module)`` of every module that holds parameters, in order.
-
-    Raises:
-        ValueError: a module holds parameters of its own and in its children
-            (:func:`mixed_module`: use :class:`FuncClipper`).
-    """
-    reason = mixed_module(model)
-    if reason is not None:
-        raise ValueError(f"{reason}; use FuncClipper")
-    return [(name, module) for name, module in model.named_modules()
-            if any(True for _ in module.parameters(recurse=False))]
-
-
-class _FlatGradient:
-    """A model's parameters as one flat vector, and the flat buffer its clipped
-    gradient sum is written into (``grad``, allocated unless given).
-
-    Raises:
-        ValueError: a layer breaks per-example privacy (:func:`engine.dp.rules.refusal`).
-    """
-
-    def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
-        for name, module in model.named_modules():
-            reason = refusal(module)
-            if reason is not None:  # ModuleEngine says so earlier, as a ConfigError
-                raise ValueError(f"{layer_label(name, module)} {reason}")
-        self.model = model
-        self.flat = FlatParameters(model)
-        self.params = self.flat.params
-        self.grad = torch.zeros_like(self.params) if grad is None else grad
-        self._grad_views = self.flat.views(self.grad)
-
-    def summed(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
-        """The plain gradient sum (no clipping: a non-private step) into ``grad``,
-        by one backward pass: a per-example rule has nothing to add here.
-
-        Returns:
-            (summed loss, 0).
-        """
-        if x.shape[0] == 0:
-            self.grad.zero_()
-            return 0.0, 0
-        total = F.cross_entropy(self.model(x), y, reduction="sum")
-        grads = torch.autograd.grad(total, list(self.model.parameters()), allow_unused=True)
-        for name, g in zip(self.flat.names, grads):
-            view = self._grad_views[name]
-            view.zero_() if g is None else view.copy_(g)
-        return float(total.detach()), 0
-
-    def _masked_summed(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-                       loss: torch.Tensor, count: torch.Tensor) -> None:
-        """:meth:`summed` over the rows where ``mask`` is 1, on the device."""
-        per_row = F.cross_entropy(self.model(x), y, reduction="none")
-        total = (per_row * mask).sum()
-        grads = torch.autograd.grad(total, list(self.model.parameters()), allow_unused=True)
-        for name, g in zip(self.flat.names, grads):
-            view = self._grad_views[name]
-            view.zero_() if g is None else view.copy_(g)
-        loss.copy_(total.detach())
-        count.zero_()
-
-
-class LayerClipper(_FlatGradient):
+class LayerClipper(FlatGradient):
     """Per-layer clipped gradient sums (see module docstring).
 
     A layer that takes the ``torch.func`` fallback (no rule for its type, a
@@ -250,8 +93,8 @@ class LayerClipper(_FlatGradient):
         small_ops = None if self.grad.device.type == "cpu" else "torch"
         self._softmax_xent = registry.get("softmax_xent", self.grad.device, small_ops)
         self._factors = self.grad.new_empty(256)
-        self._chain = _plain_chain(model)
-        self._by_hand = _by_hand(self._chain)
+        self._chain = plain_chain(model)
+        self._by_hand = by_hand(self._chain)
         self._copy_outputs = False  # set once a layer's output is seen changed in place
         if self._by_hand:
             self._relu_backward = registry.get("relu_backward", self.grad.device, small_ops)
@@ -304,8 +147,8 @@ class LayerClipper(_FlatGradient):
             self.grad.zero_()
             return 0.0, 0
         # every layer's parameters are written below: grad needs no zeroing
-        if self._by_hand and not _hooks_anywhere(self.model) \
-                and not _layer_hooks(self._chain):
+        if self._by_hand and not hooks_anywhere(self.model) \
+                and not layer_hooks(self._chain):
             total, inputs, out_grads = self._chain_pass(x, y)
         else:
             total, inputs, out_grads = self._autograd_pass(x, y)
@@ -337,8 +180,8 @@ class LayerClipper(_FlatGradient):
         if max_norm is None:
             return self._masked_summed(x, y, mask, loss, count)
         losses = self._losses(x.shape[0])
-        if self._by_hand and not _hooks_anywhere(self.model) \
-                and not _layer_hooks(self._chain):
+        if self._by_hand and not hooks_anywhere(self.model) \
+                and not layer_hooks(self._chain):
             _, inputs, out_grads = self._chain_pass(x, y, mask, losses)
         else:
             _, inputs, out_grads = self._autograd_pass(x, y, mask, losses)
@@ -394,7 +237,7 @@ class LayerClipper(_FlatGradient):
             seen.append((inputs, output, output._version))
             return output.clone() if copy else None  # a hook's value replaces the output
 
-        if self._chain is not None and not _hooks_anywhere(self.model):
+        if self._chain is not None and not hooks_anywhere(self.model):
             logits = x  # a plain Sequential of leaves: its forward, recorded here
             for m in self._chain:
                 out = m(logits)
@@ -487,7 +330,7 @@ class LayerClipper(_FlatGradient):
         return clipped
 
 
-class FuncClipper(_FlatGradient):
+class FuncClipper(FlatGradient):
     """Whole-model per-example gradients with ``torch.func`` (the general fallback)."""
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor, max_norm: float | None,

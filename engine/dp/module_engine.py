@@ -25,7 +25,8 @@ import warnings
 import torch
 from torch import nn
 
-from engine.dp.clipping import FuncClipper, LayerClipper, layer_label, leaf_layers, mixed_module
+from engine.dp.clipping import FuncClipper, LayerClipper
+from engine.dp.flat_model import layer_label, leaf_layers, mixed_module
 from engine.dp.rules import SlowPathWarning, refusal
 from engine.errors import ConfigError
 from engine.nn.batch_gather import BatchGather
