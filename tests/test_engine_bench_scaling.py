@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from collectives.launch import child_env
-from engine.bench import ddp_baseline, synthetic
+from engine.bench import ddp_baseline, synthetic, synthetic_images
 from engine.bench.scaling_plan import BenchError
 from engine.cli import build_parser
 from engine.dp.accountant import epsilon_for
@@ -243,7 +243,7 @@ def test_dp_sweep_with_peers_on_a_tiny_grid(tmp_path, capsys):
 def test_ddp_baseline_alone_under_mpiexec(tmp_path):
     """python -m engine.bench.ddp_baseline on 2 ranks: per-epoch JSON lines in the
     schema of mpidp train --metrics (what the scaling report reads)."""
-    data = synthetic.write_images(tmp_path / "img.h5", (1, 8, 8), rows=200, test_rows=60)
+    data = synthetic_images.write_images(tmp_path / "img.h5", (1, 8, 8), rows=200, test_rows=60)
     metrics = tmp_path / "ddp.jsonl"
     result = run_mpi(2, [sys.executable, "-m", "engine.bench.ddp_baseline", "--data", data,
                          "--model", "mnist-small", "--epochs", "2", "--batch-size", "40",
@@ -279,7 +279,7 @@ def test_ddp_baseline_builds_mpidps_model_and_schedule(tmp_path):
 
     from engine import models
 
-    data = synthetic.write_images(tmp_path / "img.h5", (3, 8, 8), rows=20, test_rows=10)
+    data = synthetic_images.write_images(tmp_path / "img.h5", (3, 8, 8), rows=20, test_rows=10)
     info = h5format.read_info(data)
     for name in ("mnist-small", "resnet20"):
         ours = models.resolve(name, (), info.n_features, info.n_classes, 5,
@@ -305,7 +305,7 @@ def test_ddp_baseline_builds_mpidps_model_and_schedule(tmp_path):
 
 
 def test_synthetic_images_are_what_prep_writes(tmp_path):
-    path = synthetic.write_images(tmp_path / "img.h5", (3, 6, 5), rows=300, test_rows=90,
+    path = synthetic_images.write_images(tmp_path / "img.h5", (3, 6, 5), rows=300, test_rows=90,
                                   seed=1)
     info = h5format.read_info(path)
     assert info.image_shape == (3, 6, 5) and info.rows == {"train": 300, "test": 90}
@@ -326,7 +326,7 @@ def test_synthetic_images_are_what_prep_writes(tmp_path):
     assert info.channel_std == pytest.approx(std, abs=1e-12)
     assert sorted(set(y.tolist())) == list(range(10))
     # the same data again from the same seed; the test images do not depend on the rows
-    again = synthetic.write_images(tmp_path / "again.h5", (3, 6, 5), rows=600, test_rows=90,
+    again = synthetic_images.write_images(tmp_path / "again.h5", (3, 6, 5), rows=600, test_rows=90,
                                    seed=1)
     with h5py.File(path) as a, h5py.File(again) as b:
         assert np.array_equal(a["test/X"][:], b["test/X"][:])

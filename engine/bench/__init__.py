@@ -10,6 +10,6 @@
   :mod:`~engine.bench.scaling_plot` into a PNG;
 * :mod:`~engine.bench.ddp_baseline`: the same run in PyTorch DDP or Opacus'
   distributed DP-SGD, the peers ``bench scaling --baseline ddp`` sets beside mpidp;
-* :mod:`~engine.bench.synthetic`: files in the prepared-HDF5 contract (tabular rows
-  and images), for tests and benchmarks.
+* :mod:`~engine.bench.synthetic`: files in the prepared-HDF5 contract (tabular rows;
+  images in :mod:`~engine.bench.synthetic_images`), for tests and benchmarks.
 """

@@ -31,7 +31,7 @@ import numpy as np
 
 from collectives import MPI, machine
 from engine import outputs
-from engine.bench import synthetic
+from engine.bench import synthetic, synthetic_images
 
 #: The models, with the expected batch of each and the rows of its data.
 MODELS = {
@@ -61,8 +61,9 @@ def model_data(name: str, rows: int, seed: int):
     spec = MODELS[name]
     if "image" in spec:
         shape = spec["image"]
-        templates = synthetic.image_templates(shape, 10, seed)
-        pixels, labels = synthetic.image_rows(np.random.default_rng([seed, 0]), rows, templates)
+        templates = synthetic_images.image_templates(shape, 10, seed)
+        pixels, labels = synthetic_images.image_rows(np.random.default_rng([seed, 0]), rows,
+                                                     templates)
         c = shape[0]
         planes = pixels.reshape(rows, c, -1).astype(np.float32) / 255.0
         mean = planes.mean(axis=(0, 2), keepdims=True)

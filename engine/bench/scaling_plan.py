@@ -21,7 +21,7 @@ import shlex
 
 import collectives
 from collectives.launch import launcher_words
-from engine.bench import synthetic
+from engine.bench.synthetic_images import parse_image_shape
 from engine.errors import ConfigError
 from engine.shard import read_info
 
@@ -147,7 +147,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
                                      args.model if args.model is not None
                                      else preset["default_models"])
         try:
-            settings.image_shape_tuple = synthetic.parse_image_shape(settings.image_shape)
+            settings.image_shape_tuple = parse_image_shape(settings.image_shape)
         except ValueError as exc:
             raise BenchError(f"--image-shape: {exc}") from None
     else:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from collectives.launch import child_env, launcher_argv
-from engine.bench import synthetic
+from engine.bench import synthetic, synthetic_images
 from engine.bench.scaling_plan import BenchError, shown_command
 
 # ------------------------------------------------------------ data
@@ -46,8 +46,8 @@ def ensure_data(settings: argparse.Namespace, write: bool = True) -> tuple[dict[
             if write and not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 print(f"writing {path} (once) ...", file=sys.stderr, flush=True)
-                synthetic.write_images(path, (c, h, w), rows=rows,
-                                       test_rows=settings.test_rows, seed=0)
+                synthetic_images.write_images(path, (c, h, w), rows=rows,
+                                              test_rows=settings.test_rows, seed=0)
             files[repeat] = str(path)
         rows = ", ".join(f"{settings.rows * r:,}" for r in settings.repeat_list)
         what = (f"synthetic {c}x{h}x{w} images ({rows} training / {settings.test_rows:,} test "
