@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from collectives.launch import child_env
-from engine.bench import ddp_baseline, synthetic, synthetic_images
+from engine.bench import ddp_setup, synthetic, synthetic_images
 from engine.bench.scaling_plan import BenchError
 from engine.cli import build_parser
 from engine.dp.accountant import epsilon_for
@@ -284,24 +284,24 @@ def test_ddp_baseline_builds_mpidps_model_and_schedule(tmp_path):
     for name in ("mnist-small", "resnet20"):
         ours = models.resolve(name, (), info.n_features, info.n_classes, 5,
                               torch.device("cpu"), image_shape=info.image_shape).module_obj
-        args = ddp_baseline.build_parser().parse_args(["--data", data, "--model", name])
-        theirs = ddp_baseline.build_model(args, info, 5)
+        args = ddp_setup.build_parser().parse_args(["--data", data, "--model", name])
+        theirs = ddp_setup.build_model(args, info, 5)
         a, b = ours.state_dict(), theirs.state_dict()
         assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
     tabular = synthetic.write(tmp_path / "t.h5", rows=30, features=5)
     tab = h5format.read_info(tabular)
-    args = ddp_baseline.build_parser().parse_args(["--data", tabular, "--hidden", "4"])
-    mlp = ddp_baseline.build_model(args, tab, 2)
+    args = ddp_setup.build_parser().parse_args(["--data", tabular, "--hidden", "4"])
+    mlp = ddp_setup.build_model(args, tab, 2)
     assert [m.weight.shape[1] for m in mlp if hasattr(m, "weight")] == [5, 4]
 
     args = Namespace(lr=0.4, lr_schedule="step", lr_warmup_epochs=2, lr_milestones=(3, 5),
                      lr_decay=0.1)
-    lr = [ddp_baseline.learning_rate(args, t, 10, 4) for t in range(1, 61)]
+    lr = [ddp_setup.learning_rate(args, t, 10, 4) for t in range(1, 61)]
     assert lr[0] == pytest.approx(0.1 + 0.3 / 20) and lr[19] == pytest.approx(0.4)
     assert lr[20:30] == [pytest.approx(0.4)] * 10
     assert lr[30:50] == [pytest.approx(0.04)] * 20 and lr[50] == pytest.approx(0.004)
     args.lr_schedule = "inv-sqrt"
-    assert ddp_baseline.learning_rate(args, 4, 10, 4) == pytest.approx(0.2)
+    assert ddp_setup.learning_rate(args, 4, 10, 4) == pytest.approx(0.2)
 
 
 def test_synthetic_images_are_what_prep_writes(tmp_path):

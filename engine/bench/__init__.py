@@ -9,7 +9,8 @@
   :mod:`~engine.bench.scaling_report` turns their metrics into tables and
   :mod:`~engine.bench.scaling_plot` into a PNG;
 * :mod:`~engine.bench.ddp_baseline`: the same run in PyTorch DDP or Opacus'
-  distributed DP-SGD, the peers ``bench scaling --baseline ddp`` sets beside mpidp;
+  distributed DP-SGD, the peers ``bench scaling --baseline ddp`` sets beside mpidp
+  (its options, process group and model: :mod:`~engine.bench.ddp_setup`);
 * :mod:`~engine.bench.synthetic`: files in the prepared-HDF5 contract (tabular rows;
   images in :mod:`~engine.bench.synthetic_images`), for tests and benchmarks.
 """
