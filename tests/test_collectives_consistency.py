@@ -98,7 +98,7 @@ def test_new_signature_while_the_peer_waits_in_native(pair):
         # By default the job would be aborted here; with abort_on_error off
         # (as in these tests) rank 0 leaves the communicator and releases
         # rank 1 from MPI_Allreduce, with scratch data.
-        assert comm_state(pair).blind_calls[1] == 1  # gone: a call failed
+        assert comm_state(pair).peers.blind_calls[1] == 1  # gone: a call failed
     else:  # released by a call that is not its own: the order check says so
         with pytest.raises(AllreduceMismatch, match="waited in MPI_Allreduce for rank 0, "
                            "which never made this call .a call of its own failed") as caught:
@@ -338,7 +338,7 @@ def test_shared_memory_exchange_while_the_peer_waits_in_native(pair):
     if pair.Get_rank() == 0:
         with pytest.raises(AllreduceMismatch, match="blocked in blind call"):
             collectives.allreduce(small, pair, "recursive_doubling")
-        assert comm_state(pair).blind_calls[1] == 1  # gone, and rank 1 released
+        assert comm_state(pair).peers.blind_calls[1] == 1  # gone, and rank 1 released
     else:  # released by a call that is not its own: the order check says so
         with pytest.raises(AllreduceMismatch, match="waited in MPI_Allreduce for rank 0"):
             collectives.allreduce(other, pair, "native")

@@ -34,7 +34,7 @@ A rank waiting here cannot see point-to-point messages, so every few
 milliseconds it looks for what would mean the peer is not coming: a message
 of another call waiting for this rank (``Iprobe``), or the peer counted
 into a blind call this rank never made
-(:meth:`collectives.core.plans.CommState.peer_blocked`). It spins without giving
+(:meth:`collectives.core.peers.Peers.peer_blocked`). It spins without giving
 up its core unless the node is oversubscribed (see ``sleep``).
 """
 from __future__ import annotations

@@ -4,6 +4,8 @@
   repeated call and the checks of a new one;
 * :mod:`~collectives.core.plans`: per-communicator state, its channels and
   the checked plans of each call signature;
+* :mod:`~collectives.core.peers`: the blind-call words each rank publishes,
+  read to tell where a peer is when a call fails;
 * :mod:`~collectives.core.context`: what a plan is given (ranks, length,
   dtype, op, the array space);
 * :mod:`~collectives.core.consistency`: every rank makes the same call;

@@ -83,7 +83,7 @@ class PlanContext:
             a user-defined MPI operation).
         blocked: ``blocked(peer, tag, first) -> reason | None``: is ``peer``
             unable to join this rank's current blind call of ``tag``?
-            (``first``: the first probe of a wait; see ``CommState.peer_blocked``)
+            (``first``: the first probe of a wait; see ``Peers.peer_blocked``)
     """
 
     comm: "MPI.Intracomm"

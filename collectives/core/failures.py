@@ -22,7 +22,7 @@ seen by some ranks only would leave the others waiting forever. The rules:
    communicator on which a call failed midway refuses further calls
    (ranks may be out of step and messages of that call may still arrive;
    use ``comm.Dup()``). The rank also *leaves* that communicator
-   (:meth:`collectives.core.plans.CommState.leave`): peers waiting for it in a
+   (:meth:`collectives.core.peers.Peers.leave`): peers waiting for it in a
    wait of ours raise, and a peer inside ``MPI_Allreduce`` of a call it
    will not make is released where the ranks share a node and every other
    rank is in that call.
@@ -93,7 +93,7 @@ def handle(error: BaseException, comm: Any, midway: bool) -> None:
         state.broken = f"{type(error).__name__} on rank {state.rank}"
     if isinstance(error, (KeyboardInterrupt, SystemExit)) or not _abort:
         if midway and state is not None:
-            state.leave(GONE_FAILED)  # no peer waits for this rank for ever
+            state.peers.leave(GONE_FAILED)  # no peer waits for this rank for ever
         return
     size = state.size if state is not None else _size(comm)
     if size > 1:
@@ -169,21 +169,21 @@ def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
     for state in list(plans._STATES):
         if state.size == 1 or state.comm == MPI.COMM_NULL:
             continue
-        if state.broken is not None or state.peer_failed():
+        if state.broken is not None or state.peers.peer_failed():
             # A failed call was reported (raised with abort_on_error off) and
             # the ranks are out of step: its leftovers are no news.
-            state.leave(GONE_EXITED)
+            state.peers.leave(GONE_EXITED)
             continue
-        state.leave(GONE_EXITED)
+        state.peers.leave(GONE_EXITED)
         while True:
-            reason = state.evidence()
+            reason = state.peers.evidence()
             if reason is not None:
                 abort_job(2, f"AllreduceMismatch: rank {state.rank}'s program is ending while "
                           f"{reason}: one rank made more allreduce calls than another (a "
                           "call skipped, or one too many). Every rank must make the same "
                           "sequence of calls.",
                           "collectives: ending the job so that no rank waits for this one")
-            if failed or state.peers_gone():
+            if failed or state.peers.peers_gone():
                 break
             time.sleep(poll_s)
 

@@ -8,6 +8,8 @@ to it as an MPI attribute: freeing the user's communicator frees ours. A
 (:mod:`collectives.core.consistency`): the algorithm's schedule over the first
 channel that serves it, or a library collective; it keeps the runners bound
 to the last few buffers it reduced, so a repeated call allocates nothing.
+The blind-call words the failure rules read are the state's
+:class:`~collectives.core.peers.Peers`.
 """
 from __future__ import annotations
 
@@ -25,10 +27,9 @@ from collectives.auto.tuning import TunedPlan
 from collectives.channels import KINDS, futex
 from collectives.core import consistency
 from collectives.core.combine import warm_up
-from collectives.core.consistency import (BLIND_WORDS, GONE, GONE_FAILED, RELEASE_TAG,
-                                          gone_reason, last_blind_tag, make_enter, make_verify,
-                                          make_verify_mpi, verify_everywhere)
+from collectives.core.consistency import make_enter
 from collectives.core.context import OPS, PlanContext
+from collectives.core.peers import Peers
 from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
 from collectives.runtime import MPI, launch_info
@@ -135,34 +136,12 @@ class CommState:
         #: The channels this communicator has, in order of preference (each
         #: kind's creation is collective; a kind that cannot work here is absent).
         self.channels = [c for c in (kind.create(self.comm) for kind in KINDS) if c is not None]
-        # The blind-call words, readable by the peers (collectives.core.consistency):
-        # for ranks all on one node in their shared window (plain loads: a
-        # one-sided Get would wait for the peer to enter MPI, which a
-        # shared-memory wait never does), otherwise in a window read with
-        # one-sided MPI.
-        self.window = None
-        self.shared = next((c for c in self.channels if c.blind_calls is not None), None)
-        nbytes = 8 * BLIND_WORDS
-        if self.shared is not None:
-            self.blind_calls = self.shared.blind_calls
-        else:
-            self.blind_calls = memoryview(bytearray(nbytes)).cast("q")
-        if self.shared is None and self.size > 1:
-            try:
-                self.window = MPI.Win.Allocate(nbytes, 8, comm=self.comm)
-                self.blind_calls = memoryview(self.window.tomemory()).cast("B").cast("q")
-            except MPI.Exception:
-                self.window = None
-        for i in range(BLIND_WORDS):
-            self.blind_calls[i] = 0
+        # The blind-call words, readable by the peers (collectives.core.peers).
+        self.peers = Peers(self.comm, self.channels, self.explain)
+        self.shared = self.peers.shared
         #: Set when a call failed on this rank in the middle of its messages:
         #: the ranks may be out of step, so later calls refuse (see :meth:`check_usable`).
         self.broken: str | None = None
-        #: ``{tag: release(enter)}`` of the signatures whose calls wait inside
-        #: ``MPI_Allreduce`` (see :meth:`leave`); kept where the peers check
-        #: the order of such calls (shared memory) only.
-        self.releases: dict[int, Callable] = {}
-        self._suspects: dict[int, tuple[int, int]] = {}
         # One verdict for the whole communicator (also the barrier after the
         # windows' initialisation): thresholds and segments must agree.
         self.oversubscribed = bool(self.comm.allreduce(
@@ -211,10 +190,7 @@ class CommState:
         for hook in ON_FREE:
             hook()
         self.drop_plans()  # their runners hold views of the windows
-        self.blind_calls = memoryview(bytearray(8 * BLIND_WORDS)).cast("q")
-        if self.window is not None:
-            self.window.Free()
-            self.window = None
+        self.peers.free()
         for channel in self.channels:
             channel.free()
         self.channels, self.shared = [], None
@@ -224,120 +200,6 @@ class CommState:
 
     def explain(self, tag: int) -> str:
         return self.tags.get(tag, f"a call this rank has not made yet (tag {tag})")
-
-    def peer_words(self, peer: int) -> tuple[int, int, int] | None:
-        """``(blind calls entered, gone, tag of the last one)`` of ``peer``
-        (:mod:`collectives.core.consistency`), or None where they cannot be read."""
-        if self.shared is not None:
-            words = self.shared.peer_blind(peer)
-        elif self.window is not None:
-            words = np.zeros(BLIND_WORDS, dtype=np.int64)
-            try:
-                self.window.Lock(peer, MPI.LOCK_SHARED)
-                self.window.Get([words, MPI.INT64_T], peer)
-                self.window.Unlock(peer)
-            except MPI.Exception:
-                return None
-        else:
-            return None
-        count, their_tag = last_blind_tag(words)
-        return count, int(words[GONE]), their_tag
-
-    def peer_blocked(self, peer: int, tag: int, entered: bool = False) -> str | None:
-        """Why ``peer`` cannot be joining this rank's call of ``tag``, or None.
-
-        Compares the blind calls (see :class:`PlanContext`) each rank has
-        entered: this rank's call is number ``mine`` (+1 unless ``entered``).
-        A peer further ahead, or at the same number in a call of another
-        tag, waits where our messages cannot reach it, in a call this rank
-        is not making; a peer marked *gone* (its call failed, or its program
-        is ending) makes no call any more. Reported only when two probes in
-        a row see the same state (a peer that progresses changes it, and a
-        peer that finished its part of this call before it left has
-        delivered it by the next probe).
-        """
-        words = self.peer_words(peer)
-        if words is None:
-            return None
-        count, gone, their_tag = words
-        expected = self.blind_calls[0] + (0 if entered else 1)
-        if not gone and (count < expected or (count == expected and their_tag == tag)):
-            self._suspects.pop(peer, None)
-            return None
-        if self._suspects.get(peer) != words:
-            self._suspects[peer] = words  # confirm on the next probe
-            return None
-        if gone:
-            return f"gone from this communicator ({gone_reason(gone)})"
-        return (f"blocked in blind call number {count} on this communicator "
-                f"({self.explain(their_tag)}: MPI_Allreduce or a shared-memory exchange) "
-                f"while this rank is at {expected}")
-
-    def leave(self, gone: int) -> None:
-        """Mark this rank *gone* from the communicator (``gone``: why, see
-        :data:`collectives.core.consistency.GONE`), so that peers waiting for it
-        raise instead of waiting; and where a peer waits inside
-        ``MPI_Allreduce`` of a call this rank will never make, with every
-        other rank in that call too, join it (a *release*: the peer's order
-        check raises). Local; never waits for a rank that is not already
-        waiting for this one."""
-        if self.size == 1 or self.comm == MPI.COMM_NULL:
-            return
-        self.blind_calls[GONE] = gone
-        mine = self.blind_calls[0]
-        seen = [self.peer_words(q) for q in range(self.size) if q != self.rank]
-        if not seen or any(w is None for w in seen):
-            return
-        count, _, tag = seen[0]
-        release = self.releases.get(tag)
-        if release is None or not all(w[0] == count and w[2] == tag for w in seen):
-            return
-        words = self.blind_calls
-        if count == mine + 1:  # this rank never entered call `count`
-            release(make_enter(words, RELEASE_TAG))
-        elif count == mine and words[2 + (mine & 1)] not in (tag, RELEASE_TAG) \
-                and words[2 + (mine & 1)] not in self.releases:
-            # this rank's call `count` was not an MPI_Allreduce (that would
-            # have matched the peer's): a shared-memory exchange it left
-
-            def mark() -> int:
-                words[2 + (mine & 1)] = RELEASE_TAG
-                return mine
-
-            release(mark)
-
-    def evidence(self) -> str | None:
-        """Why a peer is inside a call this rank has not made (for a rank
-        that makes no more calls: at exit), or None: a message for this rank
-        that it never received, or a peer counted into more blind calls."""
-        status = MPI.Status()
-        if self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-            return (f"rank {status.source} sent it a message of "
-                    f"{self.explain(status.tag)}, which it never received")
-        mine = self.blind_calls[0]
-        for q in range(self.size):
-            words = None if q == self.rank else self.peer_words(q)
-            if words is not None and words[0] > mine:
-                return (f"rank {q} is inside blind call number {words[0]} on this "
-                        f"communicator ({self.explain(words[2])}: MPI_Allreduce or a "
-                        f"shared-memory exchange), and this rank made {mine}")
-        return None
-
-    def peer_failed(self) -> bool:
-        """Whether a peer marked itself gone after a failed call of its own."""
-        for q in range(self.size):
-            words = None if q == self.rank else self.peer_words(q)
-            if words is not None and words[1] == GONE_FAILED:
-                return True
-        return False
-
-    def peers_gone(self) -> bool:
-        """Whether every peer has marked itself gone (or cannot be read)."""
-        for q in range(self.size):
-            words = None if q == self.rank else self.peer_words(q)
-            if words is not None and not words[1]:
-                return False
-        return True
 
     def plan(self, n: int, dtype: np.dtype, op: str, chosen: Algorithm) -> Plan:
         """The checked plan of a signature (collective on first use)."""
@@ -379,9 +241,9 @@ class CommState:
         tag = consistency.signature_tag(n, dtype, op, runs_name, segment, self.tag_ub)
         record = consistency.make_record(n, dtype, op, algorithm, runs_name, segment, tag)
         if self.size > 1:
-            self._suspects.clear()
+            self.peers.clear_suspects()
             table = consistency.exchange_records(
-                self.comm, record, self.explain, lambda peer: self.peer_blocked(peer, tag))
+                self.comm, record, self.explain, lambda peer: self.peers.peer_blocked(peer, tag))
             message = consistency.mismatch_message(table, names())
             if message is not None:
                 raise AllreduceMismatch(message, collective=True)
@@ -395,12 +257,12 @@ class CommState:
             comm=self.comm, rank=self.rank, size=self.size, n=n, dtype=dtype, op=op,
             mpi_type=MPI.Datatype.fromcode(dtype.char), mpi_op=mpi_op, tag=tag,
             segment=max(1, segment // dtype.itemsize), explain=self.explain,
-            description=description, enter_blind=make_enter(self.blind_calls, tag),
-            verify_blind=self._verifier(tag, description),
-            blocked=self._blocked_in_call,
-            watch=self._watcher(tag) if self.shared is not None else None,
+            description=description, enter_blind=make_enter(self.peers.blind_calls, tag),
+            verify_blind=self.peers.verifier(tag, description, self.nbytes),
+            blocked=self.peers.blocked_in_call,
+            watch=self.peers.watcher(tag) if self.shared is not None else None,
             yielding=self.oversubscribed,
-            releases=self.releases if self.shared is not None else None)
+            releases=self.peers.releases if self.shared is not None else None)
         warm_up(dtype, op)  # compile the combine now, not inside the first call's waits
         channel = None
         if runs.schedule is not None:
@@ -420,31 +282,6 @@ class CommState:
             prior=self.store.prior(key))
         self.store.keep(key, plan.tuner)
         return plan
-
-    def _verifier(self, tag: int, description: str) -> Callable[[int], None]:
-        """Point 4 of :mod:`collectives.core.consistency` for this signature."""
-        peers = [q for q in range(self.size) if q != self.rank]
-        if self.shared is not None:
-            nbytes, known = self.nbytes.get(tag), self.nbytes
-            return make_verify([self.shared.peer_blind(q) for q in peers], tag, self.rank,
-                               peers, description, self.explain,
-                               lambda theirs: known.get(theirs) == nbytes)
-        if self.size > 1 and verify_everywhere():
-            return make_verify_mpi(self.comm, tag, self.rank, description)
-        return lambda call: None
-
-    def _watcher(self, tag: int) -> Callable[[int, bool], str | None]:
-        def watch(peer: int, first: bool) -> str | None:
-            if first:
-                self._suspects.clear()
-            return self.peer_blocked(peer, tag)
-
-        return watch
-
-    def _blocked_in_call(self, peer: int, tag: int, first: bool) -> str | None:
-        if first:  # a new wait: no suspicion carried over from an earlier one
-            self._suspects.clear()
-        return self.peer_blocked(peer, tag, entered=True)
 
 
 def placement_of(size: int, oversubscribed: bool, pair: bool, group: bool) -> str:
