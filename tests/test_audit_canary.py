@@ -261,7 +261,7 @@ def test_reaching_a_claim_is_the_ceiling_and_the_advice_reaches_it(monkeypatch):
     wanted = canary_claim.canaries_to_reach(8.0, 1e-5, 0.95, 500)
     assert _ceiling(wanted) >= 8.0 > _ceiling(int(wanted / 1.2)), wanted
     assert wanted % 10 ** max(0, len(str(wanted)) - 2) == 0  # two significant digits
-    monkeypatch.setattr(canary, "MAX_CANARIES", 4096)
+    monkeypatch.setattr(canary_claim, "MAX_CANARIES", 4096)
     assert canary_claim.canaries_to_reach(12.0, 1e-5, 0.95, 500) is None
     assert one_run_fdp.gdp_epsilon(one_run_fdp.gdp_mu(8.0, 1e-5), 1e-5) == pytest.approx(8.0)
 
