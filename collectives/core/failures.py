@@ -169,6 +169,13 @@ def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
     for state in list(plans._STATES):
         if state.size == 1 or state.comm == MPI.COMM_NULL:
             continue
+        if not state.peers.coherent:
+            # Ranks on several nodes read each other's words with one-sided
+            # MPI, whose locks complete only while the peer drives MPI's
+            # progress: a rank already past this point (in MPI_Finalize, or
+            # gone) would leave the others waiting here for ever. Across nodes
+            # the exit check is left out (docs/collectives.md, rule 6).
+            continue
         if state.broken is not None or state.peers.peer_failed():
             # A failed call was reported (raised with abort_on_error off) and
             # the ranks are out of step: its leftovers are no news.

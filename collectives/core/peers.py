@@ -135,7 +135,7 @@ class Peers:
         waiting for this one."""
         if self.size == 1 or self.comm == MPI.COMM_NULL:
             return
-        self.blind_calls[GONE] = gone
+        self.publish(GONE, gone)
         mine = self.blind_calls[0]
         seen = [self.peer_words(q) for q in range(self.size) if q != self.rank]
         if not seen or any(w is None for w in seen):
@@ -157,6 +157,26 @@ class Peers:
                 return mine
 
             release(mark)
+
+    def publish(self, index: int, value: int) -> None:
+        """Store one of this rank's words where every peer reads it: a plain
+        store in the node's shared window; in an MPI window, inside an
+        exclusive lock epoch on this rank, which makes the store visible to
+        the peers' one-sided reads (a plain store there may never be)."""
+        if self.window is None:
+            self.blind_calls[index] = value
+            return
+        self.window.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
+        try:
+            self.blind_calls[index] = value
+        finally:
+            self.window.Unlock(self.rank)
+
+    @property
+    def coherent(self) -> bool:
+        """Whether the peers' words are read with plain loads (one node), so
+        that waiting on them cannot depend on another process calling MPI."""
+        return self.shared is not None
 
     def evidence(self) -> str | None:
         """Why a peer is inside a call this rank has not made (for a rank
