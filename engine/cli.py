@@ -53,6 +53,8 @@ ENGINE_COMMANDS: dict[str, tuple[str, str]] = {
               "attack a checkpoint: membership inference and model inversion"),
     "privacy": ("engine.dp.privacy", "epsilon from (q, sigma, steps, delta), or sigma from a "
                 "target epsilon (offline)"),
+    "warmup": ("engine.warmup", "pay a machine's one-time costs (kernel compiles, the "
+               "all-reduce's measurements) before the runs that count"),
 }
 
 #: The engine's benchmarks (``mpidp bench <name>``).

@@ -53,6 +53,7 @@ from engine.evaluate import evaluate_shard
 from engine import models
 from engine.nn.device import select as select_device
 from engine.nn.schedule import learning_rate
+from engine import warmup
 from engine.run import report
 from engine.run.collective import rank0_check, rank0_value, shared_seed
 from engine.run.hooks import RunHooks
@@ -101,6 +102,8 @@ class Trainer:
         self.opened = opened
         self.history: list[dict] = []
         self.selection = Selection("last")  # set up from the file and --select-on
+        #: whether this machine's caches are filled (engine.warmup; rank 0 reads it)
+        self.warm = True
         self.group_score: GroupScore | None = None  # --select-on worst_group_val_accuracy
         self.resumed_from: dict | None = None  # the checkpoint's step, epsilon, budget
         self.large_delta: str | None = None
@@ -394,6 +397,8 @@ class Trainer:
     def _run(self, stop: StopRequest) -> int:
         self.setup()
         cfg = self.cfg  # for a resume: the recorded settings
+        if self.rank == 0:
+            self.warm = warmup.is_warm()
         for line in report.describe(self):
             self._say(line)
         if self.step > 0:
@@ -484,6 +489,8 @@ class Trainer:
             bar.close()
         for line in report.summary(self):
             self._say(line)
+        if self.rank == 0 and not self.warm:
+            warmup.mark_warm()  # a finished run compiled and measured what it needed
         self.selection.adopt(self.params)
         return 0
 

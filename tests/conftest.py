@@ -26,6 +26,8 @@ import pytest
 
 # auto's tunings of other runs would change what the tests' calls run.
 os.environ.setdefault("MPIDP_ALLREDUCE_TUNING_FILE", "none")
+# Nor may a test's run mark this machine warm, or say it is not (engine.warmup).
+os.environ.setdefault("MPIDP_WARM_FILE", "none")
 
 # MPI must be configured before anything (pytest-mpi included) imports mpi4py.
 from collectives.runtime import MPI

@@ -46,6 +46,10 @@ def describe(t) -> list[str]:
         lines.append(f"note: {t.lock.note}")
     if t.step_note:
         lines.append(f"mpidp train: on {t.placement.device.type}, {t.step_note}")
+    if not t.warm:
+        lines.append("mpidp train: the first run with this machine's caches: epoch 1 "
+                     "compiles the kernels and the all-reduce tries its algorithms (once; "
+                     "`mpidp warmup --data FILE` pays this before the runs that count)")
     unit = ("" if not cfg.dp else "epsilon protects each person (one row); "
             if cfg.privacy_unit == "person"
             else "epsilon protects each household (all its rows at once); ")

@@ -1,0 +1,156 @@
+"""mpidp warmup: pay the one-time costs of this machine before the runs that count.
+
+A first run on a machine pays three costs once: Numba measures the vector
+width it compiles for and compiles the step's kernels (both cached per
+machine), and the all-reduce's ``auto`` tries its candidates for the step's
+buffer before it settles (cached in its tuning file). They land in the first
+epochs, which then look many times slower than the next ones. This command
+pays them now, on the data and ranks of the runs to come: a short training
+run (not saved) of the default model on ``--data`` (or on a small synthetic
+file with the seed's 100 features), long enough for ``auto`` to settle.
+Run it the way you run training::
+
+    mpiexec -n 2 mpidp warmup --data pums.h5
+
+Afterwards :func:`is_warm` says so, and ``mpidp train`` stops saying, on its
+first lines, that its first epoch pays a one-time cost.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from collectives import MPI
+
+#: The marker of a warmed machine, in mpidp's cache folder.
+MARKER = "warm.json"
+#: Steps of the short run: enough for ``auto`` to try every candidate.
+STEPS = 300
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default=None,
+                        help="the prepared file of the runs to come (their model's size is "
+                        "what the all-reduce measures); default: a small synthetic file")
+    parser.add_argument("--steps", type=int, default=STEPS,
+                        help=f"steps of the short run, at least (whole epochs of the file; "
+                        f"default: {STEPS})")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="the runs' device (default: cpu)")
+
+
+def _state() -> dict:
+    """What makes a warm machine: the host, the Numba cache in use and the versions."""
+    import numba
+
+    from engine import __version__
+
+    return {"host": socket.gethostname(),
+            "numba_cache_dir": os.path.abspath(os.environ.get("NUMBA_CACHE_DIR", "")) or None,
+            "numba": numba.__version__, "mpidp": __version__}
+
+
+def _marker() -> Path | None:
+    from kernels.files import cache_file
+
+    return cache_file(MARKER, "MPIDP_WARM_FILE")
+
+
+def is_warm() -> bool:
+    """Whether this machine ran :func:`warm_up` (or a finished training run)
+    with the same Numba cache and versions."""
+    path = _marker()
+    if path is None:
+        return True  # MPIDP_WARM_FILE=none: never say anything
+    try:
+        known = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return _state() in known.get("states", [])
+
+
+def mark_warm() -> None:
+    """Record that the caches of this machine are filled (rank 0 calls it)."""
+    from kernels.files import replace_file
+
+    path = _marker()
+    if path is None:
+        return
+    try:
+        known = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    states = [s for s in known.get("states", []) if s != _state()] + [_state()]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(path, json.dumps({"states": states[-16:]}, indent=1) + "\n")
+    except OSError:  # a cache that cannot be written changes nothing but a line
+        pass
+
+
+def warm_up(data: str | None, steps: int, device: str, comm) -> tuple[int, float]:
+    """Collective: the short run (module docstring), at least ``steps`` steps in
+    whole epochs; returns (steps taken, seconds).
+
+    Raises:
+        MpidpError: as ``mpidp train`` does for a bad file or device.
+    """
+    from engine.bench.synthetic import write  # deferred: h5py
+    from engine.config import TrainConfig
+    from engine.shard import read_info
+    from engine.trainer import Trainer
+
+    start = time.perf_counter()
+    folder = None
+    if data is None:
+        folder = tempfile.mkdtemp(prefix="mpidp-warmup-") if comm.Get_rank() == 0 else None
+        folder = comm.bcast(folder, root=0)
+        data = os.path.join(folder, "warmup.h5")
+        if comm.Get_rank() == 0:
+            write(data, rows=20_000, features=100, test_rows=2_000, val_rows=2_000, seed=0)
+        comm.Barrier()
+    try:
+        rows = read_info(data, comm).rows["train"]
+        batch = min(256, max(1, rows // 4))
+        per_epoch = max(1, round(rows / batch))
+        cfg = TrainConfig(data=data, epochs=-(-steps // per_epoch), batch_size=batch,
+                          noise_multiplier=1.0, delta=min(1e-6, 1 / rows), seed=0,
+                          device=device, progress=False)
+        cfg.validate()
+        trainer = Trainer(cfg, comm, out=io.StringIO())
+        trainer.run()
+    finally:
+        comm.Barrier()
+        if folder is not None and comm.Get_rank() == 0:
+            for name in os.listdir(folder):
+                os.unlink(os.path.join(folder, name))
+            os.rmdir(folder)
+    return trainer.step, time.perf_counter() - start
+
+
+def run(args: argparse.Namespace) -> int:
+    """Collective: warm this machine up; prints what was cached where."""
+    from collectives.auto.tuning import tuning_file
+    from kernels.numba_target import CHOICE  # deferred: measures the vector width once
+
+    comm = MPI.COMM_WORLD
+    if args.steps < 1:
+        from engine.errors import ConfigError
+
+        raise ConfigError(f"--steps {args.steps} must be at least 1", collective=True)
+    taken, seconds = warm_up(args.data, args.steps, args.device, comm)
+    if comm.Get_rank() == 0:
+        mark_warm()
+        numba_cache = os.environ.get("NUMBA_CACHE_DIR") or "next to mpidp's modules"
+        tuning = tuning_file()
+        print(f"mpidp warmup: {taken} steps in {seconds:.1f} s on {comm.Get_size()} "
+              f"rank(s); {CHOICE.describe()}; kernels compiled into Numba's cache "
+              f"({numba_cache}); the all-reduce's measurements "
+              + (f"in {tuning}" if tuning else "not kept (MPIDP_ALLREDUCE_TUNING_FILE=none)"))
+    return 0
