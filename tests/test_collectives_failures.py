@@ -21,6 +21,14 @@ from launcher import SCRIPTS, run_mpi
 USER = str(SCRIPTS / "user_allreduce.py")
 FUZZ = str(SCRIPTS / "fuzz_allreduce.py")
 ALGORITHMS = ["naive", "recursive_doubling", "ring", "rabenseifner", "native", "auto"]
+LONG = pytest.mark.long  # the same rule at one more rank count: make test-long
+
+
+def cases(first: list, more: list) -> list:
+    """``first`` in every suite, ``more`` (the same checks at more rank counts
+    or algorithms) only in ``make test-long``."""
+    return [*first, *(pytest.param(*c if isinstance(c, tuple) else (c,), marks=LONG)
+                      for c in more)]
 #: A job that fails must end within this many seconds (start-up included).
 PROMPT_S = 20
 
@@ -39,8 +47,8 @@ def count(text: str, marker: str) -> int:
     return text.count(marker)
 
 
-@pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm, n", cases([(a, 2) for a in ALGORITHMS] + [("native", 4)],
+                                               [(a, 4) for a in ALGORITHMS if a != "native"]))
 def test_a_rank_failing_after_an_allreduce_ends_the_job(algorithm, n):
     """Rank 1 raises its own ValueError after one all-reduce while the others
     wait in a barrier: under python -m mpi4py the job ends as a plain mpi4py
@@ -51,9 +59,9 @@ def test_a_rank_failing_after_an_allreduce_ends_the_job(algorithm, n):
     assert seconds < PROMPT_S, f"took {seconds:.1f} s"
 
 
-@pytest.mark.parametrize("algorithm", ["recursive_doubling", "rabenseifner", "ring", "naive",
-                                       "auto"])
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("algorithm, n", cases(
+    [(a, 3) for a in ("recursive_doubling", "rabenseifner", "ring", "naive", "auto")]
+    + [("auto", 4)], [(a, 4) for a in ("recursive_doubling", "rabenseifner", "ring", "naive")]))
 def test_checked_signatures_called_out_of_order_end_the_job(algorithm, n):
     """Rank 0 calls two checked signatures in the other order: the ranks that
     see it print the mismatch and the job ends (no rank is left waiting)."""
@@ -125,7 +133,7 @@ def test_a_rank_raising_with_abort_off_releases_peers_from_mpi_allreduce(n, algo
     assert seconds < PROMPT_S
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", cases([2], [4]))
 def test_a_bad_name_on_one_rank_at_first_use_ends_the_job(n):
     result, seconds = run(n, USER, "bad-first-call", "ring")
     assert result.returncode == 2
@@ -145,7 +153,7 @@ def test_resized_reshaped_and_read_only_arrays(n):
     assert count(out, "DONE") == n and "WRONG" not in out and "ACCEPTED" not in out
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", cases([2, 3], [4]))
 def test_special_values_give_one_answer_on_every_rank_and_algorithm(n):
     result, _ = run(n, USER, "specials")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -153,14 +161,17 @@ def test_special_values_give_one_answer_on_every_rank_and_algorithm(n):
     assert count(result.stdout, "DONE") == n
 
 
-#: Seeds of the suite's fuzz runs (rank counts 2, 3, 4 in turn); more with
-#: MPIDP_FUZZ_SEEDS=first:last (docs/testing.md).
-def _seeds() -> list[int]:
+#: Seeds of the suite's fuzz runs (rank counts 2, 3, 4 in turn): 1-6 in every
+#: suite, 7-12 in make test-long; others with MPIDP_FUZZ_SEEDS=first:last
+#: (docs/testing.md).
+def _seeds() -> list:
     import os
 
-    text = os.environ.get("MPIDP_FUZZ_SEEDS", "1:12")
-    first, last = (int(x) for x in text.split(":"))
-    return list(range(first, last + 1))
+    text = os.environ.get("MPIDP_FUZZ_SEEDS")
+    if text:
+        first, last = (int(x) for x in text.split(":"))
+        return list(range(first, last + 1))
+    return cases(list(range(1, 7)), list(range(7, 13)))
 
 
 @pytest.mark.parametrize("seed", _seeds())

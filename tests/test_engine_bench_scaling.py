@@ -191,6 +191,7 @@ TINY = ("--image-shape", "1x8x8", "--rows", "240", "--test-rows", "80", "--threa
 
 
 @pytest.mark.slow
+@pytest.mark.long  # DDP and Opacus-DDP launched beside mpidp; test-long runs it
 def test_dp_sweep_with_peers_on_a_tiny_grid(tmp_path, capsys):
     """One model, batch and repeat at 1 and 2 ranks, non-private and DP, each run
     followed by its peer (DDP, Opacus-DDP): the sweep's table, JSON and figure."""

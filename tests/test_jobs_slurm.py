@@ -17,6 +17,9 @@ import torch
 
 from slurm_cluster import started_cluster
 
+#: Minutes of Slurm each: only in make test-long (MPIDP_LONG_TESTS=1).
+LONG_TEST = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "jobs"
 pytestmark = pytest.mark.timeout(600)
@@ -122,6 +125,7 @@ def test_train_job_on_two_nodes_sees_all_ranks(cluster, job_env, prepared, tmp_p
     assert 100 <= left <= 120 and lead == max(10, left // 10)
 
 
+@LONG_TEST  # the tune job's trials as job steps: a minute of Slurm in test-long
 def test_tune_job_runs_its_trials_side_by_side_on_two_nodes(cluster, job_env, prepared,
                                                            tmp_path):
     _, data = prepared
@@ -140,6 +144,7 @@ def test_tune_job_runs_its_trials_side_by_side_on_two_nodes(cluster, job_env, pr
     assert "train it again with:" in result.output
 
 
+@LONG_TEST  # DDP and Opacus steps under Slurm; the scaling bench has its own tests
 def test_bench_scaling_job_runs_a_preset_and_its_peers_as_job_steps(cluster, job_env,
                                                                    tmp_path):
     """jobs/bench_scaling.sbatch: --preset dp-sweep on a tiny grid at 2 ranks
@@ -235,7 +240,6 @@ def _one_record_per_epoch(run: Path, epochs: int) -> None:
     assert [r["epoch"] for r in records] == list(range(1, epochs + 1))
 
 
-LONG_TEST = pytest.mark.long
 
 
 @pytest.mark.parametrize("how", [

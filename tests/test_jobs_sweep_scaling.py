@@ -49,6 +49,7 @@ def cluster(tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long  # a whole sweep under Slurm: make test-long
 def test_tiny_sweep_under_slurm_collects_one_table(cluster, tmp_path):
     data = synthetic.write(tmp_path / "d.h5", rows=1200, features=6, test_rows=200)
     env = cluster.env(
