@@ -45,6 +45,24 @@ def test_measure_checks_every_algorithm_and_fills_the_records(comm):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_a_job_warms_up_every_algorithm_before_its_first_timed_size(comm, monkeypatch):
+    """The first row of a run was an artefact (a job's first calls cost several
+    times the next ones): an untimed pass of every algorithm comes first."""
+    calls: list[tuple[int, str]] = []
+    real = measure.allreduce
+
+    def counted(buf, comm_, name, op):
+        calls.append((buf.shape[0], name))
+        return real(buf, comm_, name, op)
+
+    monkeypatch.setattr(measure, "allreduce", counted)
+    measure.measure(comm, ["ring", "native"], [16, 64], "float32", "sum", iters=2, warmup=1,
+                    rounds=1)
+    head = calls[:2 * measure.WARMUP_PASS]
+    assert head == [(4, "ring")] * measure.WARMUP_PASS + [(4, "native")] * measure.WARMUP_PASS
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("setting", ["on", "off"])
 def test_records_say_which_share_of_calls_streamed(comm, setting, monkeypatch):
     """``streamed``: the share of timed calls whose copies into the shared pair
