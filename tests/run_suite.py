@@ -36,8 +36,17 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 
 
-def _pytest(junit: Path | None, extra: list[str], quiet_rank: bool = False) -> list[str]:
-    argv = [sys.executable, "-m", "pytest", str(TESTS), "--with-mpi", "-p",
+def mpi_test_files() -> list[str]:
+    """The test modules that hold MPI tests: the MPI stages collect only these
+    (collecting every module costs each of the N ranks the imports of all of
+    them)."""
+    return [str(p) for p in sorted(TESTS.glob("test_*.py"))
+            if "mark.mpi" in p.read_text(encoding="utf-8")]
+
+
+def _pytest(junit: Path | None, extra: list[str], quiet_rank: bool = False,
+            paths: list[str] | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "pytest", *(paths or [str(TESTS)]), "--with-mpi", "-p",
             "no:cacheprovider", "--timeout=900", "--timeout-method=thread", *extra]
     if quiet_rank:
         argv += ["-p", "no:terminal"]
@@ -146,9 +155,11 @@ def main() -> int:
             junit = Path(tmp) / f"mpi{n}.xml"
             stage_env = dict(env, MPIEXEC_TIMEOUT=str(args.stage_timeout))
             mpi_args = ["-m", "mpi", *args.pytest_args]
-            argv = [_mpiexec(), "-n", "1", *_pytest(junit, mpi_args)]
+            files = mpi_test_files()
+            argv = [_mpiexec(), "-n", "1", *_pytest(junit, mpi_args, paths=files)]
             if n > 1:
-                argv += [":", "-n", str(n - 1), *_pytest(None, mpi_args, quiet_rank=True)]
+                argv += [":", "-n", str(n - 1),
+                         *_pytest(None, mpi_args, quiet_rank=True, paths=files)]
             code, secs = run_stage(f"MPI tests on {n} ranks", argv, args.stage_timeout,
                                    stage_env)
             results.append((f"{n} ranks", code, secs, _counts(junit)))
