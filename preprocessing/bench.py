@@ -83,12 +83,46 @@ def _rank_counts(text: str) -> list[int]:
     return ranks
 
 
-def _timed(argv: list[str], out: str) -> float:
+def _timed(argv: list[str], out: str) -> tuple[float, dict[str, float]]:
+    """Seconds from launch to exit, and the steps the command printed
+    (``--timings``): each named step's seconds, ``start`` the time before the
+    first step (interpreter, imports, MPI start-up: what the steps leave out)
+    and, for prep, ``parse rank R`` and ``sha256 rank R`` of every rank."""
     if os.path.exists(out):
         os.unlink(out)
     started = time.perf_counter()
-    _checked(argv)
-    return time.perf_counter() - started
+    result = _checked(argv)
+    seconds = time.perf_counter() - started
+    return seconds, parse_steps(result.stdout + result.stderr, seconds)
+
+
+def parse_steps(text: str, seconds: float) -> dict[str, float]:
+    """The steps of a ``--timings`` output (see :func:`_timed`)."""
+    steps: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("steps "):
+            for item in line[len("steps"):].split(","):
+                name, _, value = item.strip().rpartition(" ")
+                if name:
+                    steps[name] = float(value)
+        elif line.startswith("rank ") and "parsed and cleaned" in line:
+            words = line.split()
+            rank = words[1]
+            steps[f"parse rank {rank}"] = float(words[words.index("in") + 1])
+            steps[f"sha256 rank {rank}"] = float(words[words.index("then") + 1])
+    counted = sum(v for k, v in steps.items() if " rank " not in k)
+    if steps:
+        steps["start"] = max(0.0, seconds - counted)
+    return steps
+
+
+def _median_steps(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each step's median over the runs (in the order the first run named them)."""
+    names = list(dict.fromkeys(k for run in runs for k in run))
+    start = [n for n in names if n == "start"]
+    ordered = start + [n for n in names if n != "start"]
+    return {n: statistics.median(run[n] for run in runs if n in run) for n in ordered}
 
 
 def _records(path: str) -> int:
@@ -114,16 +148,19 @@ def run(args: argparse.Namespace) -> int:
     out = os.path.join(workdir, "out.h5")
     cases = {} if args.no_reference else {
         "polars (1 process)": [sys.executable, "-m", "preprocessing.reference", source,
-                               "--out", out]}
+                               "--out", out, "--timings"]}
     for n in ranks:
         cases[f"mpidp prep, {n} rank{'s' if n > 1 else ''}"] = [
             find_tool("mpiexec"), "-n", str(n), find_tool("mpidp"), "prep", source, "--out", out,
-            "--quiet"]
+            "--quiet", "--timings"]
     times: dict[str, list[float]] = {name: [] for name in cases}
+    steps: dict[str, list[dict]] = {name: [] for name in cases}
     try:
         for round_ in range(args.repeat):
             for name, argv in cases.items():
-                times[name].append(_timed(argv, out))
+                seconds, parts = _timed(argv, out)
+                times[name].append(seconds)
+                steps[name].append(parts)
             print(f"round {round_ + 1}/{args.repeat}: " + ", ".join(
                 f"{name} {t[-1]:.2f} s" for name, t in times.items()), file=sys.stderr,
                 flush=True)
@@ -141,11 +178,18 @@ def run(args: argparse.Namespace) -> int:
         speedup = f"{one / seconds:.2f}x" if one and name.startswith("mpidp") else "-"
         print(f"{name:<22} {seconds:>8.2f} {records / seconds:>12,.0f} {ratio:>10} "
               f"{speedup:>9}")
+    median_steps = {name: _median_steps(runs) for name, runs in steps.items()}
+    print("\nwhere the time goes (median seconds; start: interpreter, imports and MPI "
+          "start-up before the first step; prep's steps are rank 0's clock, each rank's "
+          "parse and the sha256 it finished after parsing beside them):")
+    for name, parts in median_steps.items():
+        print(f"  {name:<22} " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
     if args.json:
         try:
             Path(args.json).write_text(json.dumps({
                 "input": source, "records": records, "megabytes": size_mb,
                 "repeat": args.repeat, "seconds": times, "median_seconds": medians,
+                "steps": steps, "median_steps": median_steps,
                 "provenance": machine.provenance(),
             }, indent=2))
         except OSError as exc:

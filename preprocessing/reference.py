@@ -28,8 +28,12 @@ from preprocessing.cleaning import category_codes, category_names
 from preprocessing.tasks import EMPLOYMENT as task
 
 
-def prepare(path: str, out: str, seed: int = 0, test_fraction: float = 0.2) -> int:
-    """Run the reference pipeline; returns the number of rows written."""
+def prepare(path: str, out: str, seed: int = 0, test_fraction: float = 0.2,
+            steps: dict | None = None) -> int:
+    """Run the reference pipeline; returns the number of rows written. ``steps``,
+    if given, receives the seconds of each step (``read`` the columns and
+    filter, ``split`` and the encoding's statistics, ``sha256`` waited for,
+    ``encode+write``)."""
     import h5py  # deferred: as the real pipeline's
     import polars as pl
 
@@ -42,6 +46,14 @@ def prepare(path: str, out: str, seed: int = 0, test_fraction: float = 0.2) -> i
                 state.update(block)
         digest["sha256"] = state.hexdigest()
 
+    clock = [time.perf_counter()]
+    steps = {} if steps is None else steps
+
+    def mark(name: str) -> None:
+        now = time.perf_counter()
+        steps[name] = now - clock[0]
+        clock[0] = now
+
     hashing = threading.Thread(target=sha256)
     hashing.start()
     codebook = dictionary.load()
@@ -49,6 +61,7 @@ def prepare(path: str, out: str, seed: int = 0, test_fraction: float = 0.2) -> i
     columns = ["SERIALNO", *features, "ESR"]
     frame = (pl.scan_csv(path, schema_overrides={c: pl.Int32 for c in columns[1:]})
              .select(columns).filter(pl.col("AGEP") >= 16).collect())
+    mark("read")
     household = frame.get_column("SERIALNO").hash(seed).to_numpy()
     in_test = (household % 1_000_000) < int(test_fraction * 1_000_000)
     rng = np.random.default_rng(seed)
@@ -67,7 +80,9 @@ def prepare(path: str, out: str, seed: int = 0, test_fraction: float = 0.2) -> i
     arrays = {name: frame.get_column(name).fill_null(-1).to_numpy() for name in columns[1:]}
     train_age = arrays["AGEP"][~in_test].astype(np.float64)
     mean, std = train_age.mean(), train_age.std()
+    mark("split")
     hashing.join()
+    mark("sha256")
     with h5py.File(out, "w") as handle:
         handle.attrs["sources"] = json.dumps([{"file": path, "sha256": digest["sha256"]}])
         for split, mask in (("train", ~in_test), ("test", in_test)):
@@ -86,6 +101,7 @@ def prepare(path: str, out: str, seed: int = 0, test_fraction: float = 0.2) -> i
             chunks = (min(len(X), 2647), width) if len(X) else None
             handle.create_dataset(f"{split}/X", data=X, chunks=chunks)
             handle.create_dataset(f"{split}/y", data=y)
+    mark("encode+write")
     return frame.height
 
 
@@ -94,10 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("input")
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timings", action="store_true",
+                        help="also print the seconds of each step")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    rows = prepare(args.input, args.out, args.seed)
+    steps: dict[str, float] = {}
+    rows = prepare(args.input, args.out, args.seed, steps=steps)
     print(f"reference: {rows:,} rows in {time.perf_counter() - started:.2f} s", file=sys.stderr)
+    if args.timings:
+        print("  steps   " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()),
+              file=sys.stderr)
     return 0
 
 

@@ -186,6 +186,13 @@ def test_bench_prep_runs_and_prints_ratios(tmp_path):
     assert made["command"].startswith("mpidp bench prep --rows 3000 --repeat 1 --ranks 2 ")
     assert made["date"] and made["machine"]["cores"] >= 1
     assert list(tmp_path.glob("synth-pums-2018-3000-seed1.csv"))
+    # where the time goes, for both pipelines: their own steps, and each rank's parse
+    assert "where the time goes" in result.stdout
+    steps = json.loads((tmp_path / "bench.json").read_text())["median_steps"]
+    assert {"start", "read", "encode+write"} <= set(steps["polars (1 process)"])
+    two = steps["mpidp prep, 2 ranks"]
+    assert {"start", "parse", "shuffle", "parse rank 0", "parse rank 1", "sha256 rank 0"} <= \
+        set(two) and all(v >= 0 for v in two.values())
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -335,3 +342,19 @@ def test_a_task_name_typo_is_one_line_with_the_closest_name(tmp_path, good_csv):
                       "income_poverty_ratio, health_insurance (or define one with "
                       "--task-file)"], result.stderr
     assert "usage:" not in result.stderr and not list(tmp_path.glob("*.h5"))
+
+
+def test_bench_prep_reads_the_steps_a_timed_run_prints():
+    from preprocessing.bench import parse_steps
+
+    text = ("mpidp prep: wrote x (1 MB) in 2.0 s on 2 ranks\n"
+            "  steps   parse 1.50, shuffle 0.25, encode+write 0.15\n"
+            "  rank 0   parsed and cleaned 320 MB in 1.07 s, then 0.40 s to finish its sha256\n"
+            "  rank 1   parsed and cleaned 595 MB in 1.49 s, then 0.00 s to finish its sha256\n")
+    steps = parse_steps(text, 2.5)
+    assert steps == {"parse": 1.5, "shuffle": 0.25, "encode+write": 0.15,
+                     "parse rank 0": 1.07, "sha256 rank 0": 0.40, "parse rank 1": 1.49,
+                     "sha256 rank 1": 0.0, "start": pytest.approx(0.6)}
+    assert parse_steps("reference: 10 rows in 1.00 s\n  steps   read 0.50, split 0.10\n",
+                       1.2) == {"read": 0.5, "split": 0.1, "start": pytest.approx(0.6)}
+    assert parse_steps("no timings here", 1.0) == {}
