@@ -355,8 +355,11 @@ def run(args: argparse.Namespace) -> int:
 
     step_mode = mlp_step_mode()
     print(f"machine: {machine.one_line(where)}; {CHOICE.describe()}; {step_mode}")
-    for fn in steps.values():  # warm-up: compile kernels, fault pages in
-        for rows in batches(3):
+    # Warm-up, one untimed round: compiles the kernels, faults pages in and binds
+    # the engines to the batch sizes a round meets (the household step meets
+    # more of them), so the first timed round is not an outlier.
+    for name, fn in steps.items():
+        for rows in batches(args.naive_steps if name == "naive" else args.steps):
             fn(rows)
     rates: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.repeats):
@@ -379,7 +382,8 @@ def run(args: argparse.Namespace) -> int:
               "provenance": machine.provenance(where)}
     # Median of the per-round ratios: both methods of a round ran seconds apart,
     # so a load change on a shared machine cancels out.
-    cpu = f"{where.get('cpu', 'this CPU')}, {CHOICE.describe()}"
+    width = "default" if CHOICE.width is None else f"{CHOICE.width}-bit"
+    cpu = f"{where.get('cpu', 'this CPU')}, {CHOICE.cpu}, {width} vectors"
     for key, slower, faster, label in RATIOS:
         if slower in median and faster in median:
             per_round = [f / sl for sl, f in zip(rates[slower], rates[faster])]
