@@ -76,6 +76,20 @@ def _counts(junit: Path) -> dict[str, int]:
     return {k: int(suite.get(k, 0)) for k in keys} if suite is not None else {}
 
 
+def slowest(junits: list[tuple[str, Path]], count: int = 12) -> list[dict]:
+    """The ``count`` slowest test runs over the stages' junit files: stage,
+    test id and seconds, slowest first (where the suite's time goes)."""
+    runs = []
+    for stage, junit in junits:
+        try:
+            cases = ET.parse(junit).getroot().iter("testcase")
+        except (OSError, ET.ParseError):
+            continue
+        runs += [{"stage": stage, "test": f"{c.get('classname', '')}::{c.get('name', '')}",
+                  "seconds": round(float(c.get("time", 0) or 0), 1)} for c in cases]
+    return sorted(runs, key=lambda r: -r["seconds"])[:count]
+
+
 def _mpiexec() -> str:
     local = Path(sys.executable).parent / "mpiexec"
     return str(local) if local.exists() else "mpiexec"
@@ -105,11 +119,11 @@ def summary(results: list[tuple[str, int, float, dict]]) -> dict:
             "seconds": round(sum(r[2] for r in results), 1)}
 
 
-def write_summary(path: str, results: list) -> None:
+def write_summary(path: str, results: list, slow: list[dict]) -> None:
     from collectives import machine  # deferred: MPI, only once the stages have run
 
-    Path(path).write_text(json.dumps({**summary(results), "provenance": machine.provenance(
-        ranks=1)}, indent=1) + "\n")
+    doc = {**summary(results), "slowest": slow, "provenance": machine.provenance(ranks=1)}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def main() -> int:
@@ -140,7 +154,7 @@ def main() -> int:
                             cwd=ROOT, capture_output=True, text=True)
     print(f"{(target.stdout or target.stderr).strip()} "
           f"[{time.perf_counter() - start:.1f} s]", flush=True)
-    results = []
+    results, junits = [], []
     with tempfile.TemporaryDirectory(prefix="mpidp-tests-") as tmp:
         if not args.no_serial:
             junit = Path(tmp) / "serial.xml"
@@ -151,6 +165,7 @@ def main() -> int:
                                    _pytest(junit, [*spread, *args.pytest_args]),
                                    args.stage_timeout, env)
             results.append(("1 rank (serial)", code, secs, _counts(junit)))
+            junits.append(("1 rank (serial)", junit))
         for n in [int(x) for x in args.ranks.split(",") if x.strip()]:
             junit = Path(tmp) / f"mpi{n}.xml"
             stage_env = dict(env, MPIEXEC_TIMEOUT=str(args.stage_timeout))
@@ -163,6 +178,13 @@ def main() -> int:
             code, secs = run_stage(f"MPI tests on {n} ranks", argv, args.stage_timeout,
                                    stage_env)
             results.append((f"{n} ranks", code, secs, _counts(junit)))
+            junits.append((f"{n} ranks", junit))
+        slow = slowest(junits)
+
+    if slow:
+        print("\n=== slowest test runs ===")
+        for run in slow:
+            print(f"{run['seconds']:>7.1f}s  {run['stage']:<16} {run['test']}")
 
     print("\n=== summary ===")
     print(f"{'stage':<16} {'result':<7} {'tests':>6} {'failed':>7} {'skipped':>8} {'time':>8}")
@@ -172,7 +194,7 @@ def main() -> int:
         print(f"{name:<16} {verdict:<7} {counts.get('tests', '?'):>6} {failed:>7} "
               f"{counts.get('skipped', '?'):>8} {secs:>7.1f}s")
     if args.json:
-        write_summary(args.json, results)
+        write_summary(args.json, results, slow)
     bad = [name for name, code, *_ in results if code != 0]
     total = sum(r[2] for r in results)
     ran = sum(r[3].get("tests", 0) - r[3].get("skipped", 0) for r in results)

@@ -61,9 +61,33 @@ def test_the_suites_summary_as_json(tmp_path, monkeypatch):
                ("2 ranks", 1, 2.5, {"tests": 3, "failures": 1, "errors": 0, "skipped": 0})]
     monkeypatch.setattr(run_suite.sys, "argv", [str(run_suite.ROOT / "tests/run_suite.py"),
                                                 "--ranks", "2"])
-    run_suite.write_summary(str(tmp_path / "s.json"), results)
+    slow = [{"stage": "2 ranks", "test": "tests.test_x::test_y", "seconds": 2.0}]
+    run_suite.write_summary(str(tmp_path / "s.json"), results, slow)
     doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["slowest"] == slow
     assert doc["stages"][0] == {"stage": "1 rank (serial)", "exit_code": 0, "seconds": 10.0,
                                 "tests": 5, "failures": 0, "errors": 0, "skipped": 1}
     assert doc["passed"] is False and doc["test_runs"] == 7 and doc["seconds"] == 12.5
     assert doc["provenance"]["command"] == "python tests/run_suite.py --ranks 2"
+
+
+def test_the_slowest_test_runs_come_from_every_stages_junit_file(tmp_path):
+    """``slowest``: the test runs of all stages' junit files, slowest first, cut
+    to the count asked; a stage whose file is missing or broken adds none."""
+    import run_suite
+
+    def junit(name, times):
+        cases = "".join(f'<testcase classname="tests.test_m" name="t{i}" time="{t}"/>'
+                        for i, t in enumerate(times))
+        (tmp_path / name).write_text(f'<testsuites><testsuite tests="{len(times)}">{cases}'
+                                     '</testsuite></testsuites>')
+        return tmp_path / name
+
+    (tmp_path / "broken.xml").write_text("<testsuites><testsuite")
+    runs = run_suite.slowest([("1 rank (serial)", junit("s.xml", [0.5, 9.04, 3])),
+                              ("2 ranks", junit("m.xml", [4.0])),
+                              ("3 ranks", tmp_path / "broken.xml"),
+                              ("4 ranks", tmp_path / "missing.xml")], count=3)
+    assert runs == [{"stage": "1 rank (serial)", "test": "tests.test_m::t1", "seconds": 9.0},
+                    {"stage": "2 ranks", "test": "tests.test_m::t0", "seconds": 4.0},
+                    {"stage": "1 rank (serial)", "test": "tests.test_m::t2", "seconds": 3.0}]
