@@ -38,6 +38,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "results" / "cpu"
 GROUPS = ROOT / "results" / "groups-2026-11-27"
+#: The GPU check's result files (tools/gpu_check.sh; tables on docs/gpus.md).
+GPU = ROOT / "results" / "gpu-h200-2026-11-27"
 PAGES = ROOT / "docs" / "results"
 MARKER = re.compile(r"<!-- results: (\S+) begin -->\n.*?<!-- results: \1 end -->", re.S)
 
@@ -565,12 +567,13 @@ def summary(page: Path) -> str:
         medians = doc["median_seconds"]
         two = min((s, n) for n, s in medians.items() if n.startswith("mpidp"))
         peer = medians.get("polars (1 process)")
-        seed = ("78.5 s sequential, 3.5 s Spark (seed project)"
-                if doc["records"] == 1_200_000 else None)
+        # The yardstick measured in the same run first, then the seed's own figure.
+        peers = [f"{peer:.2f}, polars in one process"] if peer else []
+        if doc["records"] == 1_200_000:
+            peers.append("78.5 sequential, 3.5 Spark (seed project)")
         rows.append((f"prep of {doc['records']:,} person records, s",
                      f"{two[0]:.2f} ({two[1].removeprefix('mpidp prep, ')})",
-                     seed or (f"{peer:.2f}, polars in one process" if peer else "-"),
-                     f"{results}/preprocessing.md"))
+                     "; ".join(peers) or "-", f"{results}/preprocessing.md"))
     tasks = _tasks()
     if tasks:
         used += [p for p, _ in tasks]
@@ -603,6 +606,8 @@ def summary(page: Path) -> str:
         rows.append(("`make test`: serial tests, then MPI tests at several rank counts",
                      f"{doc['seconds'] / 60:.1f} min, {doc['test_runs']:,} test runs",
                      "-", f"{results}/test-suite.md"))
+    gpu = _gpu_rows()
+    rows += gpu
     if not rows:
         return missing("any benchmark")
     lines = ["| question | mpidp | for comparison |", "|---|---|---|"]
@@ -614,10 +619,44 @@ def summary(page: Path) -> str:
     machines = machines_text([m.get("machine") for m in made])
     dates = sorted({(m.get("date") or "")[:10] for m in made} - {""})
     span = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}" if dates else ""
+    made_gpu = load(GPU / "bench_dpsgd_cuda.json") if gpu else {}
+    device = made_gpu.get("device", "a GPU").split(" (")[0]
     lines += ["", f"Measured on {machines}" + (f", {span}" if span else "") +
+              (f"; the GPU rows on one {device}, {made_gpu.get('date', '')} (`make "
+               "gpu-check`)" if gpu else "") +
               "; the seed project's figures are its own, published, on AWS GPUs. Each "
               "question links to its page: the command, the result file, how to read it."]
     return "\n".join(lines)
+
+
+def _gpu_rows() -> list[tuple[str, str, str, str]]:
+    """The summary's GPU rows, from the GPU check's files (docs/gpus.md has them all)."""
+    if not (GPU / "bench_dpsgd_cuda.json").exists():
+        return []
+    bench = load(GPU / "bench_dpsgd_cuda.json")["models"]
+    train = load(GPU / "train_seed_workload.json")["runs"] \
+        if (GPU / "train_seed_workload.json").exists() else {}
+    rows = []
+
+    def steady(epochs: list[dict]) -> float:
+        rest = [e["epoch_time_s"] for e in epochs if e["epoch"] > 1] or \
+            [e["epoch_time_s"] for e in epochs]
+        return sorted(rest)[len(rest) // 2]
+
+    if "cuda_graph" in train:
+        rows.append(("one DP-SGD epoch of the seed's workload (790,000 rows), one GPU",
+                     f"{steady(train['cuda_graph']):.2f} s", "510 s on a GPU (seed project)",
+                     "docs/gpus.md#figures"))
+    dp = [r["dp_over_nondp"] for r in bench.values() if "dp_over_nondp" in r]
+    if dp:
+        rows.append((f"DP-SGD's time over non-private SGD on one GPU, same step, "
+                     f"{len(dp)} models", f"{_span(dp)}x", "99x (seed project)",
+                     "docs/gpus.md#figures"))
+    ghost = [r["opacus_ghost_over_dp"] for r in bench.values() if "opacus_ghost_over_dp" in r]
+    if ghost:
+        rows.append((f"DP-SGD on one GPU, speed over Opacus' ghost clipping, {len(ghost)} models",
+                     f"{_span(ghost, digits=1)}x", "1x, Opacus", "docs/gpus.md#figures"))
+    return rows
 
 
 # ---------------------------------------------------------------- the index
