@@ -35,8 +35,9 @@ from collectives import MPI
 from collectives.runtime import available_cores
 from preprocessing import (atomic, dictionary, encoding, h5format, h5write, households,
                            inputs, taskfile, tasks)
+from preprocessing.agreement import agree
 from preprocessing.errors import PrepError
-from preprocessing.pipeline import Settings, agree, prepare
+from preprocessing.pipeline import Settings, prepare
 
 #: --val-fraction when not given (and --test-fraction is below 1).
 DEFAULT_VAL_FRACTION = 0.1

@@ -187,7 +187,7 @@ def test_shard_normalises_pixels_per_channel(shared_tmp, comm):
     """Each rank's rows are (pixel / 255 - mean_c) / std_c of its own range of
     the file, with the trailing ones column; 3 channels, each its own table."""
     from engine.shard import read_shard
-    from preprocessing.pipeline import agree
+    from preprocessing.agreement import agree
 
     path = Path(shared_tmp) / "c.h5"
     tar = Path(shared_tmp) / "c.tar.gz"

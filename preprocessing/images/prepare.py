@@ -42,7 +42,7 @@ from preprocessing.images.cifar10 import read_cifar10
 from preprocessing.images.imageset import ImageSet
 from preprocessing.images.mnist import read_mnist
 from preprocessing.images.stops import WritePhase
-from preprocessing.pipeline import agree
+from preprocessing.agreement import agree
 from preprocessing.prep import DEFAULT_MAX_INVALID_SHARE
 
 #: ``--format`` values that name image sets, and their readers.
