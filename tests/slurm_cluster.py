@@ -99,7 +99,9 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
             "SlurmdParameters=config_overrides",
-            "SchedulerParameters=batch_sched_delay=0",
+            # A requeued job waits for the next periodic scheduling pass (main
+            # loop every 60 s, backfill every 30 s by default): here every 2 s.
+            "SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=2",
             "MinJobAge=600", "EnforcePartLimits=ALL", "ReturnToService=2",
             "MpiDefault=none", "KillWait=5", "InactiveLimit=0",
             f"FirstJobId={random.randint(1000, 900000)}",
