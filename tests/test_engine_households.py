@@ -354,7 +354,8 @@ def _train_cli(n, tmp_path, *extra):
 
 def test_bad_input_is_one_line_on_every_rank_and_writes_nothing(tmp_path):
     """Each bad input: exit 2 from the job, one line from rank 0, no traceback,
-    no metrics file, no checkpoint directory."""
+    no metrics file, no checkpoint directory (the first at 2 ranks, the others,
+    refused the same way before any rank trains, at 1)."""
     old = synthetic.write(tmp_path / "v1.h5", rows=200, features=3, households=False)
     new = synthetic.write(tmp_path / "v2.h5", rows=200, features=3)
     metrics, run = tmp_path / "m.jsonl", tmp_path / "run"
@@ -368,8 +369,8 @@ def test_bad_input_is_one_line_on_every_rank_and_writes_nothing(tmp_path):
         (["--data", new, "--noise-multiplier", "0.001", "--epochs", "2"],
          "use --accountant rdp"),  # dp-accounting's PLD overflows: one line, not its traceback
     ]
-    for argv, message in cases:
-        result = _train_cli(2, tmp_path, *argv, *outputs)
+    for ranks, (argv, message) in zip((2, 1, 1), cases):
+        result = _train_cli(ranks, tmp_path, *argv, *outputs)
         assert result.returncode == 2, (argv, result.stderr)
         assert result.stderr.count(message) == 1, (argv, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
