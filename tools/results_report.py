@@ -483,7 +483,13 @@ def test_suite(page: Path) -> str:
     lines += [f"| **all stages** | **{'passed' if doc['passed'] else 'FAILED'}** "
               f"| **{plural(doc['test_runs'], 'test run')}** | | | **{doc['seconds']:.0f}** |", "",
               "Times exclude the venv's installation (`make test` installs it first when "
-              "`setup.py` changed).", "", sources(page, [path])]
+              "`setup.py` changed)."]
+    if doc.get("slowest"):  # where the time goes (tests/run_suite.py, from junit)
+        lines += ["", "The slowest test runs (the serial stage runs two at a time, one per "
+                  "core):", "", "| s | stage | test |", "|---:|---|---|"]
+        lines += [f"| {r['seconds']:.1f} | {r['stage']} | `{r['test']}` |"
+                  for r in doc["slowest"]]
+    lines += ["", sources(page, [path])]
     return "\n".join(lines)
 
 
