@@ -352,10 +352,13 @@ def _train_cli(n, tmp_path, *extra):
                  "--seed", "1", "--no-progress", *extra, timeout=180)
 
 
-def test_bad_input_is_one_line_on_every_rank_and_writes_nothing(tmp_path):
+def test_bad_input_is_one_line_on_every_rank_and_writes_nothing(tmp_path, capsys):
     """Each bad input: exit 2 from the job, one line from rank 0, no traceback,
-    no metrics file, no checkpoint directory (the first at 2 ranks, the others,
-    refused the same way before any rank trains, at 1)."""
+    no metrics file, no checkpoint directory. The first at 2 ranks; the others,
+    refused the same way before any rank trains, through the same entry point
+    in this process."""
+    from engine.cli import main
+
     old = synthetic.write(tmp_path / "v1.h5", rows=200, features=3, households=False)
     new = synthetic.write(tmp_path / "v2.h5", rows=200, features=3)
     metrics, run = tmp_path / "m.jsonl", tmp_path / "run"
@@ -369,12 +372,20 @@ def test_bad_input_is_one_line_on_every_rank_and_writes_nothing(tmp_path):
         (["--data", new, "--noise-multiplier", "0.001", "--epochs", "2"],
          "use --accountant rdp"),  # dp-accounting's PLD overflows: one line, not its traceback
     ]
-    for ranks, (argv, message) in zip((2, 1, 1), cases):
-        result = _train_cli(ranks, tmp_path, *argv, *outputs)
-        assert result.returncode == 2, (argv, result.stderr)
-        assert result.stderr.count(message) == 1, (argv, result.stderr)
-        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-        assert "Traceback" not in result.stderr
+    for number, (argv, message) in enumerate(cases):
+        if number == 0:
+            result = _train_cli(2, tmp_path, *argv, *outputs)
+            code, stderr = result.returncode, result.stderr
+        else:
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as stopped:
+                main(["train", "--hidden", "4", "--epochs", "1", "--batch-size", "8", "--seed",
+                      "1", "--no-progress", *map(str, argv), *outputs])
+            code, stderr = stopped.value.code, capsys.readouterr().err
+        assert code == 2, (argv, stderr)
+        assert stderr.count(message) == 1, (argv, stderr)
+        assert len(stderr.strip().splitlines()) == 1, stderr
+        assert "Traceback" not in stderr
         assert not metrics.exists() and not run.exists()
 
 

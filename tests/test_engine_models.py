@@ -1,5 +1,7 @@
 """Any torch model through the trainer: the library's ``model=``, ``--model
 MODULE:FACTORY``, and the refusals a user meets (issue #15)."""
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -115,7 +117,9 @@ def broken(n_features, n_classes):
 """
 
 
-def test_model_from_the_command_line(tmp_path):
+def test_model_from_the_command_line(tmp_path, capsys, monkeypatch):
+    from engine.cli import main
+
     data = synthetic.write(tmp_path / "d.h5", rows=1200, features=FEATURES, seed=2)
     (tmp_path / "my_models.py").write_text(FACTORY)
     args = ("train", "--data", data, "--epochs", "1", "--batch-size", "100",
@@ -137,10 +141,17 @@ def test_model_from_the_command_line(tmp_path):
     audit = mpidp(2, "audit", "--checkpoint", str(tmp_path / "run"), "--data", data,
                   cwd=str(tmp_path), timeout=240)
     assert audit.returncode == 2 and "`mpidp audit` attacks mpidp's MLPs only" in audit.stderr
+    monkeypatch.chdir(tmp_path)  # where a user's factory module is found, as above
+    monkeypatch.setitem(sys.modules, "my_models", None)  # restored (removed) at the end
+    del sys.modules["my_models"]  # imported afresh from tmp_path below
     for model, message in [("my_models:broken", "the factory raised ValueError: no model today"),
                            ("nope_models:small", "cannot import 'nope_models'"),
                            ("mlp2", "choose mlp, logreg, embedding-mlp, mnist-small, mnist-large, resnet20 or MODULE:FACTORY")]:
-        # a refused model is refused before any rank trains: one rank shows it
-        bad = mpidp(1, *args, "--model", model, cwd=str(tmp_path), timeout=240)
-        assert bad.returncode == 2, bad.stdout + bad.stderr[-2000:]
-        assert message in bad.stderr and "Traceback" not in bad.stderr
+        # a refused model is refused before any rank trains: one rank shows it,
+        # through the console's entry point in this process (no start-up to pay)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            main([*args, "--model", model])
+        stderr = capsys.readouterr().err
+        assert stopped.value.code == 2, stderr[-2000:]
+        assert message in stderr and "Traceback" not in stderr

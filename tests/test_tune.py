@@ -471,9 +471,13 @@ def test_private_random_search_states_its_cost(data, comm, shared_tmp):
 
 # -- the command line -----------------------------------------------------------------------
 
-def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path):
+def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):
+    """Each bad request: exit 2, one line, nothing written. The first through
+    the console script in its own process (as a user runs it), the others
+    through the same entry point in this process (no start-up to pay)."""
     from launcher import mpidp
     from engine.bench import synthetic
+    from engine.cli import main
 
     path = synthetic.write(tmp_path / "d.h5", rows=200, features=6, seed=1, val_rows=50)
     out = tmp_path / "out"
@@ -486,17 +490,23 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path):
          "draws its trials at random"),
         (["--no-dp", "--space", "lr=0.1", "--public-split", "val"], "--public-split is about DP"),
     ]
-    for extra, message in cases:
-        result = mpidp(1, "tune", "--data", str(path), "--out", str(out), *extra, timeout=60)
-        assert result.returncode == 2, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], result.stderr
-        assert not out.exists()
     no_val = synthetic.write(tmp_path / "noval.h5", rows=200, features=6, seed=1)
-    result = mpidp(1, "tune", "--data", no_val, "--out", str(out), "--no-dp", "--space",
-                   "lr=0.1", timeout=60)
-    assert result.returncode == 2 and "has no val split" in result.stderr
-    assert not out.exists()
+    cases = [(path, *case) for case in cases]
+    cases.append((no_val, ["--no-dp", "--space", "lr=0.1"], "has no val split"))
+    for number, (data, extra, message) in enumerate(cases):
+        argv = ["tune", "--data", str(data), "--out", str(out), *extra]
+        if number == 0:
+            result = mpidp(1, *argv, timeout=60)
+            code, stderr = result.returncode, result.stderr
+        else:
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as stopped:
+                main(argv)
+            code, stderr = stopped.value.code, capsys.readouterr().err
+        assert code == 2, stderr
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], stderr
+        assert not out.exists()
 
 
 def test_a_signal_the_trainer_forgot_is_still_counted():
