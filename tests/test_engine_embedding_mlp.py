@@ -103,7 +103,7 @@ def test_a_code_out_of_range_is_a_data_error(tmp_path):
                      quiet=True)
 
 
-def test_embedding_mlp_from_the_command_line_and_eval(tmp_path):
+def test_embedding_mlp_from_the_command_line_and_eval(tmp_path, capsys):
     data = synthetic.write(tmp_path / "c.h5", rows=1200, features=FEATURES, seed=4, codes=True)
     run = mpidp(2, "train", "--data", data, "--model", "embedding-mlp", "--hidden", "16",
                 "--epochs", "1", "--batch-size", "100", "--noise-multiplier", "1",
@@ -116,8 +116,14 @@ def test_embedding_mlp_from_the_command_line_and_eval(tmp_path):
                    "--json", timeout=240)
     assert scored.returncode == 0, scored.stderr[-2000:]
     assert json.loads(scored.stdout)["accuracy"] == pytest.approx(last["test_accuracy"])
+    # refused before any rank trains: through the console's entry point, in this process
+    from engine.cli import main
+
     onehot = synthetic.write(tmp_path / "o.h5", rows=300, features=FEATURES, seed=4)
-    bad = mpidp(2, "train", "--data", onehot, "--model", "embedding-mlp", "--epochs", "1",
-                "--noise-multiplier", "1", "--no-progress", timeout=240)
-    assert bad.returncode == 2 and "--encoding codes" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--data", str(onehot), "--model", "embedding-mlp", "--epochs", "1",
+              "--noise-multiplier", "1", "--no-progress"])
+    stderr = capsys.readouterr().err
+    assert stopped.value.code == 2 and "--encoding codes" in stderr
+    assert "Traceback" not in stderr

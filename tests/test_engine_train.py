@@ -485,15 +485,16 @@ def test_eval_scores_the_selected_model_on_val_test_or_all(comm, shared_tmp, cap
         run("--checkpoint", d, "--data", scoring, "--split", "val")
 
 
-def test_a_run_without_checkpoint_dir_says_the_model_is_not_kept(tmp_path):
-    from launcher import mpidp
+def test_a_run_without_checkpoint_dir_says_the_model_is_not_kept(tmp_path, capsys):
+    """Through the console's entry point, in this process (a message, not a launch)."""
     from engine.bench import synthetic
+    from engine.cli import main
 
     data = synthetic.write(tmp_path / "d.h5", rows=400, features=8, seed=1)
-    args = ("train", "--data", data, "--epochs", "1", "--batch-size", "50", "--no-dp",
-            "--no-progress")
-    plain = mpidp(1, *args, timeout=240)
-    assert plain.returncode == 0, plain.stderr[-2000:]
-    assert "the trained model was not saved: give --checkpoint-dir DIR" in plain.stdout
-    kept = mpidp(1, *args, "--checkpoint-dir", str(tmp_path / "run"), timeout=240)
-    assert kept.returncode == 0 and "was not saved" not in kept.stdout
+    args = ["train", "--data", str(data), "--epochs", "1", "--batch-size", "50", "--no-dp",
+            "--no-progress"]
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "the trained model was not saved: give --checkpoint-dir DIR" in capsys.readouterr().out
+    assert main([*args, "--checkpoint-dir", str(tmp_path / "run")]) == 0
+    assert "was not saved" not in capsys.readouterr().out
