@@ -90,6 +90,20 @@ def slowest(junits: list[tuple[str, Path]], count: int = 12) -> list[dict]:
     return sorted(runs, key=lambda r: -r["seconds"])[:count]
 
 
+def compiled_modules_kept(env: dict) -> dict[str, str]:
+    """Environment for the stages under which Python keeps what it compiles.
+
+    With ``PYTHONDONTWRITEBYTECODE`` set (some images set it), every process
+    compiles the project's modules again and pytest rewrites every test
+    module again: 2-3 s per pytest process, and the stages start dozens. The
+    suite lets its processes write bytecode where Python normally does (the
+    ``__pycache__`` folders beside the sources, ignored by git). A cache
+    folder of its own (``PYTHONPYCACHEPREFIX``) would not do: Python then
+    looks for no bytecode elsewhere, so the first process would compile
+    torch and every other installed package again."""
+    return {"PYTHONDONTWRITEBYTECODE": ""} if env.get("PYTHONDONTWRITEBYTECODE") else {}
+
+
 def _mpiexec() -> str:
     local = Path(sys.executable).parent / "mpiexec"
     return str(local) if local.exists() else "mpiexec"
@@ -147,6 +161,7 @@ def main() -> int:
     env = dict(os.environ)
     env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(compiled_modules_kept(env))
     # Numba's vector width, measured once per CPU (kernels.numba_target): here,
     # before the stages, so that no test's time limit pays for it.
     start = time.perf_counter()

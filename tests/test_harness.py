@@ -91,3 +91,15 @@ def test_the_slowest_test_runs_come_from_every_stages_junit_file(tmp_path):
     assert runs == [{"stage": "1 rank (serial)", "test": "tests.test_m::t1", "seconds": 9.0},
                     {"stage": "2 ranks", "test": "tests.test_m::t0", "seconds": 4.0},
                     {"stage": "1 rank (serial)", "test": "tests.test_m::t2", "seconds": 3.0}]
+
+
+def test_the_stages_keep_compiled_modules_even_where_the_image_says_not_to():
+    """PYTHONDONTWRITEBYTECODE set: the stages run with it empty (Python's "not
+    set"), so each process reuses the bytecode and pytest's rewritten test
+    modules of the ones before; unset: nothing is changed."""
+    import run_suite
+
+    assert run_suite.compiled_modules_kept({"PYTHONDONTWRITEBYTECODE": "1"}) == \
+        {"PYTHONDONTWRITEBYTECODE": ""}
+    assert run_suite.compiled_modules_kept({}) == {}
+    assert run_suite.compiled_modules_kept({"PYTHONDONTWRITEBYTECODE": ""}) == {}
