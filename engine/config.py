@@ -19,6 +19,7 @@ import collectives
 from engine.choices import NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, parse_hidden
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.errors import ConfigError
+from engine.groups import MIN_GROUP_SIZE
 from engine.nn import model_names
 from engine.nn.schedule import SCHEDULES
 
@@ -338,12 +339,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "when the file has a validation split, else last). "
                      "worst_group_val_accuracy: the epoch whose worst --group-by group "
                      "(of at least --min-group-size validation rows) is most accurate")
-    out.add_argument("--group-by", default=None, metavar="ATTR",
-                     help="with --select-on worst_group_val_accuracy: a group attribute the "
-                     "file keeps (SEX, RAC1P, AGEP, ST; default: the task's group, RAC1P)")
-    out.add_argument("--min-group-size", type=int, default=100, metavar="N",
-                     help="with --select-on worst_group_val_accuracy: validation groups with "
-                     "fewer rows are not scored (default: 100)")
+    add_group_selection(out, "validation groups with fewer rows are not scored")
     stop = parser.add_argument_group(
         "stopping early (checked at epoch boundaries; the same decision on every rank)")
     stop.add_argument("--target-accuracy", type=float, default=None, metavar="A",
@@ -357,6 +353,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--progress", dest="progress", action="store_true", default=None,
                      help="progress bar on rank 0 (default: when stderr is a terminal)")
     out.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def add_group_selection(group, too_small: str) -> None:
+    """``--group-by`` and ``--min-group-size`` of ``--select-on
+    worst_group_val_accuracy`` (``mpidp train`` and ``mpidp tune``); ``too_small``
+    says what becomes of the groups under the size."""
+    group.add_argument("--group-by", default=None, metavar="ATTR",
+                       help="with --select-on worst_group_val_accuracy: a group attribute the "
+                       "file keeps (SEX, RAC1P, AGEP, ST; default: the task's group, RAC1P)")
+    group.add_argument("--min-group-size", type=int, default=MIN_GROUP_SIZE, metavar="N",
+                       help=f"with --select-on worst_group_val_accuracy: {too_small} "
+                       f"(default: {MIN_GROUP_SIZE})")
 
 
 def int_list(text: str) -> tuple[int, ...]:

@@ -376,7 +376,7 @@ def test_ring_in_the_shared_group_while_a_peer_waits_in_native(fresh):
     ring; each then joins the native call, which releases rank 0."""
     from collectives.core.plans import comm_state
 
-    rank, size = fresh.Get_rank(), fresh.Get_size()
+    rank = fresh.Get_rank()
     ring_buf, native_buf = np.ones(10, np.float32), np.ones(20, np.float32)
     collectives.allreduce(ring_buf, fresh, "ring")
     collectives.allreduce(native_buf, fresh, "native")

@@ -329,7 +329,7 @@ def test_records_survive_any_stop_sequence(data, tmp_path, stops):
         _, code, text = _train(_cfg(data, checkpoint_dir=d, metrics=m, stop_after=stop,
                                     resume=n > 0))
         assert code == 75, text
-        assert f"mpiexec" not in text and f"mpidp train --data {data} --checkpoint-dir {d} " \
+        assert "mpiexec" not in text and f"mpidp train --data {data} --checkpoint-dir {d} " \
             "--resume" in text
     last, code, text = _train(_cfg(data, checkpoint_dir=d, metrics=m, resume=True))
     assert code == 0 and torch.equal(last.params, whole.params)

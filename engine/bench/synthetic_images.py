@@ -19,6 +19,7 @@ import numpy as np
 
 import kernels.files
 from preprocessing import h5format
+from preprocessing.images.prepare import stats_of_counts
 
 
 #: Cells per side of the coarse grids the class templates and the nuisance
@@ -60,25 +61,6 @@ def image_templates(shape: tuple[int, int, int], n_classes: int, seed: int) -> n
     rng = np.random.default_rng([seed, 4])
     cells = rng.standard_normal((n_classes, c, g, g)).astype(np.float32)
     return (IMAGE_SIGNAL / np.sqrt(c)) * _upsample(cells, h, w)
-
-
-def _stats_from_counts(counts: np.ndarray) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std of pixels / 255 from ``[C, 256]`` byte counts:
-    the formula of :func:`preprocessing.images.prepare.channel_stats` (float64
-    sums; a constant channel gets std 1)."""
-    levels = np.arange(256) / 255.0
-    means, stds = [], []
-    for row in counts.astype(np.float64):
-        total = row.sum()
-        if total == 0:
-            means.append(0.0)
-            stds.append(1.0)
-            continue
-        mean = float(row @ levels / total)
-        var = float(row @ (levels - mean) ** 2 / total)
-        means.append(mean)
-        stds.append(float(np.sqrt(var)) if var > 0 else 1.0)
-    return means, stds
 
 
 def parse_image_shape(text: str) -> tuple[int, int, int]:
@@ -136,7 +118,7 @@ def write_images(path: str | os.PathLike, shape: tuple[int, int, int] = (1, 28, 
                     for channel in range(c):
                         counts[channel] += np.bincount(planes[:, channel].ravel(),
                                                        minlength=256)
-        mean, std = _stats_from_counts(counts)
+        mean, std = stats_of_counts(counts)
         layout = {"image_shape": [c, h, w], "channel_mean": mean, "channel_std": std}
         task = "synthetic-images"
         h5format.write_attributes(f.attrs, {

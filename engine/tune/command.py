@@ -70,7 +70,7 @@ import os
 import time
 
 from collectives import MPI
-from engine.config import TrainConfig
+from engine.config import TrainConfig, add_group_selection
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.errors import EXIT_CHECKPOINTED, MpidpError, PrivacyError, agree
 from engine.tune import space as space_mod
@@ -113,13 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="the score a trial is chosen by, on the val split: its accuracy, "
                       "or the accuracy of its worst --group-by group of at least "
                       "--min-group-size val rows (default: val_accuracy)")
-    what.add_argument("--group-by", default=None, metavar="ATTR",
-                      help="with --select-on worst_group_val_accuracy: a group attribute the "
-                      "file keeps (SEX, RAC1P, AGEP, ST; default: the task's group, RAC1P)")
-    what.add_argument("--min-group-size", type=int, default=100, metavar="N",
-                      help="with --select-on worst_group_val_accuracy: val groups with fewer "
-                      "rows (noisy rows, in a private random search) are not scored "
-                      "(default: 100)")
+    add_group_selection(what, "val groups with fewer rows (noisy rows, in a private random "
+                        "search) are not scored")
     what.add_argument("--out", default="tune", metavar="DIR",
                       help="the search's directory: search.json, trials.jsonl, tune.json and "
                       "the chosen trial's checkpoint; created if missing (its parent must "
