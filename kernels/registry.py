@@ -71,12 +71,10 @@ FUSED = {
 }
 
 #: Ops without CUDA kernels of their own: on GPUs the generic torch kernel runs
-#: (the SGD update is two element-wise torch ops, one launch each; its Numba
-#: kernel exists to save the CPU's per-op dispatch cost; the per-group
-#: clipping's padded batched GEMMs are what a GPU runs well anyway; the generic
-#: path's Linear clipping is a few launches per layer there; the batch's row
-#: gather is torch's index_select, one launch).
-GENERIC_ON_GPU = ("sgd_update", "clip_groups", "clip_linear_rows", "gather_rows")
+#: (the per-group clipping's padded batched GEMMs are what a GPU runs well
+#: anyway; the generic path's Linear clipping is a few launches per layer
+#: there; the batch's row gather is torch's index_select, one launch).
+GENERIC_ON_GPU = ("clip_groups", "clip_linear_rows", "gather_rows")
 
 #: (op, back-end name) -> kernel.
 _KERNELS: dict[tuple[str, str], Callable] = {}
@@ -154,7 +152,7 @@ def _import(backend: str) -> None:
     for module in (*MODULES.values(), *FUSED.values()):
         name = f"kernels.{backend}.{module}"
         if importlib.util.find_spec(name) is None:
-            continue  # no kernel for that op here (no CUDA sgd_update)
+            continue  # no kernel for that op here (no CUDA clip_groups)
         try:
             importlib.import_module(name)
         except ImportError as exc:  # an optional back-end that is not installed
@@ -211,7 +209,7 @@ def get(op: str, device="cpu", backend: str | None = None) -> Callable:
 
 def get_or_best(op: str, device="cpu", backend: str | None = None) -> Callable:
     """:func:`get`, except that a forced ``backend`` without a kernel for ``op``
-    on ``device`` (``cupy`` has no ``sgd_update``: :data:`GENERIC_ON_GPU`) gives
+    on ``device`` (``cupy`` has no ``clip_groups``: :data:`GENERIC_ON_GPU`) gives
     the best kernel there is instead of UnknownKernel."""
     if backend is not None and backend not in backends(op, device):
         backend = None

@@ -47,7 +47,7 @@ def test_sgd_kernel_backend_falls_back_when_forced_one_has_none():
     p = torch.zeros(4)
     assert SGD(p, lr=0.1, momentum=0.9)._kernel.backend == "numba"
     assert SGD(p, lr=0.1, momentum=0.9, backend="torch")._kernel.backend == "torch"
-    # --kernels cupy names a back-end without an sgd_update: the best one is used
+    # --kernels cupy on the CPU names a back-end without a kernel there: the best one is used
     assert SGD(p, lr=0.1, momentum=0.9, backend="cupy")._kernel.backend == "numba"
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernel_inputs import random_layers
 from kernels import registry
 from kernels.common import philox
 
@@ -80,6 +81,36 @@ def test_clip_rows_on_the_gpu_equals_the_cpu(backend, dtype, k, C):
     assert n == n_cpu
     assert torch.allclose(f.cpu(), f_cpu, **tol(dtype))
     assert all(torch.allclose(a.cpu(), b, **tol(dtype)) for a, b in zip(dev, cpu))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layers", [1, 4, 6])
+def test_clip_rows_fused_and_by_layer_on_the_gpu(backend, layers):
+    """Up to four layers one fused launch; beyond, one launch per layer: both as the CPU."""
+    dims = (7, 300, 5, 40, 3, 9, 2)[:layers + 1]
+    acts, grads = random_layers(300, dims, torch.float32, seed=layers)
+    cpu, f_cpu = [x.clone() for x in grads], torch.empty(300)
+    n_cpu = registry.get("clip_rows", "cpu", "numba")(acts, cpu, 1.5, f_cpu)
+    dev, f = [x.cuda() for x in grads], torch.empty(300, device="cuda")
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    registry.get("clip_rows", "cuda", backend)([a.cuda() for a in acts], dev, 1.5, f,
+                                               count=count)
+    assert int(count.item()) == n_cpu and 0 < n_cpu < 300
+    assert torch.allclose(f.cpu(), f_cpu, **tol(torch.float32))
+    assert all(torch.allclose(a.cpu(), b, **tol(torch.float32)) for a, b in zip(dev, cpu))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sgd_update_on_the_gpu_equals_the_cpu(backend, dtype):
+    g = torch.Generator().manual_seed(3)
+    n = 1_100_000  # more than the launch's 4096 blocks of 256 threads: strided
+    p, v, grad = (torch.randn(n, generator=g, dtype=dtype) for _ in range(3))
+    p_dev, v_dev = p.cuda(), v.cuda()
+    registry.get("sgd_update", "cuda", backend)(p_dev, v_dev, grad.cuda(), 0.25, 0.1, 0.9)
+    registry.get("sgd_update", "cpu", "numba")(p, v, grad, 0.25, 0.1, 0.9)
+    assert torch.allclose(v_dev.cpu(), v, **tol(dtype))
+    assert torch.allclose(p_dev.cpu(), p, **tol(dtype))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

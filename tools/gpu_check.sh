@@ -5,17 +5,22 @@
 #
 # What the machine's image lacks comes from wheels in .gpu-wheels/ (made on a
 # machine with network by tools/gpu_wheels.sh). Steps, each under its own time
-# limit (seconds), the limits summing to 470:
+# limit (seconds), the limits summing to 545:
 #   install  25  unpack the MPICH wheel, install the missing pure wheels
 #   tests   150  pytest -m gpu on the files that hold gpu tests (one rank)
 #   mpi      45  the gpu and mpi tests on 2 ranks
-#   info     20  mpiexec -n 1 mpidp info
-#   bench   120  mpidp bench dpsgd --device cuda (4 models, graph/eager, PyTorch, Opacus)
-#   train   110  the seed's workload trained on the GPU (graph 3 epochs, eager 2,
+#   info     15  mpiexec -n 1 mpidp info
+#   bench   110  mpidp bench dpsgd --device cuda (4 models, graph/eager, PyTorch, Opacus)
+#   train   100  the seed's workload trained on the GPU (graph 3 epochs, eager 2,
 #                non-private 3) and on the CPU cores (3)
-# Results (eight small files): OUT/<step>.log (tails; train.log ends with each
-# run's epochs), OUT/bench_dpsgd_cuda.json and OUT/summary.txt, printed last.
-# STEPS="tests bench" runs a subset; BENCH_MODELS=mlp,resnet20 fewer models.
+#   peers   100  whole training runs beside Opacus-DDP on the same GPU (mpidp bench
+#                scaling): mnist-small at batch 256, resnet20 at 32 (5,000 images)
+# Results (small files): OUT/<step>.log (tails; train.log ends with each run's
+# epochs), OUT/bench_dpsgd_cuda.json, OUT/train_seed_workload.json,
+# OUT/peers_<model>.json and OUT/summary.txt, printed last; tools/gpu_tables.py
+# renders docs/gpus.md's tables from them. STEPS="tests bench" runs a subset;
+# BENCH_MODELS=mlp,resnet20 fewer models; GPU_CHECK_COMMIT names the code
+# where the checkout has no .git.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-$ROOT/gpu-check}
@@ -24,7 +29,7 @@ OUT=$(cd "$OUT" && pwd)
 export ROOT OUT
 export PY=${PYTHON:-python3}
 export WHEELS=${GPU_WHEELS:-$ROOT/.gpu-wheels}
-STEPS=${STEPS:-install tests mpi info bench train}
+STEPS=${STEPS:-install tests mpi info bench train peers}
 export SITE=/tmp/mpidp-gpu-site
 export MPICH=/tmp/mpidp-gpu-mpich
 export NUMBA_CACHE_DIR=/tmp/mpidp-gpu-numba
@@ -89,8 +94,8 @@ want tests && run tests 150 "$PY" -m pytest $GPU_TEST_FILES -m gpu --with-mpi -q
 want mpi && run mpi 45 mpiexec -n 2 "$PY" -m pytest $GPU_TEST_FILES -m "gpu and mpi" \
     --with-mpi -q -ra -p no:cacheprovider --timeout=40
 # after the tests: a fresh machine's first Numba compiles are theirs, not info's
-want info && run info 20 mpiexec -n 1 mpidp info
-want bench && run bench 120 mpidp bench dpsgd --device cuda --steps 60 --repeats 3 \
+want info && run info 15 mpiexec -n 1 mpidp info
+want bench && run bench 110 mpidp bench dpsgd --device cuda --steps 60 --repeats 3 \
     --models "${BENCH_MODELS:-mlp,embedding-mlp,mnist-small,resnet20}" \
     --json "$OUT/bench_dpsgd_cuda.json"
 
@@ -110,20 +115,26 @@ train() {
         echo "== $name: mpidp train $* $extra"
         mpiexec -n 1 mpidp train --data "$data" "$@" $extra --metrics "/tmp/mpidp-gpu-$name.jsonl"
     done
-    # each run's epochs (the first pays compiles and captures): seconds and phases
-    "$PY" - <<'EOF'
-import json
-for name in ("cuda_graph", "cuda_eager", "cuda_nodp", "cpu"):
-    for line in open(f"/tmp/mpidp-gpu-{name}.jsonl"):
-        r = json.loads(line)
-        phases = " ".join(f"{k[:-2]} {v:.3f}" for k, v in r["step_breakdown_s"].items())
-        print(f"epoch {name} {r['epoch']}: {r['epoch_time_s']:.3f} s ({phases})")
-EOF
+    # each run's epochs (the first pays compiles and captures): seconds and phases,
+    # printed and kept as OUT/train_seed_workload.json
+    "$PY" "$ROOT/tools/gpu_train_record.py"
 }
 export -f train
-want train && run train 110 bash -c train
+want train && run train 100 bash -c train
 
-for name in install info tests mpi bench train; do
+peers() {
+    set -e
+    local cache=/tmp/mpidp-gpu-cache
+    mpidp bench scaling --device cuda --ranks 1 --preset dp-sweep --models mnist-small \
+        --batch-sizes 256 --data-repeats 1 --privacy dp --cache "$cache" \
+        --json "$OUT/peers_mnist-small.json"
+    mpidp bench scaling --device cuda --ranks 1 --preset mlbench-1a --privacy dp --epochs 2 \
+        --rows 5000 --test-rows 1000 --cache "$cache" --json "$OUT/peers_resnet20.json"
+}
+export -f peers
+want peers && run peers 100 bash -c peers
+
+for name in install info tests mpi bench train peers; do
     [ -f "$OUT/$name.log" ] || continue
     tail -c 6000 "$OUT/$name.log" > "$OUT/$name.tail" && mv "$OUT/$name.tail" "$OUT/$name.log"
 done
@@ -131,4 +142,5 @@ echo "== gpu check, $(date -u +%FT%TZ), $(git -C "$ROOT" rev-parse --short HEAD 
 [ -f "$OUT/tests.log" ] && tail -n 3 "$OUT/tests.log"
 [ -f "$OUT/bench.log" ] && grep -E "^[a-z0-9-]+:|DP / non-DP|eager / graph|Opacus ghost|step" "$OUT/bench.log" | head -40
 [ -f "$OUT/train.log" ] && grep -E "^== |^epoch |CUDA graph|eager step" "$OUT/train.log"
+[ -f "$OUT/peers.log" ] && grep -iE "opacus|examples/s" "$OUT/peers.log" | head -20
 cat "$SUMMARY"

@@ -5,8 +5,11 @@
 
 A directory holds ``bench_dpsgd_cuda.json`` (``mpidp bench dpsgd --device
 cuda --json``) and ``train_seed_workload.json`` (the epochs of the training
-runs of ``tools/gpu_check.sh``); each names its command, date, device and
-code. ``--write`` replaces the text between the markers
+runs of ``tools/gpu_check.sh``, written by ``tools/gpu_train_record.py``);
+each names its command, date, device and code. Where the directory also
+holds ``peers_<model>.json`` (``mpidp bench scaling --device cuda --json``,
+the check's step ``peers``), a third table puts whole DP training runs
+beside Opacus-DDP on the same GPU. ``--write`` replaces the text between the markers
 ``<!-- gpu tables: begin -->`` and ``<!-- gpu tables: end -->`` of a page,
 so measuring again replaces the tables instead of adding to them
 (tests/test_docs.py checks the page matches its files).
@@ -76,6 +79,23 @@ def train_table(train: dict) -> list[str]:
     return lines
 
 
+def peers_table(folder: Path) -> list[str]:
+    """mpidp's DP runs beside Opacus-DDP (steady epochs), one row per file."""
+    lines = []
+    for path in sorted(folder.glob("peers_*.json")):
+        sweep = json.loads(path.read_text(encoding="utf-8"))
+        for r in sweep["summaries"]:
+            if r["impl"] != "mpidp" or not r["dp"] or r.get("vs_peer") is None:
+                continue
+            lines.append(f"| {r['model']}, {r['batch_size']} | {r['examples_per_s']:,.0f} "
+                         f"| {r['peer_examples_per_s']:,.0f} | {r['vs_peer']:.2f} "
+                         f"| `{r['command'].split(' --metrics')[0]}` |")
+    if not lines:
+        return []
+    return ["| model, batch | mpidp DP, examples/s | Opacus-DDP, examples/s "
+            "| mpidp / Opacus-DDP | mpidp's command |", "|---|---|---|---|---|", *lines]
+
+
 def render(folder: Path) -> str:
     bench = json.loads((folder / "bench_dpsgd_cuda.json").read_text(encoding="utf-8"))
     train = json.loads((folder / "train_seed_workload.json").read_text(encoding="utf-8"))
@@ -85,6 +105,12 @@ def render(folder: Path) -> str:
              "median of the rounds' ratios.", "", *bench_table(bench), "",
              f"The seed's workload trained end to end, median of the epochs after the first "
              f"(`{train['command']}`):", "", *train_table(train)]
+    peers = peers_table(folder)
+    if peers:
+        parts += ["", "Whole DP training runs beside Opacus' distributed DP-SGD on the same "
+                  "GPU, same data, model, batch and epochs (`mpidp bench scaling --device "
+                  "cuda --ranks 1 --privacy dp`, the check's step peers; the second epoch):",
+                  "", *peers]
     return "\n".join(parts) + "\n"
 
 

@@ -13,6 +13,9 @@ import torch
 #: Largest block of the row reductions (MPIDP_MAX_THREADS in kernels/cupy/*.cu,
 #: the size of their shared arrays).
 MAX_THREADS = 256
+#: Most layers ``clip_rows`` clips in one fused launch (MPIDP_FUSED_LAYERS in
+#: kernels/cupy/clip_rows.cu); more layers take one launch per layer and step.
+FUSED_LAYERS = 4
 #: CUDA's limit on the grid's y dimension; the 2-D kernels stride over rows beyond it.
 MAX_GRID_Y = 65535
 

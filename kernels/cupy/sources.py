@@ -19,10 +19,11 @@ SOURCE_DIR = Path(__file__).resolve().parent
 
 #: ``.cu`` file stem -> kernel stems; each is exported as ``<stem>_f32`` and ``<stem>_f64``.
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {
-    "clip_rows": ("clip_row_sq_norms", "clip_factors", "clip_scale_rows"),
+    "clip_rows": ("clip_fused_rows", "clip_row_sq_norms", "clip_factors", "clip_scale_rows"),
     "relu_backward": ("relu_backward",),
     "softmax_xent": ("softmax_xent",),
     "gaussian": ("philox_normal_add", "philox_normal_add_at"),
+    "sgd_update": ("sgd_update",),
 }
 
 #: Kernels whose float32 entry uses double precision deliberately, and why.

@@ -1,8 +1,14 @@
 """``clip_rows`` on CUDA with Numba ``@cuda.jit``: norms, clip factors, row scaling.
 
 Contract in :mod:`kernels` (same results as the CPU kernels, to float
-rounding). Three kernels, the twins of ``kernels/cupy/clip_rows.cu``:
+rounding). Four kernels, the twins of ``kernels/cupy/clip_rows.cu``:
 
+* ``fused_rows`` (one block per example row, up to
+  :data:`~kernels.common.cuda_shapes.FUSED_LAYERS` layers): the row's squared
+  norm over every layer, its clip factor, and its rows of every ``g_l``
+  scaled, in one launch; ``clip_factors`` then recounts the clipped rows
+  from the same norms. Two launches a step, where the three kernels below
+  take ``2L + 1``; with more layers, those three:
 * ``row_sq_norms`` (once per layer, one block per example row):
   ``sq[i] (+)= |a_i|^2 |g_i|^2``, a shared-memory tree reduction (no warp
   shuffles, so the CUDA simulator runs the very same code);
@@ -27,8 +33,8 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels.common.cuda_shapes import (MAX_THREADS, check_count, grid_2d, leading,
-                                        numpy_dtype, pow2_at_least, scratch)
+from kernels.common.cuda_shapes import (FUSED_LAYERS, MAX_THREADS, check_count, grid_2d,
+                                        leading, numpy_dtype, pow2_at_least, scratch)
 from kernels.numba_cuda.launch import array, stream
 from kernels.registry import register
 
@@ -37,6 +43,70 @@ def _build(ft):
     """The three kernels for element type ``ft`` (every literal typed: no float64
     creeps into float32 kernels; the PTX test checks it)."""
     zero, one = ft(0), ft(1)
+
+    @cuda.jit
+    def fused_rows(a0, g0, a1, g1, a2, g2, a3, g3, layers, max_norm, sq, factors):
+        # no device functions: numba-cuda types a call to one through the current
+        # CUDA context, which an ahead-of-time PTX compile without a GPU lacks
+        i = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        n = cuda.blockDim.x
+        sa_s = cuda.shared.array(MAX_THREADS, ft)
+        sg_s = cuda.shared.array(MAX_THREADS, ft)
+        factor_s = cuda.shared.array(1, ft)
+        s = zero
+        for layer in range(layers):
+            a, g = a0, g0
+            if layer == 1:
+                a, g = a1, g1
+            elif layer == 2:
+                a, g = a2, g2
+            elif layer == 3:
+                a, g = a3, g3
+            sa = zero
+            sg = zero
+            for j in range(t, a.shape[1], n):
+                v = a[i, j]
+                sa += v * v
+            for j in range(t, g.shape[1], n):
+                v = g[i, j]
+                sg += v * v
+            cuda.syncthreads()  # thread 0 has read the previous layer's sums
+            sa_s[t] = sa
+            sg_s[t] = sg
+            cuda.syncthreads()
+            step = n // 2
+            while step > 0:
+                if t < step:
+                    sa_s[t] += sa_s[t + step]
+                    sg_s[t] += sg_s[t + step]
+                cuda.syncthreads()
+                step //= 2
+            if layer == 0:
+                s = sa_s[0] * sg_s[0]
+            else:
+                s += sa_s[0] * sg_s[0]
+        if t == 0:
+            norm = math.sqrt(s)
+            f = one
+            if norm > max_norm:
+                f = max_norm / norm
+            sq[i] = s
+            factors[i] = f
+            factor_s[0] = f
+        cuda.syncthreads()
+        f = factor_s[0]
+        if f != one:
+            for layer in range(layers):
+                g = g0
+                if layer == 1:
+                    g = g1
+                elif layer == 2:
+                    g = g2
+                elif layer == 3:
+                    g = g3
+                for j in range(t, g.shape[1], n):
+                    g[i, j] *= f
 
     @cuda.jit
     def row_sq_norms(a, g, sq, accumulate):
@@ -101,8 +171,8 @@ def _build(ft):
             for i in range(i0, g.shape[0], cuda.gridDim.y * cuda.blockDim.y):
                 g[i, j] *= factors[i]
 
-    return SimpleNamespace(row_sq_norms=row_sq_norms, clip_factors=clip_factors,
-                           scale_rows=scale_rows)
+    return SimpleNamespace(fused_rows=fused_rows, row_sq_norms=row_sq_norms,
+                           clip_factors=clip_factors, scale_rows=scale_rows)
 
 
 KERNELS = {np.dtype(np.float32): _build(numba.float32),
@@ -113,7 +183,8 @@ def signatures(dtype) -> dict[str, tuple]:
     """Argument types of every kernel for ``dtype`` (for ahead-of-time PTX checks)."""
     ft = numba.from_dtype(np.dtype(dtype))
     rows, vec = ft[:, :], ft[:]
-    return {"row_sq_norms": (rows, rows, vec, numba.boolean),
+    return {"fused_rows": (rows,) * (2 * FUSED_LAYERS) + (numba.int32, ft, vec, vec),
+            "row_sq_norms": (rows, rows, vec, numba.boolean),
             "clip_factors": (vec, ft, vec, numba.int32[:]),
             "scale_rows": (rows, vec)}
 
@@ -132,14 +203,26 @@ def clip_rows(acts: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], max_n
     sq = array(scratch(grads[0], k, grads[0].dtype, "sq"))
     out = scratch(grads[0], 1, torch.int32, "count") if count is None \
         else check_count(count, grads[0])
-    for layer, (a, g) in enumerate(zip(acts, grads)):
+    f = array(factors[:k])
+    for a, g in zip(acts, grads):
         leading(a, "acts")
         leading(g, "grads")
-        threads = pow2_at_least(max(a.shape[1], g.shape[1]))
-        kernels.row_sq_norms[k, threads, s](array(a), array(g), sq, layer > 0)
-    f = array(factors[:k])
+    if len(grads) <= FUSED_LAYERS:
+        layers = [(array(a), array(g)) for a, g in zip(acts, grads)]
+        # unused slots: a one-element array, never read (not a layer passed twice,
+        # which the simulator would copy back twice)
+        unused = array(scratch(grads[0], 1, grads[0].dtype, "unused").view(1, 1))
+        slots = layers + [(unused, unused)] * (FUSED_LAYERS - len(layers))
+        threads = pow2_at_least(max(max(a.shape[1], g.shape[1]) for a, g in zip(acts, grads)))
+        kernels.fused_rows[k, threads, s](*(x for pair in slots for x in pair),
+                                          np.int32(len(layers)), dtype.type(max_norm), sq, f)
+    else:
+        for layer, (a, g) in enumerate(zip(acts, grads)):
+            threads = pow2_at_least(max(a.shape[1], g.shape[1]))
+            kernels.row_sq_norms[k, threads, s](array(a), array(g), sq, layer > 0)
     kernels.clip_factors[1, pow2_at_least(k), s](sq, dtype.type(max_norm), f, array(out))
-    for g in grads:
-        grid, block = grid_2d(k, g.shape[1])
-        kernels.scale_rows[grid, block, s](array(g), f)
+    if len(grads) > FUSED_LAYERS:
+        for g in grads:
+            grid, block = grid_2d(k, g.shape[1])
+            kernels.scale_rows[grid, block, s](array(g), f)
     return None if count is not None else int(out.item())

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernel_inputs import random_layers  # tests/, on PYTHONPATH (test_gpu_kernels.py)
 from kernels import registry
 from kernels.common import philox
 from kernels.cupy import sources as cuda_sources
@@ -99,6 +100,27 @@ def emulate(name, grid, block, a):
         sq = host(a[6], k, ft)
         p = ((A.astype(np.float64) ** 2).sum(1) * (G.astype(np.float64) ** 2).sum(1)).astype(ft)
         sq[:] = sq + p if a[7] else p
+    elif stem == "clip_fused_rows":
+        _pow2_block(block)
+        k, layers, C = grid[0], int(a[24]), a[25]
+        assert 1 <= layers <= 4
+        pairs = [(rows(a[6 * l], k, a[6 * l + 1], a[6 * l + 2], ft),
+                  rows(a[6 * l + 3], k, a[6 * l + 4], a[6 * l + 5], ft)) for l in range(layers)]
+        p = sum((A.astype(np.float64) ** 2).sum(1) * (G.astype(np.float64) ** 2).sum(1)
+                for A, G in pairs).astype(ft)
+        norms = np.sqrt(p)
+        f = np.where(norms > C, C / norms, 1).astype(ft)
+        host(a[26], k, ft)[:] = p
+        host(a[27], k, ft)[:] = f
+        for _, G in pairs:
+            G *= f[:, None]
+    elif stem == "sgd_update":
+        n = int(a[3])
+        covered = min(n, grid[0] * block[0])  # the kernel strides; the fake checks coverage
+        params, velocity, grad = host(a[0], n, ft), host(a[1], n, ft), host(a[2], n, ft)
+        velocity[:] = (a[6] * velocity + a[4] * grad).astype(ft)
+        params[:] = (params - a[5] * velocity).astype(ft)
+        assert covered == n or grid[0] == 4096
     elif stem == "clip_factors":
         assert grid == (1,)
         _pow2_block(block)
@@ -241,10 +263,48 @@ def test_clip_rows(dtype, k, C, launches):
     assert torch.allclose(f, f_cpu, **tol(dtype))
     assert all(torch.allclose(a, b, **tol(dtype)) for a, b in zip(grads, cpu))
     if k:
-        assert [x["name"][:-4] for x in launches] == \
-            ["clip_row_sq_norms"] * 2 + ["clip_factors"] + ["clip_scale_rows"] * 2
-        assert launches[0]["grid"] == (k,) and launches[2]["grid"] == (1,)
+        assert [x["name"][:-4] for x in launches] == ["clip_fused_rows", "clip_factors"]
+        assert launches[0]["grid"] == (k,) and launches[1]["grid"] == (1,)
         assert n > 0 or C == 1e6
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layers", [1, 4, 5, 7])
+def test_clip_rows_fuses_up_to_four_layers(dtype, layers, launches):
+    """Up to FUSED_LAYERS layers: two launches a step; beyond: one per layer."""
+    acts, grads = random_layers(9, (3, 6, 2, 5, 4, 3, 2, 4)[:layers + 1], dtype, seed=layers)
+    cpu = [x.clone() for x in grads]
+    norms = sum(a.double().square().sum(1) * g.double().square().sum(1)
+                for a, g in zip(acts, grads)).sqrt()
+    s = norms.sort().values
+    C = float(s[len(s) // 2 - 1] + s[len(s) // 2]) / 2  # between two rows' norms: half clipped
+    f, f_cpu = torch.empty(9, dtype=dtype), torch.empty(9, dtype=dtype)
+    n = cupy_kernel("clip_rows")(acts, grads, C, f)
+    assert 0 < n == registry.get("clip_rows", "cpu", "numba")(acts, cpu, C, f_cpu) < 9
+    assert torch.allclose(f, f_cpu, **tol(dtype))
+    assert all(torch.allclose(a, b, **tol(dtype)) for a, b in zip(grads, cpu))
+    names = [x["name"][:-4] for x in launches]
+    if layers <= 4:
+        assert names == ["clip_fused_rows", "clip_factors"]
+    else:
+        assert names == ["clip_row_sq_norms"] * layers + ["clip_factors"] + \
+            ["clip_scale_rows"] * layers
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [0, 5, 2_000_000])  # more than 4096 blocks of 256: strided
+def test_sgd_update(dtype, n, launches):
+    g = torch.Generator().manual_seed(n)
+    p, grad = torch.randn(n, generator=g, dtype=dtype), torch.randn(n, generator=g, dtype=dtype)
+    v = torch.randn(n, generator=g, dtype=dtype)
+    p_cpu, v_cpu = p.clone(), v.clone()
+    cupy_kernel("sgd_update")(p, v, grad, 0.25, 0.1, 0.9)
+    registry.get("sgd_update", "cpu", "numba")(p_cpu, v_cpu, grad, 0.25, 0.1, 0.9)
+    assert torch.allclose(p, p_cpu, **tol(dtype)) and torch.allclose(v, v_cpu, **tol(dtype))
+    assert len(launches) == (1 if n else 0)
+    with pytest.raises(ValueError, match="differ in length"):
+        cupy_kernel("sgd_update")(p, v[:-1] if n else torch.zeros(1, dtype=dtype), grad,
+                                  1.0, 0.1, 0.9)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

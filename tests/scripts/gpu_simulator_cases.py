@@ -83,6 +83,25 @@ def test_clip_rows_matches_cpu_and_the_naive_loop(dtype, k, C):
         assert torch.allclose(g.double(), w, **tol(dtype))
 
 
+@pytest.mark.parametrize("layers", [1, 2, 4, 5])
+def test_clip_rows_fused_and_by_layer_match_the_cpu(layers):
+    """Up to FUSED_LAYERS layers one fused kernel clips; beyond, one launch per layer."""
+    acts, grads = random_layers(6, (4, 3, 5, 2, 3, 4)[:layers + 1], torch.float32, seed=layers)
+    cpu = [g.clone() for g in grads]
+    norms = sum(a.double().square().sum(1) * g.double().square().sum(1)
+                for a, g in zip(acts, grads)).sqrt()
+    s = norms.sort().values
+    C = float(s[len(s) // 2 - 1] + s[len(s) // 2]) / 2  # between two rows' norms: half clipped
+    factors, cpu_factors = torch.empty(6), torch.empty(6)
+    count = torch.full((1,), -1, dtype=torch.int32)
+    assert cuda_kernel("clip_rows")(acts, grads, C, factors, count=count) is None
+    n = registry.get("clip_rows", "cpu", "numba")(acts, cpu, C, cpu_factors)
+    assert int(count[0]) == n and 0 < n < 6
+    assert torch.allclose(factors, cpu_factors, **tol(torch.float32))
+    for g, c in zip(grads, cpu):
+        assert torch.allclose(g, c, **tol(torch.float32))
+
+
 def test_clip_kernels_stride_when_rows_outnumber_threads():
     """Launches smaller than the data (as for widths > 256 or grids past 65535 rows):
     every column, row and factor is still covered."""
@@ -104,6 +123,41 @@ def test_clip_kernels_stride_when_rows_outnumber_threads():
     scaled = g.copy()
     kern.scale_rows[(2, 1), (4, 2)](scaled, factors)  # grid-stride over 11 rows
     assert np.allclose(scaled, g * factors[:, None], rtol=1e-6)
+    fused_g, fused_sq, fused_f = g.copy(), np.zeros(11, np.float32), np.zeros(11, np.float32)
+    unused = np.zeros((1, 1), np.float32)
+    kern.fused_rows[11, 2](a, fused_g, unused, unused, unused, unused, unused, unused,
+                           np.int32(1), np.float32(3.0), fused_sq, fused_f)  # 2 threads
+    assert np.allclose(fused_sq, want, rtol=1e-6)
+    assert np.allclose(fused_f, factors, rtol=1e-6)
+    assert np.allclose(fused_g, scaled, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 300])
+def test_sgd_update_equals_the_cpu_and_torch_optim(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    p0 = torch.randn(n, generator=g, dtype=dtype)
+    grads = [torch.randn(n, generator=g, dtype=dtype) for _ in range(3)]
+    p, v = p0.clone(), torch.zeros(n, dtype=dtype)
+    p_cpu, v_cpu = p0.clone(), torch.zeros(n, dtype=dtype)
+    ref = torch.nn.Parameter(p0.clone())
+    opt = torch.optim.SGD([ref], lr=0.1, momentum=0.9)
+    for grad in grads:
+        cuda_kernel("sgd_update")(p, v, grad, 0.5, 0.1, 0.9)
+        registry.get("sgd_update", "cpu", "numba")(p_cpu, v_cpu, grad, 0.5, 0.1, 0.9)
+        ref.grad = grad * 0.5
+        opt.step()
+    assert torch.allclose(p, p_cpu, **tol(dtype)) and torch.allclose(v, v_cpu, **tol(dtype))
+    assert torch.allclose(p, ref.detach(), **tol(dtype))
+
+
+def test_sgd_update_strides_past_its_grid():
+    from kernels.numba_cuda.sgd_update import KERNELS
+
+    p, v, grad = np.zeros(37, np.float32), np.ones(37, np.float32), np.ones(37, np.float32)
+    KERNELS[np.dtype(np.float32)].update[2, 4](p, v, grad, np.float32(2), np.float32(0.5),
+                                               np.float32(0.5))  # 8 threads, 37 elements
+    assert np.all(v == 2.5) and np.all(p == -1.25)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
