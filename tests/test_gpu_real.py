@@ -89,11 +89,14 @@ def test_clip_rows_fused_and_by_layer_on_the_gpu(backend, layers):
     """Up to four layers one fused launch; beyond, one launch per layer: both as the CPU."""
     dims = (7, 300, 5, 40, 3, 9, 2)[:layers + 1]
     acts, grads = random_layers(300, dims, torch.float32, seed=layers)
+    norms = sum(a.double().square().sum(1) * g.double().square().sum(1)
+                for a, g in zip(acts, grads)).sqrt().sort().values
+    C = float(norms[149] + norms[150]) / 2  # between two rows' norms: half clipped
     cpu, f_cpu = [x.clone() for x in grads], torch.empty(300)
-    n_cpu = registry.get("clip_rows", "cpu", "numba")(acts, cpu, 1.5, f_cpu)
+    n_cpu = registry.get("clip_rows", "cpu", "numba")(acts, cpu, C, f_cpu)
     dev, f = [x.cuda() for x in grads], torch.empty(300, device="cuda")
     count = torch.zeros(1, dtype=torch.int32, device="cuda")
-    registry.get("clip_rows", "cuda", backend)([a.cuda() for a in acts], dev, 1.5, f,
+    registry.get("clip_rows", "cuda", backend)([a.cuda() for a in acts], dev, C, f,
                                                count=count)
     assert int(count.item()) == n_cpu and 0 < n_cpu < 300
     assert torch.allclose(f.cpu(), f_cpu, **tol(torch.float32))
