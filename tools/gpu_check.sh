@@ -15,9 +15,9 @@
 #                non-private 3) and on the CPU cores (3)
 #   peers   100  whole training runs beside Opacus-DDP on the same GPU (mpidp bench
 #                scaling): mnist-small at batch 256, resnet20 at 32 (5,000 images)
-# Results (small files): OUT/<step>.log (tails; train.log ends with each run's
-# epochs), OUT/bench_dpsgd_cuda.json, OUT/train_seed_workload.json,
-# OUT/peers_<model>.json and OUT/summary.txt, printed last; tools/gpu_tables.py
+# Results (six small files): OUT/bench_dpsgd_cuda.json, OUT/train_seed_workload.json,
+# OUT/peers_<model>.json, OUT/summary.txt (printed last) and OUT/logs.txt (the
+# tail of every step's output; train's ends with each run's epochs); tools/gpu_tables.py
 # renders docs/gpus.md's tables from them. STEPS="tests bench" runs a subset;
 # BENCH_MODELS=mlp,resnet20 fewer models; GPU_CHECK_COMMIT names the code
 # where the checkout has no .git.
@@ -134,13 +134,17 @@ peers() {
 export -f peers
 want peers && run peers 100 bash -c peers
 
-for name in install info tests mpi bench train peers; do
-    [ -f "$OUT/$name.log" ] || continue
-    tail -c 6000 "$OUT/$name.log" > "$OUT/$name.tail" && mv "$OUT/$name.tail" "$OUT/$name.log"
-done
-echo "== gpu check, $(date -u +%FT%TZ), $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)"
+echo "== gpu check, $(date -u +%FT%TZ), ${GPU_CHECK_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)}"
 [ -f "$OUT/tests.log" ] && tail -n 3 "$OUT/tests.log"
 [ -f "$OUT/bench.log" ] && grep -E "^[a-z0-9-]+:|DP / non-DP|eager / graph|Opacus ghost|step" "$OUT/bench.log" | head -40
 [ -f "$OUT/train.log" ] && grep -E "^== |^epoch |CUDA graph|eager step" "$OUT/train.log"
 [ -f "$OUT/peers.log" ] && grep -iE "opacus|examples/s" "$OUT/peers.log" | head -20
 cat "$SUMMARY"
+# the steps' logs as one file (the tail of each): what comes back from a lent
+# machine is limited in number of files, not only in size
+: > "$OUT/logs.txt"
+for name in install info tests mpi bench train peers; do
+    [ -f "$OUT/$name.log" ] || continue
+    { echo "==== $name"; tail -c 6000 "$OUT/$name.log"; echo; } >> "$OUT/logs.txt"
+    rm -f "$OUT/$name.log"
+done

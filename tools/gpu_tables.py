@@ -1,7 +1,7 @@
 """The GPU figures of docs/gpus.md, rendered from the result files of a GPU check.
 
-    python tools/gpu_tables.py results/gpu-h200-2026-11-27          # print the tables
-    python tools/gpu_tables.py results/gpu-h200-2026-11-27 --write docs/gpus.md
+    python tools/gpu_tables.py results/gpu-h100-2026-11-27          # print the tables
+    python tools/gpu_tables.py results/gpu-h100-2026-11-27 --write docs/gpus.md
 
 A directory holds ``bench_dpsgd_cuda.json`` (``mpidp bench dpsgd --device
 cuda --json``) and ``train_seed_workload.json`` (the epochs of the training
@@ -96,8 +96,18 @@ def peers_table(folder: Path) -> list[str]:
             "| mpidp / Opacus-DDP | mpidp's command |", "|---|---|---|---|---|", *lines]
 
 
+def _dated(bench: dict) -> dict:
+    """``date`` and ``command`` at the top (older files), else from ``provenance``
+    (the command without its ``--json`` path)."""
+    where = bench.get("provenance", {})
+    command = bench.get("command") or where["command"].split(" --json")[0]
+    return {**bench, "date": bench.get("date") or where["date"][:10],
+            "command": f"{command} (tools/gpu_check.sh)" if "gpu_check" not in command
+            else command}
+
+
 def render(folder: Path) -> str:
-    bench = json.loads((folder / "bench_dpsgd_cuda.json").read_text(encoding="utf-8"))
+    bench = _dated(json.loads((folder / "bench_dpsgd_cuda.json").read_text(encoding="utf-8")))
     train = json.loads((folder / "train_seed_workload.json").read_text(encoding="utf-8"))
     parts = [f"Measured {bench['date']} on {bench['device']}, in a machine with "
              f"{bench['machine'].get('cpu', 'a CPU')} (results/{folder.name}/).",

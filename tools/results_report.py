@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "results" / "cpu"
 GROUPS = ROOT / "results" / "groups-2026-11-27"
 #: The GPU check's result files (tools/gpu_check.sh; tables on docs/gpus.md).
-GPU = ROOT / "results" / "gpu-h200-2026-11-27"
+GPU = ROOT / "results" / "gpu-h100-2026-11-27"
 PAGES = ROOT / "docs" / "results"
 MARKER = re.compile(r"<!-- results: (\S+) begin -->\n.*?<!-- results: \1 end -->", re.S)
 
@@ -627,8 +627,9 @@ def summary(page: Path) -> str:
     span = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}" if dates else ""
     made_gpu = load(GPU / "bench_dpsgd_cuda.json") if gpu else {}
     device = made_gpu.get("device", "a GPU").split(" (")[0]
+    gpu_date = made_gpu.get("date") or made_gpu.get("provenance", {}).get("date", "")[:10]
     lines += ["", f"Measured on {machines}" + (f", {span}" if span else "") +
-              (f"; the GPU rows on one {device}, {made_gpu.get('date', '')} (`make "
+              (f"; the GPU rows on one {device}, {gpu_date} (`make "
                "gpu-check`)" if gpu else "") +
               "; the seed project's figures are its own, published, on AWS GPUs. Each "
               "question links to its page: the command, the result file, how to read it."]
@@ -662,6 +663,12 @@ def _gpu_rows() -> list[tuple[str, str, str, str]]:
     if ghost:
         rows.append((f"DP-SGD on one GPU, speed over Opacus' ghost clipping, {len(ghost)} models",
                      f"{_span(ghost, digits=1)}x", "1x, Opacus", "docs/gpus.md#figures"))
+    peers = [r["vs_peer"] for path in sorted(GPU.glob("peers_*.json"))
+             for r in load(path)["summaries"]
+             if r["impl"] == "mpidp" and r["dp"] and r.get("vs_peer") is not None]
+    if peers:
+        rows.append((f"DP-SGD training on one GPU, speed over Opacus-DDP, {len(peers)} models",
+                     f"{_span(peers, digits=1)}x", "1x, Opacus-DDP", "docs/gpus.md#figures"))
     return rows
 
 
