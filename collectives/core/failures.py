@@ -57,6 +57,10 @@ from collectives.runtime import MPI
 #: rank's output asynchronously and could tear the job down before
 #: forwarding the message.
 ABORT_GRACE_S = 0.25
+#: How long an ending rank sees a peer inside a call it will never make
+#: before it ends the job (:func:`leave_at_exit`): time for a peer whose
+#: waits watch the ranks' marks to notice this one is gone and raise.
+STUCK_S = 2.0
 _abort = os.environ.get("MPIDP_ABORT_ON_ERROR", "").strip() != "0"
 
 
@@ -158,8 +162,10 @@ def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
     waiting for it in a call it will never make raise; and if a peer is
     inside such a call where it cannot see that mark (``MPI_Allreduce``, or
     a message for this rank that it never received: one rank made more
-    calls than the other), print why and end the job (exit code 2, whatever
-    :func:`abort_on_error` says: there is no call left to raise from).
+    calls than the other) and stays there for :data:`STUCK_S` (a peer that
+    can see the mark raises and leaves before), print why and end the job
+    (exit code 2, whatever :func:`abort_on_error` says: there is no call left
+    to raise from).
     Unless the program failed (``failed``: an uncaught exception; it never
     waits), it then waits until every peer has marked itself gone too, still
     watching, since a peer may enter such a call later; the communicators'
@@ -182,9 +188,17 @@ def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
             state.peers.leave(GONE_EXITED)
             continue
         state.peers.leave(GONE_EXITED)
+        seen, since = None, time.monotonic()
         while True:
+            if not failed:
+                state.peers.release_waiting()  # a peer that entered MPI_Allreduce since
             reason = state.peers.evidence()
-            if reason is not None:
+            if reason != seen:
+                seen, since = reason, time.monotonic()
+            # A peer whose waits watch this rank's mark raises and leaves within
+            # a few probes; only one that stays put (inside MPI_Allreduce, or a
+            # program that failed and will not wait) ends the job.
+            if reason is not None and (failed or time.monotonic() - since >= STUCK_S):
                 abort_job(2, f"AllreduceMismatch: rank {state.rank}'s program is ending while "
                           f"{reason}: one rank made more allreduce calls than another (a "
                           "call skipped, or one too many). Every rank must make the same "

@@ -136,10 +136,20 @@ class Peers:
         if self.size == 1 or self.comm == MPI.COMM_NULL:
             return
         self.publish(GONE, gone)
+        self.release_waiting()
+
+    def release_waiting(self) -> None:
+        """The release of :meth:`leave`, for a rank already marked gone: a peer
+        may enter ``MPI_Allreduce`` of a call this rank never makes after it
+        left (a rank ending its program repeats this while it waits,
+        :func:`collectives.core.failures.leave_at_exit`). Local; does nothing
+        once the peers' call is released."""
+        if self.size == 1 or self.comm == MPI.COMM_NULL:
+            return
         mine = self.blind_calls[0]
         seen = [self.peer_words(q) for q in range(self.size) if q != self.rank]
-        if not seen or any(w is None for w in seen):
-            return
+        if not seen or any(w is None or w[1] for w in seen):
+            return  # a peer gone is in no call any more: nothing to join
         count, _, tag = seen[0]
         release = self.releases.get(tag)
         if release is None or not all(w[0] == count and w[2] == tag for w in seen):
@@ -181,19 +191,25 @@ class Peers:
     def evidence(self) -> str | None:
         """Why a peer is inside a call this rank has not made (for a rank
         that makes no more calls: at exit), or None: a message for this rank
-        that it never received, or a peer counted into more blind calls."""
+        that it never received, or a peer counted into more blind calls.
+        A peer marked *gone* waits for nothing and gives none."""
         status = MPI.Status()
-        if self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+        if self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status) \
+                and not self._gone(status.source):
             return (f"rank {status.source} sent it a message of "
                     f"{self.explain(status.tag)}, which it never received")
         mine = self.blind_calls[0]
         for q in range(self.size):
             words = None if q == self.rank else self.peer_words(q)
-            if words is not None and words[0] > mine:
+            if words is not None and words[0] > mine and not words[1]:
                 return (f"rank {q} is inside blind call number {words[0]} on this "
                         f"communicator ({self.explain(words[2])}: MPI_Allreduce or a "
                         f"shared-memory exchange), and this rank made {mine}")
         return None
+
+    def _gone(self, peer: int) -> bool:
+        words = self.peer_words(peer)
+        return words is not None and bool(words[1])
 
     def peer_failed(self) -> bool:
         """Whether a peer marked itself gone after a failed call of its own."""

@@ -8,6 +8,7 @@ tests/test_engine_api.py runs it with a timeout (a hang is a failure).
 * ``opt-out``: the same after ``collectives.abort_on_error(False)``: rank 1
   gets its ValueError, and rank 0, which waited for it in the all-reduce,
   gets an error too once rank 1's program ends. Each prints ``CAUGHT``.
+  A third argument names the all-reduce algorithm (default ``auto``).
 * ``collective``: an unknown option, raised on every rank alike: raised
   everywhere (``CAUGHT`` on each rank), the job not ended.
 """
@@ -42,6 +43,7 @@ class FailsOnRank1(nn.Module):
 settings = dict(epochs=2, batch_size=100, noise_multiplier=1.0, seed=0, quiet=True)
 if scenario == "opt-out":
     collectives.abort_on_error(False)
+    settings["allreduce"] = sys.argv[3] if len(sys.argv) > 3 else "auto"
 try:
     if scenario == "collective":
         engine.train(data, model=FailsOnRank1, epochs=1, learning_rate=0.1, quiet=True)
