@@ -85,6 +85,31 @@ def check_flat(t: torch.Tensor, name: str) -> None:
                          f"{tuple(t.shape)} and strides {t.stride()}")
 
 
+#: Most blocks of a 1-D grid-stride launch (``sgd_update``); the kernel strides
+#: over the elements beyond them.
+MAX_BLOCKS_1D = 4096
+
+
+def update_launch(params: torch.Tensor, velocity: torch.Tensor,
+                  grad: torch.Tensor) -> tuple[int, int, int]:
+    """``(n, blocks, threads)`` of an ``sgd_update`` launch on three flat buffers
+    of one length ``n`` (blocks 0 when ``n`` is 0: nothing to launch).
+
+    Raises:
+        ValueError: a buffer is not contiguous 1-D, or the lengths differ.
+    """
+    for t, name in ((params, "params"), (velocity, "velocity"), (grad, "grad")):
+        check_flat(t, name)
+    n = params.shape[0]
+    if velocity.shape[0] != n or grad.shape[0] != n:
+        raise ValueError(f"sgd_update: params, velocity and grad differ in length "
+                         f"({n}, {velocity.shape[0]}, {grad.shape[0]})")
+    if n == 0:
+        return 0, 0, 0
+    blocks, threads = grid_1d(n, 256)
+    return n, min(blocks, MAX_BLOCKS_1D), threads
+
+
 def check_row_losses(losses: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """``losses[:k]`` for ``softmax_xent``'s per-row losses (k = logits' rows).
 

@@ -14,12 +14,9 @@ import numpy as np
 import torch
 from numba import cuda
 
-from kernels.common.cuda_shapes import check_flat, grid_1d, numpy_dtype
+from kernels.common.cuda_shapes import numpy_dtype, update_launch
 from kernels.numba_cuda.launch import array, stream
 from kernels.registry import register
-
-#: Most blocks of a launch (as the CuPy twin); the kernel strides over the rest.
-MAX_BLOCKS = 4096
 
 
 def _build(ft):
@@ -50,16 +47,9 @@ def signatures(dtype) -> dict[str, tuple]:
 def sgd_update(params: torch.Tensor, velocity: torch.Tensor, grad: torch.Tensor, scale: float,
                lr: float, momentum: float) -> None:
     """SGD with momentum in place (contract in :mod:`kernels`)."""
-    for t, name in ((params, "params"), (velocity, "velocity"), (grad, "grad")):
-        check_flat(t, name)
-    n = params.shape[0]
-    if velocity.shape[0] != n or grad.shape[0] != n:
-        raise ValueError(f"sgd_update: params, velocity and grad differ in length "
-                         f"({n}, {velocity.shape[0]}, {grad.shape[0]})")
+    n, blocks, threads = update_launch(params, velocity, grad)
     if n == 0:
         return
-    dtype = numpy_dtype(params)
-    blocks, threads = grid_1d(n, 256)
-    ft = dtype.type
-    KERNELS[dtype].update[min(blocks, MAX_BLOCKS), threads, stream(params)](
+    ft = numpy_dtype(params).type
+    KERNELS[numpy_dtype(params)].update[blocks, threads, stream(params)](
         array(params), array(velocity), array(grad), ft(scale), ft(lr), ft(momentum))
