@@ -1,8 +1,10 @@
 """mpidp bench dpsgd runs every method on tiny data and writes its JSON (no timing asserted).
 
 The bench's clock is replaced by one that advances by exactly one per reading,
-so a round's "examples/s" is the number of examples it counted: the test can
-then check the numbers against the batches that were actually stepped.
+so a block of steps lasts one "second" and a round's "examples/s" is the
+number of examples it timed over its number of blocks: the test can then
+check the numbers against the batches that were actually stepped, and the
+order in which the methods took turns.
 """
 import json
 import re
@@ -17,6 +19,9 @@ from engine.cli import build_parser
 from engine.errors import ConfigError
 
 ROWS, STEPS, REPEATS, WARM_UP = 3000, 3, 2, 3
+#: Timed steps per block (STEPS = 3 makes blocks of 2 and 1) and the untimed
+#: steps before each block.
+BLOCK, SETTLE = 2, dpsgd.SETTLE_STEPS
 
 
 def _run(*argv):
@@ -46,8 +51,8 @@ def test_bench_dpsgd_runs_the_trainers_step_and_reports_what_it_counted(tmp_path
     out = tmp_path / "b.json"
     assert _run("--rows", str(ROWS), "--features", "12", "--hidden", "16", "--batch-size",
                 "64", "--steps", str(STEPS), "--repeats", str(REPEATS), "--naive-steps", "1",
-                "--threads", "1", "--methods", "mpidp-dp,mpidp-nondp,naive",
-                "--json", str(out)) == 0
+                "--block", str(BLOCK), "--threads", "1", "--methods",
+                "mpidp-dp,mpidp-nondp,naive", "--json", str(out)) == 0
     data = json.loads(out.read_text())
     assert data["mlp_step"] == "the MLP step in one call (torch's BLAS sgemm_)"
     assert data["provenance"]["machine"] == data["machine"] and data["provenance"]["date"]
@@ -62,13 +67,27 @@ def test_bench_dpsgd_runs_the_trainers_step_and_reports_what_it_counted(tmp_path
     dp_step, nondp_step = by_kind["dp"][0], by_kind["nondp"][0]
     assert dp_step.max_norm == 1.0 and dp_step.noise is not None
     assert nondp_step.noise is None
+    # After the warm-up (each method's STEPS in a row) the two take turns, block
+    # by block: SETTLE untimed steps, then BLOCK timed ones (the last block: the rest).
+    sizes = [min(BLOCK, STEPS - first) for first in range(0, STEPS, BLOCK)]
+    order = [s for s, _, _ in stepped if s in (dp_step, nondp_step)]
+    assert order[:2 * WARM_UP] == [dp_step] * WARM_UP + [nondp_step] * WARM_UP
+    turn = [s for size in sizes for s in [dp_step] * (SETTLE + size)
+            + [nondp_step] * (SETTLE + size)]
+    assert order[2 * WARM_UP:] == turn * REPEATS
     for kind, method in (("dp", "mpidp-dp"), ("nondp", "mpidp-nondp")):
         ks = by_kind[kind][1]
-        assert len(ks) == WARM_UP + STEPS * REPEATS
-        timed = ks[WARM_UP:]
-        # One tick per round: a round's rate is the examples it stepped.
-        assert rounds[method] == [sum(timed[i * STEPS:(i + 1) * STEPS])
-                                  for i in range(REPEATS)]
+        assert len(ks) == WARM_UP + (STEPS + SETTLE * len(sizes)) * REPEATS
+        length = STEPS + SETTLE * len(sizes)  # a round's steps of this method
+        rounds_ks = [ks[WARM_UP + r * length:WARM_UP + (r + 1) * length]
+                     for r in range(REPEATS)]
+        for ks_round, rate in zip(rounds_ks, rounds[method]):
+            timed, at = [], 0
+            for size in sizes:  # drop each block's settling steps
+                timed += ks_round[at + SETTLE:at + SETTLE + size]
+                at += SETTLE + size
+            # one tick per block: the rate is the examples timed over the blocks
+            assert rate == sum(timed) / len(sizes)
         assert all(r > 0 for r in rounds[method])
     for method in ("mpidp-dp", "mpidp-nondp", "naive"):  # torch.optim/Opacus import slowly
         assert len(rounds[method]) == REPEATS
@@ -128,7 +147,8 @@ def test_bench_generic_path_steps_the_same_model_as_the_fused_one(tmp_path, step
         {"mpidp-dp", "mpidp-generic"}
     engines = {type(step.engine): step for step, _, _ in stepped}
     fused, generic = engines[FastMLP], engines[ModuleEngine]
-    assert len([s for s, _, _ in stepped if s is generic]) == WARM_UP + STEPS * REPEATS
+    assert len([s for s, _, _ in stepped if s is generic]) == \
+        WARM_UP + (STEPS + SETTLE) * REPEATS  # one block a round (--block 20)
     # The same parameters and rows give the same clipped sum through either engine
     # (the fused layout is [W | b] per layer, the module's W then b: converted).
     spec = fused.engine.spec

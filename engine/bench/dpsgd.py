@@ -26,8 +26,10 @@ Methods (each runs the same Poisson batches, same MLP, same optimizer):
 Prints examples/s, the time an epoch would take, and ratios; ``--json FILE``
 writes examples/s per method, ``dp_over_nondp`` (DP time per example over
 non-DP time per example, the median of its per-round values) and the
-speed-ups. Methods are interleaved over ``--repeats`` short rounds and the
-median is reported, so a load change on the machine hits all of them alike.
+speed-ups. Each of ``--repeats`` rounds runs every method's ``--steps`` steps
+in blocks of ``--block``, the methods taking turns block by block (each block
+after :data:`SETTLE_STEPS` untimed steps), and the median over rounds is
+reported, so a load change on the machine hits all of them alike.
 Run it on one rank (``mpidp bench dpsgd``). The ``mpidp-*`` methods run
 :class:`engine.step.DPStep`, the step ``mpidp train`` runs.
 
@@ -87,6 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model's own: 32 for resnet20)")
     parser.add_argument("--steps", type=int, default=100, help="steps per method and round")
     parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds (median)")
+    parser.add_argument("--block", type=int, default=20,
+                        help="timed steps a method runs before the next takes its turn "
+                        "(default: 20)")
     parser.add_argument("--naive-steps", type=int, default=3,
                         help="steps of the naive loop per round (it is ~100x slower)")
     parser.add_argument("--methods", default=None,
@@ -102,6 +107,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch/numba threads (default: as mpidp train: cores // ranks)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")
+
+
+#: Untimed steps at the start of each block: the first steps after another
+#: method ran pay for caches and buffers that method displaced, a cost a
+#: training run (one method throughout) does not have.
+SETTLE_STEPS = 2
+
+
+def _interleaved_round(steps: dict, batches, args) -> dict[str, float]:
+    """One round: examples/s of each method over its ``args.steps`` timed steps,
+    run in blocks of ``args.block`` (each after :data:`SETTLE_STEPS` untimed
+    ones), the methods taking turns block by block; the naive loop runs its
+    few steps in one block at the end. A machine whose speed drifts over
+    seconds then slows every method of a round alike."""
+    done = {name: [0, 0.0] for name in steps}  # examples, seconds
+    regular = [name for name in steps if name != "naive"]
+    for first in range(0, args.steps, args.block):
+        count = min(args.block, args.steps - first)
+        for name in regular:
+            for rows in batches(SETTLE_STEPS):
+                steps[name](rows)
+            _run_block(steps[name], batches(count), done[name])
+    if "naive" in steps:
+        _run_block(steps["naive"], batches(args.naive_steps), done["naive"])
+    return {name: examples / seconds for name, (examples, seconds) in done.items()}
+
+
+def _run_block(fn, todo: list, tally: list) -> None:
+    """Time ``fn`` over the batches ``todo``; add (examples, seconds) to ``tally``."""
+    examples, start = 0, time.perf_counter()
+    for rows in todo:
+        examples += fn(rows)
+    tally[0] += examples
+    tally[1] += time.perf_counter() - start
 
 
 def _load(args) -> tuple[np.ndarray, np.ndarray, int, str, np.ndarray | None, list[str]]:
@@ -299,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
         args.models = ",".join(MODELS)
     for option, value, least in (("--rows", args.rows, 1), ("--features", args.features, 1),
                                  ("--batch-size", args.batch_size, 1), ("--steps", args.steps, 1),
-                                 ("--repeats", args.repeats, 1),
+                                 ("--repeats", args.repeats, 1), ("--block", args.block, 1),
                                  ("--naive-steps", args.naive_steps, 0)):
         if value is not None and value < least:
             raise ConfigError(f"{option} {value} must be at least {least}", collective=True)
@@ -363,12 +402,8 @@ def run(args: argparse.Namespace) -> int:
             fn(rows)
     rates: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.repeats):
-        for name, fn in steps.items():
-            todo = batches(args.naive_steps if name == "naive" else args.steps)
-            examples, start = 0, time.perf_counter()
-            for rows in todo:
-                examples += fn(rows)
-            rates[name].append(examples / (time.perf_counter() - start))
+        for name, value in _interleaved_round(steps, batches, args).items():
+            rates[name].append(value)
     median = {name: statistics.median(values) for name, values in rates.items()}
     ref = median.get("mpidp-dp")
     print(f"{'method':<24} {'examples/s':>12} {'s/epoch':>9} {'mpidp-dp is':>12}")
