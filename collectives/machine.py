@@ -44,10 +44,19 @@ def cpu_model() -> str:
     return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
+def isa_limit() -> str | None:
+    """``avx2`` where ``MPIDP_ISA_LIMIT`` says the libraries were told to leave
+    AVX-512 alone (``tools/as_avx2.sh``), else None."""
+    return "avx2" if os.environ.get("MPIDP_ISA_LIMIT", "").strip().lower() == "avx2" else None
+
+
 def vector_extensions() -> list[str]:
-    """The :data:`VECTOR_FLAGS` this CPU has (empty off x86 or without /proc)."""
+    """The :data:`VECTOR_FLAGS` this CPU has (empty off x86 or without /proc),
+    less the AVX-512 ones under :func:`isa_limit`."""
     flags = set((_cpuinfo_field("flags") or "").split())
-    return [flag for flag in VECTOR_FLAGS if flag in flags]
+    limited = isa_limit() is not None
+    return [flag for flag in VECTOR_FLAGS
+            if flag in flags and not (limited and flag.startswith("avx512"))]
 
 
 def mpi_library() -> str:
@@ -57,15 +66,20 @@ def mpi_library() -> str:
 
 def describe() -> dict:
     """Host, CPU model, vector extensions, cores and MPI library, for a JSON."""
-    return {"host": platform.node(), "cpu": cpu_model(),
-            "vector_extensions": vector_extensions(), "cores": available_cores(),
-            "mpi": mpi_library()}
+    facts = {"host": platform.node(), "cpu": cpu_model(),
+             "vector_extensions": vector_extensions(), "cores": available_cores(),
+             "mpi": mpi_library()}
+    if isa_limit():
+        facts["isa_limit"] = f"{isa_limit()} (AVX-512 left unused on a CPU that has it)"
+    return facts
 
 
 def one_line(facts: dict | None = None) -> str:
     """:func:`describe` as one header line."""
     facts = facts or describe()
     vector = ", ".join(facts["vector_extensions"]) or "no vector extensions listed"
+    if facts.get("isa_limit"):
+        vector += f"; limited to {facts['isa_limit']}"
     return (f"{facts['cpu']} ({vector}), {facts['cores']} cores, {facts['host']}; "
             f"{facts['mpi']}")
 

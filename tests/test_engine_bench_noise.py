@@ -86,6 +86,18 @@ def test_vector_extensions_are_named_in_a_fixed_order(monkeypatch):
     assert machine.mpi_library() in line
 
 
+def test_an_isa_limit_drops_avx512_from_the_facts_and_says_so(monkeypatch):
+    fields = {"flags": "fpu fma avx2 sse4_2 avx512f avx512bw", "model name": "Some CPU 9000"}
+    monkeypatch.setattr(machine, "_cpuinfo_field", fields.get)
+    monkeypatch.delenv("MPIDP_ISA_LIMIT", raising=False)
+    assert "isa_limit" not in machine.describe()
+    monkeypatch.setenv("MPIDP_ISA_LIMIT", "avx2")  # what tools/as_avx2.sh sets
+    facts = machine.describe()
+    assert facts["vector_extensions"] == ["sse4_2", "avx2", "fma"]
+    assert facts["isa_limit"].startswith("avx2")
+    assert "; limited to avx2" in machine.one_line(facts)
+
+
 def test_a_command_line_is_what_a_user_types_again():
     assert machine.command_line(["/v/bin/mpidp", "bench", "allreduce", "-e", "4K"], ranks=2) == \
         "mpiexec -n 2 mpidp bench allreduce -e 4K"

@@ -21,6 +21,31 @@ def test_the_key_is_the_cpu_and_its_vector_extensions():
     assert guard.machine_key({"machine": MACHINE}) == "amd-epyc-7763-64-core__avx-avx2"
     other = dict(MACHINE, vector_extensions=MACHINE["vector_extensions"] + ["avx512f"])
     assert guard.machine_key({"machine": other}) != guard.machine_key({"machine": MACHINE})
+    # an AVX-512 CPU run under tools/as_avx2.sh is kept apart from a real AVX2 one
+    limited = dict(MACHINE, isa_limit="avx2 (AVX-512 left unused on a CPU that has it)")
+    assert guard.machine_key({"machine": limited}) == "amd-epyc-7763-64-core__avx-avx2__limited"
+
+
+def test_as_avx2_turns_every_avx512_feature_off_for_numba_and_the_facts():
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import os, json; from collectives import machine; print(json.dumps("
+             "[os.environ['NUMBA_CPU_FEATURES'], os.environ['ATEN_CPU_CAPABILITY'], "
+             "os.environ['MKL_ENABLE_INSTRUCTIONS'], machine.describe()]))")
+    done = subprocess.run([str(ROOT / "tools/as_avx2.sh"), sys.executable, "-c", probe],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHON=sys.executable))
+    assert done.returncode == 0, done.stderr
+    features, aten, mkl, facts = json.loads(done.stdout)
+    flags = features.split(",")
+    assert flags and not [f for f in flags if f.startswith("+avx512")]
+    assert aten == "avx2" and mkl == "AVX2"
+    assert not [v for v in facts["vector_extensions"] if v.startswith("avx512")]
+    assert facts["isa_limit"].startswith("avx2")
+    usage = subprocess.run([str(ROOT / "tools/as_avx2.sh")], capture_output=True, text=True)
+    assert usage.returncode == 2 and "AVX2" in usage.stdout
 
 
 def test_a_ratio_inside_the_noise_is_the_same_and_one_outside_moved():

@@ -6,8 +6,9 @@
 
 Results are kept per machine in ``results/machines/<key>/<bench>-<date>.json``;
 the key is the CPU model and its vector extensions (the two things that make
-a ratio differ between machines), so a run is compared only with runs on the
-same kind of CPU. Only ratios measured side by side in one run are compared
+a ratio differ between machines), ``__limited`` added for a run under
+``tools/as_avx2.sh``, so a run is compared only with runs on the same kind of
+CPU. Only ratios measured side by side in one run are compared
 (``dp_over_nondp``, ``generic_over_fused``, ...: every key with a
 ``<key>_spread`` of [min, max] over the run's rounds), never absolute times.
 A ratio has moved when the new median lies outside the old run's spread
@@ -33,7 +34,8 @@ def machine_key(document: dict) -> str:
     machine = document.get("machine") or {}
     cpu = re.sub(r"[^a-z0-9]+", "-", str(machine.get("cpu", "unknown")).lower()).strip("-")
     vectors = "-".join(v for v in machine.get("vector_extensions", []) if "avx" in v) or "novec"
-    return f"{cpu}__{vectors}"
+    limited = "__limited" if machine.get("isa_limit") else ""  # tools/as_avx2.sh
+    return f"{cpu}__{vectors}{limited}"
 
 
 def ratios(document: dict) -> dict[str, tuple[float, float, float]]:
