@@ -109,7 +109,8 @@ def source_commit(root: Path = _SOURCE) -> tuple[str | None, bool]:
 
 def command_line(argv: list[str] | None = None, ranks: int = 1) -> str:
     """The command as a user types it again: ``mpidp ...`` (or ``python
-    script.py ...``), with ``mpiexec -n P`` in front when ``ranks`` > 1."""
+    script.py ...``), with ``mpiexec -n P`` in front when ``ranks`` > 1 and
+    ``tools/as_avx2.sh`` in front of all under :func:`isa_limit`."""
     argv = list(sys.argv if argv is None else argv)
     program = os.path.basename(argv[0]) if argv else "python"
     if argv and Path(argv[0]).resolve() == _SOURCE / "engine" / "cli.py":
@@ -119,7 +120,8 @@ def command_line(argv: list[str] | None = None, ranks: int = 1) -> str:
         shown = path.relative_to(_SOURCE) if _SOURCE in path.parents else path
         program = f"python {shown}"
     text = " ".join([program, *map(shlex.quote, argv[1:])])
-    return f"mpiexec -n {ranks} {text}" if ranks > 1 else text
+    text = f"mpiexec -n {ranks} {text}" if ranks > 1 else text
+    return f"tools/as_avx2.sh {text}" if isa_limit() else text
 
 
 def provenance(facts: dict | None = None, argv: list[str] | None = None,

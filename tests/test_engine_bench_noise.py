@@ -96,6 +96,8 @@ def test_an_isa_limit_drops_avx512_from_the_facts_and_says_so(monkeypatch):
     assert facts["vector_extensions"] == ["sse4_2", "avx2", "fma"]
     assert facts["isa_limit"].startswith("avx2")
     assert "; limited to avx2" in machine.one_line(facts)
+    assert machine.command_line(["/v/bin/mpidp", "bench", "dpsgd"]) == \
+        "tools/as_avx2.sh mpidp bench dpsgd"
 
 
 def test_a_command_line_is_what_a_user_types_again():

@@ -52,6 +52,9 @@ MEASURE: dict[str, list[tuple[str | None, str]]] = {
          "mpidp bench dpsgd --threads 1 --repeats 9 --json results/cpu/dpsgd-1-thread.json"),
         ("results/cpu/dpsgd-2-threads.json",
          "mpidp bench dpsgd --threads 2 --repeats 9 --json results/cpu/dpsgd-2-threads.json"),
+        ("results/cpu/dpsgd-1-thread-avx2.json",
+         "tools/as_avx2.sh mpidp bench dpsgd --threads 1 --repeats 9 "
+         "--json results/cpu/dpsgd-1-thread-avx2.json"),
         ("results/cpu/noise-1-thread.json",
          "mpidp bench noise --threads 1 --repeats 7 --json results/cpu/noise-1-thread.json")],
     "collectives": [
@@ -195,7 +198,9 @@ def _span(values: list[float], digits: int = 2, unit: str = "", sign: str = "") 
 
 # ---------------------------------------------------------------- what DP costs
 
-DPSGD = {1: CPU / "dpsgd-1-thread.json", 2: CPU / "dpsgd-2-threads.json"}
+#: column -> the run shown in it (the last: AVX2 code on this AVX-512 CPU, tools/as_avx2.sh).
+DPSGD = {"1 thread": CPU / "dpsgd-1-thread.json", "2 threads": CPU / "dpsgd-2-threads.json",
+         "1 thread, AVX2 code": CPU / "dpsgd-1-thread-avx2.json"}
 METHODS = {
     "mpidp-dp": "mpidp, DP-SGD (the MLP's fused step)",
     "mpidp-nondp": "mpidp, the same step without clipping and noise",
@@ -220,31 +225,34 @@ RATIOS = {
 }
 
 
-def _dpsgd() -> dict[int, dict]:
-    return {t: load(p) for t, p in DPSGD.items() if p.exists()}
+def _dpsgd() -> dict[str, dict]:
+    return {label: load(p) for label, p in DPSGD.items() if p.exists()}
 
 
 def dp_methods(page: Path) -> str:
     runs = _dpsgd()
     if not runs:
         return missing("bench dpsgd")
-    threads = sorted(runs)
+    columns = list(runs)
     order = [m for m in METHODS if any(m in r["examples_per_s"] for r in runs.values())]
     first = next(iter(runs.values()))
-    head = " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
-    each = " / ".join(map(str, threads))
-    lines = [f"| method | examples/s, {head} | mpidp DP-SGD's speed over it, {each} "
-             f"thread{'s' if threads != [1] else ''} |",
-             "|---|" + "---:|" * len(threads) + "---:|"]
+    head = " | ".join(columns)
+    lines = [f"| method | examples/s, {head} | mpidp DP-SGD's speed over it, "
+             f"{' / '.join(columns)} |",
+             "|---|" + "---:|" * len(columns) + "---:|"]
     for m in order:
-        rates = [_n(runs[t]["examples_per_s"].get(m)) for t in threads]
+        rates = [_n(runs[c]["examples_per_s"].get(m)) for c in columns]
         over = ("-" if m.startswith("embedding") or m == "opacus-ghost-embedding" else
-                " / ".join(_f(runs[t].get("speedup", {}).get(m)) + "x" if
-                           runs[t].get("speedup", {}).get(m) else "-" for t in threads))
+                " / ".join(_f(runs[c].get("speedup", {}).get(m)) + "x" if
+                           runs[c].get("speedup", {}).get(m) else "-" for c in columns))
         lines.append(f"| {METHODS[m]} | " + " | ".join(rates) + f" | {over} |")
     lines += ["", f"{first['model']}, expected batch {first['batch_size']}, {first['data']}; "
-              f"median of {first['repeats']} interleaved rounds of {first['steps']} steps "
-              "(the naive loop: fewer steps).", "", sources(page, [DPSGD[t] for t in threads])]
+              f"median of {first['repeats']} rounds of {first['steps']} steps, the methods "
+              f"taking turns in blocks of {first.get('block', first['steps'])} steps "
+              "(the naive loop: fewer steps, at the end of a round). AVX2 code: the same "
+              "CPU with Numba, torch, MKL, oneDNN and numpy told to leave AVX-512 alone "
+              "(`tools/as_avx2.sh`), what the instruction set alone changes; not an AVX2 "
+              "machine.", "", sources(page, [DPSGD[c] for c in columns])]
     return "\n".join(lines)
 
 
@@ -252,15 +260,14 @@ def dp_ratios(page: Path) -> str:
     runs = _dpsgd()
     if not runs:
         return missing("bench dpsgd")
-    threads = sorted(runs)
-    head = " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
-    lines = [f"| time per example | {head} |", "|---|" + "---|" * len(threads)]
+    columns = list(runs)
+    lines = [f"| time per example | {' | '.join(columns)} |", "|---|" + "---|" * len(columns)]
     for key, label in RATIOS.items():
         if not any(key in r for r in runs.values()):
             continue
         cells = []
-        for t in threads:
-            r = runs[t]
+        for c in columns:
+            r = runs[c]
             if key not in r:
                 cells.append("-")
                 continue
@@ -268,9 +275,10 @@ def dp_ratios(page: Path) -> str:
             cells.append(f"**{r[key]:.3f}** ({lo:.3f}-{hi:.3f} over "
                          f"{len(next(iter(r['all_rounds'].values())))} rounds)")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "Each ratio is the median of its per-round values (both methods of a round "
-              "ran seconds apart); in brackets the lowest and highest round.", "",
-              sources(page, [DPSGD[t] for t in threads])]
+    lines += ["", "Each ratio is the median of its per-round values (the methods of a round "
+              "took turns in blocks of steps: [bench blocks](../design/bench-blocks.md)); in "
+              "brackets the lowest and highest round.", "",
+              sources(page, [DPSGD[c] for c in columns])]
     return "\n".join(lines)
 
 
@@ -508,9 +516,12 @@ def summary(page: Path) -> str:
     rows: list[tuple[str, str, str, str]] = []
     used: list[Path] = []
     results = "docs/results"
-    runs = _dpsgd()
+    # the CPU's own code: the AVX2-code run is on the results page only
+    runs = {r["threads"]: r for label, r in _dpsgd().items()
+            if not r.get("machine", {}).get("isa_limit")}
     if runs:
-        used += [DPSGD[t] for t in runs]
+        used += [DPSGD[label] for label, r in _dpsgd().items() if r["threads"] in runs
+                 and not r.get("machine", {}).get("isa_limit")]
         dp = [r["dp_over_nondp"] for r in runs.values() if "dp_over_nondp" in r]
         threads = sorted(t for t, r in runs.items() if "dp_over_nondp" in r)
         if dp:

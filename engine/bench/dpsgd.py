@@ -412,13 +412,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:<24} {rate:>12,.0f} {n / rate:>9.2f} {ratio:>12}")
     result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
               "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
-              "data": source, "steps": args.steps, "repeats": args.repeats, "machine": where,
+              "data": source, "steps": args.steps, "repeats": args.repeats, "block": args.block,
+              "machine": where,
               "numba_target": asdict(CHOICE), "mlp_step": step_mode,
               "provenance": machine.provenance(where)}
     # Median of the per-round ratios: both methods of a round ran seconds apart,
     # so a load change on a shared machine cancels out.
     width = "default" if CHOICE.width is None else f"{CHOICE.width}-bit"
-    cpu = f"{where.get('cpu', 'this CPU')}, {CHOICE.cpu}, {width} vectors"
+    limit = f" limited to {machine.isa_limit()}" if machine.isa_limit() else ""
+    cpu = f"{where.get('cpu', 'this CPU')}{limit}, {CHOICE.cpu}, {width} vectors"
     for key, slower, faster, label in RATIOS:
         if slower in median and faster in median:
             per_round = [f / sl for sl, f in zip(rates[slower], rates[faster])]
