@@ -48,6 +48,13 @@ def test_as_avx2_turns_every_avx512_feature_off_for_numba_and_the_facts():
     assert usage.returncode == 2 and "AVX2" in usage.stdout
 
 
+def test_runs_at_other_thread_counts_are_other_kinds():
+    one = guard.kind_of(Path("dpsgd-1-thread.json"), {"threads": 1})
+    two = guard.kind_of(Path("dpsgd-2-threads.json"), {"threads": 2})
+    assert (one, two) == ("dpsgd-1t", "dpsgd-2t")
+    assert guard.kind_of(Path("prep.json"), {}) == "prep"
+
+
 def test_a_ratio_inside_the_noise_is_the_same_and_one_outside_moved():
     old = _run(1.05, (1.02, 1.09))
     same = guard.compare(old, _run(1.10, (1.08, 1.12)))  # 1.10 <= 1.09 + 0.02

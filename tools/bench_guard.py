@@ -57,8 +57,11 @@ def ratios(document: dict) -> dict[str, tuple[float, float, float]]:
 
 
 def kind_of(path: Path, document: dict) -> str:
-    """Which benchmark wrote it (files of one kind are compared)."""
-    return "dpsgd-models" if "models" in document else path.stem.split("-")[0] or "bench"
+    """Which benchmark wrote it, and at how many threads (files of one kind
+    are compared: a 2-thread run never with a 1-thread one)."""
+    kind = "dpsgd-models" if "models" in document else path.stem.split("-")[0] or "bench"
+    threads = document.get("threads")
+    return f"{kind}-{threads}t" if isinstance(threads, int) else kind
 
 
 def latest(key: str, kind: str) -> Path | None:
