@@ -481,8 +481,10 @@ def test_bench_dpsgd_times_the_household_step_beside_the_person_step(monkeypatch
     assert args._run(args) == 0
     data = json.loads(out.read_text())
     grouped = [(k, g) for k, g in calls if g is not None]
-    # one untimed warm-up round of 4 steps, then 3 timed rounds of 4
-    assert len(grouped) == 4 + 4 * 3 and len(calls) == 2 * len(grouped)
+    # one untimed warm-up round of 4 steps, then 3 rounds of one block: the
+    # block's untimed settling steps and its 4 timed ones
+    assert len(grouped) == 4 + (dpsgd.SETTLE_STEPS + 4) * 3
+    assert len(calls) == 2 * len(grouped)
     for k, g in grouped:
         assert g[0] == 0 and g[-1] == k and np.all(np.diff(g) >= 1)
     rounds = data["all_rounds"]
