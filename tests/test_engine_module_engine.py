@@ -256,6 +256,7 @@ def test_an_mlp_chain_is_differentiated_by_hand_with_autograds_numbers(monkeypat
 
     X, y = _rows(40)
     x, labels = X[:29, :-1].to(dtype), y[:29]
+    given = x.clone()
     results = {}
     for by_hand in (True, False):
         clipper = LayerClipper(_chains(dtype)[name])
@@ -266,6 +267,8 @@ def test_an_mlp_chain_is_differentiated_by_hand_with_autograds_numbers(monkeypat
                 patch.setattr(torch.autograd, "grad", None)
             loss, clipped = clipper.clipped_sum(x, labels, C)
         results[by_hand] = (clipper.grad.clone(), loss, clipped)
+        # ReLUs run in place only on what a Linear just made, never on the input
+        assert torch.equal(x, given)
     assert torch.equal(results[True][0], results[False][0])
     assert results[True][1:] == results[False][1:]
     want, want_loss, want_clipped = naive_clipped_sum(_chains(dtype)[name], x, labels, C)

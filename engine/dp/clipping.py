@@ -288,8 +288,15 @@ class LayerClipper(FlatGradient):
         chain = self._chain
         with torch.no_grad():
             acts = [x]  # acts[i]: chain[i]'s input; acts[i + 1] its output
-            for m in chain:
-                acts.append(m(acts[-1]))
+            for i, m in enumerate(chain):
+                # the layers' own forwards without Module.__call__ (exact types,
+                # no hooks: by_hand, layer_hooks); a ReLU after a Linear in place,
+                # on the output that Linear just made and nothing else reads
+                if type(m) is nn.Linear:
+                    acts.append(F.linear(acts[-1], m.weight, m.bias))
+                else:
+                    acts.append(F.relu(acts[-1], inplace=m.inplace or (
+                        i > 0 and type(chain[i - 1]) is nn.Linear)))
             logits = acts[-1]
             g = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
             total = self._loss_gradient(logits, y, g, mask, losses)

@@ -33,7 +33,8 @@ def rows_in_their_buffer(view: torch.Tensor) -> np.ndarray:
     view where that cannot be made (columns not adjacent, or rows whose
     stride would reach past the storage)."""
     array = view.numpy()
-    if view.dim() != 2 or view.shape[0] == 0 or view.stride(1) != 1:
+    if view.dim() != 2 or view.shape[0] == 0 or view.stride(1) != 1 \
+            or view.stride(0) == view.shape[1]:  # already C-contiguous rows
         return array
     k, stride = view.shape[0], view.stride(0)
     if stride < view.shape[1] or (view.storage_offset() + k * stride) * view.element_size() \
