@@ -138,12 +138,14 @@ def test_model_from_the_command_line(tmp_path, capsys, monkeypatch):
                    "--json", cwd=str(tmp_path), timeout=240)
     assert scored.returncode == 0, scored.stderr[-2000:]
     assert json.loads(scored.stdout)["accuracy"] == pytest.approx(last["test_accuracy"])
-    audit = mpidp(2, "audit", "--checkpoint", str(tmp_path / "run"), "--data", data,
-                  cwd=str(tmp_path), timeout=240)
-    assert audit.returncode == 2 and "`mpidp audit` attacks mpidp's MLPs only" in audit.stderr
     monkeypatch.chdir(tmp_path)  # where a user's factory module is found, as above
     monkeypatch.setitem(sys.modules, "my_models", None)  # restored (removed) at the end
     del sys.modules["my_models"]  # imported afresh from tmp_path below
+    capsys.readouterr()  # the audit refuses before any work: in this process
+    with pytest.raises(SystemExit) as stopped:
+        main(["audit", "--checkpoint", str(tmp_path / "run"), "--data", data])
+    stderr = capsys.readouterr().err
+    assert stopped.value.code == 2 and "`mpidp audit` attacks mpidp's MLPs only" in stderr
     for model, message in [("my_models:broken", "the factory raised ValueError: no model today"),
                            ("nope_models:small", "cannot import 'nope_models'"),
                            ("mlp2", "choose mlp, logreg, embedding-mlp, mnist-small, mnist-large, resnet20 or MODULE:FACTORY")]:
