@@ -24,7 +24,16 @@ features=$("$python" -c '
 import llvmlite.binding as llvm
 llvm.initialize_native_target()
 flags = llvm.get_host_cpu_features().flatten().split(",")
-print(",".join("-" + f[1:] if f[1:].startswith("avx512") else f for f in flags if f))')
+if "+avx512f" not in flags:
+    raise SystemExit(0)  # nothing to leave unused: empty output
+print(",".join("-" + f[1:] if f[1:].startswith("avx512") else f for f in flags if f))' \
+    2>/dev/null) || { echo "tools/as_avx2.sh: needs mpidp's Python (with llvmlite) as" \
+                           "'python' on PATH, or PYTHON=..." >&2; exit 2; }
+if [ -z "$features" ]; then
+    echo "tools/as_avx2.sh: this CPU has no AVX-512 to leave unused:" \
+         "running the command as it is" >&2
+    exec "$@"
+fi
 numpy_off=$("$python" -c '
 import numpy as np
 from numpy._core._multiarray_umath import __cpu_dispatch__ as dispatch
