@@ -22,6 +22,7 @@ from engine.dp.module_engine import ModuleEngine, check_model
 from engine.errors import CheckpointError, ConfigError
 from engine.nn import image_models, model_names
 from engine.nn.embedding_mlp import EmbeddingMLP
+from engine.nn.linear_chain import linear_chain
 from engine.nn.mlp import MLPSpec, flat_from_module, init_params, layer_views, to_module
 from engine.nn.mlp import logits as mlp_logits
 
@@ -52,32 +53,39 @@ class MLPModel:
         return to_module(self.spec, params.detach().cpu())
 
 
-def mlp_spec_of(module: nn.Module) -> MLPSpec | None:
-    """The :class:`MLPSpec` of a module that *is* the fused MLP, else None.
+def mlp_linears_of(module: nn.Module) -> list[nn.Linear] | None:
+    """The Linear layers, in call order, of a module that *is* the fused MLP,
+    else None.
 
-    That is an ``nn.Sequential`` of ``nn.Linear`` layers with biases and
-    ``nn.ReLU`` between them, widths chained, float32, without hooks: the
-    model the fused kernels compute exactly, so a user's such module trains
-    at their speed instead of the generic path's.
+    That is a module whose forward applies ``nn.Linear`` layers with biases
+    and a ReLU between each two, widths chained, float32, without hooks: an
+    ``nn.Sequential`` of them, or any module whose forward fx traces to
+    exactly that chain (:func:`engine.nn.linear_chain.linear_chain`: a
+    user's class calling ``F.relu`` between its layers). The fused kernels
+    compute it exactly, so such a module trains at their speed instead of
+    the generic path's.
     """
-    if type(module) is not nn.Sequential or len(module) % 2 == 0:
+    linears = linear_chain(module)
+    if not linears:
         return None
-    dims = []
-    for i, layer in enumerate(module):
-        if layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks:
+    for before, layer in zip([None, *linears], linears):
+        if layer.bias is None or layer.weight.dtype != torch.float32:
             return None
-        if i % 2 == 1:
-            if type(layer) is not nn.ReLU:
-                return None
-            continue
-        if type(layer) is not nn.Linear or layer.bias is None \
-                or layer.weight.dtype != torch.float32:
+        if before is not None and before.out_features != layer.in_features:
             return None
-        if dims and dims[-1] != layer.in_features:
-            return None
-        dims = dims or [layer.in_features]
-        dims.append(layer.out_features)
-    return MLPSpec(tuple(dims))
+    return linears
+
+
+def mlp_spec_of(module: nn.Module) -> MLPSpec | None:
+    """The :class:`MLPSpec` of a module that *is* the fused MLP
+    (:func:`mlp_linears_of`), else None."""
+    return _spec(mlp_linears_of(module))
+
+
+def _spec(linears: list[nn.Linear] | None) -> MLPSpec | None:
+    if linears is None:
+        return None
+    return MLPSpec((linears[0].in_features, *(layer.out_features for layer in linears)))
 
 
 class TorchModel:
@@ -90,7 +98,8 @@ class TorchModel:
         self.module_obj, self.name = module, name
         self.n_params = sum(p.numel() for p in module.parameters())
         self.rule = "?"
-        self.mlp_spec = mlp_spec_of(module)
+        self.mlp_linears = mlp_linears_of(module)
+        self.mlp_spec = _spec(self.mlp_linears)
 
     def describe(self) -> str:
         return (f"{type(self.module_obj).__name__} ({self.name}, {self.n_params:,} "
@@ -115,11 +124,10 @@ class TorchModel:
             return engine
         check_model(self.module_obj, grad.device, grad.dtype)
         ModuleEngine.check_output(self.module_obj, probe[0][:, :-1].to(grad.device), n_classes)
-        flat = flat_from_module(self.mlp_spec, self.module_obj).to(grad.device)
+        flat = flat_from_module(self.mlp_spec, self.mlp_linears).to(grad.device)
         engine = FastMLP(self.mlp_spec, flat, grad, capacity=capacity, backend=backend)
         # the module trains in place: its parameters become views of the engine's
-        for view, linear in zip(layer_views(self.mlp_spec, engine.params),
-                                [m for m in self.module_obj if isinstance(m, nn.Linear)]):
+        for view, linear in zip(layer_views(self.mlp_spec, engine.params), self.mlp_linears):
             linear.weight.data = view[:, :-1]
             linear.bias.data = view[:, -1]
         self.rule = "the fused MLP kernels"

@@ -74,6 +74,102 @@ def test_a_users_mlp_runs_the_fused_kernels_bit_for_bit(data, comm):
         [[h[k] for k in keys] for h in builtin.history]
 
 
+class ChainedMLP(nn.Module):
+    """The fused MLP written as a class of its own: fc1, fc2 and F.relu between."""
+
+    def __init__(self, sequential):
+        super().__init__()
+        self.fc1, self.fc2 = sequential[0], sequential[2]  # defined in call order ...
+
+    def forward(self, x):
+        return self.fc2(nn.functional.relu(self.fc1(x)))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_users_own_mlp_class_runs_the_fused_kernels_bit_for_bit(data, comm):
+    """A class whose forward is the chain (traced by torch.fx) trains as the
+    built-in MLP does, in place, and the checkpoint records the fused layout."""
+    from engine.models import TorchModel
+    from engine.nn.mlp import MLPSpec, init_params, to_module
+
+    common = dict(comm=comm, epochs=2, batch_size=100, noise_multiplier=1.0, seed=9,
+                  quiet=True, hidden=(12,), allreduce="ring")
+    spec = MLPSpec.build(FEATURES, (12,), 2)
+    mine = ChainedMLP(to_module(spec, init_params(spec, 9)))
+    assert TorchModel(mine, "mine").mlp_spec == spec
+    run = engine.train(data, model=mine, **common)
+    builtin = engine.train(data, model="mlp", **common)
+    assert run.model is mine
+    for a, b in zip([mine.fc1.weight, mine.fc1.bias, mine.fc2.weight, mine.fc2.bias],
+                    builtin.model.parameters()):
+        assert torch.equal(a.detach(), b.detach())
+    assert [h["train_loss"] for h in run.history] == [h["train_loss"] for h in builtin.history]
+
+
+def test_only_an_exact_linear_relu_chain_is_taken_for_the_fused_mlp():
+    from torch.nn import functional as F
+
+    from engine.models import mlp_spec_of
+    from engine.nn.linear_chain import linear_chain
+
+    class Three(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = nn.Linear(5, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+        def forward(self, x):  # two spellings of a ReLU
+            return self.fc3(self.fc2(F.relu(self.fc1(x), inplace=True)).relu_())
+
+    class TorchRelu(Three):
+        def forward(self, x):  # and a third
+            return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+    class Tanh(Three):
+        def forward(self, x):
+            return self.fc3(torch.tanh(self.fc2(F.relu(self.fc1(x)))))
+
+    class Branch(Three):
+        def forward(self, x):  # data-dependent: fx cannot trace it
+            return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x))))) if x.sum() > 0 else x
+
+    class Unused(Three):
+        def __init__(self):
+            super().__init__()
+            self.spare = nn.Linear(2, 2)  # a parameter the chain would not train
+
+    class Twice(Three):
+        def forward(self, x):
+            return self.fc3(F.relu(self.fc2(F.relu(self.fc2(F.relu(self.fc1(x)))))))
+
+    class Residual(Three):
+        def forward(self, x):
+            h = F.relu(self.fc1(x))
+            return self.fc3(F.relu(self.fc2(h)) + h)
+
+    class Nested(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(5, 8), nn.ReLU())
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    three = Three()
+    assert linear_chain(three) == [three.fc1, three.fc2, three.fc3]
+    assert mlp_spec_of(three).dims == (5, 8, 8, 2)
+    assert mlp_spec_of(TorchRelu()).dims == (5, 8, 8, 2)
+    assert mlp_spec_of(Nested()).dims == (5, 8, 2)
+    for module in (Tanh(), Branch(), Unused(), Twice(), Residual(),
+                   nn.Sequential(nn.Linear(5, 8), nn.ReLU()),  # ends on a ReLU
+                   nn.Sequential(nn.Linear(5, 8, bias=False), nn.ReLU(), nn.Linear(8, 2)),
+                   nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 2)).double()):
+        assert mlp_spec_of(module) is None, type(module).__name__
+    hooked = Three()
+    hooked.register_forward_hook(lambda *args: None)  # on the container itself
+    assert mlp_spec_of(hooked) is None
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_model_that_differs_between_ranks_is_refused_on_every_rank(data, comm):
     torch.manual_seed(comm.Get_rank())  # the user's mistake: a different draw per rank

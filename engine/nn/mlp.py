@@ -13,6 +13,7 @@ optimizer updates one vector, and the all-reduce sends one buffer.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -102,8 +103,9 @@ def to_module(spec: MLPSpec, flat: torch.Tensor) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def flat_from_module(spec: MLPSpec, module: nn.Sequential) -> torch.Tensor:
-    """Inverse of :func:`to_module`: the flat ``[W | b]`` vector of ``module``."""
+def flat_from_module(spec: MLPSpec, module: nn.Sequential | Sequence[nn.Linear]) -> torch.Tensor:
+    """Inverse of :func:`to_module`: the flat ``[W | b]`` vector of ``module``
+    (a Sequential, or its Linear layers in call order)."""
     linears = [m for m in module if isinstance(m, nn.Linear)]
     flat = torch.empty(spec.n_params, dtype=linears[0].weight.dtype)
     for view, linear in zip(layer_views(spec, flat), linears):
