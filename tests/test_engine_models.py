@@ -146,6 +146,41 @@ def test_only_an_exact_linear_relu_chain_is_taken_for_the_fused_mlp():
             h = F.relu(self.fc1(x))
             return self.fc3(F.relu(self.fc2(h)) + h)
 
+    class Counts(Three):
+        def forward(self, x):  # Python of its own: the kernels would skip it
+            self.calls = getattr(self, "calls", 0) + 1
+            return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+    class Flag(Three):
+        def forward(self, x):  # a test the trace would freeze
+            if getattr(self, "wide", True):
+                return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+            return self.fc3(x)
+
+    class Steps(Three):
+        """Assignments to local names are fine."""
+
+        def forward(self, x):
+            h = F.relu(self.fc1(x))
+            h = F.relu(self.fc2(h))
+            return self.fc3(h)
+
+    class Inner(nn.Module):  # a submodule with a forward of its own
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(5, 8)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.head = Inner(), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(F.relu(self.inner(x)))
+
     class Nested(nn.Module):
         def __init__(self):
             super().__init__()
@@ -160,7 +195,8 @@ def test_only_an_exact_linear_relu_chain_is_taken_for_the_fused_mlp():
     assert mlp_spec_of(three).dims == (5, 8, 8, 2)
     assert mlp_spec_of(TorchRelu()).dims == (5, 8, 8, 2)
     assert mlp_spec_of(Nested()).dims == (5, 8, 2)
-    for module in (Tanh(), Branch(), Unused(), Twice(), Residual(),
+    assert mlp_spec_of(Steps()).dims == (5, 8, 8, 2)
+    for module in (Tanh(), Branch(), Unused(), Twice(), Residual(), Counts(), Flag(), Outer(),
                    nn.Sequential(nn.Linear(5, 8), nn.ReLU()),  # ends on a ReLU
                    nn.Sequential(nn.Linear(5, 8, bias=False), nn.ReLU(), nn.Linear(8, 2)),
                    nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 2)).double()):

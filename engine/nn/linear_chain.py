@@ -11,11 +11,20 @@ layers in the order the forward calls them; anything else (another
 operation or layer, a branch, a reused layer, a forward fx cannot trace)
 gives None, and the module trains through the per-layer rules as before.
 
-The trace calls the module's ``forward`` once with symbolic values in place
-of tensors (never with data), so a forward with side effects of its own
-(counting its calls, printing) sees one extra call.
+The fused kernels never call ``forward`` again, so a forward must have
+nothing in it but the chain: a trace records only the path one call took
+and what it did to tensors, not Python's own work (counting calls, a test
+on a flag or a rank, printing), which the kernels would silently skip. So
+a class's ``forward`` must also be straight-line code (:func:`_straight_line`:
+assignments to local names and a return, of calls, nothing else), and every
+module inside it a ``Linear``, ``ReLU`` or ``Sequential``; tracing then
+calls it once with symbolic values (never with data).
 """
 from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
 
 import torch
 from torch import nn
@@ -40,6 +49,44 @@ def _relu_node(node, modules: dict) -> bool:
     return False
 
 
+#: Syntax a straight-line forward may hold: local assignments, a return,
+#: calls of functions, methods and attributes, and constant keywords.
+_PLAIN_SYNTAX = (ast.FunctionDef, ast.arguments, ast.arg, ast.Assign, ast.Return, ast.Call,
+                 ast.Name, ast.Attribute, ast.keyword, ast.Constant, ast.Load, ast.Store)
+#: Module types whose forward mpidp knows (no user code in them).
+_KNOWN = (nn.Linear, nn.ReLU, nn.Sequential)
+
+
+def _straight_line(module: nn.Module) -> bool:
+    """Whether ``module`` runs no Python of its own beyond the calls a trace
+    sees: an ``nn.Sequential``, or a class whose ``forward`` (its source)
+    holds only assignments to local names and a return of calls, and whose
+    submodules are Linear, ReLU or Sequential. False where the source cannot
+    be read."""
+    inner = list(module.modules())[1:]
+    if any(type(m) not in _KNOWN for m in inner):
+        return False
+    if type(module) is nn.Sequential:
+        return True
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(module).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, ast.FunctionDef) or function.decorator_list:
+        return False
+    body = function.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    for statement in body:
+        if isinstance(statement, ast.Assign) and not all(
+                isinstance(t, ast.Name) for t in statement.targets):
+            return False  # self.x = ...: state kept across calls
+        if not all(isinstance(node, _PLAIN_SYNTAX) for node in ast.walk(statement)):
+            return False
+    return bool(body) and isinstance(body[-1], ast.Return)
+
+
 def _hooked(module: nn.Module) -> bool:
     """Whether ``module`` or a module inside it has a hook of its own."""
     return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
@@ -48,15 +95,16 @@ def _hooked(module: nn.Module) -> bool:
 
 def linear_chain(module: nn.Module) -> list[nn.Linear] | None:
     """The ``nn.Linear`` layers (exact type) that ``module``'s forward applies
-    in turn with one ReLU between each two, in call order, where its traced
-    forward is exactly that chain from its one input to its output, those
-    layers hold every parameter of the module and no module in it has a hook;
-    else None.
+    in turn with one ReLU between each two, in call order, where its forward
+    is straight-line code (:func:`_straight_line`), its trace is exactly that
+    chain from its one input to its output, those layers hold every
+    parameter of the module and no module in it has a hook; else None.
 
     Never raises: a module fx cannot trace (data-dependent control flow,
     several inputs, ...) gives None.
     """
-    if isinstance(module, torch.jit.ScriptModule) or _hooked(module):
+    if isinstance(module, torch.jit.ScriptModule) or _hooked(module) \
+            or not _straight_line(module):
         return None
     try:
         from torch import fx  # deferred: fx is only needed here
