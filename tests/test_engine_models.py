@@ -157,6 +157,14 @@ def test_only_an_exact_linear_relu_chain_is_taken_for_the_fused_mlp():
                 return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
             return self.fc3(x)
 
+    def counted_relu(x):
+        counted_relu.calls = getattr(counted_relu, "calls", 0) + 1
+        return F.relu(x)
+
+    class OwnFunction(Three):
+        def forward(self, x):  # a function of the user's: traced through, Python lost
+            return self.fc3(counted_relu(self.fc2(counted_relu(self.fc1(x)))))
+
     class Steps(Three):
         """Assignments to local names are fine."""
 
@@ -197,6 +205,7 @@ def test_only_an_exact_linear_relu_chain_is_taken_for_the_fused_mlp():
     assert mlp_spec_of(Nested()).dims == (5, 8, 2)
     assert mlp_spec_of(Steps()).dims == (5, 8, 8, 2)
     for module in (Tanh(), Branch(), Unused(), Twice(), Residual(), Counts(), Flag(), Outer(),
+                   OwnFunction(),
                    nn.Sequential(nn.Linear(5, 8), nn.ReLU()),  # ends on a ReLU
                    nn.Sequential(nn.Linear(5, 8, bias=False), nn.ReLU(), nn.Linear(8, 2)),
                    nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 2)).double()):

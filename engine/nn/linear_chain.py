@@ -82,9 +82,26 @@ def _straight_line(module: nn.Module) -> bool:
         if isinstance(statement, ast.Assign) and not all(
                 isinstance(t, ast.Name) for t in statement.targets):
             return False  # self.x = ...: state kept across calls
-        if not all(isinstance(node, _PLAIN_SYNTAX) for node in ast.walk(statement)):
-            return False
+        for node in ast.walk(statement):
+            if not isinstance(node, _PLAIN_SYNTAX):
+                return False
+            if isinstance(node, ast.Call) and not _known_call(node, module):
+                return False
     return bool(body) and isinstance(body[-1], ast.Return)
+
+
+def _known_call(call: ast.Call, module: nn.Module) -> bool:
+    """Whether ``call`` calls a submodule (``self.NAME(...)``) or a ReLU
+    (``F.relu``, ``torch.relu``, ``x.relu()``, ...), nothing a user wrote:
+    a function of the user's would be traced through, and any Python in it
+    skipped by the kernels."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or any(k.arg != "inplace" for k in call.keywords):
+        return False
+    if func.attr in _RELU_METHODS:
+        return True
+    return (isinstance(func.value, ast.Name) and func.value.id == "self"
+            and isinstance(getattr(module, func.attr, None), _KNOWN))
 
 
 def _hooked(module: nn.Module) -> bool:
