@@ -101,6 +101,12 @@ class TorchModel:
         self.mlp_linears = mlp_linears_of(module)
         self.mlp_spec = _spec(self.mlp_linears)
 
+    def unfuse(self) -> None:
+        """Train through the generic path even where the module is the fused
+        MLP: a checkpoint written by that path (mpidp before a class's
+        forward was traced) holds its parameters in the module's own order."""
+        self.mlp_linears = self.mlp_spec = None
+
     def describe(self) -> str:
         return (f"{type(self.module_obj).__name__} ({self.name}, {self.n_params:,} "
                 f"parameters, clipping by {self.rule})")
@@ -266,6 +272,10 @@ def check_resume(recorded: dict, model: MLPModel | TorchModel, where: str) -> No
         CheckpointError: (collective) the checkpoint's model differs.
     """
     if recorded == model.to_dict():
+        return
+    if isinstance(model, TorchModel) and model.mlp_spec is not None and "fused" not in recorded \
+            and recorded == {k: v for k, v in model.to_dict().items() if k != "fused"}:
+        model.unfuse()  # the same model, trained by the generic path: resumed on it
         return
     was = recorded.get("name", "mlp") if recorded.get("kind") == "module" else \
         MLPSpec.from_dict(recorded).describe()

@@ -106,6 +106,36 @@ def test_a_users_own_mlp_class_runs_the_fused_kernels_bit_for_bit(data, comm):
     assert [h["train_loss"] for h in run.history] == [h["train_loss"] for h in builtin.history]
 
 
+@pytest.mark.mpi(min_size=1)
+def test_a_checkpoint_of_the_generic_path_resumes_on_it(data, comm, shared_tmp, monkeypatch):
+    """A class's checkpoint written before its forward was traced (the generic
+    path, the module's parameter order, no fused layout recorded) resumes on
+    the generic path, bit for bit that path's uninterrupted run, instead of
+    being refused as another model; another model still is refused."""
+    import engine.models as models
+    from engine.nn.mlp import MLPSpec, init_params, to_module
+
+    def mine(widths=(12,)):
+        other = MLPSpec.build(FEATURES, widths, 2)
+        return ChainedMLP(to_module(other, init_params(other, 9)))
+
+    common = dict(comm=comm, batch_size=100, noise_multiplier=1.0, seed=9, quiet=True,
+                  epochs=2, allreduce="ring")  # one summation order in every run
+    where = str(shared_tmp / "generic-run")
+    with monkeypatch.context() as before:  # mpidp as it was: no class traced
+        before.setattr(models, "mlp_linears_of", lambda module: None)
+        whole = engine.train(data, model=mine(), **common)
+        stopped = engine.train(data, model=mine(), checkpoint_dir=where, stop_after=7,
+                               **common)
+    assert whole.exit_code == 0 and stopped.exit_code == 75
+    resumed = engine.train(data, model=mine(), checkpoint_dir=where, resume=True, **common)
+    assert resumed.exit_code == 0
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters()):
+        assert torch.equal(a.detach(), b.detach())
+    with pytest.raises(CheckpointError, match="another model"):
+        engine.train(data, model=mine((13,)), checkpoint_dir=where, resume=True, **common)
+
+
 def test_only_an_exact_linear_relu_chain_is_taken_for_the_fused_mlp():
     from torch.nn import functional as F
 
