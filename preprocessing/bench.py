@@ -96,6 +96,44 @@ def _timed(argv: list[str], out: str) -> tuple[float, dict[str, float]]:
     return seconds, parse_steps(result.stdout + result.stderr, seconds)
 
 
+def _ranks_of(name: str) -> int | None:
+    """N of ``mpidp prep, N rank(s)``; None for the reference."""
+    return int(name.split(", ")[1].split()[0]) if name.startswith("mpidp prep, ") else None
+
+
+def ratio_labels(times: dict[str, list[float]]) -> dict[str, str]:
+    """key -> label of the ratios :func:`paired_ratios` computes for these pipelines."""
+    labels = {}
+    ranks = sorted(n for n in map(_ranks_of, times) if n)
+    for n in ranks:
+        if "polars (1 process)" in times:
+            labels[f"vs_polars_{n}_ranks"] = f"mpidp prep at {n} rank(s), polars' time over it"
+        if n > ranks[0]:
+            labels[f"speedup_{ranks[0]}_to_{n}_ranks"] = \
+                f"mpidp prep, {ranks[0]} -> {n} ranks, speed-up"
+    return labels
+
+
+def paired_ratios(times: dict[str, list[float]]) -> dict:
+    """Each ratio of :func:`ratio_labels` as the median of its per-round values
+    (the pipelines of a round ran one after the other) and ``KEY_spread``, the
+    least and greatest round: what ``tools/bench_guard.py`` compares."""
+    by_ranks = {_ranks_of(name): t for name, t in times.items() if _ranks_of(name)}
+    first = min(by_ranks) if by_ranks else None
+    out: dict = {}
+    for key in ratio_labels(times):
+        if key.startswith("vs_polars_"):
+            n = int(key.split("_")[2])
+            slower, faster = times["polars (1 process)"], by_ranks[n]
+        else:
+            n = int(key.split("_")[3])
+            slower, faster = by_ranks[first], by_ranks[n]
+        per_round = [a / b for a, b in zip(slower, faster)]
+        out[key] = statistics.median(per_round)
+        out[key + "_spread"] = [min(per_round), max(per_round)]
+    return out
+
+
 def parse_steps(text: str, seconds: float) -> dict[str, float]:
     """The steps of a ``--timings`` output (see :func:`_timed`)."""
     steps: dict[str, float] = {}
@@ -178,6 +216,14 @@ def run(args: argparse.Namespace) -> int:
         speedup = f"{one / seconds:.2f}x" if one and name.startswith("mpidp") else "-"
         print(f"{name:<22} {seconds:>8.2f} {records / seconds:>12,.0f} {ratio:>10} "
               f"{speedup:>9}")
+    ratios = paired_ratios(times)
+    if ratios:
+        cpu = machine.cpu_model()
+        print()
+        for key, label in ratio_labels(times).items():
+            value, (low, high) = ratios[key], ratios[key + "_spread"]
+            print(f"{label}: {value:.2f}x [{low:.2f}, {high:.2f} over {args.repeat} "
+                  f"rounds; {cpu}]")
     median_steps = {name: _median_steps(runs) for name, runs in steps.items()}
     print("\nwhere the time goes (median seconds; start: interpreter, imports and MPI "
           "start-up before the first step; prep's steps are rank 0's clock, each rank's "
@@ -189,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps({
                 "input": source, "records": records, "megabytes": size_mb,
                 "repeat": args.repeat, "seconds": times, "median_seconds": medians,
-                "steps": steps, "median_steps": median_steps,
+                "steps": steps, "median_steps": median_steps, **ratios,
                 "provenance": machine.provenance(),
             }, indent=2))
         except OSError as exc:

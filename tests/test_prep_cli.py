@@ -193,6 +193,25 @@ def test_bench_prep_runs_and_prints_ratios(tmp_path):
     two = steps["mpidp prep, 2 ranks"]
     assert {"start", "parse", "shuffle", "parse rank 0", "parse rank 1", "sha256 rank 0"} <= \
         set(two) and all(v >= 0 for v in two.values())
+    # the ratio the speed guard compares, from the round's own times
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    polars, ours = doc["seconds"]["polars (1 process)"][0], doc["seconds"]["mpidp prep, 2 ranks"][0]
+    assert doc["vs_polars_2_ranks"] == pytest.approx(polars / ours)
+    assert doc["vs_polars_2_ranks_spread"] == [doc["vs_polars_2_ranks"]] * 2
+    assert "mpidp prep at 2 rank(s), polars' time over it: " in result.stdout
+
+
+def test_bench_prep_ratios_are_medians_of_per_round_ratios():
+    from preprocessing.bench import paired_ratios
+
+    times = {"polars (1 process)": [2.0, 3.0, 2.0], "mpidp prep, 1 rank": [4.0, 3.0, 2.0],
+             "mpidp prep, 2 ranks": [1.0, 3.0, 4.0]}
+    got = paired_ratios(times)
+    assert got["vs_polars_1_ranks"] == 1.0 and got["vs_polars_1_ranks_spread"] == [0.5, 1.0]
+    assert got["vs_polars_2_ranks"] == 1.0 and got["vs_polars_2_ranks_spread"] == [0.5, 2.0]
+    assert got["speedup_1_to_2_ranks"] == 1.0  # 4/1, 3/3, 2/4: per round, not 3/3 of medians
+    assert got["speedup_1_to_2_ranks_spread"] == [0.5, 4.0]
+    assert paired_ratios({"mpidp prep, 2 ranks": [1.0]}) == {}  # nothing to pair
 
 
 @pytest.mark.parametrize("argv, message", [
