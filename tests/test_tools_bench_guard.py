@@ -24,6 +24,9 @@ def test_the_key_is_the_cpu_and_its_vector_extensions():
     # an AVX-512 CPU run under tools/as_avx2.sh is kept apart from a real AVX2 one
     limited = dict(MACHINE, isa_limit="avx2 (AVX-512 left unused on a CPU that has it)")
     assert guard.machine_key({"machine": limited}) == "amd-epyc-7763-64-core__avx-avx2__limited"
+    # bench prep keeps the machine in its provenance only
+    assert guard.machine_key({"provenance": {"machine": MACHINE}}) == \
+        "amd-epyc-7763-64-core__avx-avx2"
 
 
 def test_as_avx2_turns_every_avx512_feature_off_for_numba_and_the_facts():

@@ -31,7 +31,7 @@ STORE = ROOT / "results" / "machines"
 
 def machine_key(document: dict) -> str:
     """``amd-epyc__avx2-avx512f...``: the CPU model and vector extensions of a run."""
-    machine = document.get("machine") or {}
+    machine = document.get("machine") or (document.get("provenance") or {}).get("machine") or {}
     cpu = re.sub(r"[^a-z0-9]+", "-", str(machine.get("cpu", "unknown")).lower()).strip("-")
     vectors = "-".join(v for v in machine.get("vector_extensions", []) if "avx" in v) or "novec"
     limited = "__limited" if machine.get("isa_limit") else ""  # tools/as_avx2.sh
