@@ -69,8 +69,9 @@ def describe() -> dict:
     facts = {"host": platform.node(), "cpu": cpu_model(),
              "vector_extensions": vector_extensions(), "cores": available_cores(),
              "mpi": mpi_library()}
-    if isa_limit():
-        facts["isa_limit"] = f"{isa_limit()} (AVX-512 left unused on a CPU that has it)"
+    limit = isa_limit()
+    if limit:
+        facts["isa_limit"] = f"{limit} (AVX-512 left unused on a CPU that has it)"
     return facts
 
 

@@ -101,33 +101,30 @@ def _ranks_of(name: str) -> int | None:
     return int(name.split(", ")[1].split()[0]) if name.startswith("mpidp prep, ") else None
 
 
-def ratio_labels(times: dict[str, list[float]]) -> dict[str, str]:
-    """key -> label of the ratios :func:`paired_ratios` computes for these pipelines."""
-    labels = {}
-    ranks = sorted(n for n in map(_ranks_of, times) if n)
-    for n in ranks:
-        if "polars (1 process)" in times:
-            labels[f"vs_polars_{n}_ranks"] = f"mpidp prep at {n} rank(s), polars' time over it"
-        if n > ranks[0]:
-            labels[f"speedup_{ranks[0]}_to_{n}_ranks"] = \
-                f"mpidp prep, {ranks[0]} -> {n} ranks, speed-up"
-    return labels
+def _pairs(times: dict[str, list[float]]) -> list[tuple[str, str, list[float], list[float]]]:
+    """(key, label, slower run's times, faster run's times) of each ratio: polars'
+    time over prep's at each rank count, and the speed-up from the fewest ranks."""
+    by_ranks = dict(sorted((_ranks_of(name), t) for name, t in times.items()
+                           if _ranks_of(name)))
+    polars = times.get("polars (1 process)")
+    first = next(iter(by_ranks), None)
+    pairs = []
+    for n, t in by_ranks.items():
+        if polars is not None:
+            pairs.append((f"vs_polars_{n}_ranks", f"mpidp prep at {n} rank(s), polars' time "
+                          "over it", polars, t))
+        if n != first:
+            pairs.append((f"speedup_{first}_to_{n}_ranks",
+                          f"mpidp prep, {first} -> {n} ranks, speed-up", by_ranks[first], t))
+    return pairs
 
 
 def paired_ratios(times: dict[str, list[float]]) -> dict:
-    """Each ratio of :func:`ratio_labels` as the median of its per-round values
-    (the pipelines of a round ran one after the other) and ``KEY_spread``, the
+    """Each ratio of :func:`_pairs` as the median of its per-round values (the
+    pipelines of a round ran one after the other) and ``KEY_spread``, the
     least and greatest round: what ``tools/bench_guard.py`` compares."""
-    by_ranks = {_ranks_of(name): t for name, t in times.items() if _ranks_of(name)}
-    first = min(by_ranks) if by_ranks else None
     out: dict = {}
-    for key in ratio_labels(times):
-        if key.startswith("vs_polars_"):
-            n = int(key.split("_")[2])
-            slower, faster = times["polars (1 process)"], by_ranks[n]
-        else:
-            n = int(key.split("_")[3])
-            slower, faster = by_ranks[first], by_ranks[n]
+    for key, _, slower, faster in _pairs(times):
         per_round = [a / b for a, b in zip(slower, faster)]
         out[key] = statistics.median(per_round)
         out[key + "_spread"] = [min(per_round), max(per_round)]
@@ -220,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     if ratios:
         cpu = machine.cpu_model()
         print()
-        for key, label in ratio_labels(times).items():
+        for key, label, _, _ in _pairs(times):
             value, (low, high) = ratios[key], ratios[key + "_spread"]
             print(f"{label}: {value:.2f}x [{low:.2f}, {high:.2f} over {args.repeat} "
                   f"rounds; {cpu}]")

@@ -517,11 +517,11 @@ def summary(page: Path) -> str:
     used: list[Path] = []
     results = "docs/results"
     # the CPU's own code: the AVX2-code run is on the results page only
-    runs = {r["threads"]: r for label, r in _dpsgd().items()
-            if not r.get("machine", {}).get("isa_limit")}
+    own = {label: r for label, r in _dpsgd().items()
+           if not r.get("machine", {}).get("isa_limit")}
+    runs = {r["threads"]: r for r in own.values()}
     if runs:
-        used += [DPSGD[label] for label, r in _dpsgd().items() if r["threads"] in runs
-                 and not r.get("machine", {}).get("isa_limit")]
+        used += [DPSGD[label] for label in own]
         dp = [r["dp_over_nondp"] for r in runs.values() if "dp_over_nondp" in r]
         threads = sorted(t for t, r in runs.items() if "dp_over_nondp" in r)
         if dp:

@@ -419,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
     # Median of the per-round ratios: both methods of a round ran seconds apart,
     # so a load change on a shared machine cancels out.
     width = "default" if CHOICE.width is None else f"{CHOICE.width}-bit"
-    limit = f" limited to {machine.isa_limit()}" if machine.isa_limit() else ""
+    limit = f" limited to {machine.isa_limit()}" if "isa_limit" in where else ""
     cpu = f"{where.get('cpu', 'this CPU')}{limit}, {CHOICE.cpu}, {width} vectors"
     for key, slower, faster, label in RATIOS:
         if slower in median and faster in median:

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.dp.rules import refusal
+from engine.nn.hooks import own_hooks
 
 
 class FlatParameters:
@@ -95,23 +96,17 @@ def by_hand(chain: tuple[nn.Module, ...] | None) -> bool:
             and len({id(m) for m in chain}) == len(chain))
 
 
-def _own_hooks(module: nn.Module) -> bool:
-    """Whether ``module`` has a forward, pre-forward, backward or pre-backward hook."""
-    return bool(module._forward_hooks or module._forward_pre_hooks
-                or module._backward_hooks or module._backward_pre_hooks)
-
-
 def layer_hooks(chain: tuple[nn.Module, ...]) -> bool:
     """Whether any layer of the chain has a hook of its own (a forward hook may
     change an output, a backward hook must see autograd)."""
-    return any(_own_hooks(m) for m in chain)
+    return any(own_hooks(m) for m in chain)
 
 
 def hooks_anywhere(model: nn.Module) -> bool:
     """Whether calling ``model`` would run hooks that calling its children would
     not (its own, or global ones): then the chain is not called layer by layer."""
     module_mod = nn.modules.module
-    return bool(_own_hooks(model) or module_mod._global_forward_hooks
+    return bool(own_hooks(model) or module_mod._global_forward_hooks
                 or module_mod._global_forward_pre_hooks or module_mod._global_backward_hooks
                 or module_mod._global_backward_pre_hooks)
 

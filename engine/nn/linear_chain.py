@@ -30,6 +30,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine.nn.hooks import own_hooks
+
 #: The call_function targets that are a ReLU of their one tensor argument.
 _RELU_FUNCTIONS = (F.relu, torch.relu, torch.relu_)
 #: The call_method names that are.
@@ -104,12 +106,6 @@ def _known_call(call: ast.Call, module: nn.Module) -> bool:
             and isinstance(getattr(module, func.attr, None), _KNOWN))
 
 
-def _hooked(module: nn.Module) -> bool:
-    """Whether ``module`` or a module inside it has a hook of its own."""
-    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-               or m._backward_pre_hooks for m in module.modules())
-
-
 def linear_chain(module: nn.Module) -> list[nn.Linear] | None:
     """The ``nn.Linear`` layers (exact type) that ``module``'s forward applies
     in turn with one ReLU between each two, in call order, where its forward
@@ -120,7 +116,7 @@ def linear_chain(module: nn.Module) -> list[nn.Linear] | None:
     Never raises: a module fx cannot trace (data-dependent control flow,
     several inputs, ...) gives None.
     """
-    if isinstance(module, torch.jit.ScriptModule) or _hooked(module) \
+    if isinstance(module, torch.jit.ScriptModule) or any(map(own_hooks, module.modules())) \
             or not _straight_line(module):
         return None
     try:
