@@ -206,9 +206,12 @@ def test_errors_exit_nonzero_on_all_ranks(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.long
 def test_signal_checkpoints_and_resume_finishes(tmp_path):
     """SIGUSR1 to mpiexec -> every rank stops at a step boundary, checkpoint, exit 75;
-    resume continues from that step to the end."""
+    resume continues from that step to the end. In make test-long only: the
+    same stop and resume run in every suite through Slurm (B:USR1 to the batch
+    shell, tests/test_jobs_slurm.py) and on SIGINT (tests/test_lifecycle.py)."""
     path = synthetic.write(tmp_path / "d.h5", rows=4000, features=8, test_rows=100)
     d = str(tmp_path / "ck")
     args = [sys.executable, "-m", "engine.cli", "train", "--data", path, "--epochs", "400",
