@@ -203,6 +203,10 @@ def test_only_an_exact_linear_relu_chain_is_taken_for_the_fused_mlp():
             h = F.relu(self.fc2(h))
             return self.fc3(h)
 
+    class OtherSelf(Three):
+        def forward(net, x):  # noqa: N805 - ``self`` by another name
+            return net.fc3(F.relu(net.fc2(F.relu(net.fc1(x)))))
+
     class Inner(nn.Module):  # a submodule with a forward of its own
         def __init__(self):
             super().__init__()
@@ -234,6 +238,7 @@ def test_only_an_exact_linear_relu_chain_is_taken_for_the_fused_mlp():
     assert mlp_spec_of(TorchRelu()).dims == (5, 8, 8, 2)
     assert mlp_spec_of(Nested()).dims == (5, 8, 2)
     assert mlp_spec_of(Steps()).dims == (5, 8, 8, 2)
+    assert mlp_spec_of(OtherSelf()).dims == (5, 8, 8, 2)
     for module in (Tanh(), Branch(), Unused(), Twice(), Residual(), Counts(), Flag(), Outer(),
                    OwnFunction(),
                    nn.Sequential(nn.Linear(5, 8), nn.ReLU()),  # ends on a ReLU

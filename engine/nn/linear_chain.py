@@ -75,8 +75,10 @@ def _straight_line(module: nn.Module) -> bool:
     except (OSError, TypeError, SyntaxError):
         return False
     function = tree.body[0] if tree.body else None
-    if not isinstance(function, ast.FunctionDef) or function.decorator_list:
+    if not isinstance(function, ast.FunctionDef) or function.decorator_list \
+            or not function.args.args:
         return False
+    owner = function.args.args[0].arg  # ``self``, by whatever name the forward gives it
     body = function.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # the docstring
@@ -87,22 +89,22 @@ def _straight_line(module: nn.Module) -> bool:
         for node in ast.walk(statement):
             if not isinstance(node, _PLAIN_SYNTAX):
                 return False
-            if isinstance(node, ast.Call) and not _known_call(node, module):
+            if isinstance(node, ast.Call) and not _known_call(node, module, owner):
                 return False
     return bool(body) and isinstance(body[-1], ast.Return)
 
 
-def _known_call(call: ast.Call, module: nn.Module) -> bool:
-    """Whether ``call`` calls a submodule (``self.NAME(...)``) or a ReLU
-    (``F.relu``, ``torch.relu``, ``x.relu()``, ...), nothing a user wrote:
-    a function of the user's would be traced through, and any Python in it
-    skipped by the kernels."""
+def _known_call(call: ast.Call, module: nn.Module, owner: str = "self") -> bool:
+    """Whether ``call`` calls a submodule (``self.NAME(...)``, ``owner`` being
+    the forward's name for ``self``) or a ReLU (``F.relu``, ``torch.relu``,
+    ``x.relu()``, ...), nothing a user wrote: a function of the user's would
+    be traced through, and any Python in it skipped by the kernels."""
     func = call.func
     if not isinstance(func, ast.Attribute) or any(k.arg != "inplace" for k in call.keywords):
         return False
     if func.attr in _RELU_METHODS:
         return True
-    return (isinstance(func.value, ast.Name) and func.value.id == "self"
+    return (isinstance(func.value, ast.Name) and func.value.id == owner
             and isinstance(getattr(module, func.attr, None), _KNOWN))
 
 
