@@ -21,6 +21,7 @@ from preprocessing.errors import PrepError, where
 #: The longest header line accepted (the 2018 person header is 1.9 kB).
 MAX_HEADER_BYTES = 1 << 20
 _OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,20 @@ def _header_from(stream: BinaryIO, name: str) -> tuple[tuple[str, ...], int]:
             raise PrepError(f"{where(name, 1)}: no line end in the first "
                             f"{MAX_HEADER_BYTES >> 20} MiB; this is not a CSV file")
         end = len(head)
+    # a UTF-8 byte-order mark (a file saved by Excel as "CSV UTF-8") is no part of the
+    # first name; the records' offsets stay those of the whole file
+    first = len(_UTF8_BOM) if head.startswith(_UTF8_BOM) else 0
     try:
-        text = head[:end].decode("ascii").rstrip("\r")
+        text = head[first:end].decode("ascii").rstrip("\r")
     except UnicodeDecodeError:
         raise PrepError(f"{where(name, 1)}: the header is not plain text; this is not "
                         "a PUMS CSV file (a binary or compressed file?)") from None
-    text = text.lstrip("\ufeff")
     columns = tuple(c.strip() for c in text.split(","))
+    if len(columns) > 1 and all(len(c) > 1 and c[0] == c[-1] == '"' for c in columns):
+        raise PrepError(f"{where(name, 1)}: the column names are in quotes ({columns[0]}, "
+                        f"{columns[1]}, ...); PUMS files never quote, and mpidp prep reads "
+                        "every line as one record with quoting off: write the file without "
+                        "quotes (pandas: to_csv(..., quoting=csv.QUOTE_MINIMAL))")
     if len(columns) == 1:
         for delimiter, what in _OTHER_DELIMITERS.items():
             if text.count(delimiter) >= 2:

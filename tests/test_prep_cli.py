@@ -59,6 +59,10 @@ def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
            for line in lines[1:]]
     garbage.write_text(lines[0] + "".join(bad))
     cases["non_numeric"] = (garbage, "{p}, line 2: AGEP is 'forty', not a number; 400 of 400")
+    quoted = folder / "quoted.csv"  # pandas' to_csv(quoting=csv.QUOTE_ALL)
+    quoted.write_text("".join(",".join(f'"{f}"' for f in line.rstrip("\n").split(",")) + "\n"
+                              for line in lines))
+    cases["quoted"] = (quoted, '{p}, line 1: the column names are in quotes ("RT", "SERIALNO"')
     no_csv = folder / "docs.zip"
     with zipfile.ZipFile(no_csv, "w") as archive:
         archive.writestr("ACS2018_PUMS_README.pdf", b"%PDF-1.4")
@@ -91,7 +95,7 @@ def _error_in_process(argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "columns", "truncated", "delimiter",
-                                  "non_numeric", "zip_without_csv"])
+                                  "quoted", "non_numeric", "zip_without_csv"])
 def test_bad_input_is_one_clear_error_and_no_output(tmp_path, good_csv, case):
     path, expected = _bad_inputs(tmp_path, good_csv)[case]
     message = _error_in_process([str(good_csv), str(path), "--out", str(tmp_path / "o.h5")])
@@ -110,6 +114,28 @@ def test_check_fields_names_the_first_line_with_extra_fields(tmp_path, good_csv)
     assert message.startswith(f"{ragged}, line 2: the line has {width + 1} fields, the "
                               f"header {width}; 400 of 400"), message
     assert not list(tmp_path.glob("*.h5")) and not list(tmp_path.glob(".*mpidp-tmp*"))
+
+
+def test_a_byte_order_mark_is_no_part_of_the_header(tmp_path, good_csv):
+    """A file saved as "CSV UTF-8" (Excel) starts with a UTF-8 byte-order mark:
+    prepared as the same file without it, row for row."""
+    import argparse
+
+    from collectives.runtime import MPI
+    from preprocessing.pipeline import prepare
+    from preprocessing.prep import add_arguments, make_settings
+
+    marked = tmp_path / "psam_p98.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + good_csv.read_bytes())
+    for path, out in ((good_csv, "plain.h5"), (marked, "marked.h5")):
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        prepare(MPI.COMM_SELF, make_settings(parser.parse_args(
+            [str(path), "--out", str(tmp_path / out), "--quiet"])), threads=1)
+    with h5py.File(tmp_path / "plain.h5") as plain, h5py.File(tmp_path / "marked.h5") as marked:
+        for split in ("train", "test"):
+            assert np.array_equal(plain[split]["X"][()], marked[split]["X"][()])
+            assert np.array_equal(plain[split]["y"][()], marked[split]["y"][()])
 
 
 @pytest.mark.parametrize("where", [0, 10, 398])
