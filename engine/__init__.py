@@ -92,7 +92,11 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
         **options: the options of ``mpidp train`` by keyword (the fields of
             :class:`engine.config.TrainConfig`), e.g. ``epochs=5,
             target_epsilon=1.0, batch_size=256, hidden=(128, 128),
-            checkpoint_dir="runs/a"``; ``dp=False`` for a non-private run. The
+            checkpoint_dir="runs/a"``; ``dp=False`` for a non-private run. Each
+            of the field's type (numpy's scalars too; any sequence of integers
+            for ``hidden`` and ``lr_milestones``, or ``hidden`` as the text
+            ``--hidden`` takes, ``"128,128"``); another type is a ConfigError
+            naming the option. The
             same life-cycle as the command (docs/lifecycle.md): the outputs
             are checked and the checkpoint directory locked before any work;
             ``resume=True`` needs only ``data`` and ``checkpoint_dir`` (the
@@ -137,7 +141,7 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
            **options: Any) -> Run:
     """:func:`train` itself (it ends the job when this raises on some ranks only)."""
     # deferred: torch and the trainer; `import engine` stays light
-    from engine.config import TrainConfig
+    from engine.config import TrainConfig, api_options
     from engine.errors import ConfigError
     from engine.trainer import Trainer
 
@@ -148,9 +152,8 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
                           f"choose from {', '.join(sorted(known))}", collective=True)
     # the options given: a resume takes every other setting from the checkpoint
     given = set(options)
+    options = api_options(options)
     options.setdefault("progress", False)
-    if "hidden" in options:
-        options["hidden"] = tuple(options["hidden"])
     model_object = None
     if isinstance(model, str):
         options["model"] = model

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
+import types
+import typing
 from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 import collectives
 from engine.choices import NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, parse_hidden
@@ -189,6 +194,72 @@ class TrainConfig:
                  f"{' or '.join(KINDS)} (default {DEFAULT_KIND})")
         if self.allow_large_delta and not self.dp:
             fail("--allow-large-delta is about DP's delta: drop it with --no-dp")
+
+
+def api_options(options: dict) -> dict:
+    """``engine.train``'s keyword options, checked against :class:`TrainConfig`'s
+    field types: returns them with integral numbers as ``int``, numbers as
+    ``float``, sequences as tuples, and ``hidden`` given as text
+    (``"128,128"``, as ``--hidden`` takes it) parsed.
+
+    Raises:
+        ConfigError (collective): an option of the wrong type (``epochs="two"``,
+            ``hidden=[1.5]``, ``dp="no"``), named with what it takes.
+    """
+    hints = typing.get_type_hints(TrainConfig)
+    checked = dict(options)
+    for name, value in options.items():
+        if name not in hints:
+            continue  # the caller names unknown options
+        if name == "hidden" and isinstance(value, str):
+            checked[name] = parse_hidden(value)
+            continue
+        kinds = _kinds(hints[name])
+        if value is None and type(None) in kinds:
+            continue
+        converted = _as_kind(value, kinds[0])
+        if converted is _WRONG:
+            what = " or ".join(_KIND_NAMES.get(k, "a sequence of integers") for k in kinds)
+            raise ConfigError(f"engine.train(): {name}={value!r} ({type(value).__name__}); "
+                              f"{name} takes {what}", collective=True)
+        checked[name] = converted
+    return checked
+
+
+def _kinds(hint) -> tuple:
+    """The types a field's annotation allows (``float | None`` -> float, None)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+#: How a message names a type an option takes.
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string",
+               type(None): "None"}
+#: :func:`_as_kind`'s answer for a value of another type.
+_WRONG = object()
+
+
+def _as_kind(value, kind):
+    """``value`` as ``kind`` (int, float, bool, str or ``tuple[int, ...]``)
+    where it is one (any integral number for an int, any real for a float,
+    numpy's scalars included, a sequence of integers for a tuple), else
+    ``_WRONG``. A bool is not a number here, nor a number a bool."""
+    if kind is bool:
+        return bool(value) if isinstance(value, (bool, np.bool_)) else _WRONG
+    if kind in (int, float):
+        wanted = numbers.Integral if kind is int else numbers.Real
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, wanted):
+            return _WRONG
+        return kind(value)
+    if kind is str:
+        return value if isinstance(value, str) else _WRONG
+    if typing.get_origin(kind) is tuple:
+        if isinstance(value, (str, bytes)) or not isinstance(value, typing.Iterable):
+            return _WRONG
+        items = tuple(_as_kind(v, int) for v in value)
+        return _WRONG if any(v is _WRONG for v in items) else items
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -104,6 +104,36 @@ def test_unknown_option_is_named(tmp_path):
         engine.train(str(tmp_path / "x.h5"), noise_multiplier=1.0, accountant="prv")
 
 
+@pytest.mark.parametrize("option, value, takes", [
+    ("epochs", "two", "epochs takes an integer"),
+    ("epochs", 2.5, "epochs takes an integer"),
+    ("lr", "0.1", "lr takes a number"),
+    ("dp", "no", "dp takes True or False"),
+    ("noise_multiplier", True, "noise_multiplier takes a number or None"),
+    ("hidden", [64, 1.5], "hidden takes a sequence of integers"),
+    ("lr_milestones", 3, "lr_milestones takes a sequence of integers"),
+    ("checkpoint_dir", 7, "checkpoint_dir takes a string or None")])
+def test_an_option_of_the_wrong_type_is_named(tmp_path, option, value, takes):
+    """Before any work, on every rank alike (not a TypeError from inside)."""
+    with pytest.raises(ConfigError, match=f"^engine.train\\(\\): {option}=.*; {takes}$"):
+        engine.train(str(tmp_path / "x.h5"), **{"noise_multiplier": 1.0, option: value})
+
+
+def test_options_are_taken_as_the_command_line_takes_them():
+    """numpy's scalars for numbers, any sequence for a tuple, ``hidden`` as the
+    text ``--hidden`` takes; None where the option may be None."""
+    import numpy as np
+
+    from engine.config import api_options
+
+    got = api_options({"epochs": np.int64(3), "lr": 1, "hidden": "32,16", "seed": None,
+                       "lr_milestones": [2, np.int32(4)], "dp": np.bool_(True)})
+    assert got == {"epochs": 3, "lr": 1.0, "hidden": (32, 16), "seed": None,
+                   "lr_milestones": (2, 4), "dp": True}
+    assert type(got["epochs"]) is int and type(got["lr"]) is float
+    assert api_options({"hidden": ""})["hidden"] == ()  # logistic regression, as --hidden ''
+
+
 def test_no_submodule_shadows_the_api():
     """Importing a submodule binds its name on the package: a module named like
     an API function would replace the function once anything imported it."""

@@ -250,6 +250,23 @@ def test_only_an_exact_linear_relu_chain_is_taken_for_the_fused_mlp():
     assert mlp_spec_of(hooked) is None
 
 
+def test_a_factory_that_cannot_take_the_sizes_is_one_clear_error():
+    from engine.errors import ConfigError
+    from engine.nn.model_names import build
+
+    class NoSizes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+    with pytest.raises(ConfigError, match=r"^model mine: a model factory is called as "
+                       r"NoSizes\(n_features, n_classes\), here NoSizes\(4, 2\), but "
+                       r"NoSizes\(\) does not take them"):
+        build(NoSizes, 4, 2, "mine")
+    assert isinstance(build(nn.Linear, 4, 2, "mine"), nn.Linear)  # (in, out, bias=True)
+    assert isinstance(build(lambda *sizes: nn.Linear(*sizes), 4, 2, "mine"), nn.Linear)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_model_that_differs_between_ranks_is_refused_on_every_rank(data, comm):
     torch.manual_seed(comm.Get_rank())  # the user's mistake: a different draw per rank

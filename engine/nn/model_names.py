@@ -75,6 +75,7 @@ def build(factory: "Callable[[int, int], nn.Module] | nn.Module", n_features: in
 
     if isinstance(factory, nn.Module):
         return factory
+    _check_signature(factory, n_features, n_classes, label)
     try:
         model = factory(n_features, n_classes)
     except Exception as exc:  # the user's code
@@ -84,3 +85,23 @@ def build(factory: "Callable[[int, int], nn.Module] | nn.Module", n_features: in
         raise ConfigError(f"model {label}: the factory returned {type(model).__name__}, "
                           "not a torch.nn.Module")
     return model
+
+
+def _check_signature(factory, n_features: int, n_classes: int, label: str) -> None:
+    """Refuse (ConfigError) a factory that cannot be called as
+    ``factory(n_features, n_classes)``, saying how it is called; nothing where
+    its signature cannot be read."""
+    import inspect
+
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(n_features, n_classes)
+    except TypeError:
+        name = getattr(factory, "__name__", "the factory")
+        raise ConfigError(f"model {label}: a model factory is called as {name}(n_features, "
+                          f"n_classes), here {name}({n_features}, {n_classes}), but "
+                          f"{name}{signature} does not take them: add those two parameters, "
+                          "or pass a model instance instead") from None
