@@ -110,6 +110,40 @@ def test_a_tiny_sigma_is_answered_on_a_coarser_grid_not_with_a_crash():
     assert pld.effective_interval(DEMO_Q, 0.01, DEMO_STEPS, 1e-4) > 1e-4
 
 
+@pytest.mark.parametrize("q, sigma, steps", [(0.01, 1.0, 3), (0.01, 1.0, 30_000),
+                                             (0.2128, 1.0, 2570), (1.0, 5.0, 1000)])
+def test_the_composition_is_the_librarys_own(q, sigma, steps):
+    """``_compose`` goes dense first where dp-accounting would, and the width
+    measured without composing is the composed PMF's own: the same grid, the
+    same epsilon as ``self_compose`` (a change in the library shows here)."""
+    width = pld._loss_range(q, sigma)
+    coarse = width / pld._PROBE_POINTS
+    step = pld._step_pld(q, sigma, coarse)
+    theirs, ours = step.self_compose(steps), pld._compose(step, steps)
+    assert ours.get_epsilon_for_delta(DELTA) == theirs.get_epsilon_for_delta(DELTA)
+    size = max(theirs._pmf_remove.size, theirs._pmf_add.size)
+    assert pld._composed_width.__wrapped__(q, sigma, steps) == size * coarse
+
+
+def test_billions_of_steps_are_answered_or_refused_in_seconds(monkeypatch):
+    """dp-accounting tests a sparse PMF's composition by computing size ** steps
+    exactly (minutes at 10^8 steps); mpidp goes dense first, so that test is
+    never reached at such counts. Beyond what a coarsened grid can hold, a
+    one-line PrivacyError points to RDP."""
+    from dp_accounting.pld import pld_pmf
+
+    def exact_power(*args, **kwargs):
+        raise AssertionError("the sparse composition (size ** steps) was called")
+
+    monkeypatch.setattr(pld_pmf.SparsePLDPmf, "self_compose", exact_power)
+    assert epsilon_for(0.01, 1.0, 10**8, DELTA) > epsilon_for(0.01, 1.0, 10**8, DELTA, "rdp") / 10
+    with pytest.raises(PrivacyError, match=r"^PLD accounting of 100,000,000,000 steps at noise "
+                       r"multiplier 1, sampling rate 0.01 would compose a grid of [0-9,]+ "
+                       r"points, too long to be useful over so many steps; use --accountant "
+                       r"rdp$"):
+        epsilon_for(0.01, 1.0, 10**11, DELTA)
+
+
 def test_a_sigma_too_small_for_the_pld_arithmetic_is_a_one_line_error():
     """At sigma 0.001 one step's privacy loss overflows dp-accounting's grid
     arithmetic (math.expm1 of the interval): a PrivacyError naming the way

@@ -38,6 +38,11 @@ MAX_STEP_POINTS = 1 << 20
 #: factors, 16 bytes a point) of its last 16 lengths, each evaluation's being
 #: new: about 16 x 16 MiB at this cap.
 MAX_COMPOSED_POINTS = 1 << 20
+#: Longest composition :func:`run_pld` runs. Up to about 10^8 steps the
+#: coarsened grid keeps it near :data:`MAX_COMPOSED_POINTS`; beyond, each
+#: step's rounding to the coarse grid widens it (10^10 steps at q = 0.01,
+#: sigma = 1: 10^7 points, 12 s; 10^11: 1.3 * 10^8 points, 150 s).
+MAX_RUN_POINTS = 4 * MAX_COMPOSED_POINTS
 #: Points per step of the coarse grid that measures the composed width.
 _PROBE_POINTS = 64
 
@@ -102,24 +107,72 @@ def _loss_range(q: float, sigma: float) -> float:
     return width
 
 
+#: dp-accounting's tail mass truncation of a composition (``self_compose``'s default).
+_TAIL_MASS = 1e-15
+
+
+def _dense_pmfs(step, steps: int) -> list | None:
+    """The PMFs of ``step`` (a dp-accounting PLD: remove, then add unless it
+    is symmetric) as dense PMFs, where composing it ``steps`` times goes
+    dense; None where the library composes it sparse (few steps of a small
+    PMF) or the PLD is not laid out as expected.
+
+    dp-accounting composes a sparse PMF (what ``from_gaussian_mechanism``
+    gives) by first computing ``size ** steps`` as an exact integer, to see
+    whether the result is too large for a sparse PMF (then it goes dense):
+    10^7 steps took 33 s in that one power, 10^8 longer than anyone waits,
+    and ``mpidp privacy`` may be asked any number of steps. The same test,
+    on logarithms, costs nothing."""
+    from dp_accounting.pld import pld_pmf  # deferred: as in event
+
+    first = getattr(step, "_pmf_remove", None)
+    if first is None or steps <= 1:
+        return None
+    pmfs = [first] if getattr(step, "_symmetric", False) else [first, step._pmf_add]
+    cap = math.log(getattr(pld_pmf, "_MAX_PMF_SPARSE_SIZE", 1000))
+    if not any(isinstance(pmf, pld_pmf.SparsePLDPmf) and pmf.size > 1
+               and steps * math.log(pmf.size) > cap + 1 for pmf in pmfs):
+        return None
+    return [pmf.to_dense_pmf() for pmf in pmfs]
+
+
+def _compose(step, steps: int):
+    """``step.self_compose(steps)``, the same result, gone dense first where
+    the library would (:func:`_dense_pmfs`), so that its time does not grow
+    with the number of digits of ``steps``."""
+    from dp_accounting.pld import privacy_loss_distribution as pld  # deferred: as in event
+
+    dense = _dense_pmfs(step, steps)
+    if dense is not None:
+        step = pld.PrivacyLossDistribution(*dense)
+    return step.self_compose(int(steps), _TAIL_MASS)
+
+
 @lru_cache(maxsize=64)
 def _composed_width(q: float, sigma: float, steps: int) -> float:
     """Width, in privacy-loss units, of the grid dp-accounting keeps after
-    composing ``steps`` steps (its tails truncated at 1e-15 by a Chernoff
-    bound), measured on a coarse grid of :data:`_PROBE_POINTS` per step: the
-    width barely depends on the interval, so a finer grid of interval ``d``
-    needs about ``width / d`` points.
+    composing ``steps`` steps (its tails truncated at :data:`_TAIL_MASS` by a
+    Chernoff bound), measured on a coarse grid of :data:`_PROBE_POINTS` per
+    step: the width barely depends on the interval, so a finer grid of
+    interval ``d`` needs about ``width / d`` points.
 
-    The size is read from the composed distribution's ``size`` (a private
-    attribute of dp-accounting's PLD, checked by a test); without it, the
-    single step's width times the steps stands in (the most the composition
-    can span: safe, and very coarse).
+    Where the composition goes dense (:func:`_dense_pmfs`), its length is the
+    library's own bound on it (``common.compute_self_convolve_bounds``, what
+    its FFT composition allocates), computed without composing: composing
+    on the coarse grid took minutes at 10^9 steps. Otherwise the
+    composition's ``size`` (a private attribute of dp-accounting's PLD,
+    checked by a test); without it, the single step's width times the steps
+    stands in (the most the composition can span: safe, and very coarse).
     """
     width = _loss_range(q, sigma)
     if steps <= 1 or width == 0:
         return width
     coarse = width / _PROBE_POINTS
-    composed = _step_pld(q, sigma, coarse).self_compose(int(steps))
+    step = _step_pld(q, sigma, coarse)
+    points = _dense_length(step, steps)
+    if points is not None:
+        return points * coarse
+    composed = _compose(step, steps)
     sizes = [getattr(getattr(composed, name, None), "size", None)
              for name in ("_pmf_remove", "_pmf_add")]
     sizes = [size for size in sizes if isinstance(size, int)]
@@ -164,12 +217,39 @@ def _pld_failed(q: float, sigma: float, steps: int, exc: BaseException) -> Priva
 
 def run_pld(q: float, sigma: float, steps: int, interval: float):
     """The run's PLD on the grid ``interval`` (coarsened where it would be too
-    long: :func:`effective_interval`); dp-accounting's failures as one line."""
+    long: :func:`effective_interval`); dp-accounting's failures as one line.
+
+    Raises:
+        PrivacyError: dp-accounting fails, or the composition would be longer
+            than :data:`MAX_RUN_POINTS` (billions of steps: the coarse grid's
+            rounding widens each step's loss, so coarsening no longer keeps
+            the composition short, and its FFT would take minutes).
+    """
     try:
         effective = effective_interval(q, sigma, steps, interval)
-        return _step_pld(q, sigma, effective).self_compose(int(steps))
+        step = _step_pld(q, sigma, effective)
+        points = _dense_length(step, steps)
+        if points is not None and points > MAX_RUN_POINTS:
+            raise PrivacyError(
+                f"PLD accounting of {steps:,} steps at noise multiplier {sigma:.4g}, sampling "
+                f"rate {q:.3g} would compose a grid of {points:,} points, too long to be "
+                "useful over so many steps; use --accountant rdp")
+        return _compose(step, steps)
     except _PLD_FAILURES as exc:
         raise _pld_failed(q, sigma, steps, exc) from None
+
+
+def _dense_length(step, steps: int) -> int | None:
+    """Points of ``step`` composed ``steps`` times where that goes dense (the
+    length dp-accounting's FFT allocates), else None."""
+    dense = _dense_pmfs(step, steps)
+    if dense is None or not all(hasattr(pmf, "_probs") for pmf in dense):
+        return None
+    from dp_accounting.pld import common  # deferred: as in event
+
+    bounds = [common.compute_self_convolve_bounds(pmf._probs, int(steps), _TAIL_MASS)
+              for pmf in dense]
+    return max(upper - lower + 1 for lower, upper in bounds)
 
 
 @lru_cache(maxsize=512)
