@@ -79,10 +79,11 @@ def parse_by(text: str) -> list[Grouping]:
     """``"SEX,RAC1P,SEX:RAC1P"`` -> one :class:`Grouping` per comma-separated item.
 
     Raises:
-        ValueError: an empty item, an attribute named twice in a cross, or a
+        ValueError: an empty item, an attribute named twice in a cross, a
+            grouping asked twice (``SEX,SEX``; ``SEX:RAC1P,RAC1P:SEX``), or a
             cross of more than :data:`MAX_CROSS` attributes.
     """
-    groupings = []
+    groupings, asked = [], {}
     for item in text.split(","):
         names = tuple(n.strip().upper() for n in item.split(CROSS))
         if not all(names):
@@ -92,7 +93,13 @@ def parse_by(text: str) -> list[Grouping]:
             raise ValueError(f"--by {item}: a cross of {len(names)} attributes; at most "
                              f"{MAX_CROSS} (their cells get small fast)")
         if len(set(names)) != len(names):
-            raise ValueError(f"--by {item}: names {names[0]} twice")
+            twice = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"--by {item}: names {twice} twice")
+        key = tuple(sorted(names))
+        if key in asked:
+            raise ValueError(f"--by {text}: {item.strip()} asks for the groups of "
+                             f"{asked[key]} again; name each grouping once")
+        asked[key] = item.strip()
         groupings.append(Grouping(names))
     return groupings
 

@@ -292,7 +292,9 @@ def test_cells_of_a_cross_index_each_rows_pair_of_codes():
 
 @pytest.mark.parametrize("text, message", [
     ("SEX,", "an empty attribute name"), ("A:B:C", "a cross of 3 attributes"),
-    ("SEX:SEX", "names SEX twice")])
+    ("SEX:SEX", "names SEX twice"),
+    ("SEX,RAC1P,sex", "sex asks for the groups of SEX again"),
+    ("SEX:RAC1P,RAC1P:SEX", "RAC1P:SEX asks for the groups of SEX:RAC1P again")])
 def test_a_by_that_cannot_be_read(text, message):
     with pytest.raises(ValueError, match=message):
         groups.parse_by(text)
