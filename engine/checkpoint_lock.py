@@ -252,7 +252,7 @@ def acquire(directory: str | os.PathLike, command: str | None = None) -> Lock:
 
 
 def open_directory(directory: str | None, resume: bool, metrics: str | None,
-                   comm) -> Lock | None:
+                   comm, data: str | None = None) -> Lock | None:
     """Collective: check the run's outputs and lock its checkpoint directory,
     before any data is read (rank 0 checks and writes; every rank gets the verdict).
 
@@ -262,7 +262,11 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
     files, and is then locked for this run. Returns the lock on rank 0,
     None elsewhere (and without a directory).
 
-    Raises (on every rank): CheckpointError, OutputError (exit 2),
+    ``data`` (the run's input file) and the directory's own files are no
+    place for the metrics.
+
+    Raises (on every rank): CheckpointError, OutputError (exit 2: also a
+    ``--metrics`` that names ``data`` or one of the directory's files),
     DirectoryLocked (73), WriteFailed (74).
     """
     error, lock, created = None, None, False
@@ -282,6 +286,10 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
                 outputs.check_directory(where, "--checkpoint-dir")
             if metrics:
                 outputs.check_file(metrics, "--metrics")
+                # not the data, nor a file the checkpoint directory keeps
+                kept = {f"the checkpoint's {name}": os.path.join(directory, name)
+                        for name in (FILENAME, BEST_NAME, LOCK_NAME)} if directory else {}
+                outputs.check_apart({"--metrics": metrics}, {"--data": data, **kept})
             if directory:
                 lock = acquire(directory)
                 lock.created = created

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 from typing import Callable
 
 import numpy as np
@@ -259,6 +260,21 @@ class _Model:
         return f"{self.checkpoint} (epsilon {self.epsilon:.3f}{tuned})"
 
 
+def _checkpoint_files(checkpoints: list[str]) -> dict[str, str]:
+    """The files ``--checkpoint`` names (for a run's directory, its checkpoint
+    and its selected model), which no output may replace."""
+    from engine.checkpoint import BEST_NAME, FILENAME  # deferred: as load_model below
+
+    files = {}
+    for given in checkpoints:
+        if not os.path.isdir(given):
+            files[f"--checkpoint {given}"] = given
+            continue
+        for name in (FILENAME, BEST_NAME):
+            files[f"--checkpoint {given}'s {name}"] = os.path.join(given, name)
+    return files
+
+
 def run(args: argparse.Namespace) -> int:
     """Collective: score the checkpoint(s) on ``--split`` of ``--data``, overall and
     ``--by`` group; rank 0 prints and writes.
@@ -275,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if comm.Get_rank() == 0:
             outputs.check_all({"--json": args.json, "--plot": args.plot})
+            outputs.check_apart({"--json": args.json, "--plot": args.plot},
+                                {"--data": args.data, **_checkpoint_files(args.checkpoint)})
         from engine import checkpoint as ckpt  # deferred: torch, kept out of `--help`
 
         payloads = [ckpt.load_model(checkpoint) for checkpoint in args.checkpoint]

@@ -125,6 +125,25 @@ def check_all(files: dict[str, str | None]) -> None:
             check_file(path, option)
 
 
+def check_apart(files: dict[str, str | os.PathLike | None],
+                keep: dict[str, str | os.PathLike | None]) -> None:
+    """Refuse an output that would replace a file the command reads or writes
+    otherwise: each of ``files`` (``{option: path}``, None: not requested)
+    against every other one and every one of ``keep`` (its inputs, and
+    outputs of its own such as the files of the checkpoint directory).
+
+    Raises:
+        OutputError: naming both options, before any work.
+    """
+    named = [(option, path) for option, path in files.items() if path and path != "-"]
+    others = named + [(option, path) for option, path in keep.items() if path]
+    for i, (option, path) in enumerate(named):
+        for other_option, other in others[i + 1:]:
+            if kernels.files.same_file(path, other):
+                raise OutputError(f"{option} {path} is the file of {other_option} ({other}): "
+                                  "writing it would replace that file; give another name")
+
+
 def replace_file(path: str | os.PathLike, data: str | bytes,
                  failure: Callable[[str], str], mode: int = 0o666,
                  sync_directory: bool = False) -> None:

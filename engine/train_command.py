@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     given = given_options(args)
     cfg = config.from_args(args, check=not args.resume)
     comm = MPI.COMM_WORLD
-    lock = checkpoint_lock.open_directory(cfg.checkpoint_dir, cfg.resume, cfg.metrics, comm)
+    lock = checkpoint_lock.open_directory(cfg.checkpoint_dir, cfg.resume, cfg.metrics, comm,
+                                          data=cfg.data)
     try:
         # deferred: the trainer's kernels and Numba, kept out of `mpidp train --help`
         from engine.trainer import Trainer

@@ -385,7 +385,8 @@ class Trainer:
                 if not self.opened:
                     self.opened = True
                     self.lock = checkpoint_lock.open_directory(
-                        self.cfg.checkpoint_dir, self.cfg.resume, self.cfg.metrics, self.comm)
+                        self.cfg.checkpoint_dir, self.cfg.resume, self.cfg.metrics, self.comm,
+                        data=self.cfg.data)
                 code = self._run(stop)
                 checkpoint_lock.release_everywhere(self.lock, self.comm)
                 return code

@@ -44,6 +44,16 @@ def cache_file(name: str, variable: str) -> Path | None:
     return cache_dir() / name
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same inode where both exist
+    (a hard link, another spelling through a symbolic link), else the same
+    resolved path (an output not written yet)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def temporary_name(path: str | os.PathLike, tag: str | None = None) -> Path:
     """The hidden name ``path`` is written under before it is renamed:
     ``.NAME.TAG.tmp`` in the same directory, ``TAG`` the process id unless

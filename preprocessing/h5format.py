@@ -288,10 +288,17 @@ def read_info(path: str) -> DataInfo:
 
     if not os.path.exists(path):
         raise FormatError(f"data file {path} does not exist (make one with `mpidp prep`)")
+    if os.path.isdir(path):
+        raise FormatError(f"data file {path} is a directory; give the HDF5 file `mpidp prep` "
+                          "wrote (its --out)")
     try:
         handle = h5py.File(path, "r")
     except OSError as exc:
-        raise FormatError(f"{path} is not a readable HDF5 file ({exc}); make it with "
+        # HDF5's own text may run over several lines (a time, a buffer address):
+        # one line, cut short
+        reason = " ".join(str(exc).split())
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
+        raise FormatError(f"{path} is not a readable HDF5 file ({reason}); make it with "
                           "`mpidp prep`") from None
     with handle as f:
         fmt = _attr(f.attrs, "format")

@@ -234,6 +234,7 @@ def make_settings(args: argparse.Namespace):
                             f"{like.layout}")
         layout = like.layout
     atomic.check_writable(args.out)
+    atomic.check_not_input(args.out, _read_files(args))
     secret = (households.read_secret(args.household_secret) if args.household_secret
               else households.new_secret())
     found = inputs.inspect_inputs(args.inputs)
@@ -310,6 +311,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_files(args: argparse.Namespace) -> dict[str, str | None]:
+    """The files ``mpidp prep`` reads, named as messages name them."""
+    files = {f"the input {path}": path for path in args.inputs}
+    for option in ("like", "task_file", "household_secret"):
+        given = getattr(args, option, None)
+        files[f"--{option.replace('_', '-')} {given}"] = given
+    return files
+
+
 def _run_images(comm, args: argparse.Namespace) -> int:
     """``--format mnist|cifar10`` (:mod:`preprocessing.images.prepare`)."""
     from preprocessing.images import prepare as images  # deferred: only images need it
@@ -318,6 +328,7 @@ def _run_images(comm, args: argparse.Namespace) -> int:
         images.check_options(args)
         _, val_fraction, compression = common_settings(args)
         atomic.check_writable(args.out)
+        atomic.check_not_input(args.out, _read_files(args))
         return val_fraction, compression
 
     val_fraction, compression = comm.bcast(

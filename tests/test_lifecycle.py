@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import h5py
 import pytest
 import torch
 
@@ -132,6 +133,35 @@ def test_train_checks_outputs_before_reading_data(tmp_path, read_only_dir):
     with pytest.raises(CheckpointError, match="--resume.*does not exist.*budget"):
         _train(_cfg(missing, checkpoint_dir=str(tmp_path / "typo"), resume=True))
     assert not (tmp_path / "typo").exists()
+
+
+def test_outputs_never_replace_an_input_or_each_other(tmp_path):
+    """Another spelling, a symbolic or hard link of the same file is the same
+    file; a file not yet written is compared by its resolved path."""
+    data = tmp_path / "d.h5"
+    data.write_text("x")
+    (tmp_path / "sym.h5").symlink_to(data)
+    os.link(data, tmp_path / "hard.h5")
+    for same in (data, tmp_path / "sym.h5", tmp_path / "hard.h5", tmp_path / "." / "d.h5"):
+        with pytest.raises(OutputError, match=rf"^--json {same} is the file of --data "
+                           rf"\({data}\): writing it would replace that file"):
+            outputs.check_apart({"--json": same}, {"--data": data, "--other": None})
+    with pytest.raises(OutputError, match="^--json .* is the file of --plot"):
+        outputs.check_apart({"--json": tmp_path / "o", "--plot": tmp_path / "o"}, {})
+    outputs.check_apart({"--json": tmp_path / "o.json", "--plot": None, "--x": "-"},
+                        {"--data": data})
+
+
+def test_train_refuses_metrics_over_its_data_or_its_checkpoint(data, tmp_path):
+    """Before any work, and the checkpoint directory it would have created is gone."""
+    with pytest.raises(OutputError, match="^--metrics .* is the file of --data"):
+        _train(_cfg(data, metrics=data))
+    run = tmp_path / "run"
+    with pytest.raises(OutputError, match="^--metrics .* is the file of the checkpoint's "
+                                          "checkpoint.pt"):
+        _train(_cfg(data, checkpoint_dir=str(run), metrics=str(run / "checkpoint.pt")))
+    assert not run.exists()
+    assert h5py.File(data, "r")  # intact
 
 
 def test_metrics_file_is_replaced_atomically(tmp_path, read_only_dir):

@@ -104,6 +104,49 @@ def test_bad_input_is_one_clear_error_and_no_output(tmp_path, good_csv, case):
     assert not list(tmp_path.glob("*.h5")) and not list(tmp_path.glob(".*mpidp-tmp*"))
 
 
+def test_an_output_over_an_input_is_refused_and_the_input_kept(tmp_path, good_csv):
+    """--out naming an input (or a link to it), the --like file, or a file of an
+    input folder (MNIST's idx files) would have been renamed over it."""
+    from preprocessing import atomic
+    from preprocessing.errors import PrepError
+
+    data = tmp_path / "psam_p97.csv"
+    data.write_bytes(good_csv.read_bytes())
+    (tmp_path / "link.csv").symlink_to(data)
+    for out in (data, tmp_path / "link.csv"):
+        message = _error_in_process([str(data), "--out", str(out)])
+        assert message == (f"{out}: --out is the input {data}; writing the output would "
+                           "replace it: give the output another name"), message
+    assert data.read_bytes() == good_csv.read_bytes()
+    like = tmp_path / "like.h5"
+    _error_free([str(data), "--out", str(like)])
+    message = _error_in_process([str(data), "--out", str(like), "--like", str(like)])
+    assert message.startswith(f"{like}: --out is --like {like}; writing the output"), message
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    idx = folder / "t10k-images-idx3-ubyte.gz"
+    idx.write_bytes(b"not read: refused first")
+    with pytest.raises(PrepError, match=f"^{idx}: --out is a file in the input {folder}"):
+        atomic.check_not_input(str(idx), {f"the input {folder}": str(folder)})
+    assert idx.read_bytes() == b"not read: refused first"
+    earlier = folder / "mnist.h5"  # an earlier output there is replaced as anywhere
+    earlier.write_bytes(b"\x89HDF\r\n\x1a\n")
+    atomic.check_not_input(str(earlier), {f"the input {folder}": str(folder)})
+
+
+def _error_free(argv: list[str]) -> None:
+    """`mpidp prep argv` run in this process (1 rank), quietly, expected to work."""
+    import argparse
+
+    from collectives.runtime import MPI
+    from preprocessing.pipeline import prepare
+    from preprocessing.prep import add_arguments, make_settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    prepare(MPI.COMM_SELF, make_settings(parser.parse_args([*argv, "--quiet"])), threads=1)
+
+
 def test_check_fields_names_the_first_line_with_extra_fields(tmp_path, good_csv):
     lines = good_csv.read_text().splitlines(keepends=True)
     ragged = tmp_path / "ragged.csv"

@@ -41,6 +41,13 @@ def test_a_bad_file_is_a_format_error_a_user_can_act_on(tmp_path):
     with pytest.raises(h5format.FormatError, match="does not exist") as missing:
         h5format.read_info(str(tmp_path / "missing.h5"))
     assert isinstance(missing.value, PrepError) and missing.value.exit_code == 2
+    with pytest.raises(h5format.FormatError, match="is a directory; give the HDF5 file"):
+        h5format.read_info(str(tmp_path))
+    (tmp_path / "text.h5").write_text("not HDF5")
+    with pytest.raises(h5format.FormatError, match=r"text.h5 is not a readable HDF5 file "
+                       r"\(.*signature.*\); make it with `mpidp prep`") as text:
+        h5format.read_info(str(tmp_path / "text.h5"))
+    assert "\n" not in str(text.value)
     bad = synthetic.write(tmp_path / "v.h5", rows=8, features=3, attrs={"format_version": 9})
     with pytest.raises(h5format.FormatError, match=r"format_version=9 is not supported"):
         h5format.read_info(bad)

@@ -238,6 +238,7 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
     if rank == 0:  # the output before any work (engine.outputs)
         try:
             outputs.check_all({"--json": cfg.json})
+            outputs.check_apart({"--json": cfg.json}, {"--data": cfg.data})
         except MpidpError as exc:
             error = exc
     agree(comm, error)

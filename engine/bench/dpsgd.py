@@ -353,6 +353,7 @@ def run(args: argparse.Namespace) -> int:
                           f"{', '.join(MODELS)}", collective=True)
     try:
         outputs.check_all({"--json": args.json})  # before any work (engine.outputs)
+        outputs.check_apart({"--json": args.json}, {"--data": args.data})
     except OutputError as exc:
         exc.collective = True  # one rank: the command refuses to run on more
         raise
