@@ -16,12 +16,16 @@ import zipfile
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import kernels.files
 from preprocessing.errors import PrepError, where
 
 #: The longest header line accepted (the 2018 person header is 1.9 kB).
 MAX_HEADER_BYTES = 1 << 20
 _OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
 _UTF8_BOM = b"\xef\xbb\xbf"
+#: Why an input given twice is refused.
+TWICE = ("its people would be in the data twice, so a run's epsilon per person would "
+         "not hold; pass it once")
 
 
 @dataclass(frozen=True)
@@ -139,15 +143,21 @@ def inspect_inputs(paths: list[str]) -> list[InputFile]:
 
     Raises:
         PrepError: a path is missing, unreadable, empty, a damaged zip or a
-            zip without a CSV, or its header is not comma-separated.
+            zip without a CSV, its header is not comma-separated, or it names
+            a file given before (by any spelling or link).
     """
     if not paths:
         raise PrepError("no input files; pass PUMS person files (psam_pNN.csv) or "
                         "their zips (csv_pXX.zip)")
     inputs: list[InputFile] = []
-    for path in paths:
+    for i, path in enumerate(paths):
         if not os.path.exists(path):
             raise PrepError(f"{path}: no such file")
+        for earlier in paths[:i]:
+            if kernels.files.same_file(earlier, path):
+                what = (f"{path} is given twice" if earlier == path
+                        else f"{earlier} and {path} are the same file")
+                raise PrepError(f"{what}: {TWICE}")
         if os.path.isdir(path):
             raise PrepError(f"{path}: is a directory; pass the CSV or zip files in it")
         if not os.access(path, os.R_OK):

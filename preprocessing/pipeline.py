@@ -37,7 +37,7 @@ from preprocessing.agreement import agree
 from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
-from preprocessing.inputs import InputFile
+from preprocessing.inputs import TWICE, InputFile
 from preprocessing.parse import BlockParser
 from preprocessing.ranges import Piece, Tail, iter_blocks, plan_hashing, plan_pieces
 from preprocessing.tasks import Task
@@ -364,6 +364,20 @@ class Hasher:
         return merged
 
 
+def check_distinct_contents(files: list[InputFile], digests: dict[str, str]) -> None:
+    """Raise PrepError (collective: every rank holds the same ``digests``, path
+    -> sha256) where two input files have the same sha256: a copy of a file
+    given beside it."""
+    seen: dict[str, str] = {}
+    for path in dict.fromkeys(inp.path for inp in files):  # a zip's members: one file
+        digest = digests.get(path)
+        if digest is not None and digest in seen:
+            raise PrepError(f"{seen[digest]} and {path} have the same contents (sha256 "
+                            f"{digest[:12]}...): {TWICE}", collective=True)
+        if digest is not None:
+            seen[digest] = path
+
+
 # -- the whole run -----------------------------------------------------------
 
 class _Clock:
@@ -450,6 +464,8 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     finally:
         if progress is not None:
             progress.close()
+    digests = hasher.gather(comm)
+    check_distinct_contents(settings.inputs, digests)
     clock("parse")
     per_rank = comm.allgather(reading)
     offsets = row_offsets(comm, parsed)
@@ -487,7 +503,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     out_bytes = write_output(
         comm, settings, encoding_text, splits,
         lambda: attributes(settings, encoding_text, drop_counts, counts.sum(axis=1),
-                           hasher.gather(comm), version,
+                           digests, version,
                            {name: split[3] for name, split in splits.items()}), clock)
     return Report(records=int(per_reason.sum()), kept=int(per_reason[0]),
                   train=splits["train"][2], test=splits["test"][2],

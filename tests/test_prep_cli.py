@@ -134,6 +134,24 @@ def test_an_output_over_an_input_is_refused_and_the_input_kept(tmp_path, good_cs
     atomic.check_not_input(str(earlier), {f"the input {folder}": str(folder)})
 
 
+def test_an_input_given_twice_is_refused(tmp_path, good_csv):
+    """By name, through a link, or as a copy (the same sha256, known once the
+    inputs are read): its people would be in the data twice."""
+    copy = tmp_path / "copy.csv"
+    copy.write_bytes(good_csv.read_bytes())
+    (tmp_path / "link.csv").symlink_to(good_csv)
+    out = str(tmp_path / "o.h5")
+    twice = "its people would be in the data twice, so a run's epsilon per person would not hold"
+    assert _error_in_process([str(good_csv), str(good_csv), "--out", out]) == \
+        f"{good_csv} is given twice: {twice}; pass it once"
+    assert _error_in_process([str(good_csv), str(tmp_path / "link.csv"), "--out", out]) == \
+        f"{good_csv} and {tmp_path / 'link.csv'} are the same file: {twice}; pass it once"
+    message = _error_in_process([str(good_csv), str(copy), "--out", out])
+    assert message.startswith(f"{good_csv} and {copy} have the same contents (sha256 "), message
+    assert message.endswith(f"{twice}; pass it once")
+    assert not list(tmp_path.glob("*.h5")) and not list(tmp_path.glob(".*mpidp-tmp*"))
+
+
 def _error_free(argv: list[str]) -> None:
     """`mpidp prep argv` run in this process (1 rank), quietly, expected to work."""
     import argparse
