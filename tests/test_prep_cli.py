@@ -78,19 +78,25 @@ def _check_failure(result, expected: str, folder: Path) -> None:
     assert not list(folder.glob("*.h5")) and not list(folder.glob(".*mpidp-tmp*"))
 
 
-def _error_in_process(argv: list[str]) -> str:
-    """The PrepError message of `mpidp prep argv` run in this process (1 rank)."""
+def _prepare(argv: list[str]):
+    """`mpidp prep argv` run in this process (1 rank); its report."""
     import argparse
 
     from collectives.runtime import MPI
-    from preprocessing.errors import PrepError
     from preprocessing.pipeline import prepare
     from preprocessing.prep import add_arguments, make_settings
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
+    return prepare(MPI.COMM_SELF, make_settings(parser.parse_args(argv)), threads=1)
+
+
+def _error_in_process(argv: list[str]) -> str:
+    """The PrepError message of `mpidp prep argv` run in this process (1 rank)."""
+    from preprocessing.errors import PrepError
+
     with pytest.raises(PrepError) as error:
-        prepare(MPI.COMM_SELF, make_settings(parser.parse_args(argv)), threads=1)
+        _prepare(argv)
     return str(error.value)
 
 
@@ -119,7 +125,7 @@ def test_an_output_over_an_input_is_refused_and_the_input_kept(tmp_path, good_cs
                            "replace it: give the output another name"), message
     assert data.read_bytes() == good_csv.read_bytes()
     like = tmp_path / "like.h5"
-    _error_free([str(data), "--out", str(like)])
+    _prepare([str(data), "--out", str(like), "--quiet"])
     message = _error_in_process([str(data), "--out", str(like), "--like", str(like)])
     assert message.startswith(f"{like}: --out is --like {like}; writing the output"), message
     folder = tmp_path / "mnist"
@@ -152,19 +158,6 @@ def test_an_input_given_twice_is_refused(tmp_path, good_csv):
     assert not list(tmp_path.glob("*.h5")) and not list(tmp_path.glob(".*mpidp-tmp*"))
 
 
-def _error_free(argv: list[str]) -> None:
-    """`mpidp prep argv` run in this process (1 rank), quietly, expected to work."""
-    import argparse
-
-    from collectives.runtime import MPI
-    from preprocessing.pipeline import prepare
-    from preprocessing.prep import add_arguments, make_settings
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    prepare(MPI.COMM_SELF, make_settings(parser.parse_args([*argv, "--quiet"])), threads=1)
-
-
 def test_check_fields_names_the_first_line_with_extra_fields(tmp_path, good_csv):
     lines = good_csv.read_text().splitlines(keepends=True)
     ragged = tmp_path / "ragged.csv"
@@ -180,19 +173,10 @@ def test_check_fields_names_the_first_line_with_extra_fields(tmp_path, good_csv)
 def test_a_byte_order_mark_is_no_part_of_the_header(tmp_path, good_csv):
     """A file saved as "CSV UTF-8" (Excel) starts with a UTF-8 byte-order mark:
     prepared as the same file without it, row for row."""
-    import argparse
-
-    from collectives.runtime import MPI
-    from preprocessing.pipeline import prepare
-    from preprocessing.prep import add_arguments, make_settings
-
     marked = tmp_path / "psam_p98.csv"
     marked.write_bytes(b"\xef\xbb\xbf" + good_csv.read_bytes())
     for path, out in ((good_csv, "plain.h5"), (marked, "marked.h5")):
-        parser = argparse.ArgumentParser()
-        add_arguments(parser)
-        prepare(MPI.COMM_SELF, make_settings(parser.parse_args(
-            [str(path), "--out", str(tmp_path / out), "--quiet"])), threads=1)
+        _prepare([str(path), "--out", str(tmp_path / out), "--quiet"])
     with h5py.File(tmp_path / "plain.h5") as plain, h5py.File(tmp_path / "marked.h5") as marked:
         for split in ("train", "test"):
             assert np.array_equal(plain[split]["X"][()], marked[split]["X"][()])
