@@ -111,41 +111,63 @@ def _loss_range(q: float, sigma: float) -> float:
 _TAIL_MASS = 1e-15
 
 
-def _dense_pmfs(step, steps: int) -> list | None:
-    """The PMFs of ``step`` (a dp-accounting PLD: remove, then add unless it
-    is symmetric) as dense PMFs, where composing it ``steps`` times goes
-    dense; None where the library composes it sparse (few steps of a small
-    PMF) or the PLD is not laid out as expected.
+def _pmfs(step) -> list | None:
+    """``step``'s PMFs (a dp-accounting PLD): remove, then add unless it is
+    symmetric; None where the PLD is not laid out as expected."""
+    first = getattr(step, "_pmf_remove", None)
+    if first is None:
+        return None
+    return [first] if getattr(step, "_symmetric", False) else [first, step._pmf_add]
+
+
+def _as_composed(pmf, steps: int):
+    """``pmf`` as dense where composing it ``steps`` times goes dense (the
+    library's sparse test, on logarithms), else ``pmf`` itself.
 
     dp-accounting composes a sparse PMF (what ``from_gaussian_mechanism``
-    gives) by first computing ``size ** steps`` as an exact integer, to see
-    whether the result is too large for a sparse PMF (then it goes dense):
-    10^7 steps took 33 s in that one power, 10^8 longer than anyone waits,
-    and ``mpidp privacy`` may be asked any number of steps. The same test,
-    on logarithms, costs nothing."""
+    gives for a short grid) by first computing ``size ** steps`` as an exact
+    integer, to see whether the result is too large for a sparse PMF (then
+    it goes dense): 10^7 steps took 33 s in that one power, 10^8 longer
+    than anyone waits, and ``mpidp privacy`` may be asked any number of
+    steps. The same test on logarithms costs nothing; a dense PMF stays
+    dense, as the library keeps it."""
     from dp_accounting.pld import pld_pmf  # deferred: as in event
 
-    first = getattr(step, "_pmf_remove", None)
-    if first is None or steps <= 1:
-        return None
-    pmfs = [first] if getattr(step, "_symmetric", False) else [first, step._pmf_add]
+    if not isinstance(pmf, pld_pmf.SparsePLDPmf) or steps <= 1 or pmf.size <= 1:
+        return pmf
     cap = math.log(getattr(pld_pmf, "_MAX_PMF_SPARSE_SIZE", 1000))
-    if not any(isinstance(pmf, pld_pmf.SparsePLDPmf) and pmf.size > 1
-               and steps * math.log(pmf.size) > cap + 1 for pmf in pmfs):
-        return None
-    return [pmf.to_dense_pmf() for pmf in pmfs]
+    return pmf.to_dense_pmf() if steps * math.log(pmf.size) > cap + 1 else pmf
 
 
 def _compose(step, steps: int):
-    """``step.self_compose(steps)``, the same result, gone dense first where
-    the library would (:func:`_dense_pmfs`), so that its time does not grow
-    with the number of digits of ``steps``."""
+    """``step.self_compose(steps)``, the same result, each PMF gone dense first
+    where the library would take it dense (:func:`_as_composed`), so that its
+    time does not grow with the number of digits of ``steps``."""
     from dp_accounting.pld import privacy_loss_distribution as pld  # deferred: as in event
 
-    dense = _dense_pmfs(step, steps)
-    if dense is not None:
-        step = pld.PrivacyLossDistribution(*dense)
+    pmfs = _pmfs(step)
+    if pmfs is not None:
+        step = pld.PrivacyLossDistribution(*(_as_composed(pmf, steps) for pmf in pmfs))
     return step.self_compose(int(steps), _TAIL_MASS)
+
+
+def _dense_length(step, steps: int) -> int | None:
+    """Points of ``step`` composed ``steps`` times (the longest of its PMFs),
+    where every PMF's composition goes dense: the length dp-accounting's FFT
+    allocates, from its own Chernoff bound, without composing. None
+    otherwise (a short sparse composition, or a PLD laid out otherwise)."""
+    from dp_accounting.pld import common, pld_pmf  # deferred: as in event
+
+    pmfs = _pmfs(step)
+    if pmfs is None or steps <= 1:
+        return None
+    dense = [_as_composed(pmf, steps) for pmf in pmfs]
+    if not all(isinstance(pmf, pld_pmf.DensePLDPmf) and hasattr(pmf, "_probs")
+               for pmf in dense):
+        return None
+    bounds = [common.compute_self_convolve_bounds(pmf._probs, int(steps), _TAIL_MASS)
+              for pmf in dense]
+    return max(upper - lower + 1 for lower, upper in bounds)
 
 
 @lru_cache(maxsize=64)
@@ -156,7 +178,7 @@ def _composed_width(q: float, sigma: float, steps: int) -> float:
     step: the width barely depends on the interval, so a finer grid of
     interval ``d`` needs about ``width / d`` points.
 
-    Where the composition goes dense (:func:`_dense_pmfs`), its length is the
+    Where the composition goes dense (:func:`_dense_length`), its length is the
     library's own bound on it (``common.compute_self_convolve_bounds``, what
     its FFT composition allocates), computed without composing: composing
     on the coarse grid took minutes at 10^9 steps. Otherwise the
@@ -237,19 +259,6 @@ def run_pld(q: float, sigma: float, steps: int, interval: float):
         return _compose(step, steps)
     except _PLD_FAILURES as exc:
         raise _pld_failed(q, sigma, steps, exc) from None
-
-
-def _dense_length(step, steps: int) -> int | None:
-    """Points of ``step`` composed ``steps`` times where that goes dense (the
-    length dp-accounting's FFT allocates), else None."""
-    dense = _dense_pmfs(step, steps)
-    if dense is None or not all(hasattr(pmf, "_probs") for pmf in dense):
-        return None
-    from dp_accounting.pld import common  # deferred: as in event
-
-    bounds = [common.compute_self_convolve_bounds(pmf._probs, int(steps), _TAIL_MASS)
-              for pmf in dense]
-    return max(upper - lower + 1 for lower, upper in bounds)
 
 
 @lru_cache(maxsize=512)
