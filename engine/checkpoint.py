@@ -35,6 +35,7 @@ import numpy as np
 
 from engine import outputs
 from engine.errors import CheckpointError, DataError
+from preprocessing.h5format import HDF5_SIGNATURE
 
 FILENAME = "checkpoint.pt"
 #: The model a run selected (``--select-on val_accuracy``), the file to publish
@@ -51,7 +52,6 @@ FORMAT = "mpidp-checkpoint"
 #: 2: the contents carry a SHA-256 (``digest``). Version 1 files (no digest) still load.
 VERSION = 2
 _READABLE = (1, 2)
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _ZIP_SIGNATURE = b"PK\x03\x04"
 
 
@@ -61,6 +61,12 @@ def path_in(directory: str | os.PathLike) -> Path:
 
 def best_path_in(directory: str | os.PathLike) -> Path:
     return Path(directory) / BEST_NAME
+
+
+def run_files(directory: str | os.PathLike, label: str) -> dict[str, Path]:
+    """A run directory's checkpoint and selected model, named ``LABEL's NAME``
+    (for messages about outputs that must not replace them)."""
+    return {f"{label}'s {name}": Path(directory) / name for name in (FILENAME, BEST_NAME)}
 
 
 def model_of(payload: dict, checkpoint: str | os.PathLike):
@@ -227,7 +233,7 @@ def file_kind(path: str | os.PathLike) -> str:
             head = handle.read(8)
     except OSError:
         return "other"
-    if head.startswith(_HDF5_SIGNATURE):
+    if head.startswith(HDF5_SIGNATURE):
         return "hdf5"
     if head.startswith(_ZIP_SIGNATURE):
         return "zip"

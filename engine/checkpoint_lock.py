@@ -26,7 +26,7 @@ from pathlib import Path
 
 import kernels.files
 from engine import outputs
-from engine.checkpoint import BEST_NAME, FILENAME, best_path_in, exists_in
+from engine.checkpoint import BEST_NAME, FILENAME, best_path_in, exists_in, run_files
 from engine.errors import CheckpointError, DirectoryLocked, MpidpError, WriteFailed, agree
 
 LOCK_NAME = "lock"
@@ -287,8 +287,9 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
             if metrics:
                 outputs.check_file(metrics, "--metrics")
                 # not the data, nor a file the checkpoint directory keeps
-                kept = {f"the checkpoint's {name}": os.path.join(directory, name)
-                        for name in (FILENAME, BEST_NAME, LOCK_NAME)} if directory else {}
+                kept = {**run_files(directory, "the checkpoint"),
+                        f"the checkpoint's {LOCK_NAME}": Path(directory) / LOCK_NAME} \
+                    if directory else {}
                 outputs.check_apart({"--metrics": metrics}, {"--data": data, **kept})
             if directory:
                 lock = acquire(directory)

@@ -263,15 +263,12 @@ class _Model:
 def _checkpoint_files(checkpoints: list[str]) -> dict[str, str]:
     """The files ``--checkpoint`` names (for a run's directory, its checkpoint
     and its selected model), which no output may replace."""
-    from engine.checkpoint import BEST_NAME, FILENAME  # deferred: as load_model below
+    from engine.checkpoint import run_files  # deferred: as load_model below
 
     files = {}
     for given in checkpoints:
-        if not os.path.isdir(given):
-            files[f"--checkpoint {given}"] = given
-            continue
-        for name in (FILENAME, BEST_NAME):
-            files[f"--checkpoint {given}'s {name}"] = os.path.join(given, name)
+        files.update(run_files(given, f"--checkpoint {given}") if os.path.isdir(given)
+                     else {f"--checkpoint {given}": given})
     return files
 
 

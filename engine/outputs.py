@@ -135,13 +135,14 @@ def check_apart(files: dict[str, str | os.PathLike | None],
     Raises:
         OutputError: naming both options, before any work.
     """
-    named = [(option, path) for option, path in files.items() if path and path != "-"]
-    others = named + [(option, path) for option, path in keep.items() if path]
-    for i, (option, path) in enumerate(named):
-        for other_option, other in others[i + 1:]:
-            if kernels.files.same_file(path, other):
-                raise OutputError(f"{option} {path} is the file of {other_option} ({other}): "
-                                  "writing it would replace that file; give another name")
+    named = {option: path for option, path in files.items() if path and path != "-"}
+    others = {**named, **keep}
+    for option, path in named.items():
+        del others[option]  # each pair once: against the outputs after it, and keep
+        clash = kernels.files.same_as(path, others)
+        if clash is not None:
+            raise OutputError(f"{option} {path} is the file of {clash} ({others[clash]}): "
+                              "writing it would replace that file; give another name")
 
 
 def replace_file(path: str | os.PathLike, data: str | bytes,

@@ -54,6 +54,13 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def same_as(path: str | os.PathLike, named: dict[str, str | os.PathLike | None]) -> str | None:
+    """The first name in ``named`` (name -> path; None: not given) whose path is
+    the same file as ``path`` (:func:`same_file`), else None."""
+    return next((name for name, other in named.items()
+                 if other and same_file(path, other)), None)
+
+
 def temporary_name(path: str | os.PathLike, tag: str | None = None) -> Path:
     """The hidden name ``path`` is written under before it is renamed:
     ``.NAME.TAG.tmp`` in the same directory, ``TAG`` the process id unless

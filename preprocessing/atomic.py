@@ -13,6 +13,7 @@ import os
 import uuid
 
 import kernels.files
+from preprocessing import h5format
 from preprocessing.errors import PrepError
 
 
@@ -41,25 +42,19 @@ def check_not_input(path: str, inputs: dict[str, str | None]) -> None:
     """Raise PrepError when the output ``path`` is one of the files the command
     reads (``{what: path}``, as messages name it; None: not given): the
     finished output would be renamed over it, replacing the user's input."""
-    for what, given in inputs.items():
-        if given and kernels.files.same_file(path, given):
-            raise PrepError(f"{path}: --out is {what}; writing the output would replace "
-                            "it: give the output another name")
-        # a folder of inputs (MNIST's idx files): none of its files either, but
-        # an HDF5 file there (an earlier output) may be replaced as anywhere
-        if given and os.path.isdir(given) and os.path.isfile(path) and not _is_hdf5(path) \
-                and kernels.files.same_file(os.path.dirname(os.path.abspath(path)), given):
+    what = kernels.files.same_as(path, inputs)
+    if what is not None:
+        raise PrepError(f"{path}: --out is {what}; writing the output would replace it: "
+                        "give the output another name")
+    # a folder of inputs (MNIST's idx files): none of its files either, but an
+    # HDF5 file there (an earlier output) may be replaced as anywhere
+    if os.path.isfile(path) and not h5format.is_hdf5(path):
+        folders = {what: given for what, given in inputs.items()
+                   if given and os.path.isdir(given)}
+        what = kernels.files.same_as(os.path.dirname(os.path.abspath(path)), folders)
+        if what is not None:
             raise PrepError(f"{path}: --out is a file in {what}; writing the output would "
                             "replace it: give the output another name")
-
-
-def _is_hdf5(path: str) -> bool:
-    """Whether ``path`` starts with HDF5's signature."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(8) == b"\x89HDF\r\n\x1a\n"
-    except OSError:
-        return False
 
 
 def probe_directory(directory: str | os.PathLike) -> None:

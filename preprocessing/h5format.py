@@ -73,6 +73,19 @@ import numpy as np
 
 from preprocessing.errors import PrepError
 
+#: The first bytes of every HDF5 file.
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5(path: str | os.PathLike) -> bool:
+    """Whether the file ``path`` starts with :data:`HDF5_SIGNATURE` (False when
+    it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+    except OSError:
+        return False
+
 #: The ``format`` attribute of every prepared file.
 FORMAT = "mpidp"
 #: The ``format_version`` writers write, and the versions readers accept.

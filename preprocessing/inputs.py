@@ -153,11 +153,11 @@ def inspect_inputs(paths: list[str]) -> list[InputFile]:
     for i, path in enumerate(paths):
         if not os.path.exists(path):
             raise PrepError(f"{path}: no such file")
-        for earlier in paths[:i]:
-            if kernels.files.same_file(earlier, path):
-                what = (f"{path} is given twice" if earlier == path
-                        else f"{earlier} and {path} are the same file")
-                raise PrepError(f"{what}: {TWICE}")
+        earlier = kernels.files.same_as(path, {p: p for p in paths[:i]})
+        if earlier is not None:
+            what = (f"{path} is given twice" if earlier == path
+                    else f"{earlier} and {path} are the same file")
+            raise PrepError(f"{what}: {TWICE}")
         if os.path.isdir(path):
             raise PrepError(f"{path}: is a directory; pass the CSV or zip files in it")
         if not os.access(path, os.R_OK):

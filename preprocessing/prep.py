@@ -233,8 +233,7 @@ def make_settings(args: argparse.Namespace):
                             f"{args.like} ({like.layout}); leave --encoding out to use "
                             f"{like.layout}")
         layout = like.layout
-    atomic.check_writable(args.out)
-    atomic.check_not_input(args.out, _read_files(args))
+    _check_out(args)
     secret = (households.read_secret(args.household_secret) if args.household_secret
               else households.new_secret())
     found = inputs.inspect_inputs(args.inputs)
@@ -311,13 +310,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_files(args: argparse.Namespace) -> dict[str, str | None]:
-    """The files ``mpidp prep`` reads, named as messages name them."""
+def _check_out(args: argparse.Namespace) -> None:
+    """``--out`` can be written and is none of the files ``mpidp prep`` reads
+    (its inputs and option files, named as messages name them)."""
+    atomic.check_writable(args.out)
     files = {f"the input {path}": path for path in args.inputs}
     for option in ("like", "task_file", "household_secret"):
         given = getattr(args, option, None)
         files[f"--{option.replace('_', '-')} {given}"] = given
-    return files
+    atomic.check_not_input(args.out, files)
 
 
 def _run_images(comm, args: argparse.Namespace) -> int:
@@ -327,8 +328,7 @@ def _run_images(comm, args: argparse.Namespace) -> int:
     def check():
         images.check_options(args)
         _, val_fraction, compression = common_settings(args)
-        atomic.check_writable(args.out)
-        atomic.check_not_input(args.out, _read_files(args))
+        _check_out(args)
         return val_fraction, compression
 
     val_fraction, compression = comm.bcast(

@@ -113,13 +113,14 @@ def test_a_tiny_sigma_is_answered_on_a_coarser_grid_not_with_a_crash():
 @pytest.mark.parametrize("q, sigma, steps", [(0.01, 1.0, 3), (0.01, 1.0, 30_000),
                                              (0.2128, 1.0, 2570), (1.0, 5.0, 1000)])
 def test_the_composition_is_the_librarys_own(q, sigma, steps):
-    """``_compose`` goes dense first where dp-accounting would, and the width
+    """Each PMF goes dense first where dp-accounting would, and the width
     measured without composing is the composed PMF's own: the same grid, the
     same epsilon as ``self_compose`` (a change in the library shows here)."""
     width = pld._loss_range(q, sigma)
     coarse = width / pld._PROBE_POINTS
     step = pld._step_pld(q, sigma, coarse)
-    theirs, ours = step.self_compose(steps), pld._compose(step, steps)
+    theirs = step.self_compose(steps)
+    ours = pld._as_composed_pld(step, steps).self_compose(steps)
     assert ours.get_epsilon_for_delta(DELTA) == theirs.get_epsilon_for_delta(DELTA)
     size = max(theirs._pmf_remove.size, theirs._pmf_add.size)
     assert pld._composed_width.__wrapped__(q, sigma, steps) == size * coarse

@@ -139,34 +139,32 @@ def _as_composed(pmf, steps: int):
     return pmf.to_dense_pmf() if steps * math.log(pmf.size) > cap + 1 else pmf
 
 
-def _compose(step, steps: int):
-    """``step.self_compose(steps)``, the same result, each PMF gone dense first
-    where the library would take it dense (:func:`_as_composed`), so that its
-    time does not grow with the number of digits of ``steps``."""
+def _as_composed_pld(step, steps: int):
+    """``step`` (a dp-accounting PLD) with each PMF as the library would compose
+    it ``steps`` times (:func:`_as_composed`): the same composition, in time
+    that does not grow with the number of digits of ``steps``."""
     from dp_accounting.pld import privacy_loss_distribution as pld  # deferred: as in event
 
     pmfs = _pmfs(step)
-    if pmfs is not None:
-        step = pld.PrivacyLossDistribution(*(_as_composed(pmf, steps) for pmf in pmfs))
-    return step.self_compose(int(steps), _TAIL_MASS)
+    if pmfs is None:
+        return step
+    return pld.PrivacyLossDistribution(*(_as_composed(pmf, steps) for pmf in pmfs))
 
 
-def _dense_length(step, steps: int) -> int | None:
-    """Points of ``step`` composed ``steps`` times (the longest of its PMFs),
-    where every PMF's composition goes dense: the length dp-accounting's FFT
-    allocates, from its own Chernoff bound, without composing. None
-    otherwise (a short sparse composition, or a PLD laid out otherwise)."""
+def _dense_length(prepared, steps: int) -> int | None:
+    """Points of ``prepared`` (:func:`_as_composed_pld`) composed ``steps`` times
+    (the longest of its PMFs), where every PMF is dense: the length
+    dp-accounting's FFT allocates, from its own Chernoff bound, without
+    composing. None otherwise (a short sparse composition, or a PLD laid out
+    otherwise)."""
     from dp_accounting.pld import common, pld_pmf  # deferred: as in event
 
-    pmfs = _pmfs(step)
-    if pmfs is None or steps <= 1:
-        return None
-    dense = [_as_composed(pmf, steps) for pmf in pmfs]
-    if not all(isinstance(pmf, pld_pmf.DensePLDPmf) and hasattr(pmf, "_probs")
-               for pmf in dense):
+    pmfs = _pmfs(prepared)
+    if pmfs is None or steps <= 1 or not all(
+            isinstance(pmf, pld_pmf.DensePLDPmf) and hasattr(pmf, "_probs") for pmf in pmfs):
         return None
     bounds = [common.compute_self_convolve_bounds(pmf._probs, int(steps), _TAIL_MASS)
-              for pmf in dense]
+              for pmf in pmfs]
     return max(upper - lower + 1 for lower, upper in bounds)
 
 
@@ -190,11 +188,11 @@ def _composed_width(q: float, sigma: float, steps: int) -> float:
     if steps <= 1 or width == 0:
         return width
     coarse = width / _PROBE_POINTS
-    step = _step_pld(q, sigma, coarse)
-    points = _dense_length(step, steps)
+    prepared = _as_composed_pld(_step_pld(q, sigma, coarse), steps)
+    points = _dense_length(prepared, steps)
     if points is not None:
         return points * coarse
-    composed = _compose(step, steps)
+    composed = prepared.self_compose(int(steps), _TAIL_MASS)
     sizes = [getattr(getattr(composed, name, None), "size", None)
              for name in ("_pmf_remove", "_pmf_add")]
     sizes = [size for size in sizes if isinstance(size, int)]
@@ -249,14 +247,14 @@ def run_pld(q: float, sigma: float, steps: int, interval: float):
     """
     try:
         effective = effective_interval(q, sigma, steps, interval)
-        step = _step_pld(q, sigma, effective)
-        points = _dense_length(step, steps)
+        prepared = _as_composed_pld(_step_pld(q, sigma, effective), steps)
+        points = _dense_length(prepared, steps)
         if points is not None and points > MAX_RUN_POINTS:
             raise PrivacyError(
                 f"PLD accounting of {steps:,} steps at noise multiplier {sigma:.4g}, sampling "
                 f"rate {q:.3g} would compose a grid of {points:,} points, too long to be "
                 "useful over so many steps; use --accountant rdp")
-        return _compose(step, steps)
+        return prepared.self_compose(int(steps), _TAIL_MASS)
     except _PLD_FAILURES as exc:
         raise _pld_failed(q, sigma, steps, exc) from None
 

@@ -94,7 +94,7 @@ def _straight_line(module: nn.Module) -> bool:
     return bool(body) and isinstance(body[-1], ast.Return)
 
 
-def _known_call(call: ast.Call, module: nn.Module, owner: str = "self") -> bool:
+def _known_call(call: ast.Call, module: nn.Module, owner: str) -> bool:
     """Whether ``call`` calls a submodule (``self.NAME(...)``, ``owner`` being
     the forward's name for ``self``) or a ReLU (``F.relu``, ``torch.relu``,
     ``x.relu()``, ...), nothing a user wrote: a function of the user's would
