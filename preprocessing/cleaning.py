@@ -90,6 +90,7 @@ class Cleaned:
             uint16) or the raw value (int32) of a numeric feature.
         label: int8 per kept record, 1 for the positive class.
         household: int64 per kept record.
+        person: int32 SPORDER per kept record (0: not known).
         groups: group attribute -> int16 code per kept record
             (:meth:`preprocessing.groups.GroupAttribute.codes`).
         first_bad: (record index, column, text) of the first record dropped
@@ -102,6 +103,7 @@ class Cleaned:
     household: np.ndarray
     first_bad: tuple[int, str, str] | None
     groups: dict[str, np.ndarray] = field(default_factory=dict)
+    person: np.ndarray | None = None
 
 
 class _Lookup:
@@ -210,7 +212,8 @@ class Cleaner:
                 cols.blank[column][keep])
         first_bad = first[min(first)] if first else None
         return Cleaned(reason=reason, codes=codes, label=label,
-                       household=cols.household[keep], first_bad=first_bad, groups=groups)
+                       household=cols.household[keep], first_bad=first_bad, groups=groups,
+                       person=cols.person[keep])
 
     def _as_feature_codes(self, name: str, values: np.ndarray) -> np.ndarray:
         """A column's valid values in the 2018 codes: recoded where the file

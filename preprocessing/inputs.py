@@ -26,6 +26,10 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 #: Why an input given twice is refused.
 TWICE = ("its people would be in the data twice, so a run's epsilon per person would "
          "not hold; pass it once")
+#: Why prep refuses a person found twice in its inputs.
+TWICE_PEOPLE = ("those people would be in the data twice, so a run's epsilon per person "
+                "would not hold; give each person once (a state as its CSV or its zip, not "
+                "both; extracts that do not overlap)")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ parsed again as text, and every unparseable value is flagged (and its text
 kept for the error message) instead of failing the run: such records are
 dropped and counted by the cleaning step.
 
-``SERIALNO`` is read as text and turned into an integer household id.
+``SERIALNO`` is read as text and turned into an integer household id, and
+``SPORDER`` (the person's number in the household), where the file has it,
+as the person's number: together they name one person, which is how prep
+finds a person given twice (:func:`preprocessing.pipeline.check_people_once`).
 
 A line whose number of fields differs from the header's (two records glued
 by a lost newline, a line cut short or padded) cannot be trusted: its values
@@ -51,6 +54,8 @@ class Columns:
             for ``SERIALNO``, not a serial number).
         examples: column -> [(record index, text)] of the first bad fields.
         household: int64 household id from SERIALNO (-1 where bad or blank).
+        person: int32 SPORDER, the person's number in the household (0 where
+            blank, not a number, or the file has no SPORDER column).
         wrong_fields: bool, the line does not have the header's number of
             fields (its values are unreliable).
         field_counts: int, fields on each line (only filled in for a block
@@ -64,6 +69,7 @@ class Columns:
     bad: dict[str, np.ndarray]
     examples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     household: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    person: np.ndarray | None = None
     wrong_fields: np.ndarray | None = None
     field_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     header_fields: int = 0
@@ -71,6 +77,8 @@ class Columns:
     def __post_init__(self) -> None:
         if self.wrong_fields is None:
             self.wrong_fields = np.zeros(self.n, dtype=bool)
+        if self.person is None:
+            self.person = np.zeros(self.n, dtype=np.int32)
 
 
 def fields_per_line(data: bytes) -> np.ndarray:
@@ -101,6 +109,15 @@ def _household_expr(pl, name: str):
     return pl.coalesce(new, pl.when(old >= _OLD_SERIAL_OFFSET).then(old)).alias(name)
 
 
+def serial_text(household: int) -> str:
+    """The SERIALNO that :func:`_household_expr` turned into ``household``."""
+    if household >= _OLD_SERIAL_OFFSET:
+        return str(household - _OLD_SERIAL_OFFSET)
+    year, number = divmod(household, 10**8)
+    kind = "GQ" if number >= 10**7 else "HU"
+    return f"{year:04d}{kind}{number % 10**7:07d}"
+
+
 class BlockParser:
     """Parses blocks of one file's records (one header, one column choice).
 
@@ -108,11 +125,13 @@ class BlockParser:
         header: the file's column names, in order.
         int_columns: columns to convert to integers.
         serial: the household serial column (``SERIALNO``).
+        person: the person number column (``SPORDER``), or None when the
+            file has none.
         check_fields: count every block's fields (see the module docstring).
     """
 
     def __init__(self, header: tuple[str, ...], int_columns: list[str], serial: str,
-                 check_fields: bool = False) -> None:
+                 check_fields: bool = False, person: str | None = None) -> None:
         import polars as pl  # deferred: after prep set POLARS_MAX_THREADS (read at import)
 
         self.pl = pl
@@ -120,8 +139,11 @@ class BlockParser:
         self.int_columns = list(dict.fromkeys(int_columns))
         self.serial = serial
         self.check_fields = check_fields
+        self.person = person
         self.fast_schema = {c: pl.String for c in header}
         self.fast_schema.update({c: pl.Int32 for c in self.int_columns})
+        if person is not None:
+            self.fast_schema[person] = pl.Int32
         self.text_schema = {c: pl.String for c in header}
 
     def _scan(self, data: bytes, schema: dict, ragged: bool = False):
@@ -132,11 +154,13 @@ class BlockParser:
     def parse(self, data: bytes) -> Columns:
         """Parse whole lines of CSV text (no header) into :class:`Columns`."""
         pl = self.pl
+        person = [] if self.person is None else [pl.col(self.person).alias("__person")]
         try:
             frame = self._scan(data, self.fast_schema).select(
                 *[pl.col(c) for c in self.int_columns if c != self.serial],
                 _household_expr(pl, self.serial),
                 pl.col(self.serial).is_null().alias("__serial_blank"),
+                *person,
             ).collect()
             slow = False
         except (pl.exceptions.ComputeError, pl.exceptions.SchemaError,
@@ -146,6 +170,7 @@ class BlockParser:
                 pl.col(self.serial).alias("__serial_text"),
                 _household_expr(pl, self.serial),
                 pl.col(self.serial).is_null().alias("__serial_blank"),
+                *[p.cast(pl.Int32, strict=False) for p in person],
             ).collect()
             slow = True
         columns = self._columns(frame, slow)
@@ -197,5 +222,9 @@ class BlockParser:
             examples[self.serial] = [(int(i), "?") for i in rows]
         blank[self.serial] = serial_blank
         bad[self.serial] = serial_bad
+        person = None
+        if self.person is not None:
+            person = frame.get_column("__person").fill_null(0).to_numpy()
+            person = person.astype(np.int32, copy=False)
         return Columns(n=n, values=values, blank=blank, bad=bad, examples=examples,
-                       household=household.fill_null(-1).to_numpy())
+                       household=household.fill_null(-1).to_numpy(), person=person)

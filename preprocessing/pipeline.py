@@ -9,7 +9,8 @@
     split    household hash -> train/val/test; exact global statistics (allreduce)
     shuffle  random key per household and per record, distributed bucket sort
              (Alltoallv): households in random order, each one's rows together;
-             keyed hash of each household (the /s/household keys)
+             keyed hash of each household (the /s/household keys); a person
+             (SERIALNO, SPORDER) found twice is refused
     write    rank 0 creates the file; every rank encodes and writes its rows;
              rank 0 adds the attributes and renames the file into place
 
@@ -37,8 +38,8 @@ from preprocessing.agreement import agree
 from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
-from preprocessing.inputs import TWICE, InputFile
-from preprocessing.parse import BlockParser
+from preprocessing.inputs import TWICE, TWICE_PEOPLE, InputFile
+from preprocessing.parse import BlockParser, serial_text
 from preprocessing.ranges import Piece, Tail, iter_blocks, plan_hashing, plan_pieces
 from preprocessing.tasks import Task
 from preprocessing.write_step import attributes, group_field, write_output
@@ -145,7 +146,8 @@ def read_pieces(settings: Settings, pieces: list[Piece], threads: int, progress=
         key = (inp.header, tuple(sorted(sources.items())))
         if key not in workers:
             parser = BlockParser(inp.header, sorted(set(sources.values())), "SERIALNO",
-                                 check_fields=settings.check_fields)
+                                 check_fields=settings.check_fields,
+                                 person="SPORDER" if "SPORDER" in inp.header else None)
             cleaner = Cleaner(settings.task, settings.codebook, sources)
 
             def work(block: bytes, parser=parser, cleaner=cleaner) -> Part:
@@ -261,18 +263,21 @@ def check_invalid_share(settings: Settings, counts: np.ndarray, firsts: list) ->
 
 # -- split, statistics, shuffle ---------------------------------------------
 
-def record_dtype(task: Task, codebook: Codebook) -> np.dtype:
+def record_dtype(task: Task, codebook: Codebook, files: int = 1) -> np.dtype:
     """One kept record as it travels between ranks: the compact code of every
     feature, the label, the split (:data:`preprocessing.shuffle.TRAIN`, ``VAL``
     or ``TEST``), the household's shuffle key, the household
     id, the record's own shuffle key and (filled after the shuffle) the
-    household's keyed hash, and the int16 code of each group attribute
-    (:func:`group_field`; ~65 bytes)."""
+    household's keyed hash, the int16 code of each group attribute
+    (:func:`group_field`), the index of its input file (of ``files``) and its
+    SPORDER (uint8, 0 where not known; ~68 bytes)."""
     fields = [(f.name, code_dtype(f, codebook)) for f in task.features]
     fields += [(group_field(a.name), group_attributes.DTYPE) for a in task.groups()]
     return np.dtype(fields + [("__y", np.int8), ("__split", np.uint8), ("__key", np.uint64),
                               ("__hh", np.int64), ("__row", np.uint64),
-                              ("__hkey", np.uint64)])
+                              ("__hkey", np.uint64),
+                              ("__file", np.uint16 if files <= 1 << 16 else np.uint32),
+                              ("__sp", np.uint8)])
 
 
 def build_records(settings: Settings, parsed: list[Parsed], offsets,
@@ -297,6 +302,8 @@ def build_records(settings: Settings, parsed: list[Parsed], offsets,
         part["__hh"] = c.household
         part["__row"] = shuffle.shuffle_keys(settings.seed, p.piece.file, rows)
         part["__hkey"] = 0
+        part["__file"] = p.piece.file
+        part["__sp"] = np.where((c.person > 0) & (c.person < 256), c.person, 0)
         at += k
     return records
 
@@ -423,6 +430,99 @@ def split_and_shuffle(comm, records: np.ndarray, secret: bytes,
     return splits
 
 
+def _popcount(words: np.ndarray) -> np.ndarray:
+    """Set bits of each uint64 (numpy < 2 has no ``bitwise_count``)."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words).astype(np.int64)
+    return np.unpackbits(words.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
+
+
+def _repeats_by_sorting(group: np.ndarray, person: np.ndarray) -> tuple[int, int | None]:
+    """(repeats, index of a repeated record or None) of (group, person) pairs."""
+    key = (group << 8) | person
+    ordered = np.sort(key)
+    repeats = ordered[1:] == ordered[:-1]
+    count = int(np.count_nonzero(repeats))
+    if not count:
+        return 0, None
+    return count, int(np.flatnonzero(key == ordered[1:][repeats][0])[0])
+
+
+def repeated_people(part: np.ndarray) -> tuple[int, tuple | None]:
+    """Records of ``part`` that repeat a person (the same household and
+    SPORDER) of another record of ``part``, whose households are whole and
+    consecutive; SPORDER 0 (not known) is never a repeat.
+
+    SPORDER 1..63 (every real household) are counted in linear time: one bit
+    per person, a household's bits ORed together, and a household has a
+    repeat where it has more records than bits set. Larger ones are sorted.
+
+    Returns:
+        ``(count, example)``: example is ``(household id, SPORDER, file
+        index, file index)`` of one person found twice, or None.
+    """
+    person = part["__sp"]
+    known = np.flatnonzero(person > 0)
+    if known.size < 2:
+        return 0, None
+    households = part["__hh"][known]
+    new = np.empty(known.size, dtype=bool)
+    new[0] = True
+    np.not_equal(households[1:], households[:-1], out=new[1:])
+    small = person[known] < 64
+    every_small = bool(small.all())
+    group = None if every_small else np.cumsum(new) - 1
+    count, repeated = 0, None
+    if small.any():
+        rows = known if every_small else known[small]
+        starts = np.flatnonzero(new if every_small else
+                                np.concatenate([[True], np.diff(group[small]) != 0]))
+        sizes = np.diff(starts, append=rows.size)
+        bits = np.left_shift(np.uint64(1), person[rows].astype(np.uint64))
+        missing = sizes - _popcount(np.bitwise_or.reduceat(bits, starts))
+        count = int(missing.sum())
+        if count:
+            at = int(np.argmax(missing > 0))
+            members = rows[starts[at]:starts[at] + sizes[at]]
+            _, first, seen = np.unique(person[members], return_index=True, return_counts=True)
+            repeated = int(members[first[np.argmax(seen > 1)]])
+    if not every_small:
+        more, index = _repeats_by_sorting(group[~small], person[known[~small]].astype(np.int64))
+        count += more
+        if repeated is None and index is not None:
+            repeated = int(known[~small][index])
+    if repeated is None:
+        return 0, None
+    twins = np.flatnonzero((part["__hh"] == part["__hh"][repeated])
+                           & (person == person[repeated]))[:2]
+    files = part["__file"][twins]
+    return count, (int(part["__hh"][repeated]), int(person[repeated]), int(files[0]),
+                   int(files[1]))
+
+
+def check_people_once(comm, inputs: list[InputFile], splits: dict[str, tuple]) -> None:
+    """Raise PrepError on every rank where a person (household SERIALNO and
+    SPORDER) is in the inputs twice: overlapping extracts, or a state given
+    both as a CSV and as its zip, put one person's data in the file twice,
+    and a run's epsilon per person would not hold. Collective; ``splits`` as
+    :func:`split_and_shuffle` returns them (a household is whole in one
+    split on one rank)."""
+    count, example = 0, None
+    for part, *_ in splits.values():
+        found, seen = repeated_people(part)
+        count += found
+        example = example or seen
+    total = comm.allreduce(count, op=MPI.SUM)
+    if not total:
+        return
+    household, person, a, b = next(e for e in comm.allgather(example) if e is not None)
+    one = f"person {person} (SPORDER) of household {serial_text(household)}"
+    where_ = (f"{inputs[a].name} holds {one} twice" if a == b else
+              f"{inputs[min(a, b)].name} and {inputs[max(a, b)].name} both hold {one}")
+    raise PrepError(f"{where_} ({total:,} kept records are a second copy of someone): "
+                    f"{TWICE_PEOPLE}", collective=True)
+
+
 def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Report:
     """Run every step on every rank of ``comm``; collective.
 
@@ -480,7 +580,8 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
                         f"all dropped ({_drops_text(reasons, per_reason, task)})",
                         collective=True)
 
-    records = build_records(settings, parsed, offsets, record_dtype(task, settings.codebook))
+    records = build_records(settings, parsed, offsets,
+                            record_dtype(task, settings.codebook, len(settings.inputs)))
     parsed = None  # free the cleaned blocks before the shuffle
     if settings.like_encoding is not None:
         encoding_text = settings.like_encoding
@@ -491,6 +592,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     splits = split_and_shuffle(comm, records, settings.household_secret,
                                with_val=settings.val_fraction > 0)
     del records
+    check_people_once(comm, settings.inputs, splits)
     clock("shuffle")
     if "val" in splits and splits["val"][2] == 0:  # the same totals on every rank
         raise PrepError(f"--val-fraction {settings.val_fraction:g} put none of the "

@@ -404,12 +404,13 @@ def test_a_file_of_the_2019_survey_is_prepared_with_a_note(tmp_path, good_csv):
     back = {relp: code for code, relp in sorted(RELSHIPP_TO_RELP.items(), reverse=True)}
     lines = good_csv.read_text().splitlines()
     header = lines[0].split(",")
-    at = header.index("RELP")
+    at, serial = header.index("RELP"), header.index("SERIALNO")
     header[at] = "RELSHIPP"
     rows = []
     for line in lines[1:]:
         fields = line.split(",")
         fields[at] = str(back.get(int(fields[at]), 36)) if fields[at].strip() else fields[at]
+        fields[serial] = "2019" + fields[serial][4:]  # other people than good_csv's
         rows.append(",".join(fields))
     newer = tmp_path / "psam_p98.csv"
     newer.write_text(",".join(header) + "\n" + "\n".join(rows) + "\n")

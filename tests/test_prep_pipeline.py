@@ -465,3 +465,56 @@ def test_place_codes_are_numeric_and_one_hot_modulo_1024(comm, shared_tmp, secre
         column = narrow[:, narrow_names.index(name + "%")]
         np.testing.assert_array_equal(column, np.where(blank, 1024, code % 1024))
     assert (narrow_names.index("PUMA%"), 1025, "PUMA%") in read_info(codes).code_columns
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_person_given_twice_is_refused_on_every_rank(comm, shared_tmp):
+    """A state as its zip and as the CSV inside it (different sha256s), or an
+    extract overlapping another file: the same (SERIALNO, SPORDER) twice."""
+    zips = pums_zips()
+    state = zips / "csv_pde.zip"
+    plain, overlap = shared_tmp / "psam_p10.csv", shared_tmp / "overlap.csv"
+    if comm.Get_rank() == 0:
+        text = _member_text(state)
+        plain.write_bytes(text)
+        lines = text.splitlines(keepends=True)
+        other = _member_text(zips / "csv_pnd.zip").splitlines(keepends=True)
+        overlap.write_bytes(b"".join(lines[:1] + lines[-40:] + other[1:200]))
+        age = _column(lines[0], "AGEP")  # the 40 repeated lines, less those outside the universe
+        repeated = sum(int(line.split(b",")[age]) >= 16 for line in lines[-40:])
+    repeated = comm.bcast(repeated if comm.Get_rank() == 0 else None, root=0)
+    out = shared_tmp / "twice.h5"
+    for second, copies in ((plain, None), (overlap, repeated)):
+        with pytest.raises(PrepError) as error:
+            _run(comm, [str(state), str(second), "--out", str(out)])
+        message = str(error.value)
+        assert error.value.collective, message
+        assert message.startswith(f"{state}:psam_p10.csv and {second} both hold person "), message
+        assert "those people would be in the data twice" in message
+        if copies is not None:
+            assert f"({copies:,} kept records are a second copy of someone)" in message
+    comm.Barrier()
+    assert not out.exists()
+
+
+def _column(header: bytes, name: str) -> int:
+    return header.decode().rstrip("\n").split(",").index(name)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_household_split_over_two_files_is_not_a_repeat(comm, shared_tmp):
+    """`split -l` cuts a household in two: its people are in two files, each
+    once, and the file holds every one of them."""
+    state = pums_zips() / "csv_pde.zip"
+    parts = [shared_tmp / "part1.csv", shared_tmp / "part2.csv"]
+    if comm.Get_rank() == 0:
+        lines = _member_text(state).splitlines(keepends=True)
+        serial = _column(lines[0], "SERIALNO")
+        cut = next(i for i in range(len(lines) // 2, len(lines) - 1)
+                   if lines[i].split(b",")[serial] == lines[i + 1].split(b",")[serial]) + 1
+        parts[0].write_bytes(b"".join(lines[:cut]))
+        parts[1].write_bytes(b"".join(lines[:1] + lines[cut:]))
+    comm.Barrier()
+    whole = _run(comm, [str(state), "--out", str(shared_tmp / "whole.h5")])
+    split = _run(comm, [*map(str, parts), "--out", str(shared_tmp / "split.h5")])
+    assert (split.records, split.kept) == (whole.records, whole.kept)

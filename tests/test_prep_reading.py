@@ -105,3 +105,22 @@ def test_parser_flags_text_in_numeric_columns_and_bad_serials():
     assert cols.examples["A"] == [(1, "abc")] and cols.examples["B"] == [(2, "1.5")]
     assert cols.bad["SERIALNO"].tolist() == [False, False, True]
     assert cols.values["B"][:2].tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("serial", ["2018HU0000001", "2018GQ0999999", "2019HU1234567",
+                                    "2013000012345"])
+def test_serial_text_inverts_the_household_id(serial):
+    from preprocessing.parse import serial_text
+
+    parser = BlockParser(("SERIALNO", "A"), ["A"], "SERIALNO")
+    household = int(parser.parse(f"{serial},1\n".encode()).household[0])
+    assert serial_text(household) == serial
+
+
+def test_sporder_is_the_person_number_and_unknown_is_zero():
+    parser = BlockParser(("SERIALNO", "SPORDER", "A"), ["A"], "SERIALNO", person="SPORDER")
+    assert parser.parse(b"2018HU0000001,01,5\n2018HU0000001,2,5\n").person.tolist() == [1, 2]
+    slow = parser.parse(b"2018HU0000001,x,5\n2018HU0000001,,5\n2018HU0000001,3,5\n")
+    assert slow.person.tolist() == [0, 0, 3]
+    without = BlockParser(("SERIALNO", "A"), ["A"], "SERIALNO").parse(b"2018HU0000001,5\n")
+    assert without.person.tolist() == [0]

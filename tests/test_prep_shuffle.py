@@ -1,6 +1,7 @@
 """Household split, SplitMix64 keys, the distributed sort and rebalancing."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from preprocessing import shuffle
 
@@ -99,3 +100,43 @@ def test_exchange_with_empty_ranks(comm):
     mine = np.arange(10, dtype=np.int64) + 100 * rank if rank == 0 else np.zeros(0, np.int64)
     got = shuffle.exchange(mine, np.full(len(mine), size - 1, dtype=np.int64), comm)
     assert got.tolist() == (list(range(10)) if rank == size - 1 else [])
+
+
+@st.composite
+def _households(draw):
+    """Consecutive households (ids need not be sorted), SPORDER 0..255 each."""
+    ids = draw(st.lists(st.integers(0, 40), min_size=1, max_size=30))
+    rows = []
+    for household in ids:
+        people = draw(st.lists(st.sampled_from([0, 1, 2, 3, 63, 64, 200, 255]),
+                               min_size=1, max_size=6))
+        rows += [(household, person, draw(st.integers(0, 2))) for person in people]
+    return rows
+
+
+@settings(max_examples=300)
+@given(_households())
+def test_repeated_people_counts_every_second_copy(rows):
+    """Against a per-record loop: a record repeats a person when an earlier
+    record of the same consecutive household has its SPORDER (0: unknown)."""
+    from preprocessing.pipeline import repeated_people
+
+    part = np.zeros(len(rows), dtype=[("__hh", np.int64), ("__sp", np.uint8),
+                                      ("__file", np.uint16)])
+    for i, row in enumerate(rows):
+        part[i] = row
+    seen, expected = set(), 0
+    for i, (household, person, _) in enumerate(rows):
+        if i and household != rows[i - 1][0]:
+            seen = set()
+        if person and person in seen:
+            expected += 1
+        seen.add(person)
+    count, example = repeated_people(part)
+    assert count == expected
+    if expected:
+        household, person, a, b = example
+        twins = [f for h, p, f in rows if (h, p) == (household, person)]
+        assert person and len(twins) >= 2 and (a, b) == tuple(twins[:2])
+    else:
+        assert example is None
