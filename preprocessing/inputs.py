@@ -110,6 +110,18 @@ def _header_from(stream: BinaryIO, name: str) -> tuple[tuple[str, ...], int]:
     return columns, min(end + 1, len(head))
 
 
+def first_record_fields(inp: InputFile) -> int | None:
+    """Comma-separated fields of the first record (the line after the header),
+    or None where there is none within the first MiB."""
+    with inp.open() as stream:
+        stream.read(inp.data_start)
+        text = stream.read(MAX_HEADER_BYTES)
+    end = text.find(b"\n")
+    if end < 0:
+        return None
+    return text[:end].count(b",") + 1
+
+
 def _inspect_zip(path: str, first_index: int) -> list[InputFile]:
     try:
         archive = zipfile.ZipFile(path)

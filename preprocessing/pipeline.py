@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+import zipfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from preprocessing.agreement import agree
 from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
-from preprocessing.inputs import TWICE, TWICE_PEOPLE, InputFile
+from preprocessing.inputs import TWICE, TWICE_PEOPLE, InputFile, first_record_fields
 from preprocessing.parse import BlockParser, serial_text
 from preprocessing.ranges import Piece, Tail, iter_blocks, plan_hashing, plan_pieces
 from preprocessing.tasks import Task
@@ -164,11 +165,32 @@ def read_pieces(settings: Settings, pieces: list[Piece], threads: int, progress=
             raise PrepError(f"{inp.name}: cannot read: {exc}") from None
         except Exception as exc:  # polars: a structure it cannot read at all
             if type(exc).__module__.startswith("polars"):
-                raise PrepError(f"{inp.name}: cannot parse as CSV: "
-                                f"{str(exc).splitlines()[0]}") from None
+                raise PrepError(_unreadable(inp, str(exc))) from None
             raise
         parsed.append(Parsed(piece, parts, tail))
     return parsed
+
+
+def _unreadable(inp: InputFile, polars_message: str) -> str:
+    """The message for a file polars cannot parse: lines with other numbers of
+    fields than the header in words, else polars' first line."""
+    fewer, more = "n_missing" in polars_message, "n_extra" in polars_message
+    if not (fewer or more):
+        return f"{inp.name}: cannot parse as CSV: {polars_message.splitlines()[0]}"
+    width = len(inp.header)
+    try:
+        first = first_record_fields(inp)
+    except (OSError, zipfile.BadZipFile, EOFError):
+        first = None
+    if first is not None and first != width:
+        hint = ("the header ends with a comma" if inp.header[-1] == "" else
+                "the lines end with a comma" if first == width + 1 else
+                "the header and the records do not match")
+        return (f"{where(inp.name, 2)}: the line has {first} fields, the header {width} "
+                f"({hint}); every line must have the header's fields")
+    return (f"{inp.name}: a line has {'fewer' if fewer else 'more'} fields than the header's "
+            f"{width}; --check-fields finds such lines (and drops them, up to "
+            "--max-invalid-share)")
 
 
 def row_offsets(comm, parsed: list[Parsed]) -> dict[tuple[int, int], int]:

@@ -355,7 +355,22 @@ def summary(report, settings, ranks: int) -> str:
         + f"test {report.test:,}; "
         f"{report.n_features} features, task {settings.task.name})",
         f"  dropped {report.records - report.kept:>12,} ({drops}; universe: {universe})",
-    ] + year_notes(settings))
+    ] + year_notes(settings) + unchecked_notes(settings))
+
+
+def unchecked_notes(settings) -> list[str]:
+    """``  note    FILES: no SPORDER column ...``: the inputs in which prep
+    cannot find a person given twice (:func:`preprocessing.pipeline.check_people_once`)."""
+    names = [_input_name(inp) for inp in settings.inputs if "SPORDER" not in inp.header]
+    if not names:
+        return []
+    return [f"  note    {', '.join(names)}: no SPORDER column, so a person given twice "
+            "(overlapping extracts, a state's zip and its CSV) cannot be found there; "
+            "make sure each person is in the inputs once"]
+
+
+def _input_name(inp) -> str:
+    return os.path.basename(inp.path) + (f"/{inp.member}" if inp.member else "")
 
 
 def year_notes(settings) -> list[str]:
@@ -363,7 +378,6 @@ def year_notes(settings) -> list[str]:
     features that some inputs give in another survey year's column."""
     files: dict[str, list[str]] = {}
     for inp in settings.inputs:
-        name = os.path.basename(inp.path) + (f"/{inp.member}" if inp.member else "")
         for note in settings.task.notes(settings.sources[inp.index]):
-            files.setdefault(note, []).append(name)
+            files.setdefault(note, []).append(_input_name(inp))
     return [f"  note    {', '.join(names)}: {note}" for note, names in files.items()]

@@ -67,6 +67,15 @@ def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
     with zipfile.ZipFile(no_csv, "w") as archive:
         archive.writestr("ACS2018_PUMS_README.pdf", b"%PDF-1.4")
     cases["zip_without_csv"] = (no_csv, "{p}: the zip archive holds no .csv file")
+    width = len(lines[0].split(","))
+    for name, head, line_end, fields, why in (
+            ("header_comma", ",", "", (width, width + 1), "the header ends with a comma"),
+            ("lines_comma", "", ",", (width + 1, width), "the lines end with a comma")):
+        path = folder / f"{name}.csv"
+        path.write_text(lines[0].rstrip("\n") + head + "\n"
+                        + "".join(line.rstrip("\n") + line_end + "\n" for line in lines[1:]))
+        cases[name] = (path, f"{{p}}, line 2: the line has {fields[0]} fields, the header "
+                             f"{fields[1]} ({why}); every line must have the header's fields")
     return cases
 
 
@@ -101,7 +110,8 @@ def _error_in_process(argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "columns", "truncated", "delimiter",
-                                  "quoted", "non_numeric", "zip_without_csv"])
+                                  "quoted", "non_numeric", "zip_without_csv",
+                                  "header_comma", "lines_comma"])
 def test_bad_input_is_one_clear_error_and_no_output(tmp_path, good_csv, case):
     path, expected = _bad_inputs(tmp_path, good_csv)[case]
     message = _error_in_process([str(good_csv), str(path), "--out", str(tmp_path / "o.h5")])
@@ -421,6 +431,30 @@ def test_a_file_of_the_2019_survey_is_prepared_with_a_note(tmp_path, good_csv):
     assert notes == ["  note    psam_p98.csv: RELP read from RELSHIPP (the 2019 survey and "
                      "later), recoded to the 2018 codes; not exact: no roomer or boarder "
                      "(2018 code 11), spouses and partners of either sex merged"], result.stdout
+
+
+def test_a_file_without_sporder_is_prepared_with_a_note(tmp_path, good_csv):
+    """Without SPORDER a person given twice cannot be found: the summary says
+    so for that file, and only for it."""
+    import argparse
+
+    from preprocessing.prep import add_arguments, make_settings, unchecked_notes
+
+    lines = good_csv.read_text().replace(",2018HU", ",2017HU").replace(",2018GQ", ",2017GQ")
+    lines = lines.splitlines()  # other people than good_csv's
+    at = lines[0].split(",").index("SPORDER")
+    rows = [",".join(f for i, f in enumerate(line.split(",")) if i != at) for line in lines]
+    extract = tmp_path / "extract.csv"
+    extract.write_text("\n".join(rows) + "\n")
+    argv = [str(good_csv), str(extract), "--out", str(tmp_path / "o.h5")]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert unchecked_notes(make_settings(parser.parse_args(argv))) == [
+        "  note    extract.csv: no SPORDER column, so a person given twice (overlapping "
+        "extracts, a state's zip and its CSV) cannot be found there; make sure each person "
+        "is in the inputs once"]
+    assert _prepare(argv).kept == 2 * _prepare([str(good_csv), "--out",
+                                                 str(tmp_path / "p.h5")]).kept
 
 
 def test_a_task_name_typo_is_one_line_with_the_closest_name(tmp_path, good_csv):
