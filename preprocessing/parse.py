@@ -5,7 +5,9 @@ scanning the line), directly as 32-bit integers. A block that holds
 non-numeric text in one of those columns makes polars fail; that block is
 parsed again as text, and every unparseable value is flagged (and its text
 kept for the error message) instead of failing the run: such records are
-dropped and counted by the cleaning step.
+dropped and counted by the cleaning step. A whole number written as a
+decimal (``16.0``: pandas writes an integer column with a blank as floats)
+is that integer, not an error.
 
 ``SERIALNO`` is read as text and turned into an integer household id, and
 ``SPORDER`` (the person's number in the household), where the file has it,
@@ -109,6 +111,18 @@ def _household_expr(pl, name: str):
     return pl.coalesce(new, pl.when(old >= _OLD_SERIAL_OFFSET).then(old)).alias(name)
 
 
+def _whole_decimals(pl, text, bad: np.ndarray, ints: np.ndarray) -> None:
+    """Take ``16.0`` (or ``1e3``) as the integer it is: pandas writes an integer
+    column that has a blank as floats. Clears ``bad`` and fills ``ints`` where
+    a bad text is a finite whole number in the int32 range."""
+    number = text.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy()
+    with np.errstate(invalid="ignore"):
+        whole = bad & np.isfinite(number) & (number == np.floor(number)) \
+            & (np.abs(number) < 2.0**31)
+    ints[whole] = number[whole].astype(np.int32)
+    bad &= ~whole
+
+
 def serial_text(household: int) -> str:
     """The SERIALNO that :func:`_household_expr` turned into ``household``."""
     if household >= _OLD_SERIAL_OFFSET:
@@ -201,14 +215,18 @@ class BlockParser:
             if slow:
                 as_int = col.cast(pl.Int32, strict=False)
                 is_bad = (as_int.is_null() & col.is_not_null()).to_numpy()
+                ints = as_int.fill_null(0).to_numpy().astype(np.int32)
+                if is_bad.any():
+                    _whole_decimals(pl, col, is_bad, ints)
                 if is_bad.any():
                     rows = np.flatnonzero(is_bad)[:_KEEP_EXAMPLES]
                     examples[name] = [(int(i), col[int(i)]) for i in rows]
-                col = as_int
                 bad[name] = is_bad
-            else:
-                bad[name] = np.zeros(n, dtype=bool)
-            blank[name] = col.is_null().to_numpy() & ~bad[name]
+                blank[name] = col.is_null().to_numpy() & ~is_bad
+                values[name] = ints
+                continue
+            bad[name] = np.zeros(n, dtype=bool)
+            blank[name] = col.is_null().to_numpy()
             values[name] = col.fill_null(0).to_numpy().astype(np.int32, copy=False)
         household = frame.get_column(self.serial)
         serial_blank = frame.get_column("__serial_blank").to_numpy()

@@ -457,6 +457,27 @@ def test_a_file_without_sporder_is_prepared_with_a_note(tmp_path, good_csv):
                                                  str(tmp_path / "p.h5")]).kept
 
 
+def test_a_file_written_by_pandas_prepares_as_the_original(tmp_path, good_csv):
+    """pandas writes an integer column with a blank as floats (SCHL "16.0"):
+    the same rows as the file it read."""
+    import pandas as pd
+
+    frame = pd.read_csv(good_csv, dtype={"SERIALNO": str, "NAICSP": str, "SOCP": str})
+    assert frame["SCHL"].dtype == float  # blank for children: written as 16.0
+    written = tmp_path / "psam_p99.csv"
+    frame.to_csv(written, index=False)
+    assert ",16.0," in written.read_text()
+    secret = tmp_path / "secret"
+    secret.write_bytes(bytes(32))
+    files = []
+    for source, name in ((good_csv, "a.h5"), (written, "b.h5")):
+        _prepare([str(source), "--out", str(tmp_path / name), "--household-secret",
+                  str(secret)])
+        files.append(h5py.File(tmp_path / name, "r"))
+    for key in ("train/X", "train/y", "train/household", "test/X", "test/y"):
+        np.testing.assert_array_equal(files[0][key][:], files[1][key][:], err_msg=key)
+
+
 def test_a_task_name_typo_is_one_line_with_the_closest_name(tmp_path, good_csv):
     result = mpidp(1, "prep", str(good_csv), "--out", str(tmp_path / "o.h5"), "--task",
                    "incme", timeout=60)

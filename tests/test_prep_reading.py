@@ -124,3 +124,16 @@ def test_sporder_is_the_person_number_and_unknown_is_zero():
     assert slow.person.tolist() == [0, 0, 3]
     without = BlockParser(("SERIALNO", "A"), ["A"], "SERIALNO").parse(b"2018HU0000001,5\n")
     assert without.person.tolist() == [0]
+
+
+def test_a_whole_number_written_as_a_decimal_is_that_number():
+    """pandas writes an integer column with a blank as floats ("16.0")."""
+    parser = BlockParser(("SERIALNO", "A"), ["A"], "SERIALNO")
+    rows = ["16.0", "16.5", "1e3", "-3.0", "inf", "nan", "", "x", "3000000000.0", "7"]
+    cols = parser.parse("".join(f"2018HU0000001,{r}\n" for r in rows).encode())
+    assert cols.bad["A"].tolist() == [False, True, False, False, True, True, False, True,
+                                      True, False]
+    assert cols.blank["A"].tolist() == [r == "" for r in rows]
+    kept = ~cols.bad["A"] & ~cols.blank["A"]
+    assert cols.values["A"][kept].tolist() == [16, 1000, -3, 7]
+    assert [text for _, text in cols.examples["A"]] == ["16.5", "inf", "nan"]
