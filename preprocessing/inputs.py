@@ -41,7 +41,8 @@ class InputFile:
         path: the path as the user gave it.
         member: the CSV's name inside the zip, or None for a plain file.
         size: bytes of CSV text (uncompressed size for a zip member).
-        header: the column names of the first line.
+        header: the column names of the first line, upper-cased (PUMS names
+            are) unless that would make two of them equal.
         data_start: byte offset of the first record in the CSV text.
     """
 
@@ -107,7 +108,10 @@ def _header_from(stream: BinaryIO, name: str) -> tuple[tuple[str, ...], int]:
         dups = sorted({c for c in columns if columns.count(c) > 1})
         raise PrepError(f"{where(name, 1)}: duplicate column names in the header: "
                         f"{', '.join(dups[:5])}")
-    return columns, min(end + 1, len(head))
+    # names are matched without case (a tool that lower-cases them, as some R and
+    # SQL exports do): the records are read by position, under these names
+    upper = tuple(c.upper() for c in columns)
+    return (upper if len(set(upper)) == len(upper) else columns), min(end + 1, len(head))
 
 
 def first_record_fields(inp: InputFile) -> int | None:

@@ -467,15 +467,28 @@ def test_a_file_written_by_pandas_prepares_as_the_original(tmp_path, good_csv):
     written = tmp_path / "psam_p99.csv"
     frame.to_csv(written, index=False)
     assert ",16.0," in written.read_text()
-    secret = tmp_path / "secret"
+    _assert_same_rows(tmp_path, good_csv, written)
+
+
+def _assert_same_rows(folder: Path, original: Path, other: Path) -> None:
+    """``other`` prepares to the same arrays as ``original`` (one secret)."""
+    secret = folder / "secret"
     secret.write_bytes(bytes(32))
     files = []
-    for source, name in ((good_csv, "a.h5"), (written, "b.h5")):
-        _prepare([str(source), "--out", str(tmp_path / name), "--household-secret",
+    for source, name in ((original, "a.h5"), (other, "b.h5")):
+        _prepare([str(source), "--out", str(folder / name), "--household-secret",
                   str(secret)])
-        files.append(h5py.File(tmp_path / name, "r"))
+        files.append(h5py.File(folder / name, "r"))
     for key in ("train/X", "train/y", "train/household", "test/X", "test/y"):
         np.testing.assert_array_equal(files[0][key][:], files[1][key][:], err_msg=key)
+
+
+def test_column_names_in_lower_case_are_the_pums_names(tmp_path, good_csv):
+    """Some R and SQL exports lower-case the header: matched without case."""
+    header, rest = good_csv.read_text().split("\n", 1)
+    lower = tmp_path / "psam_p99.csv"
+    lower.write_text(header.lower() + "\n" + rest)
+    _assert_same_rows(tmp_path, good_csv, lower)
 
 
 def test_a_task_name_typo_is_one_line_with_the_closest_name(tmp_path, good_csv):

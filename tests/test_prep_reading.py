@@ -137,3 +137,11 @@ def test_a_whole_number_written_as_a_decimal_is_that_number():
     kept = ~cols.bad["A"] & ~cols.blank["A"]
     assert cols.values["A"][kept].tolist() == [16, 1000, -3, 7]
     assert [text for _, text in cols.examples["A"]] == ["16.5", "inf", "nan"]
+
+
+def test_the_header_is_upper_cased_unless_names_would_collide(tmp_path):
+    lower, mixed = tmp_path / "lower.csv", tmp_path / "mixed.csv"
+    lower.write_text("serialno,Agep,sex\n2018HU0000001,40,1\n")
+    mixed.write_text("SERIALNO,a,A\n2018HU0000001,1,2\n")
+    assert inspect_inputs([str(lower)])[0].header == ("SERIALNO", "AGEP", "SEX")
+    assert inspect_inputs([str(mixed)])[0].header == ("SERIALNO", "a", "A")
