@@ -27,6 +27,10 @@ with their extra fields ignored. Without it, a short line is caught only
 when a needed column that may not be blank is empty, and extra fields are
 ignored or, where polars trips on them, reported as a CSV error.
 
+The text path also reads values without the spaces around them (``, 40``),
+as polars' integer parser already does for leading spaces, so a block reads
+the same whichever path it takes.
+
 Quoting is off: PUMS files never quote, and a stray quote must not swallow
 the following lines (every line is exactly one record, which is what makes
 line numbers in messages right).
@@ -94,13 +98,20 @@ def fields_per_line(data: bytes) -> np.ndarray:
     return np.diff(commas_before, prepend=0) + 1
 
 
-def _household_expr(pl, name: str):
+def _stripped(pl, name: str):
+    """A text column without the spaces around its values ("" is null)."""
+    s = pl.col(name).str.strip_chars()
+    return pl.when(s != "").then(s)
+
+
+def _household_expr(pl, name: str, strip: bool = False):
     """SERIALNO text -> int64 household id; null when it is not a serial.
 
     ``2018HU0001234`` -> 2018*10^8 + 1234, ``2018GQ0001234`` -> 2018*10^8 +
     10^7 + 1234; the all-digit form of older files -> its value + 2^62.
+    ``strip``: read it without the spaces around it.
     """
-    s = pl.col(name)
+    s = _stripped(pl, name) if strip else pl.col(name)
     year = s.str.slice(0, 4).cast(pl.Int64, strict=False)
     kind = s.str.slice(4, 2)
     number = s.str.slice(6).cast(pl.Int64, strict=False)
@@ -176,17 +187,22 @@ class BlockParser:
                 pl.col(self.serial).is_null().alias("__serial_blank"),
                 *person,
             ).collect()
-            slow = False
+            # a SERIALNO that is not a serial: read the block as text, to keep
+            # its text for the message, or read it without spaces around it
+            slow = bool((frame.get_column(self.serial).is_null()
+                         & ~frame.get_column("__serial_blank")).any())
         except (pl.exceptions.ComputeError, pl.exceptions.SchemaError,
                 pl.exceptions.ShapeError):
-            frame = self._scan(data, self.text_schema, ragged=self.check_fields).select(
-                *[pl.col(c) for c in self.int_columns if c != self.serial],
-                pl.col(self.serial).alias("__serial_text"),
-                _household_expr(pl, self.serial),
-                pl.col(self.serial).is_null().alias("__serial_blank"),
-                *[p.cast(pl.Int32, strict=False) for p in person],
-            ).collect()
             slow = True
+        if slow:
+            frame = self._scan(data, self.text_schema, ragged=self.check_fields).select(
+                *[_stripped(pl, c).alias(c) for c in self.int_columns if c != self.serial],
+                pl.col(self.serial).alias("__serial_text"),
+                _household_expr(pl, self.serial, strip=True),
+                _stripped(pl, self.serial).is_null().alias("__serial_blank"),
+                *([] if self.person is None else
+                  [_stripped(pl, self.person).cast(pl.Int32, strict=False).alias("__person")]),
+            ).collect()
         columns = self._columns(frame, slow)
         if self.check_fields:
             self._check_field_counts(data, columns)
@@ -231,13 +247,10 @@ class BlockParser:
         household = frame.get_column(self.serial)
         serial_blank = frame.get_column("__serial_blank").to_numpy()
         serial_bad = household.is_null().to_numpy() & ~serial_blank
-        if serial_bad.any() and slow:
+        if serial_bad.any():  # only read as text (parse() makes sure)
             text = frame.get_column("__serial_text")
             rows = np.flatnonzero(serial_bad)[:_KEEP_EXAMPLES]
             examples[self.serial] = [(int(i), text[int(i)]) for i in rows]
-        elif serial_bad.any():
-            rows = np.flatnonzero(serial_bad)[:_KEEP_EXAMPLES]
-            examples[self.serial] = [(int(i), "?") for i in rows]
         blank[self.serial] = serial_blank
         bad[self.serial] = serial_bad
         person = None

@@ -145,3 +145,21 @@ def test_the_header_is_upper_cased_unless_names_would_collide(tmp_path):
     mixed.write_text("SERIALNO,a,A\n2018HU0000001,1,2\n")
     assert inspect_inputs([str(lower)])[0].header == ("SERIALNO", "AGEP", "SEX")
     assert inspect_inputs([str(mixed)])[0].header == ("SERIALNO", "a", "A")
+
+
+def test_spaces_around_values_read_the_same_on_either_path():
+    """`, 40`: polars' integer parser takes a leading space; the text path
+    (any block with a bad value) strips both sides, SERIALNO and SPORDER too,
+    and a SERIALNO that is not a serial is shown as written."""
+    parser = BlockParser(("SERIALNO", "A", "SPORDER"), ["A"], "SERIALNO", person="SPORDER")
+    cols = parser.parse(b"2018HU0000001, 40, 1\n 2018HU0000002 ,41 ,02 \n2018XX0000003,7,1\n"
+                        b"  ,  ,1\n")
+    assert cols.values["A"].tolist()[:3] == [40, 41, 7] and not cols.bad["A"].any()
+    assert cols.blank["A"].tolist() == [False, False, False, True]
+    assert cols.household.tolist() == [201800000001, 201800000002, -1, -1]
+    assert cols.person.tolist() == [1, 2, 1, 1]
+    assert cols.bad["SERIALNO"].tolist() == [False, False, True, False]
+    assert cols.blank["SERIALNO"].tolist() == [False, False, False, True]
+    assert cols.examples["SERIALNO"] == [(2, "2018XX0000003")]
+    fast = parser.parse(b"2018HU0000001,40,1\n2018XX0000003,7,1\n")  # no other bad value
+    assert fast.examples["SERIALNO"] == [(1, "2018XX0000003")]
