@@ -4,6 +4,8 @@ compact codes of the kept ones.
 Every record is checked against the data dictionary, column by column, in a
 fixed order; the first problem found is the reason it is dropped:
 
+0. the line is empty (nothing but commas and spaces: ``empty_line``; not a
+   record with a problem, so it does not count towards the invalid share);
 0. the line does not have the header's number of fields (``field_count``);
 1. ``SERIALNO`` blank or not a serial number;
 2. the universe columns (``AGEP`` for employment): not a number, blank where
@@ -67,7 +69,7 @@ def code_dtype(feature: Feature, codebook: Codebook) -> np.dtype:
 
 def reason_names(task: Task) -> list[str]:
     """Every drop reason of a task, in a fixed order (index 0 is 'kept')."""
-    names = ["kept", "field_count", "blank:SERIALNO", "invalid:SERIALNO"]
+    names = ["kept", "empty_line", "field_count", "blank:SERIALNO", "invalid:SERIALNO"]
     for column in _check_order(task):
         names += [f"non_numeric:{column}", f"blank:{column}", f"invalid:{column}"]
     return names + ["universe"]
@@ -174,8 +176,11 @@ class Cleaner:
             text = dict(examples or []).get(row)
             if text is None:
                 text = "" if why.startswith("blank") else str(cols.values[column][row])
-            first.setdefault(row, (row, column, text))
+            if why != "empty_line":
+                first.setdefault(row, (row, column, text))
 
+        if cols.empty.any():
+            mark(cols.empty, "empty_line", "", [(int(np.argmax(cols.empty)), "")])
         if cols.wrong_fields.any():
             row = int(np.argmax(cols.wrong_fields))
             mark(cols.wrong_fields, "field_count", "",

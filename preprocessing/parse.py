@@ -62,6 +62,7 @@ class Columns:
         household: int64 household id from SERIALNO (-1 where bad or blank).
         person: int32 SPORDER, the person's number in the household (0 where
             blank, not a number, or the file has no SPORDER column).
+        empty: bool, the line holds nothing but commas and spaces.
         wrong_fields: bool, the line does not have the header's number of
             fields (its values are unreliable).
         field_counts: int, fields on each line (only filled in for a block
@@ -76,6 +77,7 @@ class Columns:
     examples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     household: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     person: np.ndarray | None = None
+    empty: np.ndarray | None = None
     wrong_fields: np.ndarray | None = None
     field_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     header_fields: int = 0
@@ -85,6 +87,8 @@ class Columns:
             self.wrong_fields = np.zeros(self.n, dtype=bool)
         if self.person is None:
             self.person = np.zeros(self.n, dtype=np.int32)
+        if self.empty is None:
+            self.empty = np.zeros(self.n, dtype=bool)
 
 
 def fields_per_line(data: bytes) -> np.ndarray:
@@ -120,6 +124,22 @@ def _household_expr(pl, name: str, strip: bool = False):
            .when(ok_len & (kind == "GQ")).then(year * 10**8 + 10**7 + number))
     old = s.cast(pl.Int64, strict=False) + _OLD_SERIAL_OFFSET
     return pl.coalesce(new, pl.when(old >= _OLD_SERIAL_OFFSET).then(old)).alias(name)
+
+
+def _find_empty_lines(data: bytes, columns: Columns) -> None:
+    """Set ``columns.empty`` for lines with nothing but commas and spaces; only
+    lines whose needed fields are all blank are looked at (polars makes one
+    record of every line, an empty one included)."""
+    maybe = columns.blank["SERIALNO"].copy() if "SERIALNO" in columns.blank else None
+    if maybe is None or not maybe.any():
+        return
+    for name, blank in columns.blank.items():
+        maybe &= blank
+    if not maybe.any():
+        return
+    lines = data.split(b"\n")
+    columns.empty = np.array([bool(maybe[i]) and not lines[i].strip(b" ,\r\t")
+                              for i in range(columns.n)], dtype=bool)
 
 
 def _whole_decimals(pl, text, bad: np.ndarray, ints: np.ndarray) -> None:
@@ -204,6 +224,7 @@ class BlockParser:
                   [_stripped(pl, self.person).cast(pl.Int32, strict=False).alias("__person")]),
             ).collect()
         columns = self._columns(frame, slow)
+        _find_empty_lines(data, columns)
         if self.check_fields:
             self._check_field_counts(data, columns)
         return columns

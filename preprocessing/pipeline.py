@@ -270,10 +270,10 @@ def count_reasons(comm, settings: Settings, parsed: list[Parsed],
 
 def check_invalid_share(settings: Settings, counts: np.ndarray, firsts: list) -> None:
     reasons = reason_names(settings.task)
-    universe = reasons.index("universe")
+    universe, empty = reasons.index("universe"), reasons.index("empty_line")
     for inp in settings.inputs:
         row = counts[inp.index]
-        records = int(row.sum())
+        records = int(row.sum()) - int(row[empty])
         invalid = records - int(row[0]) - int(row[universe])
         if records and invalid / records > settings.max_invalid_share:
             line, reason, column, text = firsts[inp.index]
@@ -626,7 +626,8 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
                    if i > 0 and (per_reason[i] or name == "universe")}
     out_bytes = write_output(
         comm, settings, encoding_text, splits,
-        lambda: attributes(settings, encoding_text, drop_counts, counts.sum(axis=1),
+        lambda: attributes(settings, encoding_text, drop_counts,
+                           counts.sum(axis=1) - counts[:, reasons.index("empty_line")],
                            digests, version,
                            {name: split[3] for name, split in splits.items()}), clock)
     return Report(records=int(per_reason.sum()), kept=int(per_reason[0]),

@@ -342,19 +342,22 @@ def _run_images(comm, args: argparse.Namespace) -> int:
 def summary(report, settings, ranks: int) -> str:
     """The lines printed after a successful run."""
     files = len(settings.inputs)
-    rate = report.records / report.seconds if report.seconds > 0 else 0.0
-    drops = ", ".join(f"{name} {count:,}" for name, count in report.drop_counts.items())
+    empty = report.drop_counts.get("empty_line", 0)  # lines, not records
+    records = report.records - empty
+    rate = records / report.seconds if report.seconds > 0 else 0.0
+    drops = ", ".join(f"{name} {count:,}" for name, count in report.drop_counts.items()
+                      if name != "empty_line")
     universe = ",".join(map(str, settings.task.universe)) or "everyone"
     return "\n".join([
         f"mpidp prep: wrote {settings.out} ({report.out_bytes / 1e6:.1f} MB) in "
         f"{report.seconds:.2f} s on {ranks} rank{'s' if ranks > 1 else ''}",
-        f"  read    {report.records:>12,} records from {files} file{'s' if files > 1 else ''}"
-        f" ({rate:,.0f} records/s)",
+        f"  read    {records:>12,} records from {files} file{'s' if files > 1 else ''}"
+        f" ({rate:,.0f} records/s)" + (f"; {empty:,} empty lines skipped" if empty else ""),
         f"  kept    {report.kept:>12,} (train {report.train:,}, "
         + (f"val {report.val:,}, " if report.val is not None else "")
         + f"test {report.test:,}; "
         f"{report.n_features} features, task {settings.task.name})",
-        f"  dropped {report.records - report.kept:>12,} ({drops}; universe: {universe})",
+        f"  dropped {records - report.kept:>12,} ({drops}; universe: {universe})",
     ] + year_notes(settings) + unchecked_notes(settings))
 
 

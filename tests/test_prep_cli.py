@@ -470,8 +470,10 @@ def test_a_file_written_by_pandas_prepares_as_the_original(tmp_path, good_csv):
     _assert_same_rows(tmp_path, good_csv, written)
 
 
-def _assert_same_rows(folder: Path, original: Path, other: Path) -> None:
-    """``other`` prepares to the same arrays as ``original`` (one secret)."""
+def _assert_same_rows(folder: Path, original: Path, other: Path, in_order=True) -> None:
+    """``other`` prepares to the same arrays as ``original`` (one secret); in
+    the same order where its records are on the same lines (a record's line
+    is part of its shuffle key)."""
     secret = folder / "secret"
     secret.write_bytes(bytes(32))
     files = []
@@ -479,8 +481,30 @@ def _assert_same_rows(folder: Path, original: Path, other: Path) -> None:
         _prepare([str(source), "--out", str(folder / name), "--household-secret",
                   str(secret)])
         files.append(h5py.File(folder / name, "r"))
-    for key in ("train/X", "train/y", "train/household", "test/X", "test/y"):
-        np.testing.assert_array_equal(files[0][key][:], files[1][key][:], err_msg=key)
+    for split in ("train", "test"):
+        a, b = ([np.column_stack([f[f"{split}/X"][:], f[f"{split}/y"][:],
+                                  f[f"{split}/household"][:].view(np.float64)])
+                 for f in files])
+        if not in_order:
+            a, b = np.unique(a, axis=0), np.unique(b, axis=0)
+        np.testing.assert_array_equal(a, b, err_msg=split)
+
+
+def test_empty_lines_are_skipped_not_invalid(tmp_path, good_csv):
+    """A file double-spaced (and ending in blank lines) is the same file: its
+    empty lines are no records, and no share of invalid ones."""
+    header, *rows = good_csv.read_text().splitlines()
+    spaced = tmp_path / "psam_p99.csv"
+    spaced.write_text(header + "\n" + "\n\n".join(rows) + "\n\n,,,\n")
+    _assert_same_rows(tmp_path, good_csv, spaced, in_order=False)
+    result = mpidp(1, "prep", str(spaced), "--out", str(tmp_path / "c.h5"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"{len(rows):,} records from 1 file" in result.stdout
+    empty = len(rows) - 1 + 2  # between the rows, then "" and ",,,"
+    assert f"; {empty:,} empty lines skipped" in result.stdout
+    with h5py.File(tmp_path / "c.h5", "r") as handle:
+        assert json.loads(handle.attrs["sources"])[0]["rows"] == len(rows)
+        assert json.loads(handle.attrs["drop_counts"])["empty_line"] == empty
 
 
 def test_column_names_in_lower_case_are_the_pums_names(tmp_path, good_csv):

@@ -163,3 +163,10 @@ def test_spaces_around_values_read_the_same_on_either_path():
     assert cols.examples["SERIALNO"] == [(2, "2018XX0000003")]
     fast = parser.parse(b"2018HU0000001,40,1\n2018XX0000003,7,1\n")  # no other bad value
     assert fast.examples["SERIALNO"] == [(1, "2018XX0000003")]
+
+
+def test_empty_lines_are_found_and_a_line_with_data_is_not_empty():
+    parser = BlockParser(("SERIALNO", "A", "B"), ["A"], "SERIALNO")
+    cols = parser.parse(b"2018HU0000001,1,2\n\n,,\n , ,\r\n,,9\n2018HU0000002,3,4\n")
+    assert cols.n == 6
+    assert cols.empty.tolist() == [False, True, True, True, False, False]
