@@ -126,20 +126,21 @@ def _household_expr(pl, name: str, strip: bool = False):
     return pl.coalesce(new, pl.when(old >= _OLD_SERIAL_OFFSET).then(old)).alias(name)
 
 
-def _find_empty_lines(data: bytes, columns: Columns) -> None:
+def _find_empty_lines(data: bytes, columns: Columns, serial: str) -> None:
     """Set ``columns.empty`` for lines with nothing but commas and spaces; only
-    lines whose needed fields are all blank are looked at (polars makes one
-    record of every line, an empty one included)."""
-    maybe = columns.blank["SERIALNO"].copy() if "SERIALNO" in columns.blank else None
-    if maybe is None or not maybe.any():
-        return
-    for name, blank in columns.blank.items():
-        maybe &= blank
+    lines whose needed fields (``serial`` among them) are all blank are looked
+    at (polars makes one record of every line, an empty one included)."""
+    maybe = columns.blank[serial].copy()
     if not maybe.any():
         return
+    for blank in columns.blank.values():
+        maybe &= blank
+    candidates = np.flatnonzero(maybe)
+    if not candidates.size:
+        return
     lines = data.split(b"\n")
-    columns.empty = np.array([bool(maybe[i]) and not lines[i].strip(b" ,\r\t")
-                              for i in range(columns.n)], dtype=bool)
+    for i in candidates:
+        columns.empty[i] = not lines[i].strip(b" ,\r\t")
 
 
 def _whole_decimals(pl, text, bad: np.ndarray, ints: np.ndarray) -> None:
@@ -224,7 +225,7 @@ class BlockParser:
                   [_stripped(pl, self.person).cast(pl.Int32, strict=False).alias("__person")]),
             ).collect()
         columns = self._columns(frame, slow)
-        _find_empty_lines(data, columns)
+        _find_empty_lines(data, columns, self.serial)
         if self.check_fields:
             self._check_field_counts(data, columns)
         return columns
