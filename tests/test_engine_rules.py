@@ -413,9 +413,22 @@ class SequenceFirst(nn.Module):
         return self.head(self.lin(seq).transpose(0, 1).flatten(1))
 
 
+class Recurrent(nn.Module):
+    """An LSTM over a sequence of one step: it returns a tuple, not a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(F_IN, 3, batch_first=True)
+        self.head = nn.Linear(3, CLASSES)
+
+    def forward(self, x):
+        return self.head(self.rnn(x.unsqueeze(1))[0][:, -1])
+
+
 @pytest.mark.parametrize("factory, why", [
     (Mixing, r"the model itself \(Mixing\) has parameters of its own and in its children"),
     (SequenceFirst, r"layer 'lin' \(Linear\) takes inputs that are not batch first"),
+    (Recurrent, r"layer 'rnn' \(LSTM\) returns a tuple, not one tensor"),
 ])
 def test_module_engine_says_why_it_clips_the_whole_model(factory, why):
     torch.manual_seed(0)

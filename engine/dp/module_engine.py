@@ -71,7 +71,8 @@ def parameter_digest(params: torch.Tensor) -> str:
 def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
     """Why the per-layer rules cannot serve ``model`` (None when they can):
     parameters outside leaf layers, or a layer that does not run exactly once
-    per forward pass or whose inputs are not batch first. Tried on the probe
+    per forward pass, whose inputs are not batch first or whose output is not
+    one tensor (an LSTM's tuple). Tried on the probe
     rows, and on one row fewer (so a length that equals the batch by chance
     is not taken for it)."""
     reason = mixed_module(model)
@@ -83,8 +84,9 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
         seen: dict[nn.Module, list] = {m: [] for _, m in layers}
 
         def record(module, inputs, output):
-            seen[module].append(all(t.dim() > 0 and t.shape[0] == rows
-                                    for t in inputs if torch.is_tensor(t)))
+            seen[module].append((all(t.dim() > 0 and t.shape[0] == rows
+                                     for t in inputs if torch.is_tensor(t)),
+                                 type(output).__name__))
 
         hooks = [m.register_forward_hook(record) for _, m in layers]
         try:
@@ -97,8 +99,11 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
             if len(seen[m]) != 1:
                 return (f"{layer_label(name, m)} runs {len(seen[m])} times in one forward "
                         "pass (shared or unused weights)")
-            if not seen[m][0]:
+            batch_first, output = seen[m][0]
+            if not batch_first:
                 return f"{layer_label(name, m)} takes inputs that are not batch first"
+            if output != "Tensor":  # the rules need the gradient at one output tensor
+                return f"{layer_label(name, m)} returns a {output}, not one tensor"
     return None
 
 
