@@ -129,7 +129,8 @@ class TorchModel:
             self.rule = engine.rule
             return engine
         check_model(self.module_obj, grad.device, grad.dtype)
-        ModuleEngine.check_output(self.module_obj, probe[0][:, :-1].to(grad.device), n_classes)
+        ModuleEngine.check_output(self.module_obj, probe[0][:, :-1].to(grad.device, copy=True),
+                                  n_classes)
         flat = flat_from_module(self.mlp_spec, self.mlp_linears).to(grad.device)
         engine = FastMLP(self.mlp_spec, flat, grad, capacity=capacity, backend=backend)
         # the module trains in place: its parameters become views of the engine's
@@ -329,8 +330,8 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
     module.eval()
 
     def logits(xb: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return module(xb[:, :-1])
+        with torch.no_grad():  # a copy: the model may change its input in place
+            return module(xb[:, :-1].clone())
     return logits
 
 

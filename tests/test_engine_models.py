@@ -350,3 +350,39 @@ def test_model_from_the_command_line(tmp_path, capsys, monkeypatch):
         stderr = capsys.readouterr().err
         assert stopped.value.code == 2, stderr[-2000:]
         assert message in stderr and "Traceback" not in stderr
+
+
+class Scaling(nn.Module):
+    """Changes its input in place (as ``x /= 255`` does), with an in-place ReLU
+    after a Linear: the per-layer path's forward runs again once it sees that."""
+
+    def __init__(self, n_features, n_classes):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(n_features, 8), nn.ReLU(inplace=True),
+                                 nn.Linear(8, n_classes))
+
+    def forward(self, x):
+        x.mul_(2.0)
+        return self.net(x)
+
+
+class ScalingCopy(Scaling):
+    def forward(self, x):
+        return self.net(x * 2.0)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_model_changing_its_input_in_place_trains_as_one_that_copies(data, comm):
+    """Neither the training rows (the probe's among them), nor the validation
+    and test rows, nor a step's forward pass run again see the change."""
+    common = dict(comm=comm, epochs=3, batch_size=100, noise_multiplier=1.0, seed=5,
+                  quiet=True, allreduce="ring")  # auto may pick another sum order
+    changing = engine.train(data, model=Scaling, **common)
+    copying = engine.train(data, model=ScalingCopy, **common)
+    def figures(run):
+        return [{k: v for k, v in h.items() if k.endswith(("loss", "accuracy", "fraction"))}
+                for h in run.history]
+
+    assert figures(changing) == figures(copying) and "test_accuracy" in figures(changing)[0]
+    for a, b in zip(changing.model.parameters(), copying.model.parameters()):
+        assert torch.equal(a, b)

@@ -238,7 +238,7 @@ class LayerClipper(FlatGradient):
             return output.clone() if copy else None  # a hook's value replaces the output
 
         if self._chain is not None and not hooks_anywhere(self.model):
-            logits = x  # a plain Sequential of leaves: its forward, recorded here
+            logits = self._input(x)  # a plain Sequential of leaves: its forward, recorded here
             for m in self._chain:
                 out = m(logits)
                 replaced = record(m, (logits,), out)
@@ -248,7 +248,7 @@ class LayerClipper(FlatGradient):
             # registering and removing one per layer at every step
             hook = nn.modules.module.register_module_forward_hook(record)
             try:
-                logits = self.model(x)
+                logits = self.model(self._input(x))
             finally:
                 hook.remove()
         for name, m in self.layers:
@@ -356,7 +356,8 @@ class FuncClipper(FlatGradient):
             out = functional_call(self.model, theta, (x_i.unsqueeze(0),))
             return F.cross_entropy(out, y_i.unsqueeze(0), reduction="sum")
 
-        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(params, x, y)
+        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(
+            params, self._input(x), y)
         if groups is not None and max_norm is not None:
             factors = _row_factors(clip_factors(group_sq_norms_of(grads.values(), groups),
                                                 max_norm), groups)
@@ -383,7 +384,8 @@ class FuncClipper(FlatGradient):
             return F.cross_entropy(out, y_i.unsqueeze(0), reduction="sum")
 
         k = x.shape[0]
-        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(params, x, y)
+        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(
+            params, self._input(x), y)
         weight = mask.to(self.grad.dtype)
         factors = clip_factors(sum(g.reshape(k, -1).square().sum(1) for g in grads.values()),
                                max_norm)

@@ -143,6 +143,13 @@ class FlatGradient:
         self.params = self.flat.params
         self.grad = torch.zeros_like(self.params) if grad is None else grad
         self._grad_views = self.flat.views(self.grad)
+        #: the model changes its input in place (``x /= 255`` in forward): each
+        #: forward pass gets a copy, so a pass run again sees the rows as loaded
+        self.copy_inputs = False
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows to call the model on: ``x``, or a copy (:attr:`copy_inputs`)."""
+        return x.clone() if self.copy_inputs else x
 
     def summed(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
         """The plain gradient sum (no clipping: a non-private step) into ``grad``,
@@ -154,7 +161,7 @@ class FlatGradient:
         if x.shape[0] == 0:
             self.grad.zero_()
             return 0.0, 0
-        total = F.cross_entropy(self.model(x), y, reduction="sum")
+        total = F.cross_entropy(self.model(self._input(x)), y, reduction="sum")
         grads = torch.autograd.grad(total, list(self.model.parameters()), allow_unused=True)
         for name, g in zip(self.flat.names, grads):
             view = self._grad_views[name]
@@ -164,7 +171,7 @@ class FlatGradient:
     def _masked_summed(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
                        loss: torch.Tensor, count: torch.Tensor) -> None:
         """:meth:`summed` over the rows where ``mask`` is 1, on the device."""
-        per_row = F.cross_entropy(self.model(x), y, reduction="none")
+        per_row = F.cross_entropy(self.model(self._input(x)), y, reduction="none")
         total = (per_row * mask).sum()
         grads = torch.autograd.grad(total, list(self.model.parameters()), allow_unused=True)
         for name, g in zip(self.flat.names, grads):

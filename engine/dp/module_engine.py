@@ -91,7 +91,7 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
         hooks = [m.register_forward_hook(record) for _, m in layers]
         try:
             with torch.no_grad():
-                model(x[:rows])
+                model(x[:rows].clone())
         finally:
             for h in hooks:
                 h.remove()
@@ -165,13 +165,16 @@ class ModuleEngine:
         n_params = sum(p.numel() for p in model.parameters())
         if grad.shape != (n_params,):
             raise ValueError(f"grad must be a flat vector of the model's {n_params} parameters")
-        x = probe[0][:, :-1].to(device)
-        self.check_output(model, x, n_classes)
+        # each call gets its own copy of the probe rows (a model may change
+        # its input in place: seen here, and its steps then get copies too)
+        x = probe[0][:, :-1].to(device, copy=True)
+        changes_input = self.check_output(model, x.clone(), n_classes)
         why = _whole_model_reason(model, x)
         if why is not None:
             warnings.warn(f"clipping the whole model through torch.func (exact, slower) "
                           f"instead of per layer: {why}", SlowPathWarning, stacklevel=2)
         clipper = (LayerClipper if why is None else FuncClipper)(model, grad)
+        clipper.copy_inputs = changes_input
         if why is not None:
             _refuse_random_draws(model, clipper, x, probe[1][:x.shape[0]].to(device), why)
         self.model, self.clipper = model, clipper
@@ -184,8 +187,10 @@ class ModuleEngine:
         self._allocate(max(1, capacity), probe[0].shape[1])
 
     @staticmethod
-    def check_output(model: nn.Module, x: torch.Tensor, n_classes: int) -> None:
-        """Raise ConfigError unless ``model(x)`` runs and returns ``[k, n_classes]``."""
+    def check_output(model: nn.Module, x: torch.Tensor, n_classes: int) -> bool:
+        """Raise ConfigError unless ``model(x)`` runs and returns ``[k, n_classes]``;
+        whether it changed ``x`` in place."""
+        version = x._version
         try:
             with torch.no_grad():
                 out = model(x)
@@ -198,6 +203,7 @@ class ModuleEngine:
             raise ConfigError(f"the model returns {got} for {x.shape[0]} rows; it must "
                               f"return logits of shape [rows, {n_classes}] (the task has "
                               f"{n_classes} classes)")
+        return x._version != version
 
     @property
     def backends(self) -> dict[str, str]:
@@ -256,6 +262,7 @@ class ModuleEngine:
         self.model.eval()
         try:
             with torch.no_grad():
-                return self.model(X[:, :-1].to(self.device)).cpu()
+                # a copy: the model may change its input, and X is the split's data
+                return self.model(X[:, :-1].to(self.device, copy=True)).cpu()
         finally:
             self.model.train(was_training)

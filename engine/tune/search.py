@@ -191,7 +191,9 @@ def score(model, shard, comm, algorithm: str = "auto", cells: np.ndarray | None 
         device = next(iter(model.parameters()), torch.empty(0)).device
         with torch.no_grad():
             for start in range(0, shard.n_local, CHUNK_ROWS):
-                xb = torch.from_numpy(shard.X[start:start + CHUNK_ROWS, :-1]).to(device)
+                # a copy: a model may change its input in place, and X is the data
+                xb = torch.from_numpy(shard.X[start:start + CHUNK_ROWS, :-1]).to(device,
+                                                                                copy=True)
                 yb = torch.from_numpy(shard.y[start:start + CHUNK_ROWS]).to(device)
                 out = model(xb)
                 correct[start:start + yb.shape[0]] = (out.argmax(1) == yb).cpu().numpy()
