@@ -470,6 +470,34 @@ def test_layers_that_mix_examples_are_refused_with_the_reason(layer, message):
         LayerClipper(model)
 
 
+class RunningMean(nn.Module):
+    """Keeps a running mean of its inputs in a buffer (in training mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(F_IN, CLASSES)
+        self.register_buffer("mean", torch.zeros(F_IN))
+        self.register_buffer("missing", torch.full((2,), float("nan")))  # fixed: allowed
+
+    def forward(self, x):
+        if self.training:
+            self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.head(x - self.mean)
+
+
+def test_a_buffer_the_forward_pass_changes_is_refused():
+    """A statistic of the training rows in a buffer would leave the run without
+    noise; a fixed buffer (NaN included) is no problem."""
+    X, y = torch.randn(4, F_IN + 1), torch.zeros(4, dtype=torch.int64)
+    model = RunningMean()
+    grad = torch.zeros(sum(p.numel() for p in model.parameters()))
+    with pytest.raises(ConfigError, match=r"^buffer 'mean' of the model changes in its "
+                                          r"forward pass: .* without noise"):
+        ModuleEngine(model, grad, (X, y), CLASSES)
+    model = RunningMean().eval()  # the same module, its buffer left alone
+    ModuleEngine(model, grad, (X, y), CLASSES)
+
+
 class Codes(nn.Module):
     def __init__(self, **options):
         super().__init__()

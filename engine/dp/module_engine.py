@@ -107,6 +107,22 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
     return None
 
 
+def _refuse_changed_buffers(model: nn.Module, before: dict[str, torch.Tensor]) -> None:
+    """Refuse (ConfigError) a model whose forward pass changed one of its
+    buffers (``before``: their values before it): a running statistic of the
+    rows it sees (a running mean, a count) leaves the run in the model with
+    no noise, outside the (epsilon, delta) the run reports."""
+    for name, value in model.named_buffers():
+        old = before.get(name)
+        if old is None or old.dtype != value.dtype or old.shape != value.shape or \
+                old.cpu().numpy().tobytes() != value.detach().cpu().numpy().tobytes():
+            raise ConfigError(
+                f"buffer {name!r} of the model changes in its forward pass: a statistic of "
+                "the training rows kept there would leave the run without noise, outside "
+                "the (epsilon, delta) it reports; compute it from public data before "
+                "training (a fixed buffer), or make it a parameter (then DP-SGD trains it)")
+
+
 def _refuse_random_draws(model: nn.Module, clipper: FuncClipper, x: torch.Tensor,
                          y: torch.Tensor, why: str) -> None:
     """Refuse (ConfigError) a model whose forward pass draws random numbers
@@ -168,7 +184,9 @@ class ModuleEngine:
         # each call gets its own copy of the probe rows (a model may change
         # its input in place: seen here, and its steps then get copies too)
         x = probe[0][:, :-1].to(device, copy=True)
+        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         changes_input = self.check_output(model, x.clone(), n_classes)
+        _refuse_changed_buffers(model, buffers)
         why = _whole_model_reason(model, x)
         if why is not None:
             warnings.warn(f"clipping the whole model through torch.func (exact, slower) "
