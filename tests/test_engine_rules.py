@@ -492,10 +492,31 @@ def test_a_buffer_the_forward_pass_changes_is_refused():
     model = RunningMean()
     grad = torch.zeros(sum(p.numel() for p in model.parameters()))
     with pytest.raises(ConfigError, match=r"^buffer 'mean' of the model changes in its "
-                                          r"forward pass: .* without noise"):
+                                          r"forward pass: .* without clipping or noise"):
         ModuleEngine(model, grad, (X, y), CLASSES)
     model = RunningMean().eval()  # the same module, its buffer left alone
     ModuleEngine(model, grad, (X, y), CLASSES)
+
+
+class Drifting(nn.Module):
+    """Moves its bias by the data in forward, outside autograd."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(F_IN, CLASSES)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.head.bias.add_(x.mean())
+        return self.head(x)
+
+
+def test_a_parameter_the_forward_pass_changes_is_refused():
+    X, y = torch.randn(4, F_IN + 1), torch.zeros(4, dtype=torch.int64)
+    model = Drifting()
+    grad = torch.zeros(sum(p.numel() for p in model.parameters()))
+    with pytest.raises(ConfigError, match=r"^parameter 'head.bias' of the model changes"):
+        ModuleEngine(model, grad, (X, y), CLASSES)
 
 
 class Codes(nn.Module):

@@ -107,20 +107,28 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
     return None
 
 
-def _refuse_changed_buffers(model: nn.Module, before: dict[str, torch.Tensor]) -> None:
+def _state(model: nn.Module) -> dict[str, bytes]:
+    """The bytes of every parameter and buffer of ``model``, by name."""
+    return {name: t.detach().cpu().numpy().tobytes()
+            for named in (model.named_parameters(), model.named_buffers())
+            for name, t in named}
+
+
+def _refuse_changed_state(model: nn.Module, before: dict[str, bytes]) -> None:
     """Refuse (ConfigError) a model whose forward pass changed one of its
-    buffers (``before``: their values before it): a running statistic of the
-    rows it sees (a running mean, a count) leaves the run in the model with
-    no noise, outside the (epsilon, delta) the run reports."""
-    for name, value in model.named_buffers():
-        old = before.get(name)
-        if old is None or old.dtype != value.dtype or old.shape != value.shape or \
-                old.cpu().numpy().tobytes() != value.detach().cpu().numpy().tobytes():
+    buffers or parameters (``before``: :func:`_state` before it): a running
+    statistic of the rows it sees (a running mean, a count), or a weight
+    moved by the data, leaves the run in the model with no clipping and no
+    noise, outside the (epsilon, delta) the run reports."""
+    after = _state(model)
+    for name, value in after.items():
+        if before.get(name) != value:
+            kind = "parameter" if name in dict(model.named_parameters()) else "buffer"
             raise ConfigError(
-                f"buffer {name!r} of the model changes in its forward pass: a statistic of "
-                "the training rows kept there would leave the run without noise, outside "
-                "the (epsilon, delta) it reports; compute it from public data before "
-                "training (a fixed buffer), or make it a parameter (then DP-SGD trains it)")
+                f"{kind} {name!r} of the model changes in its forward pass: what the "
+                "training rows put there would leave the run without clipping or noise, "
+                "outside the (epsilon, delta) it reports; compute it from public data "
+                "before training, or (a buffer) make it a parameter, which DP-SGD trains")
 
 
 def _refuse_random_draws(model: nn.Module, clipper: FuncClipper, x: torch.Tensor,
@@ -184,9 +192,9 @@ class ModuleEngine:
         # each call gets its own copy of the probe rows (a model may change
         # its input in place: seen here, and its steps then get copies too)
         x = probe[0][:, :-1].to(device, copy=True)
-        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+        state = _state(model)
         changes_input = self.check_output(model, x.clone(), n_classes)
-        _refuse_changed_buffers(model, buffers)
+        _refuse_changed_state(model, state)
         why = _whole_model_reason(model, x)
         if why is not None:
             warnings.warn(f"clipping the whole model through torch.func (exact, slower) "
