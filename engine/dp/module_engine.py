@@ -109,7 +109,7 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
 
 def _state(model: nn.Module) -> dict[str, bytes]:
     """The bytes of every parameter and buffer of ``model``, by name."""
-    return {name: t.detach().cpu().numpy().tobytes()
+    return {name: t.detach().cpu().flatten().view(torch.uint8).numpy().tobytes()
             for named in (model.named_parameters(), model.named_buffers())
             for name, t in named}
 
