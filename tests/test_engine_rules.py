@@ -519,6 +519,33 @@ def test_a_parameter_the_forward_pass_changes_is_refused():
         ModuleEngine(model, grad, (X, y), CLASSES)
 
 
+class Branching(nn.Module):
+    """One layer used twice (so only torch.func can clip it) and a branch on a
+    value (.item(), which vmap cannot do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(F_IN, F_IN)
+        self.head = nn.Linear(F_IN, CLASSES)
+
+    def forward(self, x):
+        if x.sum().item() > 1e9:
+            x = x * 0
+        return self.head(self.inner(self.inner(x)))
+
+
+def test_a_model_torch_func_cannot_clip_is_one_config_error():
+    X, y = torch.randn(4, F_IN + 1), torch.zeros(4, dtype=torch.int64)
+    model = Branching()
+    grad = torch.zeros(sum(p.numel() for p in model.parameters()))
+    with pytest.warns(SlowPathWarning), pytest.raises(
+            ConfigError, match=r"^the model cannot be clipped per example: the per-layer rules "
+                               r"cannot serve it because layer 'inner' \(Linear\) runs 2 "
+                               r"times .*, and torch.func's per-example gradients fail on it "
+                               r"\(RuntimeError: "):
+        ModuleEngine(model, grad, (X, y), CLASSES)
+
+
 class Codes(nn.Module):
     def __init__(self, **options):
         super().__init__()

@@ -133,10 +133,11 @@ def _refuse_changed_state(model: nn.Module, before: dict[str, bytes]) -> None:
 
 def _refuse_random_draws(model: nn.Module, clipper: FuncClipper, x: torch.Tensor,
                          y: torch.Tensor, why: str) -> None:
-    """Refuse (ConfigError) a model whose forward pass draws random numbers
-    (Dropout in training mode, ...) on the whole-model ``torch.func`` path,
-    found by one clipped sum of the probe rows: ``vmap`` refuses random
-    draws there. Letting it draw (``randomness="different"``) would take
+    """Refuse (ConfigError) a model that the whole-model ``torch.func`` path
+    cannot clip, found by one clipped sum of the probe rows: a failure of
+    ``torch.func`` on it (a GRU has no batching rule), or random draws in
+    its forward pass (Dropout in training mode, ...), which ``vmap``
+    refuses there. Letting it draw (``randomness="different"``) would take
     each example's draws from the rank's torch generator, which the run
     neither seeds per rank nor checkpoints: exact DP needs draws
     independent between ranks (ranks a user seeded alike would share their
@@ -144,9 +145,14 @@ def _refuse_random_draws(model: nn.Module, clipper: FuncClipper, x: torch.Tensor
     the model's own batched forward pass instead."""
     try:
         clipper.clipped_sum(x, y.long(), 1.0)
-    except RuntimeError as exc:
-        if "randomness" not in str(exc):
-            raise
+    except Exception as exc:  # the user's model under torch.func: any failure
+        if not (isinstance(exc, RuntimeError) and "randomness" in str(exc)):
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise ConfigError(
+                f"the model cannot be clipped per example: the per-layer rules cannot serve "
+                f"it because {why}, and torch.func's per-example gradients fail on it "
+                f"({type(exc).__name__}: {first}); change the model so that the per-layer "
+                "rules serve it") from exc
         drawing = [layer_label(name, m) for name, m in model.named_modules()
                    if isinstance(m, _RANDOM_LAYERS) and m.training]
         raise ConfigError(
