@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+#: The column that numbers the persons of a household (with SERIALNO, a person).
+PERSON = "SPORDER"
 #: How many bad texts per column are kept for messages.
 _KEEP_EXAMPLES = 3
 #: Household ids of the old all-digit SERIALNO format (before 2017) are
@@ -130,12 +132,9 @@ def _find_empty_lines(data: bytes, columns: Columns, serial: str) -> None:
     """Set ``columns.empty`` for lines with nothing but commas and spaces; only
     lines whose needed fields (``serial`` among them) are all blank are looked
     at (polars makes one record of every line, an empty one included)."""
-    maybe = columns.blank[serial].copy()
-    if not maybe.any():
+    if not columns.blank[serial].any():
         return
-    for blank in columns.blank.values():
-        maybe &= blank
-    candidates = np.flatnonzero(maybe)
+    candidates = np.flatnonzero(np.logical_and.reduce(list(columns.blank.values())))
     if not candidates.size:
         return
     lines = data.split(b"\n")

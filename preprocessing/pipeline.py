@@ -40,7 +40,7 @@ from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
 from preprocessing.inputs import TWICE, TWICE_PEOPLE, InputFile, first_record_fields
-from preprocessing.parse import BlockParser, serial_text
+from preprocessing.parse import PERSON, BlockParser, serial_text
 from preprocessing.ranges import Piece, Tail, iter_blocks, plan_hashing, plan_pieces
 from preprocessing.tasks import Task
 from preprocessing.write_step import attributes, group_field, write_output
@@ -71,7 +71,7 @@ class Settings:
 class Report:
     """What :func:`prepare` did (identical on every rank)."""
 
-    records: int
+    records: int  # lines read, less the empty ones
     kept: int
     train: int
     test: int
@@ -82,6 +82,7 @@ class Report:
     steps: dict[str, float] = field(default_factory=dict)
     per_rank: list = field(default_factory=list)  # [hash s, read s, bytes] per rank
     val: int | None = None  # rows of /val, None when the file has none
+    empty_lines: int = 0
 
 
 # -- read: parse and clean, block by block ---------------------------------------
@@ -148,7 +149,7 @@ def read_pieces(settings: Settings, pieces: list[Piece], threads: int, progress=
         if key not in workers:
             parser = BlockParser(inp.header, sorted(set(sources.values())), "SERIALNO",
                                  check_fields=settings.check_fields,
-                                 person="SPORDER" if "SPORDER" in inp.header else None)
+                                 person=PERSON if PERSON in inp.header else None)
             cleaner = Cleaner(settings.task, settings.codebook, sources)
 
             def work(block: bytes, parser=parser, cleaner=cleaner) -> Part:
@@ -268,12 +269,19 @@ def count_reasons(comm, settings: Settings, parsed: list[Parsed],
     return total, merged
 
 
+def records_per_file(counts: np.ndarray, reasons: list[str]) -> np.ndarray:
+    """Records of each file in :func:`count_reasons`' ``[files, reasons]``
+    counts: its lines, less the empty ones (no records)."""
+    return counts.sum(axis=1) - counts[:, reasons.index("empty_line")]
+
+
 def check_invalid_share(settings: Settings, counts: np.ndarray, firsts: list) -> None:
     reasons = reason_names(settings.task)
-    universe, empty = reasons.index("universe"), reasons.index("empty_line")
+    universe = reasons.index("universe")
+    per_file = records_per_file(counts, reasons)
     for inp in settings.inputs:
         row = counts[inp.index]
-        records = int(row.sum()) - int(row[empty])
+        records = int(per_file[inp.index])
         invalid = records - int(row[0]) - int(row[universe])
         if records and invalid / records > settings.max_invalid_share:
             line, reason, column, text = firsts[inp.index]
@@ -597,6 +605,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     clock("count")
     reasons = reason_names(task)
     per_reason = counts.sum(axis=0)
+    per_file = records_per_file(counts, reasons)
     if per_reason[0] == 0:
         raise PrepError(f"no record left to write: {int(per_reason.sum()):,} records read, "
                         f"all dropped ({_drops_text(reasons, per_reason, task)})",
@@ -626,11 +635,10 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
                    if i > 0 and (per_reason[i] or name == "universe")}
     out_bytes = write_output(
         comm, settings, encoding_text, splits,
-        lambda: attributes(settings, encoding_text, drop_counts,
-                           counts.sum(axis=1) - counts[:, reasons.index("empty_line")],
-                           digests, version,
+        lambda: attributes(settings, encoding_text, drop_counts, per_file, digests, version,
                            {name: split[3] for name, split in splits.items()}), clock)
-    return Report(records=int(per_reason.sum()), kept=int(per_reason[0]),
+    return Report(records=int(per_file.sum()), kept=int(per_reason[0]),
+                  empty_lines=int(per_reason[reasons.index("empty_line")]),
                   train=splits["train"][2], test=splits["test"][2],
                   val=splits["val"][2] if "val" in splits else None,
                   n_features=enc.Encoding.from_json(encoding_text).n_features,

@@ -37,6 +37,7 @@ from preprocessing import (atomic, dictionary, encoding, h5format, h5write, hous
                            inputs, taskfile, tasks)
 from preprocessing.agreement import agree
 from preprocessing.errors import PrepError
+from preprocessing.parse import PERSON
 from preprocessing.pipeline import Settings, prepare
 
 #: --val-fraction when not given (and --test-fraction is below 1).
@@ -342,8 +343,7 @@ def _run_images(comm, args: argparse.Namespace) -> int:
 def summary(report, settings, ranks: int) -> str:
     """The lines printed after a successful run."""
     files = len(settings.inputs)
-    empty = report.drop_counts.get("empty_line", 0)  # lines, not records
-    records = report.records - empty
+    records, empty = report.records, report.empty_lines
     rate = records / report.seconds if report.seconds > 0 else 0.0
     drops = ", ".join(f"{name} {count:,}" for name, count in report.drop_counts.items()
                       if name != "empty_line")
@@ -364,7 +364,7 @@ def summary(report, settings, ranks: int) -> str:
 def unchecked_notes(settings) -> list[str]:
     """``  note    FILES: no SPORDER column ...``: the inputs in which prep
     cannot find a person given twice (:func:`preprocessing.pipeline.check_people_once`)."""
-    names = [_input_name(inp) for inp in settings.inputs if "SPORDER" not in inp.header]
+    names = [_input_name(inp) for inp in settings.inputs if PERSON not in inp.header]
     if not names:
         return []
     return [f"  note    {', '.join(names)}: no SPORDER column, so a person given twice "
