@@ -277,6 +277,34 @@ def test_a_model_that_differs_between_ranks_is_refused_on_every_rank(data, comm)
     assert info.value.collective
 
 
+class FailsOnTheLastRank(nn.Module):
+    """A forward pass that fails on one rank's rows only (here: by its rank)."""
+
+    def __init__(self, n_features, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(n_features, n_classes)
+
+    def forward(self, x):
+        from collectives import MPI
+        world = MPI.COMM_WORLD
+        if world.Get_rank() == world.Get_size() - 1:
+            raise ValueError("no rows like these")
+        return self.fc(x)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_model_refused_on_one_rank_is_refused_on_every_rank_once(data, comm):
+    """Each rank probes the model with its own rows: a refusal on one rank is
+    raised on all (collective: printed once by rank 0, no rank aborts)."""
+    last = comm.Get_size() - 1
+    where = f" \\(on rank {last}\\)$" if last else "$"
+    with pytest.raises(ConfigError, match=r"forward pass fails .*ValueError: no rows "
+                       r"like these" + where) as info:
+        engine.train(data, model=FailsOnTheLastRank, comm=comm, epochs=1,
+                     noise_multiplier=1.0, quiet=True)
+    assert info.value.collective
+
+
 @pytest.mark.mpi(min_size=1)
 def test_resuming_with_another_model_is_refused(data, comm, shared_tmp):
     run_dir = str(shared_tmp / "run")

@@ -10,7 +10,7 @@ from engine import checkpoint as ckpt
 from engine.config import TrainConfig
 from engine.dp.module_engine import parameter_digest
 from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
-from engine.errors import CheckpointError, ConfigError
+from engine.errors import CheckpointError, ConfigError, MpidpError, agree
 from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
 
 
@@ -67,6 +67,21 @@ def check_ranks_agree(params: torch.Tensor, comm) -> None:
                           "seed; draw with torch's default generator)", collective=True)
 
 
+def _build_engine(model, grad, seed: int, probe, n_classes: int, capacity: int,
+                  kernels: str | None, comm):
+    """Collective: ``model.build_engine`` on every rank. Each rank probes the
+    model with its own first rows, so a model may fail on some ranks only; a
+    refusal on any rank is raised on every rank (:func:`engine.errors.agree`),
+    printed once instead of once per rank."""
+    engine, error = None, None
+    try:
+        engine = model.build_engine(grad, seed, probe, n_classes, capacity, kernels)
+    except MpidpError as exc:
+        error = exc
+    agree(comm, error)
+    return engine
+
+
 def build_state(cfg: TrainConfig, *, model, train, n_classes: int, placement, seed: int,
                 q: float, steps_per_epoch: int, sigma: float | None, kernels: str | None,
                 comm, payload: dict | None) -> RunState:
@@ -74,7 +89,9 @@ def build_state(cfg: TrainConfig, *, model, train, n_classes: int, placement, se
     as it was when the checkpoint was written.
 
     Raises (on every rank):
-        ConfigError: the ranks' initial parameters differ; ``--cuda-graph on``
+        ConfigError: the model is refused on any rank (its forward pass fails on
+            that rank's first rows, it changes its state, ...); the ranks'
+            initial parameters differ; ``--cuda-graph on``
             where the graph cannot run.
         CheckpointError: the checkpoint's generator states do not fit.
     """
@@ -84,8 +101,8 @@ def build_state(cfg: TrainConfig, *, model, train, n_classes: int, placement, se
     sampler = make_sampler(cfg, train, q, seed, rank, size, steps_per_epoch)
     expected = sampler.expected_local_batch()
     probe = (torch.from_numpy(train.X[:4]), torch.from_numpy(train.y[:4]))
-    engine = model.build_engine(grad, seed, probe, n_classes, engine_capacity(expected),
-                                kernels)
+    engine = _build_engine(model, grad, seed, probe, n_classes, engine_capacity(expected),
+                           kernels, comm)
     params = engine.params
     if payload is not None:
         with torch.no_grad():
