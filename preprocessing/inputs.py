@@ -1,18 +1,21 @@
 """Input files: what the user passed, checked before any parsing starts.
 
-A PUMS person file comes as ``psam_pNN.csv`` (``ssYYpXX.csv`` before 2017)
-or inside the Census Bureau's ``csv_pXX.zip``. :func:`inspect_inputs` opens
-each one, finds its CSV (every CSV member of a zip becomes one input), reads
-its header line and checks the things that make a file unusable as a whole:
-missing, unreadable, empty, not a zip, a zip without a CSV, a header that is
-not comma-separated. Each problem is a :class:`~preprocessing.errors.PrepError`
+A PUMS person file comes as ``psam_pNN.csv`` (``ssYYpXX.csv`` before 2017),
+inside the Census Bureau's ``csv_pXX.zip``, or gzip-compressed
+(``psam_pNN.csv.gz``). :func:`inspect_inputs` opens each one, finds its CSV
+(every CSV member of a zip becomes one input), reads its header line and
+checks the things that make a file unusable as a whole: missing, unreadable,
+empty, not a zip, a zip without a CSV, compressed in a format prep does not
+read, a header that is not comma-separated. Each problem is a :class:`~preprocessing.errors.PrepError`
 naming the file. Whether the header has the columns a task needs is checked
 by the caller (:func:`require_columns`), which knows the task.
 """
 from __future__ import annotations
 
+import gzip
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -23,6 +26,12 @@ from preprocessing.errors import PrepError, where
 MAX_HEADER_BYTES = 1 << 20
 _OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
 _UTF8_BOM = b"\xef\xbb\xbf"
+_GZIP_MAGIC = b"\x1f\x8b"
+#: Compressed formats prep does not read, by their first bytes.
+_OTHER_COMPRESSION = {b"BZh": ("bzip2", "bunzip2 -k"), b"\xfd7zXZ\x00": ("xz", "unxz -k"),
+                      b"\x28\xb5\x2f\xfd": ("zstd", "unzstd"), b"7z\xbc\xaf": ("7-Zip", "7z x")}
+#: What reading a damaged archive raises (zip CRC and structure, gzip, zlib, truncation).
+DAMAGED = (zipfile.BadZipFile, gzip.BadGzipFile, zlib.error, EOFError)
 #: Why an input given twice is refused.
 TWICE = ("its people would be in the data twice, so a run's epsilon per person would "
          "not hold; pass it once")
@@ -39,8 +48,9 @@ class InputFile:
     Attributes:
         index: position among all inputs (part of every row's identity).
         path: the path as the user gave it.
-        member: the CSV's name inside the zip, or None for a plain file.
-        size: bytes of CSV text (uncompressed size for a zip member).
+        member: the CSV's name inside the zip, or None for a plain or gzip file.
+        size: bytes of CSV text (uncompressed size for a zip member; for a
+            gzip file an estimate, see :func:`_gzip_size`).
         header: the column names of the first line, upper-cased (PUMS names
             are) unless that would make two of them equal.
         data_start: byte offset of the first record in the CSV text.
@@ -52,6 +62,7 @@ class InputFile:
     size: int
     header: tuple[str, ...]
     data_start: int
+    gzip: bool = False
 
     @property
     def name(self) -> str:
@@ -60,11 +71,14 @@ class InputFile:
 
     @property
     def splittable(self) -> bool:
-        """Plain files can be read in byte ranges; a zip member only as a whole."""
-        return self.member is None
+        """Plain files can be read in byte ranges; a zip member or a gzip file
+        only as a whole, from its start."""
+        return self.member is None and not self.gzip
 
     def open(self) -> BinaryIO:
         """A binary stream of the CSV text, positioned at its start."""
+        if self.gzip:
+            return gzip.open(self.path, "rb")
         if self.member is None:
             return open(self.path, "rb", buffering=0)
         archive = zipfile.ZipFile(self.path)
@@ -145,7 +159,7 @@ def _inspect_zip(path: str, first_index: int) -> list[InputFile]:
             try:
                 with archive.open(member) as stream:
                     header, data_start = _header_from(stream, label)
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            except (*DAMAGED, OSError) as exc:
                 raise PrepError(f"{label}: cannot decompress ({exc})") from None
             found.append(InputFile(first_index + offset, path, member.filename,
                                    member.file_size, header, data_start))
@@ -188,11 +202,48 @@ def inspect_inputs(paths: list[str]) -> list[InputFile]:
         if path.lower().endswith(".zip"):
             raise PrepError(f"{path}: not a valid zip archive (damaged or incomplete "
                             "download?)")
+        with open(path, "rb") as stream:
+            magic = stream.read(8)
+        if magic.startswith(_GZIP_MAGIC):
+            inputs.append(_inspect_gzip(path, len(inputs)))
+            continue
+        _refuse_other_compression(path, magic)
         size = os.path.getsize(path)
         with open(path, "rb") as stream:
             header, data_start = _header_from(stream, path)
         inputs.append(InputFile(len(inputs), path, None, size, header, data_start))
     return inputs
+
+
+def _refuse_other_compression(path: str, magic: bytes) -> None:
+    for start, (what, command) in _OTHER_COMPRESSION.items():
+        if magic.startswith(start):
+            raise PrepError(f"{path}: the file is {what}-compressed; mpidp prep reads CSV "
+                            f"files, their gzip (.gz) and the Census zips: decompress it "
+                            f"first ({command} {path})")
+
+
+def _gzip_size(path: str) -> int:
+    """The uncompressed size of a gzip file, for balancing and progress only:
+    its trailer's size modulo 4 GiB (of the last member), raised by 4 GiB
+    steps to at least the compressed size."""
+    compressed = os.path.getsize(path)
+    with open(path, "rb") as stream:
+        stream.seek(max(0, compressed - 4))
+        size = int.from_bytes(stream.read(4), "little")
+    while size < compressed:
+        size += 1 << 32
+    return size
+
+
+def _inspect_gzip(path: str, index: int) -> InputFile:
+    try:
+        with gzip.open(path, "rb") as stream:
+            header, data_start = _header_from(stream, path)
+    except (*DAMAGED, OSError) as exc:
+        raise PrepError(f"{path}: cannot decompress ({exc}); a damaged or incomplete "
+                        "download?") from None
+    return InputFile(index, path, None, _gzip_size(path), header, data_start, gzip=True)
 
 
 def require_columns(inp: InputFile, needed: dict[str, tuple[str, ...]]) -> dict[str, str]:

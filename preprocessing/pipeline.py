@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-import zipfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,7 +38,8 @@ from preprocessing.agreement import agree
 from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
-from preprocessing.inputs import TWICE, TWICE_PEOPLE, InputFile, first_record_fields
+from preprocessing.inputs import (DAMAGED, TWICE, TWICE_PEOPLE, InputFile,
+                                  first_record_fields)
 from preprocessing.parse import PERSON, BlockParser, serial_text
 from preprocessing.ranges import Piece, Tail, iter_blocks, plan_hashing, plan_pieces
 from preprocessing.tasks import Task
@@ -162,6 +162,9 @@ def read_pieces(settings: Settings, pieces: list[Piece], threads: int, progress=
         try:
             parts = _in_order(workers[key], iter_blocks(inp, piece, tail, observe=see),
                               threads, progress)
+        except DAMAGED as exc:  # a zip member's CRC, a gzip stream cut short, ...
+            raise PrepError(f"{inp.name}: cannot decompress ({exc}); a damaged or "
+                            "incomplete download?") from None
         except OSError as exc:
             raise PrepError(f"{inp.name}: cannot read: {exc}") from None
         except Exception as exc:  # polars: a structure it cannot read at all
@@ -181,7 +184,7 @@ def _unreadable(inp: InputFile, polars_message: str) -> str:
     width = len(inp.header)
     try:
         first = first_record_fields(inp)
-    except (OSError, zipfile.BadZipFile, EOFError):
+    except (OSError, *DAMAGED):
         first = None
     if first is not None and first != width:
         hint = ("the header ends with a comma" if inp.header[-1] == "" else
@@ -369,7 +372,7 @@ class Hasher:
 
     def observe(self, inp: InputFile, offset: int, block: bytes) -> None:
         path = inp.path
-        if path not in self.state or inp.member is not None:
+        if path not in self.state or not inp.splittable:
             return
         if self.done[path] == 0 and offset == inp.data_start:
             with open(path, "rb") as handle:

@@ -1,7 +1,7 @@
 """Prepare ACS PUMS person files for training: clean, encode, split, shuffle.
 
-Reads official person files (psam_pNN.csv, ssYYpXX.csv, or the Census
-Bureau's csv_pXX.zip; one or many states) and writes the HDF5 file that
+Reads official person files (psam_pNN.csv, ssYYpXX.csv, gzipped or not, or
+the Census Bureau's csv_pXX.zip; one or many states) and writes the HDF5 file that
 `mpidp train` reads (layout: docs/preprocessing.md). Every rank
 parses its own byte range of the inputs; statistics are global; households
 are split into train/val/test by SERIALNO (val: a share of the training
@@ -52,7 +52,7 @@ FORMATS = ("pums", "mnist", "cifar10")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="FILE_OR_ZIP",
-                        help="PUMS person files (.csv) or the Census zips holding them; "
+                        help="PUMS person files (.csv or .csv.gz) or the Census zips holding them; "
                         "with --format mnist|cifar10, the directory of the official "
                         "files (or cifar-10-binary.tar.gz)")
     parser.add_argument("--format", choices=FORMATS, default="pums",

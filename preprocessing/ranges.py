@@ -21,11 +21,16 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from preprocessing.errors import PrepError
 from preprocessing.inputs import InputFile
 
 #: Bytes of CSV text handed to the parser at once (whole lines).
 BLOCK_BYTES = 32 << 20
 _PROBE = 1 << 16
+#: The longest line a compressed input may hold (a PUMS line is under 4 kB):
+#: a stream without line ends (a decompression bomb) fails here instead of
+#: filling the memory.
+MAX_STREAM_LINE = 64 << 20
 #: Cost of computing the sha256 of a byte, relative to parsing and cleaning a
 #: byte of CSV (a measured ratio: it only balances the ranks' shares of work).
 HASH_COST = 0.3
@@ -218,6 +223,9 @@ def _iter_stream(inp: InputFile, tail: Tail, block_bytes: int) -> Iterator[bytes
             data = carry + chunk if carry else chunk
             cut = data.rfind(b"\n")
             if cut < 0:
+                if len(data) > MAX_STREAM_LINE:
+                    raise PrepError(f"{inp.name}: a line longer than {MAX_STREAM_LINE:,} "
+                                    "bytes; this is not a PUMS CSV file")
                 carry = data
                 continue
             carry = data[cut + 1:]

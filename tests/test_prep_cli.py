@@ -3,7 +3,9 @@
 Each bad input must give one line `mpidp: error: <file>[, line N]: ...`, exit
 code 2, and leave no file (final or temporary) behind.
 """
+import gzip
 import json
+import lzma
 import os
 import zipfile
 from pathlib import Path
@@ -67,6 +69,23 @@ def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
     with zipfile.ZipFile(no_csv, "w") as archive:
         archive.writestr("ACS2018_PUMS_README.pdf", b"%PDF-1.4")
     cases["zip_without_csv"] = (no_csv, "{p}: the zip archive holds no .csv file")
+    damaged = folder / "damaged.zip"  # a download with bytes changed in transit
+    with zipfile.ZipFile(damaged, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("psam_p99.csv", text)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+    damaged.write_bytes(bytes(data))
+    cases["damaged_zip"] = (damaged, "{p}:psam_p99.csv: cannot decompress (")
+    cut_gzip = folder / "cut.csv.gz"  # an interrupted download
+    whole = gzip.compress(text.encode())
+    cut_gzip.write_bytes(whole[:len(whole) // 2])
+    cases["cut_gzip"] = (cut_gzip, "{p}: cannot decompress (Compressed file ended before "
+                                   "the end-of-stream marker was reached); a damaged or "
+                                   "incomplete download?")
+    xz = folder / "psam_p99.csv.xz"
+    xz.write_bytes(lzma.compress(text.encode()))
+    cases["xz"] = (xz, "{p}: the file is xz-compressed; mpidp prep reads CSV files, their "
+                       "gzip (.gz) and the Census zips: decompress it first (unxz -k {p})")
     width = len(lines[0].split(","))
     for name, head, line_end, fields, why in (
             ("header_comma", ",", "", (width, width + 1), "the header ends with a comma"),
@@ -111,7 +130,8 @@ def _error_in_process(argv: list[str]) -> str:
 
 @pytest.mark.parametrize("case", ["missing", "empty", "columns", "truncated", "delimiter",
                                   "quoted", "non_numeric", "zip_without_csv",
-                                  "header_comma", "lines_comma"])
+                                  "damaged_zip", "cut_gzip", "xz", "header_comma",
+                                  "lines_comma"])
 def test_bad_input_is_one_clear_error_and_no_output(tmp_path, good_csv, case):
     path, expected = _bad_inputs(tmp_path, good_csv)[case]
     message = _error_in_process([str(good_csv), str(path), "--out", str(tmp_path / "o.h5")])
@@ -468,6 +488,16 @@ def test_a_file_written_by_pandas_prepares_as_the_original(tmp_path, good_csv):
     frame.to_csv(written, index=False)
     assert ",16.0," in written.read_text()
     _assert_same_rows(tmp_path, good_csv, written)
+
+
+def test_a_gzipped_file_prepares_as_the_original(tmp_path, good_csv):
+    """psam_pNN.csv.gz: read as one stream, the same rows in the same order;
+    beside the CSV it was made from, its people are there twice."""
+    packed = tmp_path / "psam_p99.csv.gz"
+    packed.write_bytes(gzip.compress(good_csv.read_bytes()))
+    _assert_same_rows(tmp_path, good_csv, packed)
+    message = _error_in_process([str(good_csv), str(packed), "--out", str(tmp_path / "c.h5")])
+    assert message.startswith(f"{good_csv} and {packed} both hold person "), message
 
 
 def _assert_same_rows(folder: Path, original: Path, other: Path, in_order=True) -> None:

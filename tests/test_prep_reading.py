@@ -66,6 +66,31 @@ def test_zip_members_are_whole_pieces_on_the_least_loaded_rank(tmp_path):
     assert text.count(b"\n") == 50 and tail.ends_with_newline
 
 
+def test_a_gzip_file_is_one_stream_and_a_line_without_end_is_refused(tmp_path, monkeypatch):
+    """A .csv.gz is read whole, from its start, like a zip member; a stream
+    that never ends a line (a decompression bomb) fails at the line limit
+    instead of filling the memory."""
+    import gzip
+
+    from preprocessing import ranges
+
+    path = tmp_path / "g.csv.gz"
+    lines = [f"{i},1,2018HU{i:07d},3" for i in range(40)]
+    path.write_bytes(gzip.compress(("A,B,SERIALNO,C\n" + "\n".join(lines) + "\n").encode()))
+    [inp] = inspect_inputs([str(path)])
+    assert inp.gzip and not inp.splittable and inp.header == ("A", "B", "SERIALNO", "C")
+    assert inp.size == len("\n".join(lines)) + 16  # the trailer's size: exact below 4 GiB
+    [piece] = plan_pieces([inp], 3)
+    text = b"".join(iter_blocks(inp, piece, Tail(), block_bytes=50))
+    assert text.decode() == "\n".join(lines) + "\n"
+    bomb = tmp_path / "bomb.csv.gz"
+    bomb.write_bytes(gzip.compress(b"A,B\n" + b"x" * 5000))
+    [inp] = inspect_inputs([str(bomb)])
+    monkeypatch.setattr(ranges, "MAX_STREAM_LINE", 1000)
+    with pytest.raises(PrepError, match=r"bomb.csv.gz: a line longer than 1,000 bytes; this is not"):
+        list(iter_blocks(inp, plan_pieces([inp], 1)[0], Tail(), block_bytes=100))
+
+
 def test_tail_of_a_file_without_final_newline(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("A,B,C\n1,2,3\n4,5")
