@@ -110,7 +110,13 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked long run only with MPIDP_LONG_TESTS=1: `make test` stays
-    within its few minutes on 2 cores; `make test-long` runs them all."""
+    within its few minutes on 2 cores; `make test-long` runs them all. Under
+    pytest-xdist (the serial stage) the modules go longest first
+    (:mod:`module_order`)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from module_order import longest_first, stored_seconds
+
+        items[:] = longest_first(items, stored_seconds())
     if os.environ.get("MPIDP_LONG_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="long: set MPIDP_LONG_TESTS=1 (make test-long)")

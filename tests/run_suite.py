@@ -5,7 +5,8 @@
 1. ``pytest --with-mpi``: every serial test, and every ``@pytest.mark.mpi``
    test on a single rank, spread over pytest-xdist workers (one per core, at
    most 4; ``--dist loadfile`` keeps a module's tests, and its module-scoped
-   fixtures such as the throw-away Slurm cluster, in one worker). Many of
+   fixtures such as the throw-away Slurm cluster, in one worker; the modules
+   go longest first by the stored run's times, :mod:`module_order`). Many of
    these tests wait on subprocesses, daemons and sockets, so two workers on
    two cores finish the stage in about 0.8 of the time of one.
 2. For each N in ``--ranks`` (default 2,3,4): ``mpiexec -n N pytest --with-mpi
@@ -133,10 +134,26 @@ def summary(results: list[tuple[str, int, float, dict]]) -> dict:
             "seconds": round(sum(r[2] for r in results), 1)}
 
 
-def write_summary(path: str, results: list, slow: list[dict]) -> None:
+def module_seconds(junit: Path) -> dict[str, float]:
+    """Module path -> seconds its tests took in a stage's junit file (what
+    :mod:`module_order` schedules the serial stage by), longest first."""
+    try:
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+    except (OSError, ET.ParseError):
+        return {}
+    times: dict[str, float] = {}
+    for case in cases:
+        name = case.get("classname", "").replace(".", "/") + ".py"
+        times[name] = times.get(name, 0.0) + float(case.get("time", 0) or 0)
+    return {k: round(v, 1) for k, v in sorted(times.items(), key=lambda kv: -kv[1])}
+
+
+def write_summary(path: str, results: list, slow: list[dict], modules: dict[str, float]
+                  ) -> None:
     from collectives import machine  # deferred: MPI, only once the stages have run
 
-    doc = {**summary(results), "slowest": slow, "provenance": machine.provenance(ranks=1)}
+    doc = {**summary(results), "slowest": slow, "module_seconds": modules,
+           "provenance": machine.provenance(ranks=1)}
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -174,7 +191,9 @@ def main() -> int:
         if not args.no_serial:
             junit = Path(tmp) / "serial.xml"
             workers = default_workers() if args.workers is None else args.workers
-            spread = ["-n", str(workers), "--dist", "loadfile"] if workers > 0 else []
+            # in collection order, which conftest makes longest module first
+            spread = (["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"]
+                      if workers > 0 else [])
             code, secs = run_stage(f"serial tests + MPI tests on 1 rank ({workers or 1} "
                                    f"process{'es' if workers > 1 else ''})",
                                    _pytest(junit, [*spread, *args.pytest_args]),
@@ -195,6 +214,7 @@ def main() -> int:
             results.append((f"{n} ranks", code, secs, _counts(junit)))
             junits.append((f"{n} ranks", junit))
         slow = slowest(junits)
+        modules = module_seconds(Path(tmp) / "serial.xml")
 
     if slow:
         print("\n=== slowest test runs ===")
@@ -209,7 +229,7 @@ def main() -> int:
         print(f"{name:<16} {verdict:<7} {counts.get('tests', '?'):>6} {failed:>7} "
               f"{counts.get('skipped', '?'):>8} {secs:>7.1f}s")
     if args.json:
-        write_summary(args.json, results, slow)
+        write_summary(args.json, results, slow, modules)
     bad = [name for name, code, *_ in results if code != 0]
     total = sum(r[2] for r in results)
     ran = sum(r[3].get("tests", 0) - r[3].get("skipped", 0) for r in results)

@@ -62,9 +62,10 @@ def test_the_suites_summary_as_json(tmp_path, monkeypatch):
     monkeypatch.setattr(run_suite.sys, "argv", [str(run_suite.ROOT / "tests/run_suite.py"),
                                                 "--ranks", "2"])
     slow = [{"stage": "2 ranks", "test": "tests.test_x::test_y", "seconds": 2.0}]
-    run_suite.write_summary(str(tmp_path / "s.json"), results, slow)
+    modules = {"tests/test_x.py": 8.0, "tests/test_w.py": 2.0}
+    run_suite.write_summary(str(tmp_path / "s.json"), results, slow, modules)
     doc = json.loads((tmp_path / "s.json").read_text())
-    assert doc["slowest"] == slow
+    assert doc["slowest"] == slow and doc["module_seconds"] == modules
     assert doc["stages"][0] == {"stage": "1 rank (serial)", "exit_code": 0, "seconds": 10.0,
                                 "tests": 5, "failures": 0, "errors": 0, "skipped": 1}
     assert doc["passed"] is False and doc["test_runs"] == 7 and doc["seconds"] == 12.5
@@ -91,6 +92,36 @@ def test_the_slowest_test_runs_come_from_every_stages_junit_file(tmp_path):
     assert runs == [{"stage": "1 rank (serial)", "test": "tests.test_m::t1", "seconds": 9.0},
                     {"stage": "2 ranks", "test": "tests.test_m::t0", "seconds": 4.0},
                     {"stage": "1 rank (serial)", "test": "tests.test_m::t2", "seconds": 3.0}]
+
+
+def test_the_serial_stage_runs_the_stored_longest_modules_first(tmp_path):
+    """``module_seconds`` of a stage's junit file, summed per module, is what
+    the next run's xdist workers order the modules by: longest first, new
+    modules after them in collection order, each module's tests together and
+    in their order."""
+    import json
+
+    import run_suite
+    from module_order import longest_first, stored_seconds
+
+    cases = [("tests.test_a", 1.0), ("tests.test_b", 30.0), ("tests.test_a", 2.5),
+             ("tests.test_c", 9.0)]
+    (tmp_path / "s.xml").write_text("<testsuites><testsuite>" + "".join(
+        f'<testcase classname="{c}" name="t{i}" time="{t}"/>' for i, (c, t) in
+        enumerate(cases)) + "</testsuite></testsuites>")
+    seconds = run_suite.module_seconds(tmp_path / "s.xml")
+    assert list(seconds.items()) == [("tests/test_b.py", 30.0), ("tests/test_c.py", 9.0),
+                                     ("tests/test_a.py", 3.5)]
+    (tmp_path / "suite.json").write_text(json.dumps({"module_seconds": seconds}))
+    assert stored_seconds(tmp_path / "suite.json") == seconds
+    assert stored_seconds(tmp_path / "missing.json") == {}
+    items = ["tests/test_new.py::x", "tests/test_a.py::one", "tests/test_c.py::y",
+             "tests/test_a.py::two", "tests/test_b.py::z[1]", "tests/test_b.py::z[2]",
+             "tests/test_old.py::w"]
+    assert longest_first(items, seconds, nodeid=str) == [
+        "tests/test_b.py::z[1]", "tests/test_b.py::z[2]", "tests/test_c.py::y",
+        "tests/test_a.py::one", "tests/test_a.py::two", "tests/test_new.py::x",
+        "tests/test_old.py::w"]
 
 
 def test_the_stages_keep_compiled_modules_even_where_the_image_says_not_to():
