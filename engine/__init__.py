@@ -30,6 +30,7 @@ from engine import stopping as _stopping
 if _stopping.is_mpidp_program():
     _stopping.record_signals()
 
+import atexit  # noqa: E402
 import io  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from importlib.metadata import PackageNotFoundError, version  # noqa: E402
@@ -42,6 +43,26 @@ except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = ["__version__", "Run", "train"]
+
+
+def _mark_ended_at_exit() -> None:
+    """At interpreter exit, where MPI runs with several ranks: leave this
+    rank's mark that its program ended (:mod:`collectives.core.ended`), so
+    that a peer waiting for it in :func:`train`'s entry raises instead of
+    waiting for ever (:mod:`engine.entry`). Also done by collectives' own
+    exit hook; this one covers a program that never imported collectives."""
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    if mpi.COMM_WORLD.Get_size() > 1:
+        from collectives.core.ended import mark_ended
+
+        mark_ended(mpi.COMM_WORLD.Get_rank())
+
+
+atexit.register(_mark_ended_at_exit)
 
 
 @dataclass
@@ -141,9 +162,13 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
            **options: Any) -> Run:
     """:func:`train` itself (it ends the job when this raises on some ranks only)."""
     # deferred: torch and the trainer; `import engine` stays light
+    from collectives import MPI
     from engine.config import TrainConfig, api_options
+    from engine.entry import wait_for_peers
     from engine.errors import ConfigError
     from engine.trainer import Trainer
+
+    wait_for_peers(MPI.COMM_WORLD if comm is None else comm)
 
     known = set(TrainConfig.__dataclass_fields__) - {"data"}
     unknown = sorted(set(options) - known)

@@ -39,6 +39,7 @@ from typing import Callable
 
 import collectives
 from collectives import MPI
+from collectives.core.ended import launch_key, remove_stale_markers
 from collectives.core.failures import ABORT_GRACE_S, remove_shm_files
 from engine import stopping
 
@@ -85,31 +86,15 @@ def _first_to_say_so(rank: int) -> bool:
     line per node; where there is no /dev/shm or /proc, rank 0 says it.
     """
     try:
-        ppid = os.getppid()
-        with open(f"/proc/{ppid}/stat") as f:
-            start = f.read().rsplit(")", 1)[1].split()[19]  # field 22: start time
+        ppid, start = launch_key()
         path = STOP_MARKER.format(ppid=ppid, start=start)
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
         return False
     except (OSError, IndexError):
         return rank == 0
-    _remove_stale_markers(path)
+    remove_stale_markers(path, "mpidp-stop-")
     return True
-
-
-def _remove_stale_markers(keep: str) -> None:
-    """Unlink markers whose launcher has ended (a marker outlives its job)."""
-    for name in os.listdir("/dev/shm"):
-        if not name.startswith("mpidp-stop-"):
-            continue
-        path = os.path.join("/dev/shm", name)
-        ppid = name.split("-")[2]
-        if path != keep and not os.path.exists(f"/proc/{ppid}"):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
 
 
 def _leave(code: int, comm: "MPI.Comm", speaker: bool = True) -> "None":

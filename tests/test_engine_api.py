@@ -237,6 +237,27 @@ def test_a_model_failing_on_one_rank_ends_the_job(data_file):
     assert "DONE" not in result.stdout
 
 
+@pytest.mark.parametrize("scenario, gone, calls", [
+    ("rank-0-only", "12", "this call"), ("once-more", "12", "its call number 2 here"),
+    ("fails-first", "1", "this call")])
+def test_a_call_some_ranks_never_make_ends_the_job(data_file, scenario, gone, calls):
+    """engine.train under `if rank == 0:`, once more on rank 0, or a peer
+    whose program failed first (rank 1): the ranks that called it would wait
+    in its first collective for ever; the ended peers' marks end the job
+    (exit 2), each waiting rank that saw one before the end saying which."""
+    import re
+
+    result = _user_program(scenario, data_file, 3)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if "mpidp: error:" in line]
+    assert lines, result.stderr[-3000:]
+    for line in lines:
+        said = re.match(r"\[rank (\d)\] mpidp: error: engine.train\(\): the program of world "
+                        rf"rank (\d) ended without making {calls}: every rank of comm must "
+                        r"call engine.train\(\)", line)
+        assert said and said.group(2) in gone and said.group(1) not in gone, line
+
+
 @pytest.mark.parametrize("algorithm", ["native", "ring"])
 def test_abort_on_error_off_raises_on_the_failing_rank_and_frees_the_other(data_file,
                                                                            algorithm):

@@ -83,3 +83,40 @@ def test_an_interrupt_swallowed_by_native_code_is_still_the_stop(ranks, fail_ran
     result = run_mpi(ranks, [sys.executable, SCRIPT, "swallowed", str(fail_rank)], timeout=60)
     assert result.returncode == 130, result.stdout + result.stderr
     assert result.stderr.strip().splitlines() == ["mpidp: stopped by SIGINT (exit code 130)"]
+
+
+class _SlowBarrier:
+    """A communicator of 3 whose barrier completes at its ``after``-th test."""
+
+    def __init__(self, after: int):
+        self.after, self.tests = after, 0
+
+    def Get_size(self):
+        return 3
+
+    def Ibarrier(self):
+        return self
+
+    def Test(self):
+        self.tests += 1
+        return self.tests >= self.after
+
+
+def test_the_entry_check_names_an_ended_peer_and_says_when_it_waits(monkeypatch, capsys,
+                                                                    tmp_path):
+    """engine.entry.wait_for_peers polls its barrier: an ended peer's mark
+    (collectives.core.ended, in a folder of this test) is an EntryError
+    naming it; a long wait is one line on stderr, and the wait goes on."""
+    from collectives.core import ended
+    from engine import entry
+
+    monkeypatch.setattr(ended, "SHM", str(tmp_path))
+    monkeypatch.setattr(entry, "_world_ranks", lambda comm: [1, 2])
+    entry.wait_for_peers(_SlowBarrier(after=40), notice_s=0.0)
+    assert capsys.readouterr().err.count("has waited 0 s for the other ranks of comm to "
+                                        "call it; every rank must call it (still waiting)") == 1
+    ended.mark_ended(2)
+    assert ended.ended([0, 1, 2]) == [2]
+    with pytest.raises(entry.EntryError, match=r"^engine.train\(\): the program of world "
+                       r"rank 2 ended without making its call number \d+ here"):
+        entry.wait_for_peers(_SlowBarrier(after=10**9))

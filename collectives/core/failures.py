@@ -37,7 +37,9 @@ seen by some ranks only would leave the others waiting forever. The rules:
    communicator it used, and if a peer waits for it where that mark cannot
    be seen (inside ``MPI_Allreduce``, or behind a message this rank never
    received: one rank made more calls than another), it prints why and
-   ends the job (:func:`leave_at_exit`). Before aborting, and at exit after
+   ends the job (:func:`leave_at_exit`). First of all it leaves a mark
+   that its program ended, which ranks of its node waiting where they can
+   poll look for (:mod:`collectives.core.ended`). Before aborting, and at exit after
    an uncaught exception, the rank unlinks the files MPICH keeps in
    ``/dev/shm`` for this job (they would otherwise outlive it).
 """
@@ -49,6 +51,7 @@ import sys
 import time
 from typing import Any
 
+from collectives.core import ended
 from collectives.core.consistency import GONE_EXITED, GONE_FAILED
 from collectives.errors import AllreduceError
 from collectives.runtime import MPI
@@ -216,6 +219,8 @@ def _at_exit() -> None:
     # this rank.
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return
+    if MPI.COMM_WORLD.Get_size() > 1:  # first: leave_at_exit may wait for peers
+        ended.mark_ended(MPI.COMM_WORLD.Get_rank())
     failed = getattr(sys, "last_value", None) is not None
     leave_at_exit(failed)
     if failed and MPI.COMM_WORLD.Get_size() > 1:

@@ -11,6 +11,10 @@ tests/test_engine_api.py runs it with a timeout (a hang is a failure).
   A third argument names the all-reduce algorithm (default ``auto``).
 * ``collective``: an unknown option, raised on every rank alike: raised
   everywhere (``CAUGHT`` on each rank), the job not ended.
+* ``rank-0-only``: ``engine.train`` under ``if rank == 0:``; the other ranks'
+  programs end. ``once-more``: every rank calls it, rank 0 a second time.
+  ``fails-first``: rank 1's program raises before its call. Each must end
+  the job (exit 2) with rank 0's (rank 1's) one line, not wait for ever.
 """
 from __future__ import annotations
 
@@ -44,6 +48,17 @@ settings = dict(epochs=2, batch_size=100, noise_multiplier=1.0, seed=0, quiet=Tr
 if scenario == "opt-out":
     collectives.abort_on_error(False)
     settings["allreduce"] = sys.argv[3] if len(sys.argv) > 3 else "auto"
+if scenario == "rank-0-only":
+    if rank == 0:
+        engine.train(data, **settings)
+    sys.exit(0)
+if scenario == "once-more":
+    engine.train(data, **settings)
+    if rank == 0:
+        engine.train(data, **settings)
+    sys.exit(0)
+if scenario == "fails-first" and rank == 1:
+    raise RuntimeError("the user's program fails before its call")
 try:
     if scenario == "collective":
         engine.train(data, model=FailsOnRank1, epochs=1, learning_rate=0.1, quiet=True)
