@@ -45,3 +45,9 @@ class AllreduceMismatch(AllreduceError, RuntimeError):
     def __init__(self, message: str, collective: bool = False) -> None:
         super().__init__(message)
         self.collective = collective
+
+
+class PeerEnded(AllreduceError, RuntimeError):
+    """A call every rank of a communicator must make was made on this rank
+    after the program of a peer (on this node) had ended without making it
+    (:func:`collectives.core.ended.wait_for_peers`)."""

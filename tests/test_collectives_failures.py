@@ -115,6 +115,20 @@ def test_a_skipped_call_ends_the_job_when_the_rank_that_skipped_it_ends(n, algor
     assert seconds < PROMPT_S, f"took {seconds:.1f} s"
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_first_call_on_one_rank_only_ends_the_job(n):
+    """The first all-reduce on a communicator under `if rank == 0:`: its
+    set-up (collective) would wait for the other ranks for ever; their
+    programs' ending marks end the job with the reason."""
+    result, seconds = run(n, USER, "rank-0-only")
+    assert result.returncode == 2, (result.stdout + result.stderr)[-2000:]
+    assert "[rank 0] PeerEnded: collectives.allreduce(): the program of world rank " \
+        in result.stderr, result.stderr[-2000:]
+    assert "ended without making its first call: every rank of the communicator must " \
+        "call collectives.allreduce()" in result.stderr
+    assert "DONE" not in result.stdout and seconds < PROMPT_S, f"took {seconds:.1f} s"
+
+
 @pytest.mark.parametrize("n, algorithm", [(2, "recursive_doubling"), (3, "native")])
 def test_a_rank_raising_with_abort_off_releases_peers_from_mpi_allreduce(n, algorithm):
     """abort_on_error(False): rank 0 raises (it calls another signature) while

@@ -253,8 +253,8 @@ def test_a_call_some_ranks_never_make_ends_the_job(data_file, scenario, gone, ca
     assert lines, result.stderr[-3000:]
     for line in lines:
         said = re.match(r"\[rank (\d)\] mpidp: error: engine.train\(\): the program of world "
-                        rf"rank (\d) ended without making {calls}: every rank of comm must "
-                        r"call engine.train\(\)", line)
+                        rf"rank (\d) ended without making {calls}: every rank of the "
+                        r"communicator must call engine.train\(\)", line)
         assert said and said.group(2) in gone and said.group(1) not in gone, line
 
 

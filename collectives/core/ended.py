@@ -6,14 +6,25 @@ when it ends (:func:`mark_ended`, from the interpreter's exit hooks), an
 empty file in ``/dev/shm`` named after its launch (the parent process
 shared by the ranks of one launch on a node: the launcher's proxy or
 slurmstepd, with its start time) and its world rank; a rank that waits
-where it can poll (:func:`engine.entry.wait_for_peers`) looks for its
-peers' marks (:func:`ended`). Ranks on other nodes leave no mark it can
+where it can poll (:func:`wait_for_peers`: the first all-reduce on a
+communicator, every :func:`engine.train`) looks for its peers' marks
+(:func:`ended`). Ranks on other nodes leave no mark it can
 see. A mark outlives its job until a later job's mark removes it (its
 launcher is gone).
 """
 from __future__ import annotations
 
 import os
+import sys
+import time
+
+#: Seconds a rank waits in :func:`wait_for_peers` before it says so (once).
+NOTICE_S = 30.0
+#: Seconds it polls with 50 us naps before it sleeps longer between polls.
+YIELD_S = 0.1
+#: Seconds a rank that saw a peer's mark still polls its barrier: that peer
+#: may have made the call and ended just after (its part of the barrier done).
+GRACE_S = 1.0
 
 SHM = "/dev/shm"
 #: ``{prefix}{launcher pid}-{its start time}-{world rank}``
@@ -77,3 +88,83 @@ def ended(world_ranks: list[int]) -> list[int]:
         if path is not None and os.path.exists(path):
             found.append(rank)
     return found
+
+
+def _world_ranks(comm) -> list[int]:
+    """COMM_WORLD ranks of ``comm``'s other members."""
+    from collectives.runtime import MPI
+
+    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world)
+    finally:
+        group.Free()
+        world.Free()
+    me = MPI.COMM_WORLD.Get_rank()
+    return [int(r) for r in ranks if r != MPI.UNDEFINED and r != me]
+
+
+def _completes(request, grace_s: float = GRACE_S) -> bool:
+    """Whether ``request`` completes within ``grace_s``. A peer that ended
+    after its part of the barrier (its last call) has made the call: every
+    rank entered the barrier, and ours completes once its messages are in."""
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        if request.Test():
+            return True
+        time.sleep(0.001)
+    return bool(request.Test())
+
+
+def wait_for_peers(comm, what: str, this_call: str = "this call",
+                   notice_s: float | None = None) -> None:
+    """Collective: return once every rank of ``comm`` has come to this call.
+
+    A call some ranks never make would leave the others waiting in its
+    first collective for ever. This one is a nonblocking barrier, polled
+    with naps of 50 us for :data:`YIELD_S`, then with sleeps up to 20 ms (a
+    waiting rank gives its core away); while it waits, a peer whose program
+    ended (its mark) and whose part of the barrier does not come within
+    :data:`GRACE_S` is an error, and a wait longer than
+    ``notice_s`` (:data:`NOTICE_S`) is one line on stderr (the rank waits
+    on: a peer may be slow to come, or on another node, where no mark is
+    seen).
+
+    Raises:
+        PeerEnded: (this rank only) the program of a peer on this node ended
+            without making the call (``this_call`` names it in the message);
+            ``comm`` is then out of step (this rank's barrier is pending).
+    """
+    from collectives.errors import PeerEnded
+    from collectives.runtime import MPI
+
+    if comm.Get_size() == 1:
+        return
+    notice_s = NOTICE_S if notice_s is None else notice_s
+    request = comm.Ibarrier()
+    peers = _world_ranks(comm)
+    start, pause, noticed, looked = time.monotonic(), 0.001, False, 0.0
+    while not request.Test():
+        now = time.monotonic()
+        if now - looked >= 0.05:  # a few stat calls, 20 times a second
+            looked = now
+            gone = ended(peers)
+            if gone and _completes(request):
+                break
+            if gone:
+                raise PeerEnded(
+                    f"{what}: the program of world rank {gone[0]} ended without making "
+                    f"{this_call}: every rank of the communicator must call {what}, as "
+                    "many times (a call under `if rank == 0:` waits for the other ranks "
+                    "for ever)")
+        if not noticed and now - start >= notice_s:
+            noticed = True
+            sys.stderr.write(f"[rank {MPI.COMM_WORLD.Get_rank()}] mpidp: {what} has waited "
+                             f"{now - start:.0f} s for the other ranks of its communicator "
+                             "to call it; every rank must call it (still waiting)\n")
+            sys.stderr.flush()
+        if now - start < YIELD_S:
+            time.sleep(0.00005)  # a short nap: more ranks than cores give theirs away
+        else:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.02)

@@ -25,7 +25,7 @@ import numpy as np
 from collectives.auto import tuning
 from collectives.auto.tuning import TunedPlan
 from collectives.channels import KINDS, futex
-from collectives.core import consistency
+from collectives.core import consistency, ended
 from collectives.core.combine import warm_up
 from collectives.core.consistency import make_enter
 from collectives.core.context import OPS, PlanContext
@@ -124,6 +124,8 @@ class CommState:
     """What mpidp keeps per user communicator (see module docstring)."""
 
     def __init__(self, comm: "MPI.Intracomm") -> None:
+        # the first call on comm: a rank that makes it alone would wait in Dup for ever
+        ended.wait_for_peers(comm, "collectives.allreduce()", "its first call")
         self.comm = comm.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self.comm.Get_rank()

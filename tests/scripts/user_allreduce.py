@@ -16,6 +16,9 @@ failure) and reads the exit code and the lines it prints:
   after it mix calls (``WRONG``, as in plain MPI: nothing tells two calls
   of one signature apart), then the others wait in a call rank 1 never
   makes, which must end the job when rank 1's program ends.
+* ``rank-0-only``: the first all-reduce on the communicator under ``if
+  rank == 0:``; the other ranks' programs end. It must end the job (exit
+  2), not wait in the communicator's set-up for ever.
 * ``left-in-native``: with ``abort_on_error(False)``, rank 0 calls another
   signature while the others wait in a cached ``native`` call: rank 0
   raises, and must not leave them inside ``MPI_Allreduce``: they raise too,
@@ -156,6 +159,12 @@ def left_in_native() -> None:
         print(f"{'NAN' if np.isnan(cached).all() else 'NOT-NAN'} rank {rank}", flush=True)
 
 
+def rank_0_only() -> None:
+    if rank == 0:
+        collectives.allreduce(np.ones(8), comm, algorithm)
+        print("DONE rank 0", flush=True)
+
+
 SCENARIOS = {
     "raise-after": raise_after,
     "swap": lambda: swap(np.ones(10, np.float32), np.ones(11, np.float32)),
@@ -165,6 +174,7 @@ SCENARIOS = {
     "specials": specials,
     "skip": skip,
     "left-in-native": left_in_native,
+    "rank-0-only": rank_0_only,
 }
 
 if __name__ == "__main__":
