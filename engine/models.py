@@ -12,13 +12,14 @@ It binds a model (:mod:`engine.nn`) to its clipping engine
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from engine.dp.fast_mlp import FastMLP
-from engine.dp.module_engine import ModuleEngine, check_model
+from engine.dp.module_engine import ModuleEngine, check_model, frozen_to_buffers
 from engine.errors import CheckpointError, ConfigError
 from engine.nn import image_models, model_names
 from engine.nn.embedding_mlp import EmbeddingMLP
@@ -96,9 +97,13 @@ class TorchModel:
 
     def __init__(self, module: nn.Module, name: str) -> None:
         self.module_obj, self.name = module, name
+        #: frozen parameters, now buffers (engine.dp.module_engine.frozen_to_buffers)
+        self.frozen = frozen_to_buffers(module)
+        self.frozen_sha256 = frozen_digest(module, self.frozen)
         self.n_params = sum(p.numel() for p in module.parameters())
         self.rule = "?"
-        self.mlp_linears = mlp_linears_of(module)
+        # the fused kernels train every layer of the chain: none of it frozen
+        self.mlp_linears = None if self.frozen else mlp_linears_of(module)
         self.mlp_spec = _spec(self.mlp_linears)
 
     def unfuse(self) -> None:
@@ -120,6 +125,8 @@ class TorchModel:
                  "shapes": [[n, list(p.shape)] for n, p in self.module_obj.named_parameters()]}
         if self.mlp_spec is not None:
             entry["fused"] = self.mlp_spec.to_dict()
+        if self.frozen:  # a resume, or mpidp eval, must rebuild the same constants
+            entry["frozen"] = {"names": self.frozen, "sha256": self.frozen_sha256}
         return entry
 
     def build_engine(self, grad: torch.Tensor, seed: int, probe, n_classes: int,
@@ -252,6 +259,19 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
     return TorchModel(module, label)
 
 
+def frozen_digest(module: nn.Module, names: list[str]) -> str:
+    """SHA-256 of the frozen tensors' bytes, by name ("" when none)."""
+    if not names:
+        return ""
+    buffers = dict(module.named_buffers())
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(name.encode())
+        digest.update(buffers[name].detach().cpu().contiguous().view(torch.uint8)
+                      .numpy().tobytes())
+    return digest.hexdigest()
+
+
 def seeded(seed: int, build: Callable[[], Any]) -> Any:
     """``build()`` with torch's global generator seeded by the run's seed (and
     restored after), so every rank draws the same initial parameters."""
@@ -320,6 +340,12 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
                                     recorded["spec"]["n_classes"])
     else:
         module = model_names.build(model_names.load_factory(name), n_features, n_classes, name)
+    frozen = frozen_to_buffers(module)
+    if recorded.get("frozen", {"names": [], "sha256": ""}) != \
+            {"names": frozen, "sha256": frozen_digest(module, frozen)}:
+        raise ConfigError(f"{where}: {name} builds other frozen parameters than the run "
+                          "trained with: build them the same way on every call (load them "
+                          "from a file, or seed torch in the factory)", collective=True)
     count = sum(p.numel() for p in module.parameters())
     if count != params.numel():
         raise ConfigError(f"{where}: {name} builds {count:,} parameters for {n_features} "

@@ -277,6 +277,72 @@ def test_a_model_that_differs_between_ranks_is_refused_on_every_rank(data, comm)
     assert info.value.collective
 
 
+class FrozenBody(nn.Module):
+    """A frozen feature extractor (its Linear) under a trained head."""
+
+    def __init__(self, n_features, n_classes):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(n_features, 16), nn.Tanh())
+        self.body.requires_grad_(False)
+        self.head = nn.Linear(16, n_classes)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_frozen_layers_stay_as_built_and_the_rest_trains(data, comm, shared_tmp):
+    """Frozen parameters are constants (as the factory built them, under the
+    run's seed): the head trains, the checkpoint records what was frozen, a
+    resume goes on; a rank whose frozen weights differ is refused."""
+    from engine.models import seeded
+
+    common = dict(comm=comm, epochs=2, batch_size=100, noise_multiplier=1.0, seed=3,
+                  quiet=True, checkpoint_dir=str(shared_tmp / "frozen"))
+    built = seeded(3, lambda: FrozenBody(FEATURES, 2))
+    stopped = engine.train(data, model=FrozenBody, stop_after=4, **common)
+    assert stopped.exit_code == 75
+    run = engine.train(data, model=FrozenBody, resume=True, comm=comm, quiet=True,
+                       checkpoint_dir=common["checkpoint_dir"])
+    assert run.exit_code == 0 and run.history[-1]["test_accuracy"] > 0.6
+    assert torch.equal(run.model.body[0].weight, built.body[0].weight)
+    assert not torch.equal(run.model.head.weight, built.head.weight)
+    assert [n for n, _ in run.model.named_parameters()] == ["head.weight", "head.bias"]
+    payload = torch.load(shared_tmp / "frozen" / "checkpoint.pt",
+                         weights_only=True)
+    assert payload["model"]["frozen"]["names"] == ["body.0.weight", "body.0.bias"]
+    if comm.Get_size() > 1:
+        def differs(f, c):
+            model = FrozenBody(f, c)
+            if comm.Get_rank() == comm.Get_size() - 1:
+                model.body[0].weight.data.add_(1.0)
+            return model
+
+        with pytest.raises(ConfigError, match="initial parameters differ between ranks"):
+            engine.train(data, model=differs, comm=comm, epochs=1, noise_multiplier=1.0,
+                         quiet=True)
+
+
+def test_eval_rebuilds_frozen_layers_only_as_they_were():
+    """mpidp eval calls the factory again: the same frozen constants, or one
+    line saying they differ (never a model evaluated with other weights)."""
+    from engine.models import TorchModel, checkpoint_logits, seeded
+
+    recorded_model = seeded(3, lambda: FrozenBody(FEATURES, 2))
+    model = TorchModel(recorded_model, "test_engine_models:FrozenBody")
+    recorded = model.to_dict()
+    params = torch.cat([p.detach().reshape(-1) for p in recorded_model.parameters()])
+    rows = torch.randn(5, FEATURES + 1)
+    torch.manual_seed(3)  # the factory draws its frozen layer: seeded as in training
+    logits = checkpoint_logits(recorded, params, FEATURES, 2, "run")(rows)
+    with torch.no_grad():
+        assert torch.allclose(logits, recorded_model(rows[:, :-1]))
+    torch.manual_seed(4)
+    with pytest.raises(ConfigError, match=r"^run: test_engine_models:FrozenBody builds other "
+                       r"frozen parameters than the run trained with"):
+        checkpoint_logits(recorded, params, FEATURES, 2, "run")
+
+
 class FailsOnTheLastRank(nn.Module):
     """A forward pass that fails on one rank's rows only (here: by its rank)."""
 

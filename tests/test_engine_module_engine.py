@@ -10,7 +10,7 @@ from engine.dp.naive import naive_clipped_sum
 from engine.dp.rules import SlowPathWarning
 from engine.errors import ConfigError
 from engine.nn import model_names
-from engine.dp.module_engine import ModuleEngine, parameter_digest
+from engine.dp.module_engine import ModuleEngine, frozen_to_buffers, parameter_digest
 
 F_IN, CLASSES = 6, 3
 
@@ -147,11 +147,17 @@ def test_random_draws_on_the_whole_model_path_are_refused_before_training(functi
     assert per_layer.rule == "per-layer rules"
 
 
-def test_frozen_parameters_are_refused():
+def test_frozen_parameters_reach_the_checks_only_as_buffers():
+    """ModuleEngine turns frozen parameters into buffers first
+    (tests/test_engine_rules.py); check_model still refuses one that was not."""
+    from engine.dp.module_engine import check_model
+
     model = nn.Sequential(nn.Linear(F_IN, 4), nn.Linear(4, CLASSES))
     model[0].weight.requires_grad_(False)
     with pytest.raises(ConfigError, match="'0.weight' is frozen"):
-        _engine(model)
+        check_model(model, torch.device("cpu"), torch.float32)
+    assert frozen_to_buffers(model) == ["0.weight"] and frozen_to_buffers(model) == []
+    check_model(model, torch.device("cpu"), torch.float32)
 
 
 def test_factory_names_and_failures_are_one_line_errors(tmp_path, monkeypatch):

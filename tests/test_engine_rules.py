@@ -445,6 +445,43 @@ def test_module_engine_says_why_it_clips_the_whole_model(factory, why):
                           atol=1e-6)
 
 
+def _frozen(module: nn.Module, *names: str) -> nn.Module:
+    for name in names or [n for n, _ in module.named_parameters()]:
+        module.get_parameter(name).requires_grad_(False)
+    return module
+
+
+@pytest.mark.parametrize("partly", [False, True])
+def test_frozen_parameters_are_constants_and_the_rest_clips_exactly(partly):
+    """A frozen layer (a pretrained feature extractor) is a constant: no
+    gradient, no clipping, no noise, unchanged, its state_dict key kept; the
+    trainable parameters' clipped sum equals the loop's over them alone. A
+    layer frozen in part (its weight, not its bias) goes through torch.func."""
+    torch.manual_seed(2)
+    body = nn.Linear(F_IN, 8)
+    model = nn.Sequential(_frozen(body, "weight") if partly else _frozen(body), nn.Tanh(),
+                          nn.Linear(8, CLASSES))
+    reference, keys = copy.deepcopy(model), set(model.state_dict())
+    x, y = _data(11, 5, torch.float32)
+    X = torch.cat([x, torch.ones(11, 1)], 1)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    grad = torch.zeros(trainable)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SlowPathWarning)
+        engine = ModuleEngine(model, grad, (X[:4], y[:4]), CLASSES)
+    slow = [str(w.message) for w in caught if issubclass(w.category, SlowPathWarning)]
+    if partly:
+        assert engine.rule == "torch.func" and len(slow) == 1
+        assert "layer '0' (Linear) has frozen and trainable parameters" in slow[0]
+    else:
+        assert engine.rule == "per-layer rules" and not slow
+    assert engine.params.numel() == trainable and set(model.state_dict()) == keys
+    engine.clipped_sum(engine.load(X, y, torch.arange(11)), 0.2)
+    want = naive_clipped_sum(reference, x, y, 0.2)[0]
+    assert torch.allclose(grad, want, rtol=1e-4, atol=1e-6)
+    assert torch.equal(model[0].weight, reference[0].weight)
+
+
 def test_layer_clipper_refuses_inputs_that_are_not_batch_first():
     x, y = _data(5, 0)
     with pytest.raises(ValueError, match=r"'lin' \(Linear\) takes an input of shape "

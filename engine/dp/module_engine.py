@@ -40,7 +40,8 @@ def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
             that breaks per-example privacy (:func:`engine.dp.rules.refusal`:
             BatchNorm, an Embedding with ``max_norm`` or ``scale_grad_by_freq``,
             ...), parameters or buffers on another device
-            or of another dtype than the run's, frozen parameters.
+            or of another dtype than the run's, frozen parameters (not yet
+            turned into buffers: :func:`frozen_to_buffers`).
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
@@ -63,6 +64,35 @@ def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
                               "here trains every parameter; remove it from the model")
 
 
+def frozen_to_buffers(model: nn.Module) -> list[str]:
+    """Turn every frozen parameter (``requires_grad=False``) of ``model`` into
+    a buffer of the same name and value, in place; their names (in
+    ``named_parameters`` order). Idempotent.
+
+    DP-SGD trains the parameters; a frozen one (a pretrained feature
+    extractor) is a constant of the model like a buffer: no gradient, no
+    clipping, no noise, and it stays as the model was built (it is no data
+    of the run's, so nothing to protect). ``state_dict()`` keeps its key.
+    A layer with frozen and trainable parameters of its own (a Linear whose
+    weight alone is frozen) is named in ``model._mpidp_partly_frozen``: the
+    per-layer rules compute a layer's parameters together, so such a model
+    is clipped through ``torch.func`` (:func:`_whole_model_reason`).
+    """
+    names, partly = [], []
+    for prefix, module in model.named_modules():
+        own = list(module.named_parameters(recurse=False))
+        frozen = [(name, p) for name, p in own if not p.requires_grad]
+        for name, p in frozen:
+            delattr(module, name)
+            module.register_buffer(name, p.detach())
+            names.append(f"{prefix}.{name}" if prefix else name)
+        if frozen and len(frozen) < len(own):
+            partly.append(layer_label(prefix, module))
+    if partly:
+        model._mpidp_partly_frozen = partly
+    return names
+
+
 def parameter_digest(params: torch.Tensor) -> str:
     """SHA-256 of a flat parameter vector's bytes (to check ranks agree)."""
     return hashlib.sha256(params.detach().cpu().numpy().tobytes()).hexdigest()
@@ -78,6 +108,9 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
     reason = mixed_module(model)
     if reason is not None:
         return reason
+    partly = getattr(model, "_mpidp_partly_frozen", None)
+    if partly:
+        return f"{partly[0]} has frozen and trainable parameters"
     layers = leaf_layers(model)
     n = x.shape[0]
     for rows in [n, n - 1] if n > 1 else [n]:
@@ -191,6 +224,7 @@ class ModuleEngine:
     def __init__(self, model: nn.Module, grad: torch.Tensor, probe: tuple[torch.Tensor,
                  torch.Tensor], n_classes: int, capacity: int = 256) -> None:
         device, dtype = grad.device, grad.dtype
+        frozen_to_buffers(model)
         check_model(model, device, dtype)
         n_params = sum(p.numel() for p in model.parameters())
         if grad.shape != (n_params,):

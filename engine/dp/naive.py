@@ -22,10 +22,10 @@ def naive_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
         max_norm: C, or None for the plain sum.
 
     Returns:
-        (flat summed gradient in ``model.parameters()`` order, summed loss,
-        number of clipped examples).
+        (flat summed gradient of the trainable parameters, in
+        ``model.parameters()`` order, summed loss, number of clipped examples).
     """
-    params = [p for p in model.parameters()]
+    params = [p for p in model.parameters() if p.requires_grad]
     total = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
     loss_sum, clipped = 0.0, 0
     for i in range(x.shape[0]):

@@ -50,15 +50,16 @@ def make_sampler(cfg: TrainConfig, train, q: float, seed: int, rank: int, size: 
     return ShuffleSampler(train.n_local, local_batch, steps_per_epoch, seed, rank)
 
 
-def check_ranks_agree(params: torch.Tensor, comm) -> None:
+def check_ranks_agree(params: torch.Tensor, comm, frozen: str = "") -> None:
     """Collective: every rank must start from the same parameters (a user's
     factory that draws without the run's seed would train a different model
-    per rank, and the all-reduced sum would fit none of them).
+    per rank, and the all-reduced sum would fit none of them), and hold the
+    same frozen ones (``frozen``: their digest, :attr:`TorchModel.frozen_sha256`).
 
     Raises:
         ConfigError: (collective) naming the first rank that differs.
     """
-    digests = comm.allgather(parameter_digest(params))
+    digests = comm.allgather((parameter_digest(params), frozen))
     odd = [r for r, d in enumerate(digests) if d != digests[0]]
     if odd:
         raise ConfigError(f"the model's initial parameters differ between ranks (rank "
@@ -107,7 +108,7 @@ def build_state(cfg: TrainConfig, *, model, train, n_classes: int, placement, se
     if payload is not None:
         with torch.no_grad():
             params.copy_(payload["params"].to(device))
-    check_ranks_agree(params, comm)
+    check_ranks_agree(params, comm, getattr(model, "frozen_sha256", ""))
     settings = StepSettings(
         batch_size=cfg.batch_size, max_norm=cfg.max_grad_norm if cfg.dp else None,
         noise_std=sigma * cfg.max_grad_norm if cfg.dp else None, seed=seed,
