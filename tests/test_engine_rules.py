@@ -482,6 +482,41 @@ def test_frozen_parameters_are_constants_and_the_rest_clips_exactly(partly):
     assert torch.equal(model[0].weight, reference[0].weight)
 
 
+class HalfUnderNoGrad(nn.Module):
+    """A layer run under torch.no_grad (its parameters get no gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(F_IN, 8), nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        with torch.no_grad():
+            h = torch.tanh(self.a(x))
+        return self.b(h)
+
+
+def test_parameters_without_gradient_are_zero_in_the_sum_and_named():
+    """The per-layer rules took a layer run under no_grad for a bug of
+    autograd's (a RuntimeError at the first step); its gradient is zero, as
+    in the loop, and the model is named in a warning: noise alone moves it."""
+    from engine.dp.module_engine import UntrainedParameterWarning
+
+    torch.manual_seed(3)
+    model = HalfUnderNoGrad()
+    reference = copy.deepcopy(model)
+    x, y = _data(7, 6, torch.float32)
+    X = torch.cat([x, torch.ones(7, 1)], 1)
+    grad = torch.zeros(sum(p.numel() for p in model.parameters()))
+    with pytest.warns(UntrainedParameterWarning, match=r"parameters 'a.weight', 'a.bias' of "
+                      r"the model get no gradient .*freeze them"):
+        engine = ModuleEngine(model, grad, (X[:4], y[:4]), CLASSES)
+    assert engine.rule == "per-layer rules"
+    engine.clipped_sum(engine.load(X, y, torch.arange(7)), 0.3)
+    assert torch.allclose(grad, naive_clipped_sum(reference, x, y, 0.3)[0], rtol=1e-4,
+                          atol=1e-6)
+    assert not grad[:F_IN * 8 + 8].any()
+
+
 def test_layer_clipper_refuses_inputs_that_are_not_batch_first():
     x, y = _data(5, 0)
     with pytest.raises(ValueError, match=r"'lin' \(Linear\) takes an input of shape "

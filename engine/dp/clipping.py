@@ -264,7 +264,14 @@ class LayerClipper(FlatGradient):
         # autograd only from there to the layer outputs
         dlogits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         total = self._loss_gradient(logits.detach(), y, dlogits, mask, losses)
-        out_grads = torch.autograd.grad(logits, outs, grad_outputs=dlogits, allow_unused=True)
+        # a layer run under torch.no_grad (or cut off by detach) gets no
+        # gradient: zero, as autograd would leave its parameters' .grad
+        reached = [i for i, out in enumerate(outs) if out.requires_grad]
+        got = torch.autograd.grad(logits, [outs[i] for i in reached], grad_outputs=dlogits,
+                                  allow_unused=True) if reached and logits.requires_grad else []
+        out_grads: list = [None] * len(outs)
+        for i, b in zip(reached, got):
+            out_grads[i] = b
         out_grads = [torch.zeros_like(out) if b is None else b for out, b in zip(outs, out_grads)]
         return total, [records[m][0][0] for _, m in self.layers], out_grads
 

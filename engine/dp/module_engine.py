@@ -64,6 +64,35 @@ def check_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
                               "here trains every parameter; remove it from the model")
 
 
+class UntrainedParameterWarning(UserWarning):
+    """Parameters that get no gradient: DP-SGD adds noise to them at every
+    step, so they drift at random instead of staying put."""
+
+
+def warn_unreached(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[str]:
+    """Warn (:class:`UntrainedParameterWarning`) about the parameters the loss
+    on the rows ``x``, ``y`` does not reach (unused, or behind
+    ``torch.no_grad()`` or ``detach()`` in the forward pass), and return
+    their names. One forward and backward pass, with torch's generators
+    left as they were."""
+    named = list(model.named_parameters())
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        loss = nn.functional.cross_entropy(model(x.clone()), y.long(), reduction="sum")
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True) \
+            if loss.requires_grad else [None] * len(named)
+    unreached = [name for (name, _), g in zip(named, grads) if g is None]
+    if unreached:
+        shown = ", ".join(repr(n) for n in unreached[:3]) + (", ..." if len(unreached) > 3
+                                                             else "")
+        warnings.warn(f"parameters {shown} of the model get no gradient on the first rows "
+                      "(unused, or behind torch.no_grad() or detach() in forward): DP-SGD "
+                      "adds noise to them at every step, so they drift; freeze them "
+                      "(requires_grad_(False)) to keep them as built, or remove them",
+                      UntrainedParameterWarning, stacklevel=3)
+    return unreached
+
+
 def frozen_to_buffers(model: nn.Module) -> list[str]:
     """Turn every frozen parameter (``requires_grad=False``) of ``model`` into
     a buffer of the same name and value, in place; their names (in
@@ -236,6 +265,7 @@ class ModuleEngine:
         changes_input = self.check_output(model, x.clone(), n_classes)
         _refuse_changed_state(model, state)
         why = _whole_model_reason(model, x)
+        warn_unreached(model, x, probe[1][:x.shape[0]].to(device))
         if why is not None:
             warnings.warn(f"clipping the whole model through torch.func (exact, slower) "
                           f"instead of per layer: {why}", SlowPathWarning, stacklevel=2)

@@ -33,7 +33,8 @@ def naive_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
             p.grad = None
         loss = F.cross_entropy(model(x[i:i + 1]), y[i:i + 1], reduction="sum")
         loss.backward()
-        g = torch.cat([p.grad.reshape(-1) for p in params])
+        g = torch.cat([torch.zeros(p.numel(), dtype=p.dtype) if p.grad is None  # not reached
+                       else p.grad.reshape(-1) for p in params])
         norm = float(g.norm())
         factor = 1.0
         if max_norm is not None and norm > max_norm:
