@@ -7,6 +7,8 @@ implement these choices (:mod:`engine.nn.optim`, :mod:`engine.dp.noise`,
 """
 from __future__ import annotations
 
+import argparse
+
 from engine.errors import ConfigError
 
 #: ``--optimizer`` (:mod:`engine.nn.optim`).
@@ -30,3 +32,15 @@ def parse_hidden(text: str) -> tuple[int, ...]:
     if any(w <= 0 for w in widths):
         raise ConfigError(f"--hidden {text!r}: widths must be positive", collective=True)
     return widths
+
+
+def seed_value(text: str) -> int:
+    """A ``--seed`` (argparse type): a whole number >= 0 (numpy's generators
+    refuse a negative one with a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a whole number >= 0")
+    return value

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import collectives
-from engine.choices import NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, parse_hidden
+from engine.choices import NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, parse_hidden, \
+    seed_value
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.errors import ConfigError
 from engine.groups import MIN_GROUP_SIZE
@@ -110,6 +111,8 @@ class TrainConfig:
 
         if self.epochs < 1:
             fail(f"--epochs {self.epochs} must be at least 1")
+        if self.seed is not None and self.seed < 0:
+            fail(f"--seed {self.seed} must be a whole number >= 0")
         if self.allreduce not in collectives.names():
             fail(f"--allreduce {self.allreduce!r}: choose from {', '.join(collectives.names())}")
         if self.batch_size < 1:
@@ -366,7 +369,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     system = parser.add_argument_group("system")
     system.add_argument("--allreduce", default=d.allreduce,
                         help="all-reduce algorithm from collectives (default: auto)")
-    system.add_argument("--seed", type=int, default=None,
+    system.add_argument("--seed", type=seed_value, default=None,
                         help="seed of the model init, sampling and noise (default: random; "
                         "a known seed makes the noise reproducible: experiments only)")
     system.add_argument("--threads", type=int, default=None,

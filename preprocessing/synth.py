@@ -390,6 +390,8 @@ def run(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     if args.rows < 0:
         raise PrepError(f"--rows {args.rows}: must be >= 0", collective=True)
+    if args.seed < 0:
+        raise PrepError(f"--seed {args.seed}: must be >= 0", collective=True)
     if not 0.0 <= args.corrupt_fraction <= 1.0:
         raise PrepError(f"--corrupt-fraction {args.corrupt_fraction}: must be in [0, 1]",
                         collective=True)

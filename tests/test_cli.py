@@ -60,3 +60,38 @@ def test_a_refused_train_answers_before_torch_is_imported(tmp_path):
                             cwd=tmp_path, timeout=60)
     assert result.stdout.split() == ["2", "False"], result.stdout + result.stderr
     assert "--hidden '8,x'" in result.stderr
+
+
+def test_every_seed_option_refuses_a_negative_number(tmp_path):
+    """numpy's generators refuse a negative seed with a traceback (`mpidp audit
+    --seed -1`, `mpidp bench dpsgd --seed -1` printed one): every command's
+    --seed refuses it as a usage error, or (prep, synth, which do not import
+    the engine) as one line of their own."""
+    import argparse
+
+    import pytest
+
+    found = {}
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, (*path, name))
+            elif "--seed" in action.option_strings:
+                found[path] = action.type
+
+    walk(build_parser(), ())
+    checked_later = {path for path, kind in found.items() if kind is int}
+    assert checked_later == {("prep",), ("synth",)} and len(found) >= 7
+    for path, kind in found.items():
+        if kind is not int:
+            with pytest.raises(argparse.ArgumentTypeError, match="-1 must be a whole number"):
+                kind("-1")
+            assert kind("0") == 0
+    for argv in (["synth", "--rows", "5", "--out", str(tmp_path / "s.csv")],
+                 ["prep", str(tmp_path / "s.csv"), "--out", str(tmp_path / "s.h5")]):
+        result = _mpidp(*argv, "--seed", "-1")
+        assert result.returncode == 2 and result.stderr.strip() == \
+            "mpidp: error: --seed -1: must be >= 0", result.stderr
+    assert not list(tmp_path.iterdir())

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collectives import MPI, machine
+from engine.choices import seed_value
 from engine import __version__, outputs
 from engine.audit import membership, report as report_mod
 from engine.errors import (EXIT_CANNOT_REFUTE, EXIT_CLAIM_REFUTED, ConfigError, DataError,
@@ -145,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"bootstrap resamples for the intervals (default: {d.resamples})")
     parser.add_argument("--confidence", type=float, default=d.confidence,
                         help=f"confidence level of the intervals (default: {d.confidence})")
-    parser.add_argument("--seed", type=int, default=d.seed,
+    parser.add_argument("--seed", type=seed_value, default=d.seed,
                         help="seed of the reference model and the bootstrap (default: 0)")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="also write the full results as JSON to FILE ('-': stdout)")

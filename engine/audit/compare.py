@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from collectives.launch import find_tool
+from engine.choices import seed_value
 
 #: The training settings: the DP recipe of docs/design/dp-defaults.md.
 NONPRIVATE = ["--no-dp", "--lr", "0.05", "--batch-size", "256", "--epochs", "20"]
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
                         help="the person files DATA was prepared from (a glob), to prepare "
                         "the small file")
     parser.add_argument("--attributes", default="SEX,MAR,DIS")
-    parser.add_argument("--seed", type=int, default=1, help="training seed (default: 1)")
+    parser.add_argument("--seed", type=seed_value, default=1, help="training seed (default: 1)")
     parser.add_argument("--reuse", action="store_true",
                         help="keep checkpoints and audits already in --out-dir")
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ import socket
 from datetime import timedelta
 
 from collectives import MPI
+from engine.choices import seed_value
 from engine.config import int_list
 from engine.errors import ConfigError
 from engine.nn.schedule import SCHEDULES
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-multiplier", type=float, default=None)
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--no-dp", dest="dp", action="store_false")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=seed_value, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--metrics", default=None)

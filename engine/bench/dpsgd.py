@@ -48,6 +48,7 @@ from dataclasses import asdict
 import numpy as np
 
 from collectives import MPI, machine
+from engine.choices import seed_value
 from engine import outputs
 from engine.bench import synthetic
 from engine.bench.dpsgd_models import METHODS as MODEL_METHODS
@@ -105,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "cuda: all of them)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch/numba threads (default: as mpidp train: cores // ranks)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0)
     parser.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")
 
 

@@ -102,6 +102,7 @@ import tempfile
 from collectives import MPI, machine as machine_facts
 from collectives.launch import launcher_argv, launcher_words
 from collectives.runtime import available_cores
+from engine.choices import seed_value
 from engine import outputs
 from engine.bench import scaling_report as report
 from engine.bench.scaling_plan import (BenchError, PRESETS, check_train_options, plan,
@@ -183,7 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="sigma of the DP runs (default: 1.0)")
     train.add_argument("--max-grad-norm", type=float, default=1.0,
                        help="clipping bound C of the DP runs (default: 1.0)")
-    train.add_argument("--seed", type=int, default=1, help="seed of every run (default: 1)")
+    train.add_argument("--seed", type=seed_value, default=1, help="seed of every run (default: 1)")
     train.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                        help="cpu, or cuda: one GPU per rank, for mpidp and the peers (NCCL) "
                        "(default: cpu)")

@@ -37,6 +37,7 @@ import os
 import numpy as np
 
 import kernels.files
+from engine.choices import seed_value
 from engine.bench.synthetic_images import parse_image_shape, write_images
 from preprocessing import h5format
 
@@ -361,7 +362,7 @@ def main(argv=None) -> int:
                         help="rows of a validation split (default: none)")
     parser.add_argument("--features", type=int, default=100)
     parser.add_argument("--classes", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0)
     parser.add_argument("--codes", action="store_true",
                         help="categorical groups as integer-code columns (format version 3, "
                         "for --model embedding-mlp)")

@@ -70,6 +70,7 @@ import os
 import time
 
 from collectives import MPI
+from engine.choices import seed_value
 from engine.config import TrainConfig, add_group_selection
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.errors import EXIT_CHECKPOINTED, MpidpError, PrivacyError, agree
@@ -105,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="trials side by side: the ranks split into P groups of contiguous "
                       "ranks, one trial each at a time (default: one group per rank, at most "
                       "one per trial); every rank holds its group's copy of the data")
-    what.add_argument("--seed", type=int, default=None,
+    what.add_argument("--seed", type=seed_value, default=None,
                       help="seed of the plan, of each trial (derived from it) and of the score "
                       "noise (default: random; experiments only)")
     what.add_argument("--select-on", choices=("val_accuracy", "worst_group_val_accuracy"),
