@@ -44,3 +44,16 @@ def seed_value(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be a whole number >= 0")
     return value
+
+
+def thread_count(text: str) -> int:
+    """A ``--threads`` (argparse type): a whole number >= 1 (torch refuses
+    others with a traceback); leaving the option out picks cores // ranks."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1 (leave --threads out "
+                                         "for cores // ranks per node)")
+    return value

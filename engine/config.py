@@ -22,7 +22,7 @@ import numpy as np
 
 import collectives
 from engine.choices import NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, parse_hidden, \
-    seed_value
+    seed_value, thread_count
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.errors import ConfigError
 from engine.groups import MIN_GROUP_SIZE
@@ -113,6 +113,8 @@ class TrainConfig:
             fail(f"--epochs {self.epochs} must be at least 1")
         if self.seed is not None and self.seed < 0:
             fail(f"--seed {self.seed} must be a whole number >= 0")
+        if self.threads is not None and self.threads < 1:
+            fail(f"--threads {self.threads} must be at least 1 (None: cores // ranks)")
         if self.allreduce not in collectives.names():
             fail(f"--allreduce {self.allreduce!r}: choose from {', '.join(collectives.names())}")
         if self.batch_size < 1:
@@ -372,7 +374,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     system.add_argument("--seed", type=seed_value, default=None,
                         help="seed of the model init, sampling and noise (default: random; "
                         "a known seed makes the noise reproducible: experiments only)")
-    system.add_argument("--threads", type=int, default=None,
+    system.add_argument("--threads", type=thread_count, default=None,
                         help="torch/numba threads per rank (default: cores // ranks per node)")
     system.add_argument("--device", choices=("cpu", "cuda"), default=d.device,
                         help="cpu, or cuda: one GPU per rank, chosen by the rank's place on "

@@ -95,3 +95,33 @@ def test_every_seed_option_refuses_a_negative_number(tmp_path):
         assert result.returncode == 2 and result.stderr.strip() == \
             "mpidp: error: --seed -1: must be >= 0", result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_every_threads_option_takes_one_or_more():
+    """torch.set_num_threads(-1) is a traceback (`mpidp train --threads -1`
+    printed one): every --threads of type int refuses 0 and below at parsing."""
+    import argparse
+
+    import pytest
+
+    kinds = []
+
+    def walk(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+            elif "--threads" in action.option_strings and action.type is not None:
+                kinds.append(action.type)
+
+    walk(build_parser())
+    assert len(kinds) >= 4 and int not in kinds
+    for kind in set(kinds):
+        for bad in ("-1", "0"):
+            with pytest.raises(argparse.ArgumentTypeError, match=f"{bad} must be at least 1"):
+                kind(bad)
+        assert kind("3") == 3
+    result = _mpidp("privacy", "--sample-rate", "0.01", "--noise-multiplier", "1", "--steps",
+                    "10", "--train-rows", "-1")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == "mpidp: error: --train-rows -1 must be at least 1"

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collectives import MPI, machine
-from engine.choices import seed_value
+from engine.choices import seed_value, thread_count
 from engine import __version__, outputs
 from engine.audit import membership, report as report_mod
 from engine.errors import (EXIT_CANNOT_REFUTE, EXIT_CLAIM_REFUTED, ConfigError, DataError,
@@ -150,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seed of the reference model and the bootstrap (default: 0)")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="also write the full results as JSON to FILE ('-': stdout)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch threads per rank (default: cores // ranks per node)")
     parser.add_argument("--progress", dest="progress", action="store_true", default=None,
                         help="progress bars on rank 0 (default: when stderr is a terminal)")

@@ -9,7 +9,7 @@ import socket
 from datetime import timedelta
 
 from collectives import MPI
-from engine.choices import seed_value
+from engine.choices import seed_value, thread_count
 from engine.config import int_list
 from engine.errors import ConfigError
 from engine.nn.schedule import SCHEDULES
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--no-dp", dest="dp", action="store_false")
     p.add_argument("--seed", type=seed_value, default=None)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=thread_count, default=None)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--metrics", default=None)
     p.add_argument("--target-accuracy", type=float, default=None)

@@ -48,7 +48,7 @@ from dataclasses import asdict
 import numpy as np
 
 from collectives import MPI, machine
-from engine.choices import seed_value
+from engine.choices import seed_value, thread_count
 from engine import outputs
 from engine.bench import synthetic
 from engine.bench.dpsgd_models import METHODS as MODEL_METHODS
@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated subset of {', '.join(MODELS)}: benchmark "
                         "these models instead of the MLP's methods (default with --device "
                         "cuda: all of them)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch/numba threads (default: as mpidp train: cores // ranks)")
     parser.add_argument("--seed", type=seed_value, default=0)
     parser.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")

@@ -29,6 +29,7 @@ from dataclasses import asdict
 
 from collectives import MPI, machine
 from engine import outputs
+from engine.choices import thread_count
 from engine.errors import ConfigError, OutputError
 
 METHODS = ("mpidp", "torch", "numpy-sfc64", "numpy-pcg64")
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=29_698,
                         help="samples per call, the model's parameter count (default: "
                              "%(default)s, the default MLP)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=thread_count, default=1,
                         help="threads for mpidp's and torch's kernels (numpy's sampler "
                              "has one) (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=0.2,

@@ -91,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     except PrivacyError as exc:
         exc.collective = True
         raise
+    if args.train_rows is not None and args.train_rows < 1:
+        fail(f"--train-rows {args.train_rows} must be at least 1")
     if args.sample_rate is not None:
         q = args.sample_rate
         if args.epochs is not None:

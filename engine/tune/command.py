@@ -70,7 +70,7 @@ import os
 import time
 
 from collectives import MPI
-from engine.choices import seed_value
+from engine.choices import seed_value, thread_count
 from engine.config import TrainConfig, add_group_selection
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.errors import EXIT_CHECKPOINTED, MpidpError, PrivacyError, agree
@@ -154,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "predictions (persons, or households' shares) (default: "
                         f"{DEFAULT_SCORE_NOISE:g}; private random search with a private val)")
     system = parser.add_argument_group("system")
-    system.add_argument("--threads", type=int, default=None,
+    system.add_argument("--threads", type=thread_count, default=None,
                         help="torch/numba threads per rank (default: cores // ranks per node)")
     system.add_argument("--allreduce", default="auto",
                         help="all-reduce algorithm of the trials (default: auto)")
