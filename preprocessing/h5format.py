@@ -325,12 +325,16 @@ def read_info(path: str) -> DataInfo:
         rows: dict[str, int] = {}
         n_features = None
         for split in splits_in(f):
-            if x_name(split) not in f or y_name(split) not in f:
-                raise FormatError(f"{path}: missing /{split}/X or /{split}/y")
-            X, y = f[x_name(split)], f[y_name(split)]
+            X, y = _dataset(f, x_name(split)), _dataset(f, y_name(split))
+            if X is None or y is None:
+                raise FormatError(f"{path}: missing /{split}/X or /{split}/y (datasets, "
+                                  "not groups)")
             if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0]:
                 raise FormatError(f"{path}: /{split}/X must be [N, F] and /{split}/y [N]; "
                                   f"found {X.shape} and {y.shape}")
+            if X.shape[1] == 0:
+                raise FormatError(f"{path}: /{split}/X has no feature columns (shape "
+                                  f"{X.shape}); a model needs at least one")
             x_kind = "u" if version == IMAGE_VERSION else "f"
             if X.dtype.kind != x_kind or y.dtype.kind not in "iu":
                 raise FormatError(f"{path}: /{split}/X must be "
@@ -341,10 +345,11 @@ def read_info(path: str) -> DataInfo:
                 if name not in f:
                     raise FormatError(f"{path}: format_version={version} but /{name} is "
                                       "missing; re-run `mpidp prep`")
-                keys = f[name]
-                if keys.shape != y.shape or keys.dtype.kind not in "iu":
+                keys = _dataset(f, name)
+                if keys is None or keys.shape != y.shape or keys.dtype.kind not in "iu":
+                    found = "a group" if keys is None else f"{keys.dtype} {keys.shape}"
                     raise FormatError(f"{path}: /{name} must be integer [N] like /{split}/y; "
-                                      f"found {keys.dtype} {keys.shape}")
+                                      f"found {found}")
             if n_features is not None and X.shape[1] != n_features:
                 raise FormatError(f"{path}: /{SPLITS[0]}/X has {n_features} features but "
                                   f"/{split}/X has {X.shape[1]}")
@@ -375,6 +380,15 @@ def read_info(path: str) -> DataInfo:
                         households=has_households(version),
                         code_columns=code_columns, groups=groups,
                         group=str(_attr(f.attrs, "group", "") or ""), **image)
+
+
+def _dataset(f, name: str):
+    """The dataset at ``name`` in an open file; None when there is none (absent, or
+    a group of that name: a file written by hand may have either)."""
+    import h5py  # deferred: as in read_info
+
+    item = f.get(name)
+    return item if isinstance(item, h5py.Dataset) else None
 
 
 def _group_columns(path: str, f, rows: dict[str, int]) -> dict[str, GroupColumn]:

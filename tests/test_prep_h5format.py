@@ -53,6 +53,43 @@ def test_a_bad_file_is_a_format_error_a_user_can_act_on(tmp_path):
         h5format.read_info(bad)
 
 
+def _rewritten(path, name, value=None, group=False):
+    """``path`` with ``name`` replaced by a dataset of ``value`` or an empty group."""
+    with h5py.File(path, "a") as f:
+        del f[name]
+        if group:
+            f.create_group(name)
+        else:
+            f[name] = value
+    return path
+
+
+def test_a_hand_written_file_of_another_layout_is_a_format_error(tmp_path):
+    """What a user writing the file without `mpidp prep` gets wrong: a group where a
+    dataset goes (or a dataset where the split's group goes), no feature columns.
+    Each was a traceback (AttributeError, ZeroDivisionError) from deep in a reader."""
+    def fresh(name, **kw):
+        return synthetic.write(tmp_path / name, rows=8, features=3, test_rows=4, **kw)
+
+    cases = [
+        (_rewritten(fresh("x.h5"), "train/X", group=True),
+         r"missing /train/X or /train/y \(datasets, not groups\)"),
+        (_rewritten(fresh("y.h5"), "test/y", group=True), "missing /test/X or /test/y"),
+        (_rewritten(fresh("split.h5"), "train", np.zeros(3)), "missing /train/X"),
+        (_rewritten(_rewritten(fresh("f0.h5"), "train/X", np.zeros((8, 0), np.float32)),
+                    "test/X", np.zeros((4, 0), np.float32)),
+         r"/train/X has no feature columns \(shape \(8, 0\)\); a model needs at least one"),
+    ]
+    households = fresh("keys.h5")
+    with h5py.File(households, "r") as f:
+        assert f.attrs["format_version"] >= 2 and "train/household" in f
+    cases.append((_rewritten(households, "train/household", group=True),
+                  "/train/household must be integer .N. like /train/y; found a group"))
+    for path, words in cases:
+        with pytest.raises(h5format.FormatError, match=words):
+            h5format.read_info(str(path))
+
+
 def test_the_val_split_is_optional_and_checked_when_present(tmp_path):
     path = synthetic.write(tmp_path / "v.h5", rows=40, features=5, test_rows=10, val_rows=6)
     info = h5format.read_info(path)
