@@ -18,6 +18,7 @@ EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_CLAIM_REFUTED = 4  # mpidp audit --attack canary: the run leaks more than its epsilon says
 EXIT_CANNOT_REFUTE = 5  # mpidp audit --attack canary: these settings cannot reach the claim
+EXIT_OUT_OF_MEMORY = 71  # EX_OSERR: the machine refused an allocation
 EXIT_LOCKED = 73  # EX_CANTCREAT: the checkpoint directory is in use by another run
 EXIT_WRITE_FAILED = 74  # EX_IOERR: an output could not be written midway (disk full, read-only)
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: interrupted, checkpoint written; rerun with --resume
@@ -75,6 +76,37 @@ class DivergedError(MpidpError):
     """The loss or the parameters became NaN or infinite."""
 
     exit_code = EXIT_DIVERGED
+
+
+class OutOfMemory(MpidpError):
+    """An allocation this machine refused: numpy's ``MemoryError``, or torch's."""
+
+    exit_code = EXIT_OUT_OF_MEMORY
+
+
+#: What torch's allocators say when they refuse (a RuntimeError on the CPU, its
+#: subclass torch.OutOfMemoryError on a GPU).
+_TORCH_REFUSALS = ("can't allocate memory", "out of memory")
+
+
+def out_of_memory(exc: BaseException) -> OutOfMemory | None:
+    """The one-line error for ``exc`` when it is a refused allocation, else None.
+
+    A model, batch or file too large for the machine is the user's to change,
+    not a bug: it must not print as a traceback from wherever the allocation
+    happened to be.
+    """
+    if isinstance(exc, MemoryError):
+        reason = str(exc) or "MemoryError"
+    elif isinstance(exc, RuntimeError) and any(w in str(exc) for w in _TORCH_REFUSALS):
+        reason = str(exc)
+    else:
+        return None
+    reason = " ".join(reason.split())
+    reason = reason if len(reason) <= 160 else reason[:157] + "..."
+    return OutOfMemory(f"out of memory ({reason}): the model (--hidden, the data file's "
+                       "n_classes), the batch or this rank's share of the data is too large "
+                       "for this machine")
 
 
 def agree(comm: "MPI.Comm", error: MpidpError | None) -> None:

@@ -42,6 +42,7 @@ from collectives import MPI
 from collectives.core.ended import launch_key, remove_stale_markers
 from collectives.core.failures import ABORT_GRACE_S, remove_shm_files
 from engine import stopping
+from engine.errors import out_of_memory
 
 EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -216,6 +217,7 @@ def run_spmd(main: Callable[[], int | None], comm: "MPI.Comm | None" = None) -> 
         signum = stopping.interrupt_raised()
         if signum is not None:  # the interrupt, turned into this error by native code
             _stopped(signum, comm)
+        exc = out_of_memory(exc) or exc
         if is_user_error(exc):
             code = int(exc.exit_code)
             if getattr(exc, "collective", False):

@@ -41,7 +41,8 @@ Life-cycle (docs/lifecycle.md):
                 are trained again, bit for bit as before).
 
 Exit codes: 0 done (or nothing left to do), 1 internal error (traceback),
-2 bad input or settings (nothing was run), 3 diverged (NaN/inf), 73 the
+2 bad input or settings (nothing was run), 3 diverged (NaN/inf), 71 out of
+memory (the model, batch or data too large for the machine), 73 the
 checkpoint directory is in use by another run, 74 an output could not be
 written midway (disk full, read-only; the last checkpoint is intact), 75
 stopped by a signal or --stop-after with a checkpoint written (resume),

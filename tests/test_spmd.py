@@ -52,6 +52,39 @@ def test_run_spmd_returns_main_exit_code():
     assert raised.value.code == 3
 
 
+@pytest.mark.parametrize("refusal", [
+    MemoryError("Unable to allocate 48.1 GiB for an array with shape (12900017409,) and "
+                "data type float32"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:119] data. DefaultCPUAllocator: can't "
+                 "allocate memory: you tried to allocate 51600069636 bytes. Error code 12 "
+                 "(Cannot allocate memory)"),
+])
+def test_a_refused_allocation_is_one_line_and_its_own_exit_code(refusal, capsys):
+    """A model or batch too large for the machine (``--hidden 100000,100000``, a
+    file whose n_classes is 10^8) is the user's to change: one line, exit 71."""
+    from engine.errors import EXIT_OUT_OF_MEMORY
+    from engine.spmd import run_spmd
+
+    def main():
+        raise refusal
+
+    with pytest.raises(SystemExit) as raised:
+        run_spmd(main)
+    assert raised.value.code == EXIT_OUT_OF_MEMORY == 71
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("mpidp: error: out of memory (") and "too large for this machine" in err
+    assert str(refusal).split()[1] in err  # numpy's or torch's own words, kept
+
+
+def test_other_runtime_errors_stay_internal_errors():
+    from engine.errors import out_of_memory
+
+    assert out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    assert out_of_memory(ValueError("out of memory")) is None
+    assert out_of_memory(MemoryError()).exit_code == 71
+
+
 def test_only_the_first_rank_of_a_node_reports_a_stop(tmp_path, monkeypatch):
     """Ranks of one launch share a parent: the first to create the parent's
     marker prints the stop line, the others (same parent) do not."""
