@@ -83,6 +83,7 @@ class Report:
     per_rank: list = field(default_factory=list)  # [hash s, read s, bytes] per rank
     val: int | None = None  # rows of /val, None when the file has none
     empty_lines: int = 0
+    label_counts: tuple[int, ...] = ()  # kept records per class, all splits
 
 
 # -- read: parse and clean, block by block ---------------------------------------
@@ -617,6 +618,8 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     records = build_records(settings, parsed, offsets,
                             record_dtype(task, settings.codebook, len(settings.inputs)))
     parsed = None  # free the cleaned blocks before the shuffle
+    label_counts = comm.allreduce(
+        np.bincount(records["__y"], minlength=task.n_classes)[:task.n_classes])
     if settings.like_encoding is not None:
         encoding_text = settings.like_encoding
     else:
@@ -646,7 +649,8 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
                   val=splits["val"][2] if "val" in splits else None,
                   n_features=enc.Encoding.from_json(encoding_text).n_features,
                   drop_counts=drop_counts, seconds=time.perf_counter() - clock.started,
-                  out_bytes=out_bytes, steps=clock.steps, per_rank=per_rank)
+                  out_bytes=out_bytes, steps=clock.steps, per_rank=per_rank,
+                  label_counts=tuple(int(c) for c in label_counts))
 
 
 def _drops_text(reasons: list[str], per_reason: np.ndarray, task: Task) -> str:

@@ -356,9 +356,24 @@ def summary(report, settings, ranks: int) -> str:
         f"  kept    {report.kept:>12,} (train {report.train:,}, "
         + (f"val {report.val:,}, " if report.val is not None else "")
         + f"test {report.test:,}; "
-        f"{report.n_features} features, task {settings.task.name})",
+        f"{report.n_features} feature{'s' if report.n_features != 1 else ''}, "
+        f"task {settings.task.name})",
         f"  dropped {records - report.kept:>12,} ({drops}; universe: {universe})",
-    ] + year_notes(settings) + unchecked_notes(settings))
+    ] + label_notes(report, settings) + year_notes(settings) + unchecked_notes(settings))
+
+
+def label_notes(report, settings) -> list[str]:
+    """``  note    every kept record has label 0 ...``: a file with one class only
+    (a task file's label that is never, or always, true; or too few records),
+    on which a model learns nothing and scores a perfect accuracy."""
+    counts = report.label_counts
+    if len(counts) != 2 or sum(1 for c in counts if c) != 1:
+        return []
+    only = next(i for i, c in enumerate(counts) if c)
+    when = "never" if only == 0 else "always"
+    return [f"  note    every kept record has label {only}: the label "
+            f"{settings.task.label} is {when} true in these records, so a model trained "
+            "on this file learns nothing (check the task's label condition)"]
 
 
 def unchecked_notes(settings) -> list[str]:

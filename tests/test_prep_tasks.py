@@ -337,6 +337,7 @@ def test_task_file_prepares_a_file_and_like_needs_the_same_task(tmp_path):
         y = np.concatenate([handle[f"{split}/y"][:] for split in splits_in(handle)])
     assert names[0] == "AGEP" and "SCHL=01" in names and "PUMA" in names
     assert report.kept == len(y) > 1000 and 0 < y.mean() < 0.5
+    assert report.label_counts == (int((y == 0).sum()), int((y == 1).sum()))
     # --like: the task file again; without it, or with another task, refused
     prepare(MPI.COMM_SELF, _settings([str(zips / STATES[1]), "--out", again, "--like", out,
                                       "--task-file", path, "--quiet"]),
@@ -355,6 +356,28 @@ def test_task_file_prepares_a_file_and_like_needs_the_same_task(tmp_path):
     with pytest.raises(PrepError, match="its encoding has the features AGEP, SCHL, RELP, "
                        "PUMA, but task 'long_commute' has AGEP, SCHL, RELP"):
         _settings([*common, "--task-file", fewer])
+
+
+@pytest.mark.parametrize("label, only, when", [("JWMNP > 99999", 0, "never"),
+                                               ("WKHP >= 0", 1, "always")])
+def test_a_label_that_is_never_or_always_true_is_noted(tmp_path, label, only, when):
+    """A task file whose label holds for no kept record (or every one) makes a file
+    a model learns nothing from, at a perfect accuracy: the summary says so."""
+    from collectives.runtime import MPI
+    from preprocessing.prep import summary
+
+    text = GOOD.replace('label = "JWMNP > 45"', f'label = "{label}"')
+    assert text != GOOD
+    argv = [str(pums_zips() / STATES[0]), "--out", str(tmp_path / "o.h5"), "--task-file",
+            _write(tmp_path, text), "--quiet"]
+    settings = _settings(argv)
+    report = prepare(MPI.COMM_SELF, settings, threads=1, version="test")
+    assert report.label_counts[only] == report.kept > 0 and report.label_counts[1 - only] == 0
+    notes = [line for line in summary(report, settings, 1).splitlines() if "note" in line]
+    condition = label.replace(" ", "")
+    assert notes == [f"  note    every kept record has label {only}: the label {condition} is "
+                     f"{when} true in these records, so a model trained on this file learns "
+                     "nothing (check the task's label condition)"]
 
 
 # -- (c) the command line: a bad task file is exit 2, one line, no output ----------------
