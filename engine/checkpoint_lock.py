@@ -27,7 +27,8 @@ from pathlib import Path
 import kernels.files
 from engine import outputs
 from engine.checkpoint import BEST_NAME, FILENAME, best_path_in, exists_in, run_files
-from engine.errors import CheckpointError, DirectoryLocked, MpidpError, WriteFailed, agree
+from engine.errors import (CheckpointError, ConfigError, DirectoryLocked, MpidpError,
+                           OutputError, WriteFailed, agree)
 
 LOCK_NAME = "lock"
 
@@ -251,12 +252,20 @@ def acquire(directory: str | os.PathLike, command: str | None = None) -> Lock:
     return lock
 
 
+#: Where ``--resume`` is given without a directory (the command checks the rest of a
+#: resume's settings only after reading its checkpoint, so this comes first).
+RESUME_NEEDS_DIRECTORY = ("--resume needs --checkpoint-dir DIR, the directory of the run to "
+                          "continue; without it a fresh run would start, spending the privacy "
+                          "budget again")
+
+
 def open_directory(directory: str | None, resume: bool, metrics: str | None,
                    comm, data: str | None = None) -> Lock | None:
     """Collective: check the run's outputs and lock its checkpoint directory,
     before any data is read (rank 0 checks and writes; every rank gets the verdict).
 
-    ``--resume`` needs a checkpoint in the directory (a fresh run in its place
+    ``--resume`` needs a directory (``resume`` without one is refused) holding
+    a checkpoint (a fresh run in its place
     would spend the privacy budget again); the directory is created when
     missing (its parent must exist: :mod:`engine.outputs`), must accept
     files, and is then locked for this run. Returns the lock on rank 0,
@@ -265,13 +274,21 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
     ``data`` (the run's input file) and the directory's own files are no
     place for the metrics.
 
-    Raises (on every rank): CheckpointError, OutputError (exit 2: also a
-    ``--metrics`` that names ``data`` or one of the directory's files),
+    Raises (on every rank): ConfigError (``resume`` without a directory),
+    CheckpointError, OutputError (exit 2: also a
+    ``--metrics`` that names ``data`` or one of the directory's files, and an
+    empty path),
     DirectoryLocked (73), WriteFailed (74).
     """
     error, lock, created = None, None, False
     if comm.Get_rank() == 0:
         try:
+            for option, path in (("--checkpoint-dir", directory), ("--metrics", metrics)):
+                if path is not None and not str(path).strip():
+                    raise OutputError(f"{option} is empty; give a path, or leave {option} "
+                                      "out")
+            if resume and not directory:
+                raise ConfigError(RESUME_NEEDS_DIRECTORY)
             if directory:
                 where = directory
                 created = not os.path.exists(where)

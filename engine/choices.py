@@ -17,6 +17,10 @@ OPTIMIZERS = ("sgd", "adam")
 NOISE_SCHEMES = ("partition", "split")
 
 
+#: ``--kernels``: the kernel back-ends (:mod:`kernels.registry`).
+KERNEL_BACKENDS = ("numba", "cupy", "torch")
+
+
 def parse_hidden(text: str) -> tuple[int, ...]:
     """``--hidden``: ``"128,128"`` -> ``(128, 128)``; ``""`` -> ``()`` (logistic
     regression). Raises ConfigError (collective) for anything else."""

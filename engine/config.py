@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import collectives
-from engine.choices import NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, parse_hidden, \
-    seed_value, thread_count
+from engine.checkpoint_lock import RESUME_NEEDS_DIRECTORY
+from engine.choices import KERNEL_BACKENDS, NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, \
+    parse_hidden, seed_value, thread_count
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.errors import ConfigError
 from engine.groups import MIN_GROUP_SIZE
@@ -158,8 +159,12 @@ class TrainConfig:
                 model_names.check_name(self.model)
         except ConfigError as exc:
             fail(str(exc))
+        if any(width < 1 for width in self.hidden):
+            fail(f"--hidden {','.join(map(str, self.hidden))}: widths must be positive")
         if self.device not in ("cpu", "cuda"):
             fail(f"--device {self.device!r}: choose cpu or cuda")
+        if self.kernels is not None and self.kernels not in KERNEL_BACKENDS:
+            fail(f"--kernels {self.kernels!r}: choose {', '.join(KERNEL_BACKENDS)}")
         if self.cuda_graph not in CUDA_GRAPH:
             fail(f"--cuda-graph {self.cuda_graph!r}: choose {', '.join(CUDA_GRAPH)}")
         if self.cuda_graph == "on" and self.device != "cuda":
@@ -174,7 +179,7 @@ class TrainConfig:
             fail("--privacy-unit household samples households by Poisson sampling; drop "
                  "--sampling shuffle")
         if self.resume and not self.checkpoint_dir:
-            fail("--resume needs --checkpoint-dir (where the checkpoint is)")
+            fail(RESUME_NEEDS_DIRECTORY)
         if self.stop_after is not None and not self.checkpoint_dir:
             fail("--stop-after needs --checkpoint-dir (to continue later with --resume)")
         if not self.dp:
@@ -379,7 +384,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     system.add_argument("--device", choices=("cpu", "cuda"), default=d.device,
                         help="cpu, or cuda: one GPU per rank, chosen by the rank's place on "
                         "its node; needs the GPU extra (docs/gpus.md) (default: cpu)")
-    system.add_argument("--kernels", choices=("numba", "cupy", "torch"), default=None,
+    system.add_argument("--kernels", choices=KERNEL_BACKENDS, default=None,
                         help="kernel back-end: numba (CPU, or @cuda.jit on GPUs), cupy (CUDA C, "
                         "GPUs only) or torch (generic ops) (default: numba on the CPU, cupy "
                         "then numba on GPUs, whichever is installed)")

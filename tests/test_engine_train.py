@@ -10,9 +10,10 @@ import torch
 
 from engine import checkpoint as ckpt
 from engine.bench import synthetic
+from engine.checkpoint_lock import open_directory
 from engine.config import TrainConfig
 from engine.errors import (CheckpointError, ConfigError, DataError, DivergedError,
-                           PrivacyError)
+                           OutputError, PrivacyError)
 from engine.trainer import Trainer
 from launcher import mpidp, mpiexec_path
 
@@ -175,6 +176,14 @@ def test_user_errors_in_process(tiny, tmp_path):
         _cfg(tiny, allreduce="rings").validate()  # before any step, not at the first
     with pytest.raises(DivergedError):
         _train(_cfg(tiny, dp=False, noise_multiplier=None, lr=1e30, momentum=0.0), self)
+    # through engine.train(hidden=..., kernels=...), which no parser checked first:
+    # a ZeroDivisionError, a ValueError and an UnknownKernel from deep inside before
+    with pytest.raises(ConfigError, match="--hidden 8,0: widths must be positive"):
+        _cfg(tiny, hidden=(8, 0)).validate()
+    with pytest.raises(ConfigError, match="--hidden -3: widths must be positive"):
+        _cfg(tiny, hidden=(-3,)).validate()
+    with pytest.raises(ConfigError, match="--kernels 'bogus': choose numba, cupy, torch"):
+        _cfg(tiny, kernels="bogus").validate()
 
 
 def test_checkpoint_guards_the_budget(tiny, tmp_path):
@@ -186,6 +195,15 @@ def test_checkpoint_guards_the_budget(tiny, tmp_path):
     spent = ckpt.load(d)["epsilon"]
     with pytest.raises(CheckpointError, match="pass --resume"):  # no silent restart
         _train(_cfg(tiny, checkpoint_dir=d), MPI.COMM_SELF)
+    with pytest.raises(ConfigError, match="--resume needs --checkpoint-dir DIR"):
+        _train(_cfg(tiny, resume=True), MPI.COMM_SELF)
+    with pytest.raises(ConfigError, match="--resume needs --checkpoint-dir DIR"):
+        open_directory(None, True, None, MPI.COMM_SELF)  # the command: trained afresh before
+    for empty in ("", " "):  # was taken for no directory: the model went unsaved
+        with pytest.raises(OutputError, match="--checkpoint-dir is empty"):
+            _train(_cfg(tiny, checkpoint_dir=empty), MPI.COMM_SELF)
+    with pytest.raises(OutputError, match="--metrics is empty"):
+        _train(_cfg(tiny, metrics=""), MPI.COMM_SELF)
     with pytest.raises(PrivacyError, match="budget"):  # more epochs than budgeted
         _train(_cfg(tiny, checkpoint_dir=d, resume=True, epochs=4), MPI.COMM_SELF)
     with pytest.raises(ConfigError, match="noise-multiplier"):  # privacy settings fixed
