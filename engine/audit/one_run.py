@@ -24,7 +24,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 #: epsilon search range: beyond it the bound is reported as the ceiling.
 EPS_MAX = 50.0
@@ -40,6 +39,8 @@ def p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
                          f"r={r}, v={v}, eps={eps}, delta={delta}")
     if v == 0:
         return 1.0
+    from scipy import stats  # deferred: scipy loads slowly (a second per MPI test rank)
+
     q = 1.0 / (1.0 + math.exp(-eps))
     tail = float(stats.binom.sf(v - 1, r, q))  # P[Binomial(r, q) >= v]
     if delta == 0:
