@@ -58,6 +58,7 @@ from engine.run import report
 from engine.run.collective import rank0_check, rank0_value, shared_seed
 from engine.run.hooks import RunHooks
 from engine.run.report import plural
+from engine.run import alike
 from engine.run.resume import check_same_data, load_checkpoint
 from engine.run.selection import GroupScore, Selection, select_on
 from engine.run.plan import choose_kernels, plan_privacy
@@ -146,12 +147,14 @@ class Trainer:
         (for the household unit the training shard comes first: its
         households are the N that every check counts)."""
         comm = self.comm
+        alike.check_same_settings(self.cfg, comm)
         self.cfg, payload, self.resumed_from = load_checkpoint(self.cfg, comm, self.given)
         cfg = self.cfg  # a resume replaced it by the recorded settings
         self._startup_check()
         self.threads, self.local_ranks = configure_threads(cfg.threads)
         self.placement = select_device(cfg.device, comm)
         self.info = read_info(cfg.data, comm)
+        alike.check_same_file(self.info, comm)
         self.selection = Selection(select_on(cfg, self.info),
                                    payload.get("best") if payload else None)
         self.train = None

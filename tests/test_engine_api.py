@@ -145,6 +145,34 @@ def test_no_submodule_shadows_the_api():
     assert callable(engine.train) and not isinstance(engine.train, type(engine))
 
 
+@pytest.mark.mpi(min_size=2)
+def test_settings_or_a_file_that_differ_by_rank_are_refused_on_every_rank(data, comm,
+                                                                        shared_tmp):
+    """A program of the user's own passing each rank its own epochs hung (the
+    rank with more epochs waited in an all-reduce for ever); passing each rank
+    its own file trained on a mix with an epsilon for neither. Both are raised
+    on every rank before any step; a copy of the file (a node's own disk) and
+    per-rank threads are fine."""
+    from engine.errors import DataError
+
+    rank = comm.Get_rank()
+    opts = dict(comm=comm, batch_size=100, noise_multiplier=1.0, seed=4, hidden=[4],
+                quiet=True)
+    with pytest.raises(ConfigError, match=r"rank 1 was given epochs=2 but rank 0 epochs=1: "
+                       "every rank must call it with the same settings"):
+        engine.train(data, epochs=1 + min(rank, 1), **opts)
+    own = shared_tmp / f"own-{rank}.h5"  # same shape, other rows: the worst case
+    synthetic.write(own, rows=2000, features=12, seed=3 + min(rank, 1))
+    comm.Barrier()
+    with pytest.raises(DataError, match=f"rank 1 was given the data file {shared_tmp}/own-1.h5, "
+                       "whose rows differ from those of rank 0's"):
+        engine.train(str(own), epochs=1, **opts)
+    copy = shared_tmp / f"copy-{rank}.h5"
+    copy.write_bytes(open(data, "rb").read())
+    run = engine.train(str(copy), epochs=1, threads=1 + rank % 2, **opts)
+    assert run.exit_code == 0
+
+
 @pytest.mark.mpi(min_size=1)
 def test_train_obeys_the_life_cycle(data, comm, shared_tmp):
     """engine.train() follows the command's rules (docs/lifecycle.md): a resume
