@@ -54,11 +54,10 @@ from engine import models
 from engine.nn.device import select as select_device
 from engine.nn.schedule import learning_rate
 from engine import warmup
-from engine.run import report
+from engine.run import alike, report
 from engine.run.collective import rank0_check, rank0_value, shared_seed
 from engine.run.hooks import RunHooks
 from engine.run.report import plural
-from engine.run import alike
 from engine.run.resume import check_same_data, load_checkpoint
 from engine.run.selection import GroupScore, Selection, select_on
 from engine.run.plan import choose_kernels, plan_privacy

@@ -45,7 +45,8 @@ def check_same_settings(cfg: TrainConfig, comm) -> None:
 
 def identity(info: DataInfo) -> str:
     """A digest of what makes a prepared file itself: its shape, attributes'
-    fingerprint, and the first and last rows (features and labels) of each split.
+    fingerprint, and the first, middle and last rows (features and labels) of
+    each split.
 
     Two preparations of different data differ in their rows; a copy of one file
     (on each node's own disk) does not. Reads at most six rows of each split.
