@@ -393,8 +393,6 @@ def _dataset(f, name: str):
 
 def _group_columns(path: str, f, rows: dict[str, int]) -> dict[str, GroupColumn]:
     """The group columns the ``groups`` attribute describes, checked in every split."""
-    import h5py  # deferred: as in read_info
-
     text = _attr(f.attrs, "groups", "")
     if not text:
         return {}
@@ -410,9 +408,7 @@ def _group_columns(path: str, f, rows: dict[str, int]) -> dict[str, GroupColumn]
                           f"({exc}); re-run `mpidp prep`") from None
     for name in columns:
         for split, n in rows.items():
-            dataset = f.get(group_name(split, name))
-            if not isinstance(dataset, h5py.Dataset):
-                dataset = None
+            dataset = _dataset(f, group_name(split, name))
             if dataset is None or dataset.shape != (n,) or dataset.dtype.kind not in "iu":
                 found = "missing" if dataset is None else f"{dataset.dtype} {dataset.shape}"
                 raise FormatError(f"{path}: attribute groups lists {name}, but "

@@ -153,6 +153,8 @@ def test_settings_or_a_file_that_differ_by_rank_are_refused_on_every_rank(data, 
     its own file trained on a mix with an epsilon for neither. Both are raised
     on every rank before any step; a copy of the file (a node's own disk) and
     per-rank threads are fine."""
+    import shutil
+
     from engine.errors import DataError
 
     rank = comm.Get_rank()
@@ -168,7 +170,7 @@ def test_settings_or_a_file_that_differ_by_rank_are_refused_on_every_rank(data, 
                        "whose rows differ from those of rank 0's"):
         engine.train(str(own), epochs=1, **opts)
     copy = shared_tmp / f"copy-{rank}.h5"
-    copy.write_bytes(open(data, "rb").read())
+    shutil.copyfile(data, copy)
     run = engine.train(str(copy), epochs=1, threads=1 + rank % 2, **opts)
     assert run.exit_code == 0
 
