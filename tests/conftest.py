@@ -28,6 +28,9 @@ import pytest
 os.environ.setdefault("MPIDP_ALLREDUCE_TUNING_FILE", "none")
 # Nor may a test's run mark this machine warm, or say it is not (engine.warmup).
 os.environ.setdefault("MPIDP_WARM_FILE", "none")
+# Nor may the host's privacy figures answer a test (tests/run_suite.py gives
+# the suite a file of its own, which its runs share).
+os.environ.setdefault("MPIDP_PRIVACY_CACHE_FILE", "none")
 
 # MPI must be configured before anything (pytest-mpi included) imports mpi4py.
 from collectives.runtime import MPI

@@ -188,6 +188,9 @@ def main() -> int:
           f"[{time.perf_counter() - start:.1f} s]", flush=True)
     results, junits = [], []
     with tempfile.TemporaryDirectory(prefix="mpidp-tests-") as tmp:
+        # Privacy figures (engine.dp.figure_cache) shared by every stage's runs,
+        # not the host's: a test's run reuses what an earlier one computed.
+        env["MPIDP_PRIVACY_CACHE_FILE"] = str(Path(tmp) / "privacy-figures.json")
         if not args.no_serial:
             junit = Path(tmp) / "serial.xml"
             workers = default_workers() if args.workers is None else args.workers

@@ -28,6 +28,12 @@ DEMO_Q, DEMO_STEPS = 256 / 131610, 2570
 REFERENCE = Path(__file__).parent / "data" / "prv_reference.json"
 
 
+@pytest.fixture(autouse=True)
+def _computed_here(monkeypatch):
+    """These tests check the computation itself: no kept figures answer them."""
+    monkeypatch.setenv("MPIDP_PRIVACY_CACHE_FILE", "none")
+
+
 def _dp_accounting_pld(q, sigma, steps, delta, interval, pessimistic=True):
     """dp-accounting's PLD epsilon on a given grid, built directly (not through mpidp)."""
     from dp_accounting.pld import privacy_loss_distribution as pld

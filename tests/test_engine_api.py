@@ -222,14 +222,17 @@ def test_only_rank_0_runs_the_accountant_and_every_rank_gets_its_epsilons(tmp_pa
     is slow to import) and reach the other ranks bit for bit."""
     import sys
 
-    from launcher import run_mpi
+    from launcher import clean_env, run_mpi
 
     synthetic.write(tmp_path / "d.h5", rows=2000, features=12, seed=3)
     script = tmp_path / "plan.py"
     script.write_text(PLAN_ON_ROOT)
+    # an empty file of privacy figures: rank 0 computes them, and keeps them
+    env = dict(clean_env(), MPIDP_PRIVACY_CACHE_FILE=str(tmp_path / "figures.json"))
     result = run_mpi(3, [sys.executable, str(script), str(tmp_path / "d.h5"), str(tmp_path)],
-                     timeout=180)
+                     timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "figures.json").exists()
     lines = [(tmp_path / f"rank{rank}.txt").read_text().split(" ", 2) for rank in range(3)]
     assert [line[:2] for line in lines] == [["0", "True"], ["1", "False"], ["2", "False"]]
     assert len({line[2] for line in lines}) == 1  # epsilon and history, the same bits

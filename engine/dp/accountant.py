@@ -48,6 +48,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from engine.dp.figure_cache import remembered
 from engine.dp.pld import pld_epsilon, pld_grid, pld_interval, quiet_absl, rdp_epsilon, run_pld
 from engine.errors import PrivacyError
 
@@ -103,6 +104,7 @@ def composed_pld(q: float, sigma: float, steps: int, delta: float):
     return run_pld(q, sigma, steps, pld_grid(q, sigma, steps, delta))
 
 
+@remembered("epsilon_for")
 def epsilon_for(q: float, sigma: float, steps: int, delta: float, kind: str = DEFAULT_KIND,
                 interval: float | None = None) -> float:
     """Epsilon after ``steps`` DP-SGD steps at rate q and noise multiplier sigma.
@@ -228,6 +230,8 @@ class Calibration:
     interval: float | None
 
 
+@remembered("calibrate", encode=lambda c: [c.sigma, c.interval],
+            decode=lambda v: Calibration(float(v[0]), None if v[1] is None else float(v[1])))
 def calibrate(q: float, steps: int, target_epsilon: float, delta: float,
               kind: str = DEFAULT_KIND) -> Calibration:
     """The smallest noise multiplier (to a relative :data:`CALIBRATION_RTOL`)

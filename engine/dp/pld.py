@@ -18,6 +18,7 @@ import logging
 import math
 from functools import lru_cache
 
+from engine.dp.figure_cache import remembered
 from engine.errors import PrivacyError
 
 #: Relative accuracy asked of the PLD: the grid is refined until halving its
@@ -277,6 +278,7 @@ def _refinable(q: float, sigma: float, steps: int, interval: float) -> bool:
     return half >= PLD_MIN_INTERVAL and effective_interval(q, sigma, steps, half) == half
 
 
+@remembered("pld_grid")
 def pld_grid(q: float, sigma: float, steps: int, delta: float,
              interval: float | None = None) -> float:
     """The PLD grid interval on which epsilon has converged to
