@@ -187,3 +187,36 @@ def test_a_repeated_plan_does_not_load_dp_accounting(cache):
     first, second = plan(), plan()
     assert first[-1] == "True" and second[-1] == "False"
     assert first[:-1] == second[:-1]
+
+
+def test_off_computes_and_keeps_nothing(cache):
+    scaled, calls = _counted()
+    scaled(1.0)
+    with figure_cache.off():
+        scaled(1.0), scaled(5.0)
+    scaled(1.0)
+    assert len(calls) == 3
+    assert list(json.loads(cache.read_text())["figures"]) == ["scaled(1.0, 2.0)"]
+
+
+def test_unreadable_accounting_source_keeps_no_file(cache, monkeypatch):
+    """No digest of the code, no answer kept: an answer from other code must never be read."""
+    monkeypatch.setattr(figure_cache, "__file__", str(cache.parent / "gone" / "figure_cache.py"))
+    figure_cache.stamp.cache_clear()
+    try:
+        assert figure_cache.stamp() is None and figure_cache.cache_path() is None
+        scaled, calls = _counted()
+        assert scaled(1.0) == scaled(1.0) == 2.0 and len(calls) == 2 and not cache.exists()
+    finally:
+        monkeypatch.undo()
+        figure_cache.stamp.cache_clear()
+    assert figure_cache.stamp() is not None
+
+
+def test_the_accountant_benchmark_times_a_calibration_not_the_file(cache):
+    from engine.bench.accountant import point
+
+    first = point(256 / 60000, 300, 2.0, 1e-5, "none")
+    second = point(256 / 60000, 300, 2.0, 1e-5, "none")
+    assert first["sigma"] == second["sigma"]
+    assert "calibrate(" not in (cache.read_text() if cache.exists() else "")

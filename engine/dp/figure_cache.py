@@ -21,6 +21,7 @@ file keeps at most :data:`MAX_FIGURES` answers, the oldest dropped first.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -29,7 +30,7 @@ import math
 import uuid
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import kernels.files
 
@@ -44,19 +45,41 @@ _LIBRARIES = ("dp-accounting", "numpy", "scipy")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_off = 0  # open off() blocks
+
+
+@contextlib.contextmanager
+def off() -> Iterator[None]:
+    """``with off():`` every answer is computed and none kept (what a benchmark
+    of the accounting itself times)."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
+
+
 def cache_path() -> Path | None:
-    """The cache file, or None (``MPIDP_PRIVACY_CACHE_FILE=none``)."""
+    """The cache file, or None (``MPIDP_PRIVACY_CACHE_FILE=none``, inside
+    :func:`off`, or where the accounting source cannot be read for the stamp)."""
+    if _off or stamp() is None:
+        return None
     return kernels.files.cache_file(FILE_NAME, FILE_VARIABLE)
 
 
 @functools.lru_cache(maxsize=1)
-def stamp() -> str:
+def stamp() -> str | None:
     """What the answers depend on besides their arguments: a digest of the
-    accounting modules' source and the libraries' versions."""
+    accounting modules' source and the libraries' versions (None where the
+    source cannot be read: no answer is kept then)."""
     digest = hashlib.sha256()
     here = Path(__file__).parent
     for name in _SOURCES:
-        digest.update((here / name).read_bytes())
+        try:
+            digest.update((here / name).read_bytes())
+        except OSError:
+            return None
     for library in _LIBRARIES:
         try:
             digest.update(f"{library} {metadata.version(library)}\n".encode())
