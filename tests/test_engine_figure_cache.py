@@ -208,7 +208,7 @@ def test_unreadable_accounting_source_keeps_no_file(cache, monkeypatch):
         scaled, calls = _counted()
         assert scaled(1.0) == scaled(1.0) == 2.0 and len(calls) == 2 and not cache.exists()
     finally:
-        monkeypatch.undo()
+        monkeypatch.setattr(figure_cache, "__file__", str(ROOT / "engine/dp/figure_cache.py"))
         figure_cache.stamp.cache_clear()
     assert figure_cache.stamp() is not None
 
@@ -220,3 +220,23 @@ def test_the_accountant_benchmark_times_a_calibration_not_the_file(cache):
     second = point(256 / 60000, 300, 2.0, 1e-5, "none")
     assert first["sigma"] == second["sigma"]
     assert "calibrate(" not in (cache.read_text() if cache.exists() else "")
+
+
+@pytest.mark.parametrize("how", ["others may write it", "another user owns it"])
+def test_a_file_others_could_have_written_is_not_believed(cache, monkeypatch, how):
+    """A planted answer (here: epsilon 0.01 for any run) must not understate a run's epsilon."""
+    cache.parent.mkdir()
+    planted = {"stamp": figure_cache.stamp(), "figures": {"scaled(1.5, 2.0)": [0.01]}}
+    cache.write_text(json.dumps(planted))
+    scaled, calls = _counted()
+    with monkeypatch.context() as patch:
+        if how == "others may write it":
+            cache.chmod(0o666)
+        else:
+            owner = cache.stat().st_uid
+            patch.setattr(figure_cache.os, "geteuid", lambda: owner + 1)
+        assert scaled(1.5) == 3.0 and len(calls) == 1
+    mode = cache.stat().st_mode & 0o777
+    assert not mode & 0o022, oct(mode)  # written anew, this user's alone to write
+    _forget_loaded()
+    assert scaled(1.5) == 3.0 and len(calls) == 1

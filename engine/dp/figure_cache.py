@@ -15,7 +15,8 @@ carries a stamp of the accounting code (the source of :mod:`engine.dp.pld`
 and :mod:`engine.dp.accountant`) and of the versions of dp-accounting, numpy
 and scipy, and a file with another stamp is ignored and then replaced.
 Errors are never kept (each is raised again by computing), a file that
-cannot be read or written is ignored (it is a cache), and writes replace the
+cannot be read or written is ignored (it is a cache), and so is one that
+another user owns or may write (:func:`_trusted`); writes replace the
 file atomically, merging with what other processes kept meanwhile; the
 file keeps at most :data:`MAX_FIGURES` answers, the oldest dropped first.
 """
@@ -27,6 +28,7 @@ import hashlib
 import inspect
 import json
 import math
+import os
 import uuid
 from importlib import metadata
 from pathlib import Path
@@ -88,11 +90,21 @@ def stamp() -> str | None:
     return digest.hexdigest()[:32]
 
 
+def _trusted(info: os.stat_result) -> bool:
+    """Whether a file's answers may be believed: it is this user's and nobody
+    else may write it (an answer planted by another user would understate a
+    run's epsilon)."""
+    return info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
 def _read(path: Path) -> dict[str, Any]:
     """The answers in ``path`` with the current stamp (empty if none, another
     stamp, or unreadable)."""
     try:
-        data = json.loads(path.read_text())
+        with open(path, "rb") as f:
+            if not _trusted(os.fstat(f.fileno())):
+                return {}
+            data = json.loads(f.read())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or data.get("stamp") != stamp():
@@ -131,7 +143,7 @@ def keep(key: str, value: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         # a random tag: processes on other hosts may share the folder and a pid
         kernels.files.replace_file(path, json.dumps({"stamp": stamp(), "figures": figures}),
-                                   tag=uuid.uuid4().hex[:12])
+                                   mode=0o644, tag=uuid.uuid4().hex[:12])
     except OSError:
         pass
 
