@@ -65,9 +65,10 @@ def off() -> Iterator[None]:
 def cache_path() -> Path | None:
     """The cache file, or None (``MPIDP_PRIVACY_CACHE_FILE=none``, inside
     :func:`off`, or where the accounting source cannot be read for the stamp)."""
-    if _off or stamp() is None:
+    if _off:
         return None
-    return kernels.files.cache_file(FILE_NAME, FILE_VARIABLE)
+    path = kernels.files.cache_file(FILE_NAME, FILE_VARIABLE)
+    return None if path is None or stamp() is None else path
 
 
 @functools.lru_cache(maxsize=1)
