@@ -3,8 +3,8 @@
 A DP run's rank 0 calibrates its noise multiplier (or computes the budget of a
 given one) and reports epsilon at every epoch. Each answer is a deterministic
 function of a few numbers, yet costs dp-accounting's import (scipy's signal
-module with it) and PLD compositions: about two seconds of a short run's
-start. :func:`remembered` keeps those answers in ``privacy-figures.json`` in
+module with it) and PLD compositions (figures: docs/privacy.md,
+"Kept between runs"). :func:`remembered` keeps those answers in ``privacy-figures.json`` in
 mpidp's cache folder (``$XDG_CACHE_HOME/mpidp``, else ``~/.cache/mpidp``;
 ``MPIDP_PRIVACY_CACHE_FILE`` names another file, ``none`` turns it off), so a
 run that repeats a plan — the same rate, steps, delta and target or noise —
@@ -38,7 +38,7 @@ import kernels.files
 
 #: The cache file's name in mpidp's cache folder, and the variable that overrides it.
 FILE_NAME, FILE_VARIABLE = "privacy-figures.json", "MPIDP_PRIVACY_CACHE_FILE"
-#: Answers kept at most (a few hundred bytes each).
+#: Answers kept at most.
 MAX_FIGURES = 2048
 #: The modules whose source decides the answers.
 _SOURCES = ("pld.py", "accountant.py")
