@@ -3,9 +3,9 @@
 A DP run's rank 0 calibrates its noise multiplier (or computes the budget of a
 given one) and reports epsilon at every epoch. Each answer is a deterministic
 function of a few numbers, yet costs dp-accounting's import (scipy's signal
-module with it) and PLD compositions (figures: docs/privacy.md,
-"Kept between runs"). :func:`remembered` keeps those answers in ``privacy-figures.json`` in
-mpidp's cache folder (``$XDG_CACHE_HOME/mpidp``, else ``~/.cache/mpidp``;
+module with it) and PLD compositions (figures: docs/privacy.md, "Kept
+between runs"). :func:`remembered` keeps those answers in
+``privacy-figures.json`` in mpidp's cache folder (``$XDG_CACHE_HOME/mpidp``, else ``~/.cache/mpidp``;
 ``MPIDP_PRIVACY_CACHE_FILE`` names another file, ``none`` turns it off), so a
 run that repeats a plan — the same rate, steps, delta and target or noise —
 answers without importing dp-accounting at all.
