@@ -4,10 +4,11 @@ It sits at the bottom of the layering (standard library only, like the rest
 of ``kernels``) so that every package uses the same two rules
 (docs/contributing.md):
 
-* **A cache file** (the all-reduce tunings, Numba's vector width) is named
-  by an environment variable, ``none`` meaning no file, else lives in
-  mpidp's cache folder, ``$XDG_CACHE_HOME/mpidp`` (``~/.cache/mpidp`` when
-  ``XDG_CACHE_HOME`` is unset or empty): :func:`cache_file`.
+* **A cache file** (the all-reduce tunings, Numba's vector width, the
+  privacy figures) is named by an environment variable, ``none`` meaning no
+  file, else lives in mpidp's cache folder, ``$XDG_CACHE_HOME/mpidp``
+  (``~/.cache/mpidp`` when ``XDG_CACHE_HOME`` is unset or empty):
+  :func:`cache_file`.
 * **An output is replaced atomically**: written under a hidden temporary
   name in its own directory (``.NAME.PID.tmp``), renamed over the final
   path (``os.replace``, atomic within one file system) only once complete;

@@ -228,7 +228,7 @@ def test_only_rank_0_runs_the_accountant_and_every_rank_gets_its_epsilons(tmp_pa
     script = tmp_path / "plan.py"
     script.write_text(PLAN_ON_ROOT)
     # an empty file of privacy figures: rank 0 computes them, and keeps them
-    env = dict(clean_env(), MPIDP_PRIVACY_CACHE_FILE=str(tmp_path / "figures.json"))
+    env = clean_env(MPIDP_PRIVACY_CACHE_FILE=str(tmp_path / "figures.json"))
     result = run_mpi(3, [sys.executable, str(script), str(tmp_path / "d.h5"), str(tmp_path)],
                      timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-2000:]

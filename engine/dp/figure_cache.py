@@ -5,9 +5,9 @@ given one) and reports epsilon at every epoch. Each answer is a deterministic
 function of a few numbers, yet costs dp-accounting's import (scipy's signal
 module with it) and PLD compositions (figures: docs/privacy.md, "Kept
 between runs"). :func:`remembered` keeps those answers in
-``privacy-figures.json`` in mpidp's cache folder (``$XDG_CACHE_HOME/mpidp``, else ``~/.cache/mpidp``;
-``MPIDP_PRIVACY_CACHE_FILE`` names another file, ``none`` turns it off), so a
-run that repeats a plan — the same rate, steps, delta and target or noise —
+``privacy-figures.json`` in mpidp's cache folder (``$XDG_CACHE_HOME/mpidp``,
+else ``~/.cache/mpidp``; ``MPIDP_PRIVACY_CACHE_FILE`` names another file,
+``none`` turns it off), so a run that repeats a plan — the same rate, steps, delta and target or noise —
 answers without importing dp-accounting at all.
 
 An answer is only reused by the code that would compute it again: the file
@@ -29,7 +29,6 @@ import inspect
 import json
 import math
 import os
-import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
@@ -144,14 +143,16 @@ def keep(key: str, value: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         # a random tag: processes on other hosts may share the folder and a pid
         kernels.files.replace_file(path, json.dumps({"stamp": stamp(), "figures": figures}),
-                                   mode=0o644, tag=uuid.uuid4().hex[:12])
+                                   mode=0o644, tag=os.urandom(6).hex())
     except OSError:
         pass
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value)
+def _storable(values: Any) -> bool:
+    """Whether ``values`` is a list of finite numbers or None, as kept in the file."""
+    return isinstance(values, list) and all(
+        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and math.isfinite(v)) for v in values)
 
 
 def remembered(name: str, encode: Callable[[Any], list[float | None]] = lambda x: [float(x)],
@@ -173,14 +174,14 @@ def remembered(name: str, encode: Callable[[Any], list[float | None]] = lambda x
             bound.apply_defaults()
             key = f"{name}{tuple(bound.arguments.values())!r}"
             kept = lookup(key)
-            if isinstance(kept, list) and all(v is None or _is_number(v) for v in kept):
+            if _storable(kept):
                 try:
                     return decode(kept)
                 except (TypeError, ValueError, IndexError):
                     pass
             value = compute(*args, **kwargs)
             encoded = encode(value)
-            if all(v is None or _is_number(v) for v in encoded):
+            if _storable(encoded):
                 keep(key, encoded)
             return value
         return cached  # type: ignore[return-value]
