@@ -31,6 +31,10 @@ os.environ.setdefault("MPIDP_WARM_FILE", "none")
 # Nor may the host's privacy figures answer a test (tests/run_suite.py gives
 # the suite a file of its own, which its runs share).
 os.environ.setdefault("MPIDP_PRIVACY_CACHE_FILE", "none")
+# tools/as_avx2.sh runs the suite with AVX2 code; its MPIDP_ISA_LIMIT only
+# relabels the machine facts, which the tests pin themselves (the code it
+# asks for, through NUMBA_CPU_FEATURES and the rest, stays in force).
+os.environ.pop("MPIDP_ISA_LIMIT", None)
 
 # MPI must be configured before anything (pytest-mpi included) imports mpi4py.
 from collectives.runtime import MPI

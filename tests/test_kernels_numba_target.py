@@ -141,8 +141,10 @@ def test_an_unusable_tuning_file_means_no_measurement(fresh, monkeypatch, tmp_pa
 
 def _child(code: str | None, **env) -> str:
     """The last line a child process prints: ``python -c code``, or the module
-    run as a script when ``code`` is None."""
-    full = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    run as a script when ``code`` is None. The child chooses on this host's own
+    features: a NUMBA_CPU_FEATURES of the caller's (tools/as_avx2.sh) is left out."""
+    full = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+    full.update(PYTHONPATH=str(ROOT), **env)
     argv = ["-m", "kernels.numba_target"] if code is None else ["-c", textwrap.dedent(code)]
     done = subprocess.run([sys.executable, *argv], env=full, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)

@@ -88,7 +88,9 @@ MEASURE: dict[str, list[tuple[str | None, str]]] = {
          "python tests/faults.py --runs 56 --seed 1 --json results/cpu/faults.json")],
     "test-suite": [
         ("results/cpu/test-suite.json",
-         "python tests/run_suite.py --json results/cpu/test-suite.json")],
+         "python tests/run_suite.py --json results/cpu/test-suite.json"),
+        ("results/cpu/test-suite-avx2.json",
+         "tools/as_avx2.sh python tests/run_suite.py --json results/cpu/test-suite-avx2.json")],
 }
 
 
@@ -497,7 +499,18 @@ def test_suite(page: Path) -> str:
                   "core):", "", "| s | stage | test |", "|---:|---|---|"]
         lines += [f"| {r['seconds']:.1f} | {r['stage']} | `{r['test']}` |"
                   for r in doc["slowest"]]
-    lines += ["", sources(page, [path])]
+    used = [path]
+    avx2 = CPU / "test-suite-avx2.json"
+    if avx2.exists():  # the same suite with AVX2 code (tools/as_avx2.sh)
+        other = load(avx2)
+        used.append(avx2)
+        lines += ["", "With AVX2 code on the same CPU (`tools/as_avx2.sh`: Numba, torch, "
+                  "MKL, oneDNN and numpy told to leave AVX-512 alone): "
+                  f"{'passed' if other['passed'] else 'FAILED'}, "
+                  f"{plural(other['test_runs'], 'test run')}, {other['seconds']:.0f} s. "
+                  "The code an AVX2 machine runs gives the tests' answers; its speed is "
+                  "this CPU's, not an AVX2 machine's."]
+    lines += ["", sources(page, used)]
     return "\n".join(lines)
 
 
