@@ -192,9 +192,10 @@ class TrainConfig:
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             fail("give exactly one of --noise-multiplier SIGMA and --target-epsilon EPS "
                  "(or --no-dp for a non-private run)")
-        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
-            fail(f"--noise-multiplier {self.noise_multiplier} must be positive "
-                 "(use --no-dp for a non-private run)")
+        if self.noise_multiplier is not None and not (
+                self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
+            fail(f"--noise-multiplier {self.noise_multiplier} must be a finite positive "
+                 "number (use --no-dp for a non-private run)")
         if self.target_epsilon is not None and not self.target_epsilon > 0:
             fail(f"--target-epsilon {self.target_epsilon} must be positive")
         if not 0 < self.delta < 1:

@@ -164,6 +164,19 @@ def test_a_sigma_too_small_for_the_pld_arithmetic_is_a_one_line_error():
         assert epsilon_for(q, sigma, steps, DELTA, "rdp") > 1e3
 
 
+def test_a_huge_target_is_calibrated_where_smaller_sigmas_overflow_the_pld():
+    """The search for epsilon 1e9 went below sigma 0.01, where one step's loss
+    overflows dp-accounting (the sigma-0.001 error above), and failed. Such
+    a sigma now counts as over the target: the answer is a sigma the PLD
+    certifies within the target, no larger than RDP's."""
+    q, steps, target = 0.1, 10, 1e9
+    with pytest.raises(PrivacyError, match="OverflowError"):
+        epsilon_for(q, 0.002, steps, DELTA)  # what the search meets on its way down
+    found = calibrate(q, steps, target, DELTA)
+    assert epsilon_for(q, found.sigma, steps, DELTA, "pld", found.interval) <= target
+    assert found.sigma <= calibrate_sigma(q, steps, target, DELTA, "rdp") * (1 + 1e-9)
+
+
 def test_impossible_targets_and_bad_inputs_are_one_line_errors():
     for kind in ("pld", "rdp"):
         with pytest.raises(PrivacyError, match="out of reach") as exc:
@@ -177,6 +190,10 @@ def test_impossible_targets_and_bad_inputs_are_one_line_errors():
         epsilon_for(0.01, 1.0, 10, 1e-5, "prv")
     with pytest.raises(PrivacyError, match="sampling rate 2 must be in"):
         epsilon_for(2, 1.0, 10, 1e-5)
+    for sigma in (0.0, math.inf, math.nan):  # inf reached dp-accounting, which gave NaN
+        with pytest.raises(PrivacyError, match=f"noise multiplier {sigma} must be a finite "
+                           "positive number"):
+            epsilon_for(0.01, sigma, 10, 1e-5)
 
 
 def test_accountant_state_round_trip():
@@ -301,6 +318,13 @@ def test_privacy_command():
     bad = _privacy("--sample-rate", "1.0", "--target-epsilon", "0.000001", "--steps", "10000")
     assert bad.returncode == 2 and "out of reach" in bad.stderr
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_privacy_command_refuses_an_infinite_sigma_before_accounting():
+    out = _privacy("--sample-rate", "0.1", "--noise-multiplier", "inf", "--steps", "10")
+    assert out.returncode == 2
+    assert out.stderr == ("mpidp: error: --noise-multiplier inf must be a finite positive "
+                          "number\n")  # no RuntimeWarning from inside dp-accounting
 
 
 def test_privacy_command_answers_a_tiny_sigma_in_one_line():

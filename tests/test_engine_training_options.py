@@ -104,6 +104,14 @@ def test_stopping_rules():
     assert accuracy_after_time(history, 1.0) is None
 
 
+@pytest.mark.parametrize("sigma", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_noise_multiplier_must_be_finite_and_positive(sigma):
+    # inf passed here once and failed later inside dp-accounting's PLD
+    with pytest.raises(ConfigError, match=rf"--noise-multiplier {sigma} must be a finite "
+                       r"positive number \(use --no-dp"):
+        TrainConfig(data="x.h5", noise_multiplier=sigma).validate()
+
+
 def test_bad_stopping_and_l2_options_are_user_errors():
     for kw, match in ((dict(target_accuracy=1.5), "target-accuracy"),
                       (dict(time_budget=0.0), "time-budget"),

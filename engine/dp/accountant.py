@@ -120,8 +120,8 @@ def epsilon_for(q: float, sigma: float, steps: int, delta: float, kind: str = DE
     check_kind(kind)
     check_delta(delta)
     _check_run(q, steps)
-    if not sigma > 0:
-        raise PrivacyError(f"noise multiplier {sigma} must be positive")
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise PrivacyError(f"noise multiplier {sigma} must be a finite positive number")
     steps = int(steps)
     if kind == "rdp" or steps == 0:
         return rdp_epsilon(q, sigma, steps, delta)
@@ -241,8 +241,11 @@ def calibrate(q: float, steps: int, target_epsilon: float, delta: float,
     from :func:`~engine.dp.pld.pld_interval`, which is then checked at the
     answer (halving it must change epsilon by less than
     :data:`~engine.dp.pld.PLD_TOLERANCE`) and, where it was too coarse,
-    refined with one more search starting at the answer. Deterministic, so
-    every rank may call it and get the same answer.
+    refined with one more search starting at the answer. A sigma below one
+    the PLD has accounted for, where dp-accounting gives up (one step's loss
+    overflows: a huge target), counts as over the target, so the answer only
+    errs to more noise. Deterministic, so every rank may call it and get the
+    same answer.
 
     Raises:
         PrivacyError: an unknown ``kind``, an invalid target, delta, q or
@@ -266,7 +269,13 @@ def calibrate(q: float, steps: int, target_epsilon: float, delta: float,
     interval = pld_interval(target, steps)
 
     def search(grid: float, start: float, first_step: float) -> float:
-        excess = lambda s: _log_excess(pld_epsilon(q, s, steps, delta, grid), target)  # noqa
+        def excess(sigma: float) -> float:
+            try:
+                return _log_excess(pld_epsilon(q, sigma, steps, delta, grid), target)
+            except PrivacyError:  # dp-accounting gives up on so little noise
+                if sigma < start:  # below a sigma it did account for: count it as
+                    return math.inf  # over the target, which errs to more noise
+                raise
         return _bracketed_root(excess, *_bracket(excess, start, q, steps, target, first_step),
                                rtol=CALIBRATION_RTOL)
 

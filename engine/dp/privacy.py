@@ -131,8 +131,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         for kind in kinds:
             if args.noise_multiplier is not None:
-                if not args.noise_multiplier > 0:
-                    fail("--noise-multiplier must be positive")
+                if not (args.noise_multiplier > 0 and math.isfinite(args.noise_multiplier)):
+                    fail(f"--noise-multiplier {args.noise_multiplier} must be a finite "
+                         "positive number")
                 result["noise_multiplier"] = args.noise_multiplier
                 result[f"epsilon_{kind}"] = epsilon_for(q, args.noise_multiplier, steps,
                                                         args.delta, kind)
