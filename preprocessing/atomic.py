@@ -17,17 +17,18 @@ from preprocessing import h5format
 from preprocessing.errors import PrepError
 
 
-def check_writable(path: str, option: str = "--out") -> None:
+def check_writable(path: str, option: str = "--out", example: str = "pums.h5") -> None:
     """Raise PrepError unless a file can be created next to ``path``.
 
     Creates and removes a probe file (permission bits alone say nothing for
-    root, nor for read-only file systems). A missing directory is an error,
+    root, nor for read-only file systems). ``example``: the file name the
+    message suggests inside a directory given instead of a file. A missing directory is an error,
     never created: mpidp's one rule for every output (docs/lifecycle.md).
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if os.path.isdir(path):
         raise PrepError(f"{path}: is a directory; give a file name for {option}, e.g. "
-                        f"{os.path.join(path, 'pums.h5' if option == '--out' else 'out.json')}")
+                        f"{os.path.join(path, example)}")
     if not os.path.isdir(directory):
         what = "is not a directory" if os.path.exists(directory) else "does not exist"
         raise PrepError(f"{path}: cannot write the output: {directory} {what}")

@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     if args.input and not os.path.isfile(args.input):
         raise PrepError(f"--input {args.input}: no such file", collective=True)
     if args.json:  # before the runs: the same rule as every output (atomic.check_writable)
-        atomic.check_writable(args.json, option="--json")
+        atomic.check_writable(args.json, option="--json", example="out.json")
     source = args.input or synthetic_file(args.cache, args.rows)
     records = _records(source)
     size_mb = os.path.getsize(source) / 1e6

@@ -400,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     error = None
     try:
-        atomic.check_writable(args.out)
+        atomic.check_writable(args.out, example="persons.csv")
         started = time.perf_counter()
         damaged = write(args.out, args.rows, args.seed, args.corrupt_fraction,
                         progress=not args.quiet and sys.stderr.isatty())

@@ -141,3 +141,15 @@ def test_synth_command_writes_the_file(tmp_path):
     assert len(out.read_text().splitlines()) == 124
     assert main(["synth", "--rows", "0", "--out", str(out), "--quiet"]) == 0
     assert len(out.read_text().splitlines()) == 1
+
+
+def test_synth_into_a_directory_suggests_a_csv_name(tmp_path, capsys):
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["synth", "--rows", "3", "--out", str(tmp_path), "--quiet"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"is a directory; give a file name for --out, e.g. {tmp_path / 'persons.csv'}" \
+        in err, err  # it said pums.h5, prep's output, for a CSV
+    assert list(tmp_path.iterdir()) == []
