@@ -110,7 +110,7 @@ def _add_command(subparsers, name: str, module_name: str, help_text: str):
         name, help=help_text, description=(module.__doc__ or help_text).strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(parser)
-    parser.set_defaults(_run=module.run, _command=name)
+    parser.set_defaults(_run=module.run, _command=name, _parser=parser)
     return parser
 
 
@@ -161,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = next((w for w in words if not w.startswith("-")), None)
     known = chosen in COMMANDS or chosen == "bench"
     parser = build_parser(only=chosen if known else "")
-    args = parser.parse_args(words)
+    args, unknown = parser.parse_known_args(words)
+    if unknown:  # said by the command's parser: its usage, not mpidp's
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2

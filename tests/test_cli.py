@@ -32,6 +32,18 @@ def test_unknown_command_is_a_usage_error():
     assert "invalid choice" in result.stderr
 
 
+def test_an_unknown_option_is_named_with_its_commands_usage():
+    """It came with mpidp's own usage line, which lists no option at all."""
+    for words, prog in ((["train", "--data", "x.h5", "--bogus", "1"], "mpidp train"),
+                        (["bench", "noise", "--bogus"], "mpidp bench noise"),
+                        (["--bogus"], "mpidp")):
+        result = _mpidp(*words)
+        assert result.returncode == 2
+        assert result.stderr.startswith(f"usage: {prog} "), result.stderr
+        unknown = " ".join(w for w in words[words.index("--bogus"):])
+        assert result.stderr.endswith(f"{prog}: error: unrecognized arguments: {unknown}\n")
+
+
 def test_no_command_prints_help_and_fails():
     result = _mpidp()
     assert result.returncode == 2
