@@ -119,9 +119,14 @@ def test_bad_requests_are_one_line_config_errors(m, guesses, confidence, words):
     assert "\n" not in str(info.value) and info.value.exit_code == 2
 
 
-def test_more_canaries_than_the_model_has_coordinates_is_refused(data):
-    with pytest.raises(ConfigError, match="--canaries 700 exceeds what the model allows"):
-        canary.run_canary_audit(data, MPI.COMM_SELF, **{**RUN, "m": 700}, epsilon=2.0)
+@pytest.mark.parametrize("m", [700, 10**8])
+def test_more_canaries_than_the_model_has_coordinates_is_refused(data, m, monkeypatch):
+    def made(*args):  # 10**8 canary rows filled the memory before the refusal
+        raise AssertionError("canary rows were made before the request was checked")
+
+    monkeypatch.setattr(canary, "canary_rows", made)
+    with pytest.raises(ConfigError, match=f"--canaries {m} exceeds what the model allows"):
+        canary.run_canary_audit(data, MPI.COMM_SELF, **{**RUN, "m": m}, epsilon=2.0)
 
 
 def test_serial_audit_holds_the_claim_and_catches_missing_noise(data):

@@ -284,16 +284,8 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
     cfg.validate()
     state: dict = {}
 
-    def add_canary_rows(train, trainer):
-        # the black-box canary rows: canary j joins rank j % p's shard when
-        # included, before the sampler is built, so it is sampled as a row
-        X_c, y_c, in_c = canary_rows(m, train.X.shape[1] - 1, trainer.info.n_classes, seed)
-        mine = np.flatnonzero(in_c & (np.arange(m) % trainer.size == trainer.rank))
-        state.update(rows=(X_c, y_c, in_c))
-        return dataclasses.replace(train, X=np.concatenate([train.X, X_c[mine]]),
-                                   y=np.concatenate([train.y, y_c[mine]]))
-
-    def audit_step(inner, trainer):
+    def check_fits(trainer):
+        # before any canary is made: a million times too many would fill the memory
         n_params = trainer.model.n_params
         if m > n_params:
             raise ConfigError(f"--canaries {m} exceeds what the model allows: one "
@@ -304,6 +296,19 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
             raise ConfigError(f"{steps} steps x {m} canaries: too many residuals to "
                               f"keep (at most {MAX_RESIDUALS:,}); fewer epochs or "
                               "canaries", collective=True)
+
+    def add_canary_rows(train, trainer):
+        # the black-box canary rows: canary j joins rank j % p's shard when
+        # included, before the sampler is built, so it is sampled as a row
+        check_fits(trainer)
+        X_c, y_c, in_c = canary_rows(m, train.X.shape[1] - 1, trainer.info.n_classes, seed)
+        mine = np.flatnonzero(in_c & (np.arange(m) % trainer.size == trainer.rank))
+        state.update(rows=(X_c, y_c, in_c))
+        return dataclasses.replace(train, X=np.concatenate([train.X, X_c[mine]]),
+                                   y=np.concatenate([train.y, y_c[mine]]))
+
+    def audit_step(inner, trainer):
+        n_params, steps = trainer.model.n_params, trainer.total_steps
         coords, included = secrets(m, n_params, seed)
         hook = CanaryHook(coords, included, trainer.rank, trainer.size, trainer.q,
                           cfg.max_grad_norm, seed)
