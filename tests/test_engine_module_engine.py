@@ -187,6 +187,10 @@ def test_factory_names_and_failures_are_one_line_errors(tmp_path, monkeypatch):
                           ("my_models:not_a_module", "returned int, not a torch.nn.Module")]:
         with pytest.raises(ConfigError, match=message):
             model_names.build(model_names.load_factory(name), F_IN, CLASSES, name)
+    # engine.train(model=42): it was called, and the TypeError quoted as the factory's
+    with pytest.raises(ConfigError, match=r"model python:int: an object of type int is "
+                       r"neither a torch.nn.Module nor a factory"):
+        model_names.build(42, F_IN, CLASSES, "python:int")
 
 
 class Wrapped(nn.Module):

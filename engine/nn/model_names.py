@@ -68,13 +68,17 @@ def build(factory: "Callable[[int, int], nn.Module] | nn.Module", n_features: in
     """Call ``factory(n_features, n_classes)`` (or take a module as it is).
 
     Raises:
-        ConfigError: the factory raises (its error is quoted) or returns
-            something other than an ``nn.Module``.
+        ConfigError: ``factory`` is not callable, or the factory raises (its
+            error is quoted) or returns something other than an ``nn.Module``.
     """
     from torch import nn
 
     if isinstance(factory, nn.Module):
         return factory
+    if not callable(factory):
+        raise ConfigError(f"model {label}: an object of type {type(factory).__name__} is "
+                          "neither a torch.nn.Module nor a factory (n_features, n_classes) "
+                          "-> nn.Module; pass one of those, or a name as --model takes")
     _check_signature(factory, n_features, n_classes, label)
     try:
         model = factory(n_features, n_classes)
