@@ -196,7 +196,8 @@ def make_settings(args: argparse.Namespace):
     test_fraction, val_fraction, compression = common_settings(args)
     if args.task is not None and args.task not in tasks.TASKS:
         close = difflib.get_close_matches(args.task.lower(), list(tasks.TASKS), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        hint = (f" (did you mean --task-file {args.task}?)" if args.task.endswith(".toml")
+                else f" (did you mean {close[0]}?)" if close else "")
         raise PrepError(f"--task {args.task}: no such task{hint}; the tasks are "
                         f"{', '.join(tasks.TASKS)} (or define one with --task-file)")
     if args.task and args.task_file:

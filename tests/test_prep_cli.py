@@ -555,6 +555,12 @@ def test_a_task_name_typo_is_one_line_with_the_closest_name(tmp_path, good_csv):
                       "income_poverty_ratio, health_insurance (or define one with "
                       "--task-file)"], result.stderr
     assert "usage:" not in result.stderr and not list(tmp_path.glob("*.h5"))
+    task_file = mpidp(1, "prep", str(good_csv), "--out", str(tmp_path / "o.h5"), "--task",
+                      "commute.toml", timeout=60)  # a task file, given to the wrong option
+    assert task_file.returncode == 2
+    assert task_file.stderr.startswith("mpidp: error: --task commute.toml: no such task "
+                                       "(did you mean --task-file commute.toml?); the tasks "
+                                       "are "), task_file.stderr
 
 
 def test_bench_prep_reads_the_steps_a_timed_run_prints():
