@@ -21,9 +21,10 @@ def check_writable(path: str, option: str = "--out", example: str = "pums.h5") -
     """Raise PrepError unless a file can be created next to ``path``.
 
     Creates and removes a probe file (permission bits alone say nothing for
-    root, nor for read-only file systems). ``example``: the file name the
-    message suggests inside a directory given instead of a file. A missing directory is an error,
+    root, nor for read-only file systems). A missing directory is an error,
     never created: mpidp's one rule for every output (docs/lifecycle.md).
+    ``example`` is the file name the message suggests where ``path`` is a
+    directory.
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if os.path.isdir(path):
