@@ -15,6 +15,13 @@ What it decides, from what the launcher tells the process about itself:
   (waiting ranks ``nanosleep``), which only acts at thread level ``MULTIPLE``;
   the computing rank then runs about as fast as alone, at the price of the
   latency of tiny collectives (docs/design/waiting-when-oversubscribed.md).
+  Open MPI's counterpart, ``OMPI_MCA_mpi_yield_when_idle=1``, is set alike.
+
+Cores are counted for the node, not only for this process: a launcher that
+binds each rank to its own cores (``srun --cpu-bind=cores``, Open MPI's
+default at two ranks, Hydra's ``-bind-to core``) leaves every rank an
+affinity mask of its own share, and such ranks are not oversubscribed
+(:class:`LaunchInfo`; docs/design/bound-ranks.md).
 
 Every choice is a default: a variable the user already set is left alone.
 """
@@ -25,7 +32,9 @@ import platform
 import sys
 from dataclasses import dataclass
 
-__all__ = ["MPI", "LaunchError", "LaunchInfo", "launch_info", "check_launch"]
+__all__ = ["MPI", "LaunchError", "LaunchInfo", "CoreShare", "launch_info", "launch_estimate",
+           "check_launch", "available_cores", "node_cpus", "sharing_facts",
+           "oversubscribed_anywhere"]
 
 #: Environment variables through which launchers announce the job's size.
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
@@ -65,15 +74,149 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _cpu_list_size(text: str) -> int | None:
+    """Number of CPUs in a kernel CPU list such as ``0-3,8,10-11``; None if unreadable."""
+    count = 0
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return None
+        count += int(high or low) - int(low) + 1
+    return count or None
+
+
+def _cgroup_cpus() -> int | None:
+    """CPUs of this process's cgroup cpuset (v2 or v1), or None where none is readable."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if controllers == "":  # v2: the unified hierarchy
+            candidates = [f"/sys/fs/cgroup{path.rstrip('/')}/cpuset.cpus.effective"]
+        elif "cpuset" in controllers.split(","):
+            candidates = [f"/sys/fs/cgroup/cpuset{path.rstrip('/')}/cpuset.effective_cpus",
+                          f"/sys/fs/cgroup/cpuset{path.rstrip('/')}/cpuset.cpus"]
+        else:
+            continue
+        for name in candidates:
+            try:
+                with open(name) as f:
+                    size = _cpu_list_size(f.read())
+            except OSError:
+                continue
+            if size:
+                return size
+    return None
+
+
+def _parent_cpus() -> int | None:
+    """CPUs the parent process (the launcher's proxy) may run on, or None."""
+    try:
+        return len(os.sched_getaffinity(os.getppid())) or None
+    except (AttributeError, OSError):
+        return None
+
+
+def node_cpus() -> int:
+    """CPUs the ranks of this node may share, as far as one process can tell
+    alone (no communication): the fewest of this process's cgroup cpuset,
+    Slurm's CPUs for the job on this node (``SLURM_CPUS_ON_NODE``) and the
+    parent process's affinity mask (a launcher's proxy keeps the mask it
+    narrows for its ranks; one itself confined, as by ``taskset``, passes
+    its confinement on); ``os.cpu_count()`` where none is known. Never fewer
+    than :func:`available_cores`."""
+    found = [n for n in (_cgroup_cpus(), _parent_cpus()) if n]
+    slurm = os.environ.get("SLURM_CPUS_ON_NODE", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        found.append(int(slurm))
+    return max(min(found) if found else os.cpu_count() or 1, available_cores())
+
+
+@dataclass(frozen=True)
+class CoreShare:
+    """How the ranks of this node share its cores, as one process sees it alone.
+
+    Two launches look alike from one rank's affinity mask: ranks left to share
+    every core (each mask is the node's), and ranks each bound to a share of
+    their own (each mask is smaller than the node's). In the second, the
+    ranks run on the node's cores together. What one process cannot see: a
+    rank started through a wrapper that was itself bound (its parent's mask is
+    its own), which then counts as sharing; the collectives, which can ask
+    the others, also compare the ranks' masks (:func:`oversubscribed_anywhere`).
+    """
+
+    #: Ranks on this node, as the launcher announced them (None: not announced).
+    local_ranks: int | None
+    #: Cores this process may run on (:func:`available_cores`).
+    cores: int
+    #: CPUs the node's ranks may share (:func:`node_cpus`).
+    node_cores: int
+
+    @property
+    def bound(self) -> bool:
+        """Whether the launcher gave this rank a share of the node's cores."""
+        return self.cores < self.node_cores
+
+    @property
+    def capacity(self) -> int:
+        """Cores the ranks of this node run on together."""
+        return self.node_cores if self.bound else self.cores
+
+    @property
+    def oversubscribed(self) -> bool:
+        """More ranks on this node than cores for them."""
+        return self.local_ranks is not None and self.local_ranks > self.capacity
+
+    @property
+    def threads(self) -> int:
+        """Threads for this rank: its cores when bound to a share of its own,
+        else the shared cores divided by the ranks (at least 1)."""
+        return max(1, min(self.cores, self.capacity // (self.local_ranks or 1)))
+
+
+def launch_estimate() -> CoreShare:
+    """This node's :class:`CoreShare` (local call, before or after ``MPI_Init``)."""
+    return CoreShare(local_ranks=_local_ranks_announced(), cores=available_cores(),
+                     node_cores=node_cpus())
+
+
+def sharing_facts() -> tuple[str, tuple[int, ...], bool]:
+    """What :func:`oversubscribed_anywhere` needs from this rank: its host, its
+    affinity mask and its own estimate (local call)."""
+    try:
+        mask = tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux: no mask to compare
+        mask = ()
+    return platform.node(), mask, launch_estimate().oversubscribed
+
+
+def oversubscribed_anywhere(facts: list[tuple[str, tuple[int, ...], bool]]) -> bool:
+    """Whether any node of a communicator has more ranks than cores for them,
+    given every rank's :func:`sharing_facts`: a rank's estimate says so, or
+    the ranks of one host outnumber the union of their masks (which catches
+    ranks confined together, e.g. ``taskset -c 0 mpiexec -n 2``)."""
+    if any(estimate for _, _, estimate in facts):
+        return True
+    masks: dict[str, set[int]] = {}
+    ranks: dict[str, int] = {}
+    for host, mask, _ in facts:
+        if mask:
+            masks.setdefault(host, set()).update(mask)
+            ranks[host] = ranks.get(host, 0) + 1
+    return any(ranks[host] > len(cores) for host, cores in masks.items())
+
+
 def _configure_environment() -> None:
     """Set MPI defaults in ``os.environ``; runs once, before MPI is imported."""
     env = os.environ
-    local = _local_ranks_announced()
-    oversubscribed = local is not None and local > available_cores()
-    if oversubscribed:
+    if launch_estimate().oversubscribed:
         env.setdefault("MPI4PY_RC_THREAD_LEVEL", "multiple")
         env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
         env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "100")
+        env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     else:
         env.setdefault("MPI4PY_RC_THREAD_LEVEL", "funneled")
 
@@ -84,14 +227,14 @@ def _late_import_warning() -> None:
     Harmless unless the node is oversubscribed, where waiting ranks then spin
     in MPICH and steal the core of the rank they wait for; say so once.
     """
-    local = _local_ranks_announced()
-    if local is not None and local > available_cores() \
-            and "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in os.environ:
+    launch = launch_estimate()
+    if launch.oversubscribed and "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in os.environ:
         import warnings  # deferred: only on this unusual path
 
         warnings.warn(
             "mpi4py.MPI was imported before collectives, so collectives could not set "
-            f"MPI's settings for {local} ranks on {available_cores()} cores (waiting ranks "
+            f"MPI's settings for {launch.local_ranks} ranks on {launch.capacity} cores "
+            "(waiting ranks "
             "will spin and slow the others down): import collectives first, or set "
             "MPI4PY_RC_THREAD_LEVEL=multiple MPIR_CVAR_ENABLE_HEAVY_YIELD=1 yourself",
             RuntimeWarning, stacklevel=3)
@@ -116,23 +259,18 @@ class LaunchError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class LaunchInfo:
-    """What the launcher announced about this job, against what MPI sees."""
+class LaunchInfo(CoreShare):
+    """What the launcher announced about this job, against what MPI sees, and
+    how the node's cores are shared (:class:`CoreShare`)."""
 
     size: int
     rank: int
     expected_size: int | None
     expected_from: str | None
-    local_ranks: int | None
-    cores: int
 
     @property
     def size_mismatch(self) -> bool:
         return self.expected_size is not None and self.expected_size != self.size
-
-    @property
-    def oversubscribed(self) -> bool:
-        return self.local_ranks is not None and self.local_ranks > self.cores
 
     def mismatch_message(self) -> str:
         return (
@@ -156,8 +294,7 @@ def launch_info(comm: "MPI.Comm | None" = None) -> LaunchInfo:
         rank=comm.Get_rank(),
         expected_size=expected,
         expected_from=source,
-        local_ranks=_local_ranks_announced(),
-        cores=available_cores(),
+        **vars(launch_estimate()),
     )
 
 

@@ -26,7 +26,8 @@ from kernels.probe import probe_all
 
 #: Environment variables that change threading or MPI behaviour.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                    "NUMBA_NUM_THREADS", "MPI4PY_RC_THREAD_LEVEL")
+                    "NUMBA_NUM_THREADS", "MPI4PY_RC_THREAD_LEVEL",
+                    "OMPI_MCA_mpi_yield_when_idle")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +86,9 @@ def rank_facts() -> dict:
         "pid": os.getpid(),
         "local_ranks": launch.local_ranks,
         "cores": launch.cores,
+        "node_cores": launch.node_cores,
+        "bound": launch.bound,
+        "oversubscribed": launch.oversubscribed,
         "torch_threads": torch.get_num_threads(),
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
         "mpi_thread_level": levels.get(MPI.Query_thread(), "unknown"),
@@ -142,10 +146,16 @@ def format_report(report: dict) -> str:
         lines.append(f"  {r['rank']:>4}  {r['host'][:18]:<18}  {r['pid']:>7}  {local:>11}"
                      f"  {r['cores']:>5}  {r['torch_threads']:>9}  {r['numba_threads']:>9}"
                      f"  {r['mpi_thread_level']}")
-    over = [r for r in report["ranks"] if r["local_ranks"] and r["local_ranks"] > r["cores"]]
+    over = [r for r in report["ranks"] if r["oversubscribed"]]
+    bound = [r for r in report["ranks"] if r["bound"]]
     if over:
-        lines.append(f"  oversubscribed: {over[0]['local_ranks']} ranks on {over[0]['cores']}"
-                     " cores; waiting ranks yield the CPU (MPIR_CVAR_ENABLE_HEAVY_YIELD)")
+        cores = over[0]["node_cores"] if over[0]["bound"] else over[0]["cores"]
+        lines.append(f"  oversubscribed: {over[0]['local_ranks']} ranks on {cores} cores;"
+                     " waiting ranks yield the CPU (MPICH's heavy yield, Open MPI's"
+                     " yield_when_idle)")
+    elif bound:
+        lines.append(f"  bound: the launcher gave each rank cores of its own ({bound[0]['cores']}"
+                     f" of the node's {bound[0]['node_cores']} on rank {bound[0]['rank']})")
     facts = report["allreduce"]
     lines += ["", "all-reduce (collectives.allreduce on COMM_WORLD)",
               f"  placement      {facts['placement']}",

@@ -76,3 +76,24 @@ def test_auto_text_names_algorithm_and_channel():
     assert auto_text([[256, "native", None], [2 * 1024 * 1024, "recursive_doubling", "p2p"],
                       [None, "ring", "p2p"]]) == \
         "native up to 256 B, recursive_doubling (p2p) up to 2 MiB, ring (p2p) above"
+
+
+def test_ranks_bound_to_a_core_each_are_not_oversubscribed():
+    """Hydra's ``-bind-to core`` (like ``srun --cpu-bind=cores`` and Open MPI at
+    two ranks) leaves each rank a mask of one core: the node is still not
+    crowded, so MPI keeps its fast thread level and waiting ranks spin."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("binding two ranks to a core each needs two cores")
+    from launcher import mpiexec_path
+
+    command = [mpiexec_path(), "-bind-to", "core", "-n", "2", sys.executable, "-m",
+               "engine.cli", "info", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                            env=dict(clean_env(), MPIEXEC_TIMEOUT="125"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for rank in report["ranks"]:
+        assert (rank["cores"], rank["bound"], rank["oversubscribed"]) == (1, True, False)
+        assert rank["mpi_thread_level"] == "funneled"
+    assert report["allreduce"]["placement"] == "pair"
+    assert report["allreduce"]["waiting"] == "spinning"

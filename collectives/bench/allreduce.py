@@ -183,8 +183,9 @@ def describe_run(comm: Any, auto_placement: str = "") -> str:
     level = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
              MPI.THREAD_SERIALIZED: "serialized",
              MPI.THREAD_MULTIPLE: "multiple"}.get(MPI.Query_thread(), "?")
-    placement = (f"oversubscribed: {info.local_ranks} ranks on {info.cores} cores"
-                 if info.oversubscribed else f"{info.cores} cores")
+    placement = (f"oversubscribed: {info.local_ranks} ranks on {info.capacity} cores"
+                 if info.oversubscribed else
+                 f"{info.cores} cores{' each, bound' if info.bound else ''}")
     auto = f", auto's placement '{auto_placement}'" if auto_placement else ""
     return (f"{comm.Get_size()} ranks ({placement}{auto}), {machine.one_line()}, "
             f"MPI thread level {level}")

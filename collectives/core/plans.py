@@ -14,7 +14,6 @@ The blind-call words the failure rules read are the state's
 from __future__ import annotations
 
 import os
-import socket
 from collections import OrderedDict
 from dataclasses import replace
 from types import SimpleNamespace
@@ -32,7 +31,7 @@ from collectives.core.context import OPS, PlanContext
 from collectives.core.peers import Peers
 from collectives.errors import AllreduceError, AllreduceMismatch
 from collectives.registry import Algorithm, get, names
-from collectives.runtime import MPI, launch_info
+from collectives.runtime import MPI, oversubscribed_anywhere, sharing_facts
 
 #: Signatures kept per communicator, and buffers bound per signature.
 MAX_PLANS = 64
@@ -146,8 +145,8 @@ class CommState:
         self.broken: str | None = None
         # One verdict for the whole communicator (also the barrier after the
         # windows' initialisation): thresholds and segments must agree.
-        self.oversubscribed = bool(self.comm.allreduce(
-            int(launch_info(self.comm).oversubscribed), op=MPI.MAX))
+        facts = self.comm.allgather(sharing_facts())
+        self.oversubscribed = oversubscribed_anywhere(facts)
         # Waiting ranks sleep on a futex when they outnumber the cores (and can).
         if self.shared is not None:
             self.shared.sleep = self.oversubscribed and futex.available()
@@ -155,13 +154,12 @@ class CommState:
         self.placement = placement_of(self.size, self.oversubscribed, "shm-pair" in kinds,
                                       "shm-group" in kinds)
         #: The tunings of ``auto`` on this machine and layout (None: static table).
-        self.store = self._store() if self.size > 1 else None
+        self.store = self._store([host for host, _, _ in facts]) if self.size > 1 else None
 
-    def _store(self) -> tuning.Store | None:
+    def _store(self, hosts: list[str]) -> tuning.Store | None:
         """Rank 0 reads this machine's tunings and shares them (collective, on
         every rank whatever its setting: a rank tuning and one on the static
         table then fail their first ``auto`` call together, by its record)."""
-        hosts = self.comm.allgather(socket.gethostname())
         key = tuning.machine_key(self.size, len(set(hosts)), self.placement)
         mine = tuning.enabled()
         known = tuning.read(tuning.tuning_file(), key) if self.rank == 0 and mine else None

@@ -24,7 +24,7 @@ What is the same as ``mpidp train``:
   ``--weight-decay`` (torch's), or Adam; the learning-rate schedule
   (``constant``, ``inv-sqrt``, ``step`` with ``--lr-warmup-epochs``,
   ``--lr-milestones``, ``--lr-decay``);
-* threads: ``--threads``, else cores // ranks on the node (mpidp's policy);
+* threads: ``--threads``, else mpidp's policy (``engine.run.threads``);
 * the records: one JSON line per epoch in the schema of ``mpidp train
   --metrics`` (``epoch_time_s``, ``train_time_s``, ``examples_per_s``,
   ``comm_s``, ``test_accuracy``, ``epsilon``...), so

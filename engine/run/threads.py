@@ -4,17 +4,20 @@ from __future__ import annotations
 import numba
 import torch
 
-from collectives.runtime import available_cores, launch_info
+from collectives.runtime import launch_info
 
 
 def configure_threads(requested: int | None) -> tuple[int, int]:
-    """One rank per core: ``threads = cores // ranks on this node`` (at least 1).
+    """Threads per rank unless ``requested``: the cores a launcher bound this
+    rank to, or else this node's cores divided by its ranks (at least 1;
+    :attr:`collectives.runtime.CoreShare.threads`).
 
     Applies to torch and Numba, and turns on flush-to-zero for denormals.
     Returns (threads, ranks on this node).
     """
-    local = launch_info().local_ranks or 1
-    threads = requested or max(1, available_cores() // local)
+    launch = launch_info()
+    local = launch.local_ranks or 1
+    threads = requested or launch.threads
     torch.set_num_threads(threads)
     # Flush denormals to zero: once a model fits well, softmax gradients of
     # confident examples underflow into the denormal range, where x86 float

@@ -155,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_SCORE_NOISE:g}; private random search with a private val)")
     system = parser.add_argument_group("system")
     system.add_argument("--threads", type=thread_count, default=None,
-                        help="torch/numba threads per rank (default: cores // ranks per node)")
+                        help="torch/numba threads per rank (default: as mpidp train)")
     system.add_argument("--allreduce", default="auto",
                         help="all-reduce algorithm of the trials (default: auto)")
 
