@@ -60,8 +60,9 @@ def vector_extensions() -> list[str]:
 
 
 def mpi_library() -> str:
-    """The first line of the MPI library's version string."""
-    return MPI.Get_library_version().strip().splitlines()[0].strip()
+    """The first line of the MPI library's version string (Open MPI's ends in a
+    NUL character, left out)."""
+    return MPI.Get_library_version().replace("\0", "").strip().splitlines()[0].strip()
 
 
 def describe() -> dict:

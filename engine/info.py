@@ -20,6 +20,7 @@ import sys
 
 import collectives
 from collectives import MPI
+from collectives.machine import mpi_library
 from collectives.runtime import launch_info, mpi_cuda_support
 from engine import __version__
 from kernels.probe import probe_all
@@ -48,7 +49,7 @@ def versions() -> dict[str, str]:
     import h5py  # deferred: keeps `mpidp info --help` fast
 
     vendor, vendor_version = MPI.get_vendor()
-    library = MPI.Get_library_version().strip().splitlines()[0]
+    library = mpi_library()
     result = {
         "mpidp": __version__,
         "python": f"{platform.python_version()} ({sys.executable})",

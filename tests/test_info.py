@@ -97,3 +97,13 @@ def test_ranks_bound_to_a_core_each_are_not_oversubscribed():
         assert rank["mpi_thread_level"] == "funneled"
     assert report["allreduce"]["placement"] == "pair"
     assert report["allreduce"]["waiting"] == "spinning"
+
+
+def test_mpi_library_line_drops_open_mpis_nul(monkeypatch):
+    """Open MPI's version string ends in a NUL, which made `mpidp info` and the
+    benchmarks' headers binary to grep."""
+    from collectives import machine
+
+    monkeypatch.setattr(machine.MPI, "Get_library_version",
+                        lambda: "Open MPI v5.0.11, package: Open MPI\x00")
+    assert machine.mpi_library() == "Open MPI v5.0.11, package: Open MPI"
