@@ -20,6 +20,8 @@ from pathlib import Path
 #: Variables of an MPI job we may be running inside; a child launch must not
 #: inherit them or its mpiexec joins (or confuses) the parent's job.
 _JOB_VARIABLES = ("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_")
+#: Open MPI settings that are the user's, not a job's: always passed on.
+_USER_VARIABLES = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 
 
 class LaunchError(Exception):
@@ -75,7 +77,18 @@ def launcher_argv(template: str, ranks: int) -> list[str]:
 
 def child_env(**extra: str) -> dict[str, str]:
     """This environment without the variables of the MPI job we may be inside,
-    plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_JOB_VARIABLES)}
+    plus ``extra``. The user's Open MPI settings stay: the permission to run
+    as root, and outside an Open MPI job every ``OMPI_MCA_`` parameter (inside
+    one, its launcher's are mixed with them and all go)."""
+    inside_open_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ
+
+    def kept(name: str) -> bool:
+        if name in _USER_VARIABLES:
+            return True
+        if name.startswith("OMPI_MCA_") and not inside_open_mpi:
+            return True
+        return not name.startswith(_JOB_VARIABLES)
+
+    env = {k: v for k, v in os.environ.items() if kept(k)}
     env.update(extra)
     return env

@@ -57,3 +57,22 @@ def test_child_env_drops_the_variables_of_the_enclosing_job(monkeypatch):
     assert "PMI_RANK" not in env and "OMPI_COMM_WORLD_SIZE" not in env
     assert env["KEEP_ME"] == "yes" and env["EXTRA"] == "1"
     assert os.environ["PMI_RANK"] == "1"
+
+
+def test_child_env_keeps_the_users_open_mpi_settings(monkeypatch):
+    """`mpidp bench prep` run as root under Open MPI launched mpiexec without
+    OMPI_ALLOW_RUN_AS_ROOT, which then refused to start."""
+    for name in list(os.environ):
+        if name.startswith(("OMPI_", "PMI_", "PMIX_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    monkeypatch.setenv("OMPI_MCA_osc", "^ucx")
+    env = child_env()
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    assert env["OMPI_MCA_osc"] == "^ucx"
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")  # inside a job: its MCA settings go
+    monkeypatch.setenv("OMPI_MCA_num_procs", "2")
+    env = child_env()
+    assert "OMPI_MCA_num_procs" not in env and "OMPI_MCA_osc" not in env
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
