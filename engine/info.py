@@ -178,6 +178,9 @@ def format_report(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # A report, not a first run: the Numba vector width is reported as cached,
+    # never measured here (that costs a fresh machine 15-20 s of compiling).
+    os.environ.setdefault("MPIDP_VECTOR_WIDTH", "cached")
     report = collect()
     if report is None:
         return 0

@@ -17,7 +17,9 @@ for the reader). Processes that start together (the ranks of a job) wait on
 a lock while one measures.
 
 ``MPIDP_VECTOR_WIDTH=256`` or ``512`` forces a width, ``host`` keeps LLVM's
-choice, ``auto`` (the default) measures. A ``NUMBA_CPU_FEATURES`` set by the
+choice, ``auto`` (the default) measures, ``cached`` takes the cached choice
+where there is one and LLVM's otherwise, never measuring (``mpidp info``,
+which reports and must not spend a first run's seconds measuring). A ``NUMBA_CPU_FEATURES`` set by the
 user is left alone. A CPU without AVX-512 has nothing to choose.
 
 Numba fixes its target when the process decorates its first ``@njit``
@@ -46,7 +48,7 @@ from pathlib import Path
 from kernels import files
 
 #: ``MPIDP_VECTOR_WIDTH`` values.
-MODES = ("auto", "host", "256", "512")
+MODES = ("auto", "host", "256", "512", "cached")
 #: LLVM's x86 tuning flag that caps auto-vectorisation at 256 bits.
 PREFER_256 = "prefer-256-bit"
 #: The measured widths, in the order they are timed.
@@ -162,11 +164,16 @@ def decide(seconds: dict[str, float]) -> int:
     return 512 if seconds["512"] < MARGIN * seconds["256"] else 256
 
 
-def _measured(path: Path | None, cpu: str, host_features: str, time_width) -> Choice:
-    """The cached choice for this CPU, measured now (under the lock) if there is none."""
+def _measured(path: Path | None, cpu: str, host_features: str, time_width,
+              measure_missing: bool = True) -> Choice:
+    """The cached choice for this CPU, measured now (under the lock) if there is
+    none and ``measure_missing``."""
     if path is None:
         return Choice(cpu, None, "MPIDP_NUMBA_TARGET_FILE=none: not measured")
     key = _key(cpu, host_features)
+    if not measure_missing and key not in _read(path):
+        return Choice(cpu, None, "not measured on this CPU yet, LLVM's choice for now; the "
+                      "first mpidp train or mpidp warmup measures it, once")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _locked(path):
@@ -218,7 +225,7 @@ def configure(time_width=_time_in_child) -> Choice:
         choice = Choice(cpu, int(mode), f"MPIDP_VECTOR_WIDTH={mode}")
     else:
         choice = _measured(files.cache_file("numba-target.json", "MPIDP_NUMBA_TARGET_FILE"),
-                           cpu, host_features, time_width)
+                           cpu, host_features, time_width, measure_missing=mode == "auto")
     if choice.width is not None:
         numba.config.CPU_FEATURES = features_for(host_features, choice.width)
     return choice

@@ -9,9 +9,12 @@ import pytest
 from launcher import clean_env, mpidp
 
 
-def test_info_under_two_ranks_reports_size_two():
-    result = mpidp(2, "info", "--json", timeout=120)
+def test_info_under_two_ranks_reports_size_two(tmp_path):
+    target = tmp_path / "numba-target.json"  # a CPU never measured: info does not measure
+    result = mpidp(2, "info", "--json", timeout=120,
+                   env=dict(clean_env(), MPIDP_NUMBA_TARGET_FILE=str(target)))
     assert result.returncode == 0, result.stderr
+    assert not target.exists()
     report = json.loads(result.stdout)  # only rank 0 prints
     assert report["size"] == 2
     assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
