@@ -67,11 +67,13 @@ def x86_64() -> bool:
 
 
 def available_cores() -> int:
-    """Cores this process may run on (its affinity mask), at least 1."""
+    """Cores this process may run on (its affinity mask, and no more than its
+    cgroup's CPU quota), at least 1."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        mask = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+    return max(1, min(mask, _cgroup_quota_cpus() or mask))
 
 
 def _cpu_list_size(text: str) -> int | None:
@@ -85,30 +87,66 @@ def _cpu_list_size(text: str) -> int | None:
     return count or None
 
 
-def _cgroup_cpus() -> int | None:
-    """CPUs of this process's cgroup cpuset (v2 or v1), or None where none is readable."""
+#: Where this process's cgroups are listed, and where cgroup files are mounted.
+_PROC_CGROUP = "/proc/self/cgroup"
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _cgroup_files(v2_name: str | None, v1_controller: str,
+                  v1_names: tuple[str, ...]) -> list[str]:
+    """Paths of one cgroup setting of this process: ``v2_name`` in its v2 group
+    (None: none), ``v1_names`` in its v1 ``v1_controller`` group."""
+    paths = []
+    for line in (_read_text(_PROC_CGROUP) or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        path = path.rstrip("/")
+        if controllers == "":  # v2: the unified hierarchy
+            if v2_name:
+                paths.append(f"{_CGROUP_ROOT}{path}/{v2_name}")
+        elif v1_controller in controllers.split(","):
+            root = f"{_CGROUP_ROOT}/{controllers}"
+            if not os.path.isdir(root):
+                root = f"{_CGROUP_ROOT}/{v1_controller}"
+            paths += [f"{root}{path}/{name}" for name in v1_names]
+    return paths
+
+
+def _read_text(name: str) -> str | None:
     try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
+        with open(name) as f:
+            return f.read()
     except OSError:
         return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
-        if controllers == "":  # v2: the unified hierarchy
-            candidates = [f"/sys/fs/cgroup{path.rstrip('/')}/cpuset.cpus.effective"]
-        elif "cpuset" in controllers.split(","):
-            candidates = [f"/sys/fs/cgroup/cpuset{path.rstrip('/')}/cpuset.effective_cpus",
-                          f"/sys/fs/cgroup/cpuset{path.rstrip('/')}/cpuset.cpus"]
-        else:
-            continue
-        for name in candidates:
-            try:
-                with open(name) as f:
-                    size = _cpu_list_size(f.read())
-            except OSError:
-                continue
-            if size:
-                return size
+
+
+def _cgroup_cpus() -> int | None:
+    """CPUs of this process's cgroup cpuset (v2 or v1), or None where none is readable."""
+    for name in _cgroup_files("cpuset.cpus.effective", "cpuset",
+                              ("cpuset.effective_cpus", "cpuset.cpus")):
+        text = _read_text(name)
+        size = _cpu_list_size(text) if text else None
+        if size:
+            return size
+    return None
+
+
+def _cgroup_quota_cpus() -> int | None:
+    """CPUs' worth of this process's cgroup CPU quota, rounded up (a container
+    run with ``--cpus=2`` may run on every CPU, for two CPUs' time); None
+    where there is no quota or none is readable."""
+    for name in _cgroup_files("cpu.max", "cpu", ()):
+        text = (_read_text(name) or "").split()
+        if len(text) == 2 and text[0].isdigit() and text[1].isdigit() and int(text[1]):
+            return max(1, -(-int(text[0]) // int(text[1])))
+    v1 = _cgroup_files(None, "cpu", ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+    for quota_name, period_name in zip(v1[0::2], v1[1::2]):
+        quota = (_read_text(quota_name) or "").strip()
+        period = (_read_text(period_name) or "").strip()
+        if quota.isdigit() and period.isdigit() and int(period):
+            return max(1, -(-int(quota) // int(period)))
     return None
 
 
@@ -122,13 +160,13 @@ def _parent_cpus() -> int | None:
 
 def node_cpus() -> int:
     """CPUs the ranks of this node may share, as far as one process can tell
-    alone (no communication): the fewest of this process's cgroup cpuset,
-    Slurm's CPUs for the job on this node (``SLURM_CPUS_ON_NODE``) and the
+    alone (no communication): the fewest of this process's cgroup cpuset and
+    CPU quota, Slurm's CPUs for the job on this node (``SLURM_CPUS_ON_NODE``) and the
     parent process's affinity mask (a launcher's proxy keeps the mask it
     narrows for its ranks; one itself confined, as by ``taskset``, passes
     its confinement on); ``os.cpu_count()`` where none is known. Never fewer
     than :func:`available_cores`."""
-    found = [n for n in (_cgroup_cpus(), _parent_cpus()) if n]
+    found = [n for n in (_cgroup_cpus(), _cgroup_quota_cpus(), _parent_cpus()) if n]
     slurm = os.environ.get("SLURM_CPUS_ON_NODE", "")
     if slurm.isdigit() and int(slurm) > 0:
         found.append(int(slurm))

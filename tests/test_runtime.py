@@ -144,3 +144,47 @@ def test_bound_ranks_keep_funneled_and_no_yield(monkeypatch):
 ])
 def test_oversubscribed_anywhere(facts, expected):
     assert runtime.oversubscribed_anywhere(facts) is expected
+
+
+def _fake_cgroups(monkeypatch, tmp_path, listing: str, files: dict[str, str]) -> None:
+    """/proc/self/cgroup and the cgroup files under tmp_path."""
+    (tmp_path / "proc").write_text(listing)
+    for name, text in files.items():
+        path = tmp_path / "sys" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.setattr(runtime, "_PROC_CGROUP", str(tmp_path / "proc"))
+    monkeypatch.setattr(runtime, "_CGROUP_ROOT", str(tmp_path / "sys"))
+
+
+def test_cgroup_v2_cpuset_and_quota(monkeypatch, tmp_path):
+    _fake_cgroups(monkeypatch, tmp_path, "0::/job_7/step_0\n", {
+        "job_7/step_0/cpuset.cpus.effective": "4-7\n",
+        "job_7/step_0/cpu.max": "150000 100000\n"})
+    assert runtime._cgroup_cpus() == 4
+    assert runtime._cgroup_quota_cpus() == 2  # 1.5 CPUs' time, rounded up
+    (tmp_path / "sys" / "job_7/step_0/cpu.max").write_text("max 100000\n")
+    assert runtime._cgroup_quota_cpus() is None
+
+
+def test_cgroup_v1_cpuset_and_quota(monkeypatch, tmp_path):
+    _fake_cgroups(monkeypatch, tmp_path, "4:cpu,cpuacct:/docker/abc\n3:cpuset:/docker/abc\n", {
+        "cpuset/docker/abc/cpuset.effective_cpus": "0,2,4\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"})
+    assert runtime._cgroup_cpus() == 3
+    assert runtime._cgroup_quota_cpus() == 2
+    (tmp_path / "sys" / "cpu,cpuacct/docker/abc/cpu.cfs_quota_us").write_text("-1\n")
+    assert runtime._cgroup_quota_cpus() is None
+
+
+def test_a_cpu_quota_caps_the_cores_and_the_node(monkeypatch, tmp_path):
+    """A container run with --cpus=2 sees every CPU of a 64-CPU host: four
+    unbound ranks there share two CPUs' time, one thread each."""
+    _fake_cgroups(monkeypatch, tmp_path, "0::/\n", {"cpu.max": "200000 100000\n"})
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setenv("MPI_LOCALNRANKS", "4")
+    monkeypatch.delenv("SLURM_CPUS_ON_NODE", raising=False)
+    share = runtime.launch_estimate()
+    assert (share.cores, share.node_cores) == (2, 2)
+    assert share.oversubscribed and share.threads == 1
