@@ -71,6 +71,13 @@ if ! command -v mpidp >/dev/null 2>&1; then
 fi
 export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-${TMPDIR:-/tmp}/mpidp-numba-cache-$USER}"
 
+# Since Slurm 22.05 srun no longer inherits sbatch's --cpus-per-task: without
+# this, each rank of `sbatch --cpus-per-task=8` would get one CPU, and mpidp
+# (which runs as many threads as a rank has cores) one thread.
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ] && [ -z "${SRUN_CPUS_PER_TASK:-}" ]; then
+    export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
+fi
+
 if [ -n "${SLURM_JOB_ID:-}" ]; then
     MPIDP_LAUNCHER="${MPIDP_LAUNCHER:-srun}"
 else

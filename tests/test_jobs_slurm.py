@@ -82,6 +82,23 @@ def test_the_slurm_example_runs_a_users_program_across_two_nodes(cluster, job_en
     assert "1. 4 ranks summed 30000 floats" in result.output and "3. done" in result.output
 
 
+def test_the_jobs_cpus_per_task_is_handed_to_srun(cluster, job_env, tmp_path):
+    """Slurm 22.05's srun no longer inherits sbatch's --cpus-per-task: on a
+    cluster that binds tasks, a job of two CPUs a task would start ranks of one
+    CPU each (and mpidp would run one thread) unless jobs/common.sh hands it on
+    as SRUN_CPUS_PER_TASK. This cluster binds nothing (task/none), so what is
+    checked is the hand-over, and that srun takes it beside the job's own."""
+    script = tmp_path / "cpus.sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        f". {JOBS / 'common.sh'} || exit 2\n"
+        "mpi_run python -c \"import os; "
+        "print('srun cpus-per-task', os.environ.get('SRUN_CPUS_PER_TASK'))\"\n")
+    result = cluster.run(script, "--ntasks=1", "--cpus-per-task=2",
+                         f"--output={tmp_path}/cpus-%j.out", cwd=ROOT, env=job_env)
+    assert result.ok and "srun cpus-per-task 2" in result.output, result.output
+
+
 def test_prep_job_resources_are_overridable(cluster, job_env, prepared, tmp_path):
     """The script's request is a default: --ntasks=1 replaces it; --ntasks-per-node
     alone cannot raise it, and the job says so instead of running short."""
