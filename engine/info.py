@@ -90,6 +90,7 @@ def rank_facts() -> dict:
         "node_cores": launch.node_cores,
         "bound": launch.bound,
         "oversubscribed": launch.oversubscribed,
+        "threads": launch.threads,
         "torch_threads": torch.get_num_threads(),
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
         "mpi_thread_level": levels.get(MPI.Query_thread(), "unknown"),
@@ -140,13 +141,12 @@ def format_report(report: dict) -> str:
     lines += ["", "MPI job",
               f"  communicator size  {report['size']}",
               f"  CUDA-aware MPI     {report['mpi_cuda_aware']}"]
-    lines.append("  rank  host                  pid  local_ranks  cores  torch_thr"
-                 "  numba_thr  mpi_threads")
+    lines.append("  rank  host                  pid  local_ranks  cores  threads  mpi_threads")
     for r in report["ranks"]:
         local = "-" if r["local_ranks"] is None else r["local_ranks"]
         lines.append(f"  {r['rank']:>4}  {r['host'][:18]:<18}  {r['pid']:>7}  {local:>11}"
-                     f"  {r['cores']:>5}  {r['torch_threads']:>9}  {r['numba_threads']:>9}"
-                     f"  {r['mpi_thread_level']}")
+                     f"  {r['cores']:>5}  {r['threads']:>7}  {r['mpi_thread_level']}")
+    lines.append("  (threads: what mpidp train and prep run per rank without --threads)")
     over = [r for r in report["ranks"] if r["oversubscribed"]]
     bound = [r for r in report["ranks"] if r["bound"]]
     if over:

@@ -97,6 +97,7 @@ def test_ranks_bound_to_a_core_each_are_not_oversubscribed():
     report = json.loads(result.stdout)
     for rank in report["ranks"]:
         assert (rank["cores"], rank["bound"], rank["oversubscribed"]) == (1, True, False)
+        assert rank["threads"] == 1
         assert rank["mpi_thread_level"] == "funneled"
     assert report["allreduce"]["placement"] == "pair"
     assert report["allreduce"]["waiting"] == "spinning"
