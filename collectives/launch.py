@@ -19,7 +19,7 @@ from pathlib import Path
 
 #: Variables of an MPI job we may be running inside; a child launch must not
 #: inherit them or its mpiexec joins (or confuses) the parent's job.
-_JOB_VARIABLES = ("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_")
+_JOB_VARIABLES = ("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_", "MV2_COMM_WORLD_", "PALS_")
 #: Open MPI settings that are the user's, not a job's: always passed on.
 _USER_VARIABLES = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 

@@ -38,7 +38,8 @@ __all__ = ["MPI", "LaunchError", "LaunchInfo", "CoreShare", "launch_info", "laun
 
 #: Environment variables through which launchers announce the job's size.
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
-_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                         "MV2_COMM_WORLD_LOCAL_SIZE", "PALS_LOCAL_SIZE")
 
 
 def _env_int(names: tuple[str, ...]) -> tuple[int | None, str | None]:

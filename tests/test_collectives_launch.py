@@ -52,9 +52,11 @@ def test_launcher_template(monkeypatch, tmp_path):
 def test_child_env_drops_the_variables_of_the_enclosing_job(monkeypatch):
     monkeypatch.setenv("PMI_RANK", "1")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("PALS_LOCAL_SIZE", "2")
     monkeypatch.setenv("KEEP_ME", "yes")
     env = child_env(EXTRA="1")
     assert "PMI_RANK" not in env and "OMPI_COMM_WORLD_SIZE" not in env
+    assert "PALS_LOCAL_SIZE" not in env
     assert env["KEEP_ME"] == "yes" and env["EXTRA"] == "1"
     assert os.environ["PMI_RANK"] == "1"
 

@@ -188,3 +188,14 @@ def test_a_cpu_quota_caps_the_cores_and_the_node(monkeypatch, tmp_path):
     share = runtime.launch_estimate()
     assert (share.cores, share.node_cores) == (2, 2)
     assert share.oversubscribed and share.threads == 1
+
+
+@pytest.mark.parametrize("name", ["MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                  "MV2_COMM_WORLD_LOCAL_SIZE", "PALS_LOCAL_SIZE"])
+def test_each_launchers_local_rank_count_is_read(monkeypatch, name):
+    """Hydra (MPICH, Intel MPI), Open MPI, MVAPICH2's mpirun_rsh and HPE Cray's
+    PALS each announce the ranks on the node under their own name."""
+    for other in runtime._LOCAL_SIZE_VARIABLES + ("SLURM_PROCID",):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(name, "6")
+    assert runtime.launch_estimate().local_ranks == 6
