@@ -21,7 +21,7 @@ Cores are counted for the node, not only for this process: a launcher that
 binds each rank to its own cores (``srun --cpu-bind=cores``, Open MPI's
 default at two ranks, Hydra's ``-bind-to core``) leaves every rank an
 affinity mask of its own share, and such ranks are not oversubscribed
-(:class:`LaunchInfo`; docs/design/bound-ranks.md).
+(:mod:`collectives.cores`; docs/design/bound-ranks.md).
 
 Every choice is a default: a variable the user already set is left alone.
 """
@@ -31,6 +31,8 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
+
+from collectives.cores import CoreShare, available_cores, node_cpus, oversubscribed_anywhere
 
 __all__ = ["MPI", "LaunchError", "LaunchInfo", "CoreShare", "launch_info", "launch_estimate",
            "check_launch", "available_cores", "node_cpus", "sharing_facts",
@@ -67,155 +69,6 @@ def x86_64() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def available_cores() -> int:
-    """Cores this process may run on (its affinity mask, and no more than its
-    cgroup's CPU quota), at least 1."""
-    try:
-        mask = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-    return max(1, min(mask, _cgroup_quota_cpus() or mask))
-
-
-def _cpu_list_size(text: str) -> int | None:
-    """Number of CPUs in a kernel CPU list such as ``0-3,8,10-11``; None if unreadable."""
-    count = 0
-    for part in text.strip().split(","):
-        low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            return None
-        count += int(high or low) - int(low) + 1
-    return count or None
-
-
-#: Where this process's cgroups are listed, and where cgroup files are mounted.
-_PROC_CGROUP = "/proc/self/cgroup"
-_CGROUP_ROOT = "/sys/fs/cgroup"
-
-
-def _cgroup_files(v2_name: str | None, v1_controller: str,
-                  v1_names: tuple[str, ...]) -> list[str]:
-    """Paths of one cgroup setting of this process: ``v2_name`` in its v2 group
-    (None: none), ``v1_names`` in its v1 ``v1_controller`` group."""
-    paths = []
-    for line in (_read_text(_PROC_CGROUP) or "").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        path = path.rstrip("/")
-        if controllers == "":  # v2: the unified hierarchy
-            if v2_name:
-                paths.append(f"{_CGROUP_ROOT}{path}/{v2_name}")
-        elif v1_controller in controllers.split(","):
-            root = f"{_CGROUP_ROOT}/{controllers}"
-            if not os.path.isdir(root):
-                root = f"{_CGROUP_ROOT}/{v1_controller}"
-            paths += [f"{root}{path}/{name}" for name in v1_names]
-    return paths
-
-
-def _read_text(name: str) -> str | None:
-    try:
-        with open(name) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _cgroup_cpus() -> int | None:
-    """CPUs of this process's cgroup cpuset (v2 or v1), or None where none is readable."""
-    for name in _cgroup_files("cpuset.cpus.effective", "cpuset",
-                              ("cpuset.effective_cpus", "cpuset.cpus")):
-        text = _read_text(name)
-        size = _cpu_list_size(text) if text else None
-        if size:
-            return size
-    return None
-
-
-def _cgroup_quota_cpus() -> int | None:
-    """CPUs' worth of this process's cgroup CPU quota, rounded up (a container
-    run with ``--cpus=2`` may run on every CPU, for two CPUs' time); None
-    where there is no quota or none is readable."""
-    for name in _cgroup_files("cpu.max", "cpu", ()):
-        text = (_read_text(name) or "").split()
-        if len(text) == 2 and text[0].isdigit() and text[1].isdigit() and int(text[1]):
-            return max(1, -(-int(text[0]) // int(text[1])))
-    v1 = _cgroup_files(None, "cpu", ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
-    for quota_name, period_name in zip(v1[0::2], v1[1::2]):
-        quota = (_read_text(quota_name) or "").strip()
-        period = (_read_text(period_name) or "").strip()
-        if quota.isdigit() and period.isdigit() and int(period):
-            return max(1, -(-int(quota) // int(period)))
-    return None
-
-
-def _parent_cpus() -> int | None:
-    """CPUs the parent process (the launcher's proxy) may run on, or None."""
-    try:
-        return len(os.sched_getaffinity(os.getppid())) or None
-    except (AttributeError, OSError):
-        return None
-
-
-def node_cpus() -> int:
-    """CPUs the ranks of this node may share, as far as one process can tell
-    alone (no communication): the fewest of this process's cgroup cpuset and
-    CPU quota, Slurm's CPUs for the job on this node (``SLURM_CPUS_ON_NODE``) and the
-    parent process's affinity mask (a launcher's proxy keeps the mask it
-    narrows for its ranks; one itself confined, as by ``taskset``, passes
-    its confinement on); ``os.cpu_count()`` where none is known. Never fewer
-    than :func:`available_cores`."""
-    found = [n for n in (_cgroup_cpus(), _cgroup_quota_cpus(), _parent_cpus()) if n]
-    slurm = os.environ.get("SLURM_CPUS_ON_NODE", "")
-    if slurm.isdigit() and int(slurm) > 0:
-        found.append(int(slurm))
-    return max(min(found) if found else os.cpu_count() or 1, available_cores())
-
-
-@dataclass(frozen=True)
-class CoreShare:
-    """How the ranks of this node share its cores, as one process sees it alone.
-
-    Two launches look alike from one rank's affinity mask: ranks left to share
-    every core (each mask is the node's), and ranks each bound to a share of
-    their own (each mask is smaller than the node's). In the second, the
-    ranks run on the node's cores together. What one process cannot see: a
-    rank started through a wrapper that was itself bound (its parent's mask is
-    its own), which then counts as sharing; the collectives, which can ask
-    the others, also compare the ranks' masks (:func:`oversubscribed_anywhere`).
-    """
-
-    #: Ranks on this node, as the launcher announced them (None: not announced).
-    local_ranks: int | None
-    #: Cores this process may run on (:func:`available_cores`).
-    cores: int
-    #: CPUs the node's ranks may share (:func:`node_cpus`).
-    node_cores: int
-
-    @property
-    def bound(self) -> bool:
-        """Whether the launcher gave this rank a share of the node's cores."""
-        return self.cores < self.node_cores
-
-    @property
-    def capacity(self) -> int:
-        """Cores the ranks of this node run on together."""
-        return self.node_cores if self.bound else self.cores
-
-    @property
-    def oversubscribed(self) -> bool:
-        """More ranks on this node than cores for them."""
-        return self.local_ranks is not None and self.local_ranks > self.capacity
-
-    @property
-    def threads(self) -> int:
-        """Threads for this rank: its cores when bound to a share of its own,
-        else the shared cores divided by the ranks (at least 1)."""
-        return max(1, min(self.cores, self.capacity // (self.local_ranks or 1)))
-
-
 def launch_estimate() -> CoreShare:
     """This node's :class:`CoreShare` (local call, before or after ``MPI_Init``)."""
     return CoreShare(local_ranks=_local_ranks_announced(), cores=available_cores(),
@@ -230,22 +83,6 @@ def sharing_facts() -> tuple[str, tuple[int, ...], bool]:
     except AttributeError:  # not Linux: no mask to compare
         mask = ()
     return platform.node(), mask, launch_estimate().oversubscribed
-
-
-def oversubscribed_anywhere(facts: list[tuple[str, tuple[int, ...], bool]]) -> bool:
-    """Whether any node of a communicator has more ranks than cores for them,
-    given every rank's :func:`sharing_facts`: a rank's estimate says so, or
-    the ranks of one host outnumber the union of their masks (which catches
-    ranks confined together, e.g. ``taskset -c 0 mpiexec -n 2``)."""
-    if any(estimate for _, _, estimate in facts):
-        return True
-    masks: dict[str, set[int]] = {}
-    ranks: dict[str, int] = {}
-    for host, mask, _ in facts:
-        if mask:
-            masks.setdefault(host, set()).update(mask)
-            ranks[host] = ranks.get(host, 0) + 1
-    return any(ranks[host] > len(cores) for host, cores in masks.items())
 
 
 def _configure_environment() -> None:

@@ -1,0 +1,99 @@
+"""collectives.cores: how the ranks of a node share its cores."""
+import pytest
+
+from collectives import cores, runtime
+
+
+@pytest.mark.parametrize("local, mask, node, bound, oversubscribed, threads", [
+    (None, 8, 8, False, False, 8),   # a process alone: all its cores
+    (2, 2, 2, False, False, 1),      # mpiexec -n 2 on 2 cores, unbound
+    (4, 2, 2, False, True, 1),       # 4 ranks share 2 cores
+    (2, 1, 2, True, False, 1),       # Open MPI at 2 ranks, -bind-to core: a core each
+    (4, 4, 16, True, False, 4),      # srun -n 4 --cpus-per-task=4: 4 cores each
+    (4, 1, 2, True, True, 1),        # -bind-to core with 4 ranks on 2 cores: wrapped
+    (16, 8, 8, False, True, 1),      # a Slurm step's cpuset of 8 for 16 unbound ranks
+    (2, 2, 3, True, False, 1),       # masks that must overlap: 2 x 2 on 3 cores
+])
+def test_core_share(local, mask, node, bound, oversubscribed, threads):
+    share = cores.CoreShare(local_ranks=local, cores=mask, node_cores=node)
+    assert (share.bound, share.oversubscribed, share.threads) == (bound, oversubscribed,
+                                                                  threads)
+
+
+def test_cpu_lists_are_counted():
+    assert cores._cpu_list_size("0-3,8,10-11\n") == 7
+    assert cores._cpu_list_size("5") == 1
+    assert cores._cpu_list_size("") is None and cores._cpu_list_size("0-x") is None
+
+
+def test_node_cpus_takes_the_narrowest_source(monkeypatch):
+    monkeypatch.setattr(cores, "available_cores", lambda: 1)
+    monkeypatch.setattr(cores, "_cgroup_cpus", lambda: 64)
+    monkeypatch.setattr(cores, "_parent_cpus", lambda: 64)
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "8")
+    assert cores.node_cpus() == 8                    # the job's share of the node
+    monkeypatch.delenv("SLURM_CPUS_ON_NODE")
+    monkeypatch.setattr(cores, "_parent_cpus", lambda: 1)  # taskset -c 0 mpiexec
+    assert cores.node_cpus() == 1
+    monkeypatch.setattr(cores, "_parent_cpus", lambda: None)
+    monkeypatch.setattr(cores, "_cgroup_cpus", lambda: None)
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: 32)
+    assert cores.node_cpus() == 32
+    monkeypatch.setattr(cores, "available_cores", lambda: 48)  # never below our own
+    assert cores.node_cpus() == 48
+
+
+@pytest.mark.parametrize("facts, expected", [
+    ([("a", (0,), False), ("a", (1,), False)], False),         # a core each
+    ([("a", (0,), False), ("a", (0,), False)], True),          # taskset -c 0 mpiexec -n 2
+    ([("a", (0, 1), False), ("b", (0, 1), False)], False),     # two nodes
+    ([("a", (0,), False), ("b", (0,), False), ("b", (0,), False)], True),
+    ([("a", (0, 1), True), ("a", (0, 1), False)], True),       # one rank's estimate
+    ([("a", (), False), ("a", (), False)], False),             # no masks to compare
+])
+def test_oversubscribed_anywhere(facts, expected):
+    assert cores.oversubscribed_anywhere(facts) is expected
+
+
+def _fake_cgroups(monkeypatch, tmp_path, listing: str, files: dict[str, str]) -> None:
+    """/proc/self/cgroup and the cgroup files under tmp_path."""
+    (tmp_path / "proc").write_text(listing)
+    for name, text in files.items():
+        path = tmp_path / "sys" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.setattr(cores, "_PROC_CGROUP", str(tmp_path / "proc"))
+    monkeypatch.setattr(cores, "_CGROUP_ROOT", str(tmp_path / "sys"))
+
+
+def test_cgroup_v2_cpuset_and_quota(monkeypatch, tmp_path):
+    _fake_cgroups(monkeypatch, tmp_path, "0::/job_7/step_0\n", {
+        "job_7/step_0/cpuset.cpus.effective": "4-7\n",
+        "job_7/step_0/cpu.max": "150000 100000\n"})
+    assert cores._cgroup_cpus() == 4
+    assert cores._cgroup_quota_cpus() == 2  # 1.5 CPUs' time, rounded up
+    (tmp_path / "sys" / "job_7/step_0/cpu.max").write_text("max 100000\n")
+    assert cores._cgroup_quota_cpus() is None
+
+
+def test_cgroup_v1_cpuset_and_quota(monkeypatch, tmp_path):
+    _fake_cgroups(monkeypatch, tmp_path, "4:cpu,cpuacct:/docker/abc\n3:cpuset:/docker/abc\n", {
+        "cpuset/docker/abc/cpuset.effective_cpus": "0,2,4\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"})
+    assert cores._cgroup_cpus() == 3
+    assert cores._cgroup_quota_cpus() == 2
+    (tmp_path / "sys" / "cpu,cpuacct/docker/abc/cpu.cfs_quota_us").write_text("-1\n")
+    assert cores._cgroup_quota_cpus() is None
+
+
+def test_a_cpu_quota_caps_the_cores_and_the_node(monkeypatch, tmp_path):
+    """A container run with --cpus=2 sees every CPU of a 64-CPU host: four
+    unbound ranks there share two CPUs' time, one thread each."""
+    _fake_cgroups(monkeypatch, tmp_path, "0::/\n", {"cpu.max": "200000 100000\n"})
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setenv("MPI_LOCALNRANKS", "4")
+    monkeypatch.delenv("SLURM_CPUS_ON_NODE", raising=False)
+    share = runtime.launch_estimate()
+    assert (share.cores, share.node_cores) == (2, 2)
+    assert share.oversubscribed and share.threads == 1
