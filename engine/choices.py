@@ -52,12 +52,14 @@ def seed_value(text: str) -> int:
 
 def thread_count(text: str) -> int:
     """A ``--threads`` (argparse type): a whole number >= 1 (torch refuses
-    others with a traceback); leaving the option out picks cores // ranks."""
+    others with a traceback); leaving the option out picks mpidp's own count
+    (:func:`engine.run.threads.configure_threads`)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1 (leave --threads out "
-                                         "for cores // ranks per node)")
+                                         "for a rank's bound cores, or cores // ranks per "
+                                         "node)")
     return value

@@ -115,7 +115,7 @@ class TrainConfig:
         if self.seed is not None and self.seed < 0:
             fail(f"--seed {self.seed} must be a whole number >= 0")
         if self.threads is not None and self.threads < 1:
-            fail(f"--threads {self.threads} must be at least 1 (None: cores // ranks)")
+            fail(f"--threads {self.threads} must be at least 1 (None: mpidp's own count)")
         if self.allreduce not in collectives.names():
             fail(f"--allreduce {self.allreduce!r}: choose from {', '.join(collectives.names())}")
         if self.batch_size < 1:

@@ -133,8 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--allreduce", default="auto",
                       help="comma-separated all-reduce algorithms (default: auto)")
     what.add_argument("--threads", default="auto",
-                      help="comma-separated thread policies per rank: auto (cores // ranks, "
-                      "as mpidp train) or a number (default: auto)")
+                      help="comma-separated thread policies per rank: auto (as mpidp train: "
+                      "a rank's bound cores, or cores // ranks) or a number (default: auto)")
     what.add_argument("--epochs", type=int, default=None,
                       help="epochs per run, the maximum with --target-accuracy (default: the "
                       "preset's: seed and mlbench-2a 10, mlbench-1a 164, dp-sweep 2)")
