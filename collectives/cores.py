@@ -11,9 +11,12 @@ uses it before ``MPI_Init``.
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["CoreShare", "available_cores", "node_cpus", "oversubscribed_anywhere"]
+__all__ = ["CoreShare", "RankFacts", "available_cores", "node_cpus", "node_views",
+           "oversubscribed_anywhere", "rank_facts"]
 
 
 def available_cores() -> int:
@@ -165,17 +168,57 @@ class CoreShare:
         return max(1, min(self.cores, self.capacity // (self.local_ranks or 1)))
 
 
-def oversubscribed_anywhere(facts: list[tuple[str, tuple[int, ...], bool]]) -> bool:
-    """Whether any node of a communicator has more ranks than cores for them,
-    given every rank's :func:`sharing_facts`: a rank's estimate says so, or
-    the ranks of one host outnumber the union of their masks (which catches
-    ranks confined together, e.g. ``taskset -c 0 mpiexec -n 2``)."""
-    if any(estimate for _, _, estimate in facts):
-        return True
-    masks: dict[str, set[int]] = {}
-    ranks: dict[str, int] = {}
-    for host, mask, _ in facts:
-        if mask:
-            masks.setdefault(host, set()).update(mask)
-            ranks[host] = ranks.get(host, 0) + 1
-    return any(ranks[host] > len(cores) for host, cores in masks.items())
+class RankFacts(NamedTuple):
+    """What one rank tells the others of its node (:func:`node_views`)."""
+
+    host: str
+    #: The CPUs of its affinity mask (empty where the system has none to read).
+    mask: tuple[int, ...]
+    #: Its cgroup CPU quota in CPUs (None: no quota).
+    quota: int | None
+    #: What it made of its node alone (:class:`CoreShare`).
+    estimate: CoreShare
+
+
+def rank_facts(estimate: CoreShare) -> RankFacts:
+    """This rank's :class:`RankFacts` (local call)."""
+    try:
+        mask = tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux: no mask to compare
+        mask = ()
+    return RankFacts(platform.node(), mask, _cgroup_quota_cpus(), estimate)
+
+
+def node_views(facts: list[RankFacts]) -> list[CoreShare]:
+    """Every rank's :class:`CoreShare` from the facts of all ranks of a
+    communicator (index = rank).
+
+    Where the communicator holds every rank of a host (as many as the
+    launcher announced, or it announced none) the view is exact: the ranks
+    there, each one's mask, the union of their masks. That is right where a
+    rank's lone estimate cannot be: a rank started through a wrapper that was
+    bound with it (``srun ./wrapper.sh``), or ranks confined together
+    (``taskset -c 0 mpiexec -n 2``). Elsewhere (part of a host's ranks, as in
+    ``mpidp tune``'s groups, or a mask missing) each rank keeps its estimate.
+    """
+    by_host: dict[str, list[int]] = {}
+    for i, fact in enumerate(facts):
+        by_host.setdefault(fact.host, []).append(i)
+    views = [fact.estimate for fact in facts]
+    for ranks in by_host.values():
+        announced = {facts[i].estimate.local_ranks for i in ranks}
+        if any(not facts[i].mask for i in ranks) or announced - {None, len(ranks)}:
+            continue
+        union = set().union(*(facts[i].mask for i in ranks))
+        for i in ranks:
+            quota = facts[i].quota or len(union)
+            mine = min(len(facts[i].mask), quota)
+            views[i] = CoreShare(local_ranks=len(ranks), cores=mine,
+                                 node_cores=max(min(len(union), quota), mine))
+    return views
+
+
+def oversubscribed_anywhere(facts: list[RankFacts]) -> bool:
+    """Whether any host of a communicator has more ranks than cores for them
+    (:func:`node_views`; one verdict for every rank)."""
+    return any(view.oversubscribed for view in node_views(facts))

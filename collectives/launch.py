@@ -24,6 +24,21 @@ _JOB_VARIABLES = ("PMI_", "MPI_LOCAL", "OMPI_", "PMIX_", "HYDRA_", "MV2_COMM_WOR
 _USER_VARIABLES = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 
 
+#: The variables this process's start-up set itself, as ``NAME=value`` joined
+#: by commas, so that a job it launches chooses its own
+#: (:func:`child_env`, :func:`defaults_set_here`; set by
+#: :mod:`collectives.runtime`).
+SET_HERE = "MPIDP_MPI_DEFAULTS_SET"
+
+
+def defaults_set_here(env: "os._Environ[str] | dict[str, str]") -> set[str]:
+    """Names of the variables in ``env`` that an mpidp start-up set (and that
+    still hold the value it set: one changed since is someone's choice)."""
+    recorded = dict(item.split("=", 1) for item in env.get(SET_HERE, "").split(",")
+                    if "=" in item)
+    return {name for name, value in recorded.items() if env.get(name) == value}
+
+
 class LaunchError(Exception):
     """A launch command that cannot be used; a user error (``exit_code``, see
     :mod:`engine.spmd`)."""
@@ -77,9 +92,11 @@ def launcher_argv(template: str, ranks: int) -> list[str]:
 
 def child_env(**extra: str) -> dict[str, str]:
     """This environment without the variables of the MPI job we may be inside,
-    plus ``extra``. The user's Open MPI settings stay: the permission to run
-    as root, and outside an Open MPI job every ``OMPI_MCA_`` parameter (inside
-    one, its launcher's are mixed with them and all go)."""
+    plus ``extra``, and without the MPI defaults mpidp's start-up set in this
+    process (its ranks choose their own). The user's Open MPI settings stay:
+    the permission to run as root, and outside an Open MPI job every
+    ``OMPI_MCA_`` parameter (inside one, its launcher's are mixed with them
+    and all go)."""
     inside_open_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ
 
     def kept(name: str) -> bool:
@@ -89,6 +106,9 @@ def child_env(**extra: str) -> dict[str, str]:
             return True
         return not name.startswith(_JOB_VARIABLES)
 
-    env = {k: v for k, v in os.environ.items() if kept(k)}
+    # the MPI defaults this process's start-up chose for itself: the launched
+    # job's ranks choose their own (collectives.runtime.SET_HERE)
+    ours = defaults_set_here(os.environ) | {SET_HERE}
+    env = {k: v for k, v in os.environ.items() if kept(k) and k not in ours}
     env.update(extra)
     return env

@@ -32,10 +32,12 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from collectives.cores import CoreShare, available_cores, node_cpus, oversubscribed_anywhere
+from collectives.cores import (CoreShare, RankFacts, available_cores, node_cpus, node_views,
+                               oversubscribed_anywhere, rank_facts)
+from collectives.launch import SET_HERE, defaults_set_here
 
 __all__ = ["MPI", "LaunchError", "LaunchInfo", "CoreShare", "launch_info", "launch_estimate",
-           "check_launch", "available_cores", "node_cpus", "sharing_facts",
+           "check_launch", "available_cores", "node_cpus", "node_share", "sharing_facts",
            "oversubscribed_anywhere"]
 
 #: Environment variables through which launchers announce the job's size.
@@ -75,26 +77,31 @@ def launch_estimate() -> CoreShare:
                      node_cores=node_cpus())
 
 
-def sharing_facts() -> tuple[str, tuple[int, ...], bool]:
-    """What :func:`oversubscribed_anywhere` needs from this rank: its host, its
-    affinity mask and its own estimate (local call)."""
-    try:
-        mask = tuple(sorted(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux: no mask to compare
-        mask = ()
-    return platform.node(), mask, launch_estimate().oversubscribed
+def sharing_facts() -> RankFacts:
+    """This rank's facts for :func:`collectives.cores.node_views` (local call)."""
+    return rank_facts(launch_estimate())
+
+
+def node_share(comm: "MPI.Intracomm") -> CoreShare:
+    """This rank's :class:`CoreShare` as the ranks of ``comm`` see it together
+    (:func:`collectives.cores.node_views`): exact where ``comm`` holds every
+    rank of this node. Collective over ``comm``: every rank must call it."""
+    return node_views(comm.allgather(sharing_facts()))[comm.Get_rank()]
 
 
 def _configure_environment() -> None:
     """Set MPI defaults in ``os.environ``; runs once, before MPI is imported."""
     env = os.environ
     if launch_estimate().oversubscribed:
-        env.setdefault("MPI4PY_RC_THREAD_LEVEL", "multiple")
-        env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
-        env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "100")
-        env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        defaults = {"MPI4PY_RC_THREAD_LEVEL": "multiple", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",
+                    "MPIR_CVAR_POLLS_BEFORE_YIELD": "100", "OMPI_MCA_mpi_yield_when_idle": "1"}
     else:
-        env.setdefault("MPI4PY_RC_THREAD_LEVEL", "funneled")
+        defaults = {"MPI4PY_RC_THREAD_LEVEL": "funneled"}
+    inherited = defaults_set_here(env)
+    mine = [name for name in defaults if name not in env or name in inherited]
+    for name in mine:
+        env[name] = defaults[name]
+    env[SET_HERE] = ",".join(f"{name}={defaults[name]}" for name in mine)
 
 
 def _late_import_warning() -> None:

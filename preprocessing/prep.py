@@ -32,7 +32,7 @@ import importlib.metadata
 import os
 
 from collectives import MPI
-from collectives.runtime import CoreShare, available_cores, node_cpus
+from collectives.runtime import node_share
 from preprocessing import (atomic, dictionary, encoding, h5format, h5write, households,
                            inputs, taskfile, tasks)
 from preprocessing.agreement import agree
@@ -267,12 +267,9 @@ def _version() -> str:
 
 def _threads_per_rank(comm) -> int:
     """Parser threads per rank: the cores a launcher bound this rank to, or
-    this node's cores shared by the ranks on it (collective over ``comm``)."""
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    ranks_here = local.Get_size()
-    local.Free()
-    return CoreShare(local_ranks=ranks_here, cores=available_cores(),
-                     node_cores=node_cpus()).threads
+    this node's cores shared by the ranks on it (collective over ``comm``;
+    :func:`collectives.runtime.node_share`)."""
+    return node_share(comm).threads
 
 
 def _reuse_freed_memory() -> None:

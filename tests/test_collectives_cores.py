@@ -43,16 +43,48 @@ def test_node_cpus_takes_the_narrowest_source(monkeypatch):
     assert cores.node_cpus() == 48
 
 
+def _facts(host, mask, local=None, oversubscribed=False, quota=None):
+    """A rank's facts; its estimate says ``oversubscribed`` or not."""
+    estimate = cores.CoreShare(local_ranks=local, cores=len(mask) or 1, node_cores=64)
+    if oversubscribed:  # e.g. a rank whose bound wrapper hid the launcher's mask
+        estimate = cores.CoreShare(local_ranks=local, cores=1, node_cores=1)
+    return cores.RankFacts(host, tuple(mask), quota, estimate)
+
+
 @pytest.mark.parametrize("facts, expected", [
-    ([("a", (0,), False), ("a", (1,), False)], False),         # a core each
-    ([("a", (0,), False), ("a", (0,), False)], True),          # taskset -c 0 mpiexec -n 2
-    ([("a", (0, 1), False), ("b", (0, 1), False)], False),     # two nodes
-    ([("a", (0,), False), ("b", (0,), False), ("b", (0,), False)], True),
-    ([("a", (0, 1), True), ("a", (0, 1), False)], True),       # one rank's estimate
-    ([("a", (), False), ("a", (), False)], False),             # no masks to compare
+    ([_facts("a", (0,), 2), _facts("a", (1,), 2)], False),          # a core each
+    ([_facts("a", (0,), 2), _facts("a", (0,), 2)], True),           # taskset -c 0 mpiexec -n 2
+    ([_facts("a", (0, 1), 1), _facts("b", (0, 1), 1)], False),      # two nodes
+    ([_facts("a", (0,), 1), _facts("b", (0,), 2), _facts("b", (0,), 2)], True),
+    ([_facts("a", (0, 1), 4, True), _facts("a", (0, 1), 4)], True),  # part of a host: estimates
+    ([_facts("a", (0,), 2, True), _facts("a", (1,), 2, True)], False),  # whole host: exact wins
+    ([_facts("a", ()), _facts("a", ())], False),                    # no masks to compare
 ])
 def test_oversubscribed_anywhere(facts, expected):
     assert cores.oversubscribed_anywhere(facts) is expected
+
+
+def test_node_views_see_through_a_bound_wrapper():
+    """`srun --cpus-per-task=4 ./wrapper.sh` on 16 cores: each rank's parent is
+    the bound wrapper, so alone it reads 4 ranks sharing its 4 cores (1 thread);
+    together the four masks cover 16 cores: 4 threads each."""
+    masks = [tuple(range(4 * i, 4 * i + 4)) for i in range(4)]
+    alone = cores.CoreShare(local_ranks=4, cores=4, node_cores=4)
+    facts = [cores.RankFacts("n1", mask, None, alone) for mask in masks]
+    assert alone.threads == 1
+    views = cores.node_views(facts)
+    assert [v.threads for v in views] == [4, 4, 4, 4]
+    assert not any(v.oversubscribed for v in views)
+    # a quota of 8 CPUs for the container holding all four
+    quota = [cores.RankFacts("n1", mask, 8, alone) for mask in masks]
+    assert [v.threads for v in cores.node_views(quota)] == [2, 2, 2, 2]
+
+
+def test_node_views_keep_estimates_for_part_of_a_host():
+    """tune's groups: two of a host's four announced ranks cannot judge the host."""
+    estimate = cores.CoreShare(local_ranks=4, cores=1, node_cores=4)
+    facts = [cores.RankFacts("n1", (0,), None, estimate), cores.RankFacts("n1", (1,), None, estimate)]
+    assert cores.node_views(facts) == [estimate, estimate]
 
 
 def _fake_cgroups(monkeypatch, tmp_path, listing: str, files: dict[str, str]) -> None:

@@ -31,10 +31,7 @@ def test_without_the_launchers_count_the_ranks_of_the_node_are_counted(comm, mon
         monkeypatch.delenv(name, raising=False)
     alone, _ = configure_threads(None)  # no communicator: nothing to count
     threads, local = configure_threads(None, comm)
-    here = comm.Split_type(runtime.MPI.COMM_TYPE_SHARED)
-    expected_local = here.Get_size()
-    here.Free()
-    share = runtime.CoreShare(local_ranks=expected_local, cores=runtime.available_cores(),
-                              node_cores=runtime.node_cpus())
-    assert local == expected_local and threads == share.threads
-    assert alone == runtime.CoreShare(None, share.cores, share.node_cores).threads
+    size = comm.Get_size()  # the tests' ranks share one machine, unbound
+    assert local == size
+    assert threads == max(1, runtime.available_cores() // size)
+    assert alone == runtime.available_cores()

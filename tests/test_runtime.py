@@ -104,3 +104,30 @@ def test_each_launchers_local_rank_count_is_read(monkeypatch, name):
         monkeypatch.delenv(other, raising=False)
     monkeypatch.setenv(name, "6")
     assert runtime.launch_estimate().local_ranks == 6
+
+
+def test_the_defaults_set_here_are_named_and_not_handed_to_a_launched_job(monkeypatch):
+    """`mpidp bench scaling` (one process, funneled) launched `mpiexec -n 4` on
+    2 cores whose ranks inherited its funneled and no yield settings, and spun."""
+    import os
+
+    from collectives.launch import child_env
+
+    for name in ("MPI4PY_RC_THREAD_LEVEL", "MPIR_CVAR_ENABLE_HEAVY_YIELD", runtime.SET_HERE):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("MPI_LOCALNRANKS", raising=False)
+    runtime._configure_environment()  # a process alone: funneled
+    assert os.environ["MPI4PY_RC_THREAD_LEVEL"] == "funneled"
+    assert os.environ[runtime.SET_HERE] == "MPI4PY_RC_THREAD_LEVEL=funneled"
+    env = child_env()
+    assert "MPI4PY_RC_THREAD_LEVEL" not in env and runtime.SET_HERE not in env
+    # a child that inherited them anyway (a plain subprocess) chooses again
+    monkeypatch.setenv("MPI_LOCALNRANKS", str(runtime.available_cores() + 2))
+    runtime._configure_environment()
+    assert os.environ["MPI4PY_RC_THREAD_LEVEL"] == "multiple"
+    assert "MPIR_CVAR_ENABLE_HEAVY_YIELD=1" in os.environ[runtime.SET_HERE].split(",")
+    # the user's own setting is neither changed nor dropped
+    monkeypatch.setenv("MPI4PY_RC_THREAD_LEVEL", "serialized")  # set since: the user's
+    runtime._configure_environment()
+    assert os.environ["MPI4PY_RC_THREAD_LEVEL"] == "serialized"
+    assert child_env()["MPI4PY_RC_THREAD_LEVEL"] == "serialized"

@@ -154,7 +154,7 @@ class CommState:
         self.placement = placement_of(self.size, self.oversubscribed, "shm-pair" in kinds,
                                       "shm-group" in kinds)
         #: The tunings of ``auto`` on this machine and layout (None: static table).
-        self.store = self._store([host for host, _, _ in facts]) if self.size > 1 else None
+        self.store = self._store([fact.host for fact in facts]) if self.size > 1 else None
 
     def _store(self, hosts: list[str]) -> tuning.Store | None:
         """Rank 0 reads this machine's tunings and shares them (collective, on

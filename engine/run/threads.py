@@ -4,9 +4,7 @@ from __future__ import annotations
 import numba
 import torch
 
-from dataclasses import replace
-
-from collectives.runtime import MPI, launch_info
+from collectives.runtime import MPI, launch_info, node_share
 
 
 def configure_threads(requested: int | None, comm: "MPI.Intracomm | None" = None
@@ -15,18 +13,16 @@ def configure_threads(requested: int | None, comm: "MPI.Intracomm | None" = None
     rank to, or else this node's cores divided by its ranks (at least 1;
     :attr:`collectives.runtime.CoreShare.threads`).
 
-    The ranks on this node are the launcher's count; with ``comm`` (then a
-    collective over it), where the launcher announced none, the ranks of
-    ``comm`` that share this node. Applies to torch and Numba, and turns on
-    flush-to-zero for denormals. Returns (threads, ranks on this node).
+    Alone, a rank judges from the launcher's count of ranks on its node and
+    its own affinity mask (:func:`collectives.runtime.launch_info`); with
+    ``comm`` (then a collective over it) the ranks compare their masks, which
+    is exact where ``comm`` holds every rank of the node
+    (:func:`collectives.runtime.node_share`: a launcher that announced no
+    count, a wrapper script bound with its rank). Applies to torch and Numba,
+    and turns on flush-to-zero for denormals. Returns (threads, ranks on this
+    node).
     """
-    launch = launch_info()
-    if comm is not None and comm.Get_size() > 1:
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        here = node.Get_size()  # collective on every rank alike, whatever it announced
-        node.Free()
-        if launch.local_ranks is None:
-            launch = replace(launch, local_ranks=here)
+    launch = node_share(comm) if comm is not None and comm.Get_size() > 1 else launch_info()
     local = launch.local_ranks or 1
     threads = requested or launch.threads
     torch.set_num_threads(threads)
