@@ -1,12 +1,13 @@
-"""How the ranks of a node share its cores: what one process can see alone.
+"""How the ranks of a node share its cores.
 
 A rank's affinity mask alone cannot tell ranks left to share every core
 from ranks a launcher bound to cores of their own (``srun --cpu-bind``,
-Open MPI's default at two ranks, Hydra's ``-bind-to core``): this module
+Open MPI's default at two ranks, Hydra's ``-bind-to core``): alone, a rank
 also counts the node's cores from the job's share of it (the cgroup's
-cpuset and CPU quota, ``SLURM_CPUS_ON_NODE``) and from the launcher's own
-mask (docs/design/bound-ranks.md). No MPI here: :mod:`collectives.runtime`
-uses it before ``MPI_Init``.
+cpuset and CPU quota, ``SLURM_CPUS_ON_NODE``) and from the mask of the
+launcher's process on the node (:class:`CoreShare`); together, the ranks
+compare their masks (:func:`node_views`). Docs: docs/design/bound-ranks.md.
+No MPI here: :mod:`collectives.runtime` uses it before ``MPI_Init``.
 """
 from __future__ import annotations
 
@@ -103,10 +104,44 @@ def _cgroup_quota_cpus() -> int | None:
     return None
 
 
+#: Names (as in /proc/PID/comm) of the per-node processes of launchers, which
+#: keep the mask they narrow for their ranks: Hydra's proxy, Slurm's step
+#: daemon, Open MPI's (PRRTE's) daemons, HPE Cray PALS's, Flux's task shell.
+LAUNCHER_DAEMONS = frozenset({"hydra_pmi_proxy", "pmi_proxy", "slurmstepd", "prted", "orted",
+                              "prterun", "mpirun", "mpiexec", "mpiexec.hydra", "palsd",
+                              "flux-shell"})
+#: How far up the process tree a launcher's daemon is looked for.
+ANCESTORS = 8
+_PROC = "/proc"
+
+
+def _parent_of(pid: int) -> tuple[str, int] | None:
+    """(name, parent pid) of process ``pid`` from /proc, or None."""
+    text = _read_text(f"{_PROC}/{pid}/stat")
+    if not text or ")" not in text:
+        return None
+    name = text[text.index("(") + 1:text.rindex(")")]  # the name may hold spaces
+    fields = text[text.rindex(")") + 2:].split()
+    return (name, int(fields[1])) if len(fields) > 1 and fields[1].isdigit() else None
+
+
 def _parent_cpus() -> int | None:
-    """CPUs the parent process (the launcher's proxy) may run on, or None."""
+    """CPUs the launcher's daemon on this node may run on: the nearest
+    ancestor named in :data:`LAUNCHER_DAEMONS` (so that a wrapper script bound
+    with its rank is seen through), else the parent process; None if unknown."""
+    pid = os.getppid()
+    target = pid
+    for _ in range(ANCESTORS):
+        found = _parent_of(pid) if pid > 1 else None
+        if found is None:
+            break
+        name, parent = found
+        if name in LAUNCHER_DAEMONS:
+            target = pid
+            break
+        pid = parent
     try:
-        return len(os.sched_getaffinity(os.getppid())) or None
+        return len(os.sched_getaffinity(target)) or None
     except (AttributeError, OSError):
         return None
 

@@ -129,3 +129,31 @@ def test_a_cpu_quota_caps_the_cores_and_the_node(monkeypatch, tmp_path):
     share = runtime.launch_estimate()
     assert (share.cores, share.node_cores) == (2, 2)
     assert share.oversubscribed and share.threads == 1
+
+
+def test_the_launchers_daemon_is_found_above_a_wrapper(monkeypatch, tmp_path):
+    """python (pid 40) <- bash, bound with it (30) <- hydra_pmi_proxy (20): the
+    proxy's mask is the node's share, not the wrapper's."""
+    tree = {40: ("python3", 30), 30: ("bash", 20), 20: ("hydra_pmi_proxy", 10),
+            10: ("mpiexec", 1)}
+    masks = {30: {0}, 20: {0, 1, 2, 3}, 10: {0, 1, 2, 3}, 40: {0}}
+    for pid, (name, parent) in tree.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({name}) S {parent} 1 1 0 -1\n")
+    monkeypatch.setattr(cores, "_PROC", str(tmp_path))
+    monkeypatch.setattr(cores.os, "getppid", lambda: 30)
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: masks[pid])
+    assert cores._parent_cpus() == 4
+    tree_text = (tmp_path / "20" / "stat").read_text().replace("hydra_pmi_proxy", "sshd")
+    (tmp_path / "20" / "stat").write_text(tree_text)  # no launcher known above (10 is)
+    assert cores._parent_cpus() == 4  # mpiexec itself, one level up
+    (tmp_path / "10" / "stat").write_text("10 (sshd) S 1 1 1 0 -1\n")
+    assert cores._parent_cpus() == 1  # none at all: the parent's own mask
+
+
+def test_a_process_name_with_spaces_and_parentheses_is_read(monkeypatch, tmp_path):
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "stat").write_text("77 (my (odd) prog) S 12 1 1 0 -1\n")
+    monkeypatch.setattr(cores, "_PROC", str(tmp_path))
+    assert cores._parent_of(77) == ("my (odd) prog", 12)
+    assert cores._parent_of(78) is None  # no such process
