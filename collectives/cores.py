@@ -17,17 +17,22 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["CoreShare", "RankFacts", "available_cores", "node_cpus", "node_views",
-           "oversubscribed_anywhere", "rank_facts"]
+           "oversubscribed_anywhere", "rank_facts", "share_alone"]
 
 
 def available_cores() -> int:
     """Cores this process may run on (its affinity mask, and no more than its
     cgroup's CPU quota), at least 1."""
+    return _cores_under(_cgroup_quota_cpus())
+
+
+def _cores_under(quota: int | None) -> int:
+    """:func:`available_cores` with the quota already read."""
     try:
         mask = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
-    return max(1, min(mask, _cgroup_quota_cpus() or mask))
+    return max(1, min(mask, quota or mask))
 
 
 def _cpu_list_size(text: str) -> int | None:
@@ -149,16 +154,34 @@ def _parent_cpus() -> int | None:
 def node_cpus() -> int:
     """CPUs the ranks of this node may share, as far as one process can tell
     alone (no communication): the fewest of this process's cgroup cpuset and
-    CPU quota, Slurm's CPUs for the job on this node (``SLURM_CPUS_ON_NODE``) and the
-    parent process's affinity mask (a launcher's proxy keeps the mask it
-    narrows for its ranks; one itself confined, as by ``taskset``, passes
-    its confinement on); ``os.cpu_count()`` where none is known. Never fewer
-    than :func:`available_cores`."""
-    found = [n for n in (_cgroup_cpus(), _cgroup_quota_cpus(), _parent_cpus()) if n]
+    CPU quota, Slurm's CPUs for the job on this node (``SLURM_CPUS_ON_NODE``)
+    and the mask of the launcher's process on the node (:func:`_parent_cpus`:
+    it keeps the mask it narrows for its ranks; one itself confined, as by
+    ``taskset``, passes its confinement on); ``os.cpu_count()`` where none is
+    known. Never fewer than :func:`available_cores`."""
+    quota = _cgroup_quota_cpus()
+    return _node_cpus(quota, _cores_under(quota))
+
+
+def _node_cpus(quota: int | None, cores: int) -> int:
+    """:func:`node_cpus` with the quota and this process's cores already known."""
+    found = [n for n in (_cgroup_cpus(), quota, _parent_cpus()) if n]
     slurm = os.environ.get("SLURM_CPUS_ON_NODE", "")
     if slurm.isdigit() and int(slurm) > 0:
         found.append(int(slurm))
-    return max(min(found) if found else os.cpu_count() or 1, available_cores())
+    return max(min(found) if found else os.cpu_count() or 1, cores)
+
+
+def share_alone(local_ranks: int | None) -> CoreShare:
+    """This rank's :class:`CoreShare` from what it sees alone, given the ranks
+    the launcher announced on this node."""
+    return _share(local_ranks, _cgroup_quota_cpus())
+
+
+def _share(local_ranks: int | None, quota: int | None) -> CoreShare:
+    """:func:`share_alone` with the quota already read (each source read once)."""
+    cores = _cores_under(quota)
+    return CoreShare(local_ranks=local_ranks, cores=cores, node_cores=_node_cpus(quota, cores))
 
 
 @dataclass(frozen=True)
@@ -215,13 +238,15 @@ class RankFacts(NamedTuple):
     estimate: CoreShare
 
 
-def rank_facts(estimate: CoreShare) -> RankFacts:
-    """This rank's :class:`RankFacts` (local call)."""
+def rank_facts(local_ranks: int | None) -> RankFacts:
+    """This rank's :class:`RankFacts`, given the ranks the launcher announced
+    on this node (local call)."""
     try:
         mask = tuple(sorted(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux: no mask to compare
         mask = ()
-    return RankFacts(platform.node(), mask, _cgroup_quota_cpus(), estimate)
+    quota = _cgroup_quota_cpus()
+    return RankFacts(platform.node(), mask, quota, _share(local_ranks, quota))
 
 
 def node_views(facts: list[RankFacts]) -> list[CoreShare]:

@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 
 from collectives.cores import (CoreShare, RankFacts, available_cores, node_cpus, node_views,
-                               oversubscribed_anywhere, rank_facts)
+                               oversubscribed_anywhere, rank_facts, share_alone)
 from collectives.launch import SET_HERE, defaults_set_here
 
 __all__ = ["MPI", "LaunchError", "LaunchInfo", "CoreShare", "launch_info", "launch_estimate",
@@ -73,13 +73,12 @@ def x86_64() -> bool:
 
 def launch_estimate() -> CoreShare:
     """This node's :class:`CoreShare` (local call, before or after ``MPI_Init``)."""
-    return CoreShare(local_ranks=_local_ranks_announced(), cores=available_cores(),
-                     node_cores=node_cpus())
+    return share_alone(_local_ranks_announced())
 
 
 def sharing_facts() -> RankFacts:
     """This rank's facts for :func:`collectives.cores.node_views` (local call)."""
-    return rank_facts(launch_estimate())
+    return rank_facts(_local_ranks_announced())
 
 
 def node_share(comm: "MPI.Intracomm") -> CoreShare:

@@ -381,8 +381,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seed of the model init, sampling and noise (default: random; "
                         "a known seed makes the noise reproducible: experiments only)")
     system.add_argument("--threads", type=thread_count, default=None,
-                        help="torch/numba threads per rank (default: the cores the launcher bound the "
-                        "rank to, else the node's cores // its ranks)")
+                        help="torch/numba threads per rank (default: the cores the launcher "
+                        "bound the rank to, else the node's cores // its ranks)")
     system.add_argument("--device", choices=("cpu", "cuda"), default=d.device,
                         help="cpu, or cuda: one GPU per rank, chosen by the rank's place on "
                         "its node; needs the GPU extra (docs/gpus.md) (default: cpu)")

@@ -21,7 +21,7 @@ import sys
 import collectives
 from collectives import MPI
 from collectives.machine import mpi_library
-from collectives.runtime import launch_info, mpi_cuda_support
+from collectives.runtime import CoreShare, launch_info, mpi_cuda_support, node_share
 from engine import __version__
 from kernels.probe import probe_all
 
@@ -72,8 +72,9 @@ def versions() -> dict[str, str]:
     return result
 
 
-def rank_facts() -> dict:
-    """Facts about this rank (local, no communication)."""
+def rank_facts(share: CoreShare) -> dict:
+    """Facts about this rank (local, no communication); ``share``: how its node's
+    cores are shared, as the ranks see it together (:func:`node_share`)."""
     # deferred: keeps `mpidp info --help` fast
     import numba
     import torch
@@ -85,12 +86,13 @@ def rank_facts() -> dict:
         "rank": launch.rank,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "local_ranks": launch.local_ranks,
-        "cores": launch.cores,
-        "node_cores": launch.node_cores,
-        "bound": launch.bound,
-        "oversubscribed": launch.oversubscribed,
-        "threads": launch.threads,
+        "local_ranks": share.local_ranks,
+        "cores": share.cores,
+        "node_cores": share.node_cores,
+        "bound": share.bound,
+        "oversubscribed": share.oversubscribed,
+        "capacity": share.capacity,
+        "threads": share.threads,
         "torch_threads": torch.get_num_threads(),
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
         "mpi_thread_level": levels.get(MPI.Query_thread(), "unknown"),
@@ -104,7 +106,7 @@ def rank_facts() -> dict:
 def collect() -> dict | None:
     """Gather the report on rank 0 (collective over COMM_WORLD); None elsewhere."""
     comm = MPI.COMM_WORLD
-    ranks = comm.gather(rank_facts(), root=0)
+    ranks = comm.gather(rank_facts(node_share(comm)), root=0)  # node_share: collective
     reduce_facts = allreduce_facts(comm)  # collective
     if comm.Get_rank() != 0:
         return None
@@ -150,9 +152,8 @@ def format_report(report: dict) -> str:
     over = [r for r in report["ranks"] if r["oversubscribed"]]
     bound = [r for r in report["ranks"] if r["bound"]]
     if over:
-        cores = over[0]["node_cores"] if over[0]["bound"] else over[0]["cores"]
-        lines.append(f"  oversubscribed: {over[0]['local_ranks']} ranks on {cores} cores;"
-                     " waiting ranks yield the CPU (MPICH's heavy yield, Open MPI's"
+        lines.append(f"  oversubscribed: {over[0]['local_ranks']} ranks on {over[0]['capacity']}"
+                     " cores; waiting ranks yield the CPU (MPICH's heavy yield, Open MPI's"
                      " yield_when_idle)")
     elif bound:
         lines.append(f"  bound: the launcher gave each rank cores of its own ({bound[0]['cores']}"

@@ -19,8 +19,9 @@ a lock while one measures.
 ``MPIDP_VECTOR_WIDTH=256`` or ``512`` forces a width, ``host`` keeps LLVM's
 choice, ``auto`` (the default) measures, ``cached`` takes the cached choice
 where there is one and LLVM's otherwise, never measuring (``mpidp info``,
-which reports and must not spend a first run's seconds measuring). A ``NUMBA_CPU_FEATURES`` set by the
-user is left alone. A CPU without AVX-512 has nothing to choose.
+which reports and must not spend a first run's seconds measuring). A
+``NUMBA_CPU_FEATURES`` set by the user is left alone. A CPU without AVX-512
+has nothing to choose.
 
 Numba fixes its target when the process decorates its first ``@njit``
 function, so every module of mpidp that decorates one imports this module

@@ -27,7 +27,7 @@ def test_cpu_lists_are_counted():
 
 
 def test_node_cpus_takes_the_narrowest_source(monkeypatch):
-    monkeypatch.setattr(cores, "available_cores", lambda: 1)
+    monkeypatch.setattr(cores, "_cores_under", lambda quota: 1)
     monkeypatch.setattr(cores, "_cgroup_cpus", lambda: 64)
     monkeypatch.setattr(cores, "_parent_cpus", lambda: 64)
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "8")
@@ -39,7 +39,7 @@ def test_node_cpus_takes_the_narrowest_source(monkeypatch):
     monkeypatch.setattr(cores, "_cgroup_cpus", lambda: None)
     monkeypatch.setattr(cores.os, "cpu_count", lambda: 32)
     assert cores.node_cpus() == 32
-    monkeypatch.setattr(cores, "available_cores", lambda: 48)  # never below our own
+    monkeypatch.setattr(cores, "_cores_under", lambda quota: 48)  # never below our own
     assert cores.node_cpus() == 48
 
 
@@ -83,7 +83,7 @@ def test_node_views_see_through_a_bound_wrapper():
 def test_node_views_keep_estimates_for_part_of_a_host():
     """tune's groups: two of a host's four announced ranks cannot judge the host."""
     estimate = cores.CoreShare(local_ranks=4, cores=1, node_cores=4)
-    facts = [cores.RankFacts("n1", (0,), None, estimate), cores.RankFacts("n1", (1,), None, estimate)]
+    facts = [cores.RankFacts("n1", (mask,), None, estimate) for mask in (0, 1)]
     assert cores.node_views(facts) == [estimate, estimate]
 
 

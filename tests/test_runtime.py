@@ -78,8 +78,10 @@ def test_bound_ranks_keep_funneled_and_no_yield(monkeypatch):
     """Two ranks each bound to a core of their own are not oversubscribed:
     MPI keeps its fast thread level and waiting ranks keep their cores."""
     monkeypatch.setenv("MPI_LOCALNRANKS", "2")
-    monkeypatch.setattr(runtime, "available_cores", lambda: 1)
-    monkeypatch.setattr(runtime, "node_cpus", lambda: 2)
+    from collectives import cores
+
+    monkeypatch.setattr(cores, "_cores_under", lambda quota: 1)
+    monkeypatch.setattr(cores, "_node_cpus", lambda quota, mine: 2)
     for name in ("MPI4PY_RC_THREAD_LEVEL", "MPIR_CVAR_ENABLE_HEAVY_YIELD",
                  "OMPI_MCA_mpi_yield_when_idle"):
         monkeypatch.delenv(name, raising=False)
@@ -88,7 +90,7 @@ def test_bound_ranks_keep_funneled_and_no_yield(monkeypatch):
 
     assert os.environ["MPI4PY_RC_THREAD_LEVEL"] == "funneled"
     assert "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in os.environ
-    monkeypatch.setattr(runtime, "node_cpus", lambda: 1)  # both on one core
+    monkeypatch.setattr(cores, "_node_cpus", lambda quota, mine: 1)  # both on one core
     monkeypatch.delenv("MPI4PY_RC_THREAD_LEVEL")
     runtime._configure_environment()
     assert os.environ["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"

@@ -151,8 +151,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="also write the full results as JSON to FILE ('-': stdout)")
     parser.add_argument("--threads", type=thread_count, default=None,
-                        help="torch threads per rank (default: the cores the launcher bound the rank "
-                        "to, else the node's cores // its ranks)")
+                        help="torch threads per rank (default: the cores the launcher bound "
+                        "the rank to, else the node's cores // its ranks)")
     parser.add_argument("--progress", dest="progress", action="store_true", default=None,
                         help="progress bars on rank 0 (default: when stderr is a terminal)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")

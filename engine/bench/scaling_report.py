@@ -75,8 +75,8 @@ def describe_series(summary: dict) -> str:
     else:
         batch = f"strong scaling (global batch {summary['batch_size']})"
     threads = summary["threads"]
-    threads_text = ("threads per rank as mpidp train chooses (cores // ranks per node unless bound)" if threads == "auto"
-                    else f"{threads} thread(s) per rank")
+    threads_text = ("threads per rank as mpidp train chooses (cores // ranks per node "
+                    "unless bound)" if threads == "auto" else f"{threads} thread(s) per rank")
     head = ""
     if summary.get("model"):
         head = f"{summary['model']}, "
