@@ -111,6 +111,8 @@ CPUs), else the torch kernel. ``mpidp train --kernels numba|cupy|torch``
 forces one. :mod:`kernels.probe` reports which back-ends this process can
 use (``mpidp info``). :mod:`kernels.numba_target` sets the vector width
 Numba compiles for, measured once per CPU; every module that decorates an
-``@njit`` function imports it first (``collectives``' too). This package
-imports nothing else of mpidp.
+``@njit`` function imports it first (``collectives``' too). Numba kernels are
+decorated by :func:`kernels.shared_compiles.cached_njit`: cached on disk,
+each signature compiled by one of the processes that need it at once. This
+package imports nothing else of mpidp.
 """

@@ -15,13 +15,14 @@ MODULE = '''
 import numba
 import numpy as np
 from kernels.numba_cpu import serial_twin
+from kernels.shared_compiles import cached_njit
 
-@numba.njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def scaled(x, out):
     for i in numba.prange(x.shape[0]):
         out[i] = 3.0 * x[i] + 1.0
 
-scaled_serial = serial_twin(scaled, cache=True)
+scaled_serial = serial_twin(scaled)
 '''
 
 RUN = '''

@@ -20,7 +20,7 @@ PACKAGES = ("engine", "preprocessing", "collectives", "kernels")
 ALLOWED = {
     "engine": ("collectives", "kernels", "preprocessing"),
     "preprocessing": ("collectives", "kernels.files"),
-    "collectives": ("kernels.numba_target", "kernels.files"),
+    "collectives": ("kernels.numba_target", "kernels.shared_compiles", "kernels.files"),
     "kernels": (),
 }
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 import kernels.numba_target  # noqa: F401  (first: Numba's target is fixed by the first @njit)
-from numba import njit, types
+from kernels.shared_compiles import cached_njit
+from numba import types
 from numba.extending import intrinsic
 
 
@@ -36,7 +37,7 @@ def store_fence(typingctx):
     return types.void(), codegen
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def stream_words(dst, src):
     """``dst[:] = src`` (uint64 arrays of equal length) by non-temporal stores, then ``sfence``."""
     for i in range(src.shape[0]):

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import numpy as np
 import kernels.numba_target  # noqa: F401  (first: Numba's target is fixed by the first @njit)
-from numba import njit
+from kernels.shared_compiles import cached_njit
 
 
-@njit(cache=True, nogil=True, inline="always")
+@cached_njit(nogil=True, inline="always")
 def _add1(x, y, nan):
     v = x + y
     return v if v == v else nan
 
 
-@njit(cache=True, nogil=True, inline="always")
+@cached_njit(nogil=True, inline="always")
 def _max1(x, y, nan):
     if x != x or y != y:
         return nan
@@ -40,7 +40,7 @@ def _max1(x, y, nan):
     return x + y if x == 0 else x  # +0/-0: the sum is +0 unless both are -0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@cached_njit(nogil=True, inline="always")
 def _min1(x, y, nan):
     if x != x or y != y:
         return nan
@@ -51,49 +51,49 @@ def _min1(x, y, nan):
     return -((-x) + (-y)) if x == 0 else x  # +0/-0: -0 unless both are +0
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def sum_into(x, y):
     nan = y.dtype.type(np.nan)
     for i in range(y.shape[0]):
         y[i] = _add1(x[i], y[i], nan)
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def sum_apart(a, b, out):
     nan = out.dtype.type(np.nan)
     for i in range(out.shape[0]):
         out[i] = _add1(a[i], b[i], nan)
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def max_into(x, y):
     nan = y.dtype.type(np.nan)
     for i in range(y.shape[0]):
         y[i] = _max1(x[i], y[i], nan)
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def max_apart(a, b, out):
     nan = out.dtype.type(np.nan)
     for i in range(out.shape[0]):
         out[i] = _max1(a[i], b[i], nan)
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def min_into(x, y):
     nan = y.dtype.type(np.nan)
     for i in range(y.shape[0]):
         y[i] = _min1(x[i], y[i], nan)
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def min_apart(a, b, out):
     nan = out.dtype.type(np.nan)
     for i in range(out.shape[0]):
         out[i] = _min1(a[i], b[i], nan)
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def canonical(out):
     """Every NaN of ``out`` becomes the canonical quiet NaN, in place."""
     nan = out.dtype.type(np.nan)

@@ -13,14 +13,15 @@ turns them into positions, which needs one pass and a branch per row.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from kernels.shared_compiles import cached_njit
 
 #: Gaps beyond this are "past the block" whatever the block's size (no int64 overflow).
 _FAR = 4.0e18
 
 
-@numba.njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def bernoulli_rows(exponentials, scale, n, steps, state, rows, offsets):
     """Advance a block's geometric skips over ``exponentials``.
 

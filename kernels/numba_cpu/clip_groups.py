@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kernels.registry import register
+from kernels.shared_compiles import cached_njit
 
 
 @numba.njit(fastmath=True, inline="always")
@@ -52,7 +53,7 @@ def _clip_group(acts, grads, lo, hi, max_norm, factors):
     return clipped
 
 
-@numba.njit(parallel=True, fastmath=True, cache=True)
+@cached_njit(parallel=True, fastmath=True)
 def _clip_groups(acts, grads, groups, max_norm, factors):
     n_groups = groups.shape[0] - 1
     clipped_rows = np.zeros(max(n_groups, 1), dtype=np.int64)
@@ -61,7 +62,7 @@ def _clip_groups(acts, grads, groups, max_norm, factors):
     return clipped_rows.sum()
 
 
-@numba.njit(fastmath=True, cache=True)
+@cached_njit(fastmath=True)
 def clip_groups_range(acts, grads, groups, first, stop, max_norm, factors):
     """:func:`_clip_groups` on groups ``first`` to ``stop`` only, on the calling
     thread (the fused step's threads each clip their own households); returns

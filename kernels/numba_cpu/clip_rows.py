@@ -20,6 +20,7 @@ import torch
 
 from kernels.numba_cpu import serial_twin
 from kernels.registry import register
+from kernels.shared_compiles import cached_njit
 
 
 @numba.njit(fastmath=True, inline="always")
@@ -53,7 +54,7 @@ def _clip_row(acts, grads, bias, extra, i, max_norm, factors):
     return 0
 
 
-@numba.njit(parallel=True, fastmath=True, cache=True)
+@cached_njit(parallel=True, fastmath=True)
 def clip_rows_core(acts, grads, bias, extra, max_norm, factors):
     """The kernel of ``clip_rows`` and ``clip_linear_rows``: row i's squared
     norm is ``extra[i]`` (when ``extra`` is not empty) plus, per layer,
@@ -67,7 +68,7 @@ def clip_rows_core(acts, grads, bias, extra, max_norm, factors):
     return clipped
 
 
-@numba.njit(fastmath=True, cache=True)
+@cached_njit(fastmath=True)
 def clip_rows_range(acts, grads, bias, max_norm, factors, lo, hi):
     """:func:`clip_rows_core` (no extra) on rows ``lo`` to ``hi`` only, on the
     calling thread: the fused step's threads each clip their own rows."""
@@ -79,7 +80,7 @@ def clip_rows_range(acts, grads, bias, max_norm, factors, lo, hi):
 
 #: :func:`clip_rows_core` without a parallel region: the same numbers (rows are
 #: independent), without the cost of starting one, for a single thread.
-clip_rows_core_serial = serial_twin(clip_rows_core, fastmath=True, cache=True)
+clip_rows_core_serial = serial_twin(clip_rows_core, fastmath=True)
 
 #: ``extra`` when there is none.
 NO_EXTRA = np.zeros(0, dtype=np.float64)

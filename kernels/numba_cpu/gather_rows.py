@@ -19,9 +19,10 @@ import numba
 import torch
 
 from kernels.registry import register
+from kernels.shared_compiles import cached_njit
 
 
-@numba.njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def _gather(X, y, rows, out, out_labels):
     n = X.shape[0]
     width = out.shape[1]  # at most X's: its first columns
@@ -34,14 +35,14 @@ def _gather(X, y, rows, out, out_labels):
         out_labels[i] = y[r]
 
 
-@numba.njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def _check_rows(rows, n):
     for i in range(rows.shape[0]):
         if rows[i] < 0 or rows[i] >= n:
             raise IndexError("gather_rows: a row index is out of range")
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def _gather_parts(X, y, rows, out, out_labels, parts):
     """:func:`_gather` with the rows cut into ``parts`` contiguous parts, one
     per thread. The indices are checked first: an exception raised in a

@@ -47,6 +47,7 @@ import numpy as np
 from kernels.numba_cpu import serial_twin
 from kernels.numba_cpu.bitcast import bits_f64, f64_bits
 from kernels.registry import register
+from kernels.shared_compiles import cached_njit
 
 #: SFC64 generators stepped side by side in each slice (a multiple of 16, the
 #: widest float32 vector), each filling one slot of every block.
@@ -152,7 +153,7 @@ def _add_block(out, base, std, bits):
         out[base + 3 * LANES + lane] += rb * yb
 
 
-@numba.njit(cache=True, error_model="numpy", fastmath={"contract"})
+@cached_njit(error_model="numpy", fastmath={"contract"})
 def add_normal(out, std, state, bits, tail):
     """``out += std * N(0, 1)`` element-wise (1-D, float32/64); advances ``state``
     (uint64[4, LANES]) by ``ceil(len(out) / BLOCK)`` blocks. ``bits``
@@ -172,7 +173,7 @@ def add_normal(out, std, state, bits, tail):
             out[whole * BLOCK + i] += tail[i]
 
 
-@numba.njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def add_normal_chunks(out, std, states, bits, tail):
     """``out += std * N(0, 1)``: slice t of ``states.shape[0]`` equal slices drawn
     from ``states[t]``, slices in parallel."""
@@ -184,10 +185,10 @@ def add_normal_chunks(out, std, states, bits, tail):
 
 #: :func:`add_normal_chunks` on one thread, without the cost of starting a
 #: parallel region (same numbers).
-add_normal_chunks_serial = serial_twin(add_normal_chunks, cache=True)
+add_normal_chunks_serial = serial_twin(add_normal_chunks)
 
 
-@numba.njit(cache=True)
+@cached_njit
 def sfc64_raw(state, out):
     """``out`` (uint64[K, LANES]) = each lane's next K raw outputs (tests:
     against numpy's SFC64); advances ``state``."""
@@ -198,7 +199,7 @@ def sfc64_raw(state, out):
                                                                       c[lane], w[lane])
 
 
-@numba.njit(cache=True, error_model="numpy", fastmath={"contract"})
+@cached_njit(error_model="numpy", fastmath={"contract"})
 def transform(first, angles):
     """The normal pairs the kernel makes from raw draws (tests: against numpy
     in float64): float32 arrays ``(z0, z1)`` for a uint64 array ``first``
@@ -212,7 +213,7 @@ def transform(first, angles):
     return z0, z1
 
 
-@numba.njit(cache=True)
+@cached_njit
 def _warm_up(state, rounds):
     a, b, c, w = state[0], state[1], state[2], state[3]
     for lane in range(a.shape[0]):

@@ -60,6 +60,7 @@ from kernels.numba_cpu.clip_rows import (NO_EXTRA, clip_rows_core, clip_rows_cor
 from kernels.numba_cpu.relu_backward import _relu_backward
 from kernels.numba_cpu.softmax_xent import _softmax_xent, check_labels
 from kernels.registry import register_fused
+from kernels.shared_compiles import cached_njit
 
 #: Set (to anything but empty) to compose the ops instead, e.g. to compare.
 SWITCH = "MPIDP_NO_FUSED_STEP"
@@ -82,7 +83,7 @@ def _relu_in_place(h, k, width):
             h[i, j] = v if (v > 0.0 or v != v) else 0.0
 
 
-@numba.njit(cache=True)
+@cached_njit
 def _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars, lo, hi):
     """Rows ``lo`` to ``hi`` of the batch through the forward (each hidden
     layer's GEMM straight into the next activation buffer, its ReLU in place),
@@ -111,7 +112,7 @@ def _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars
     return loss
 
 
-@numba.njit(cache=True)
+@cached_njit
 def _mlp_step(fn, acts, grads, weights, grad_out, logits, labels, factors, mode, max_norm,
               groups, parallel, scratch, scalars, no_bias):
     k = acts[0].shape[0]
@@ -131,7 +132,7 @@ def _mlp_step(fn, acts, grads, weights, grad_out, logits, labels, factors, mode,
     return loss, clipped
 
 
-@numba.njit(cache=True)
+@cached_njit
 def _rows_step(fn, acts, grads, weights, partial, offsets, logits, labels, factors, mode,
                max_norm, groups, first, stop, scratch, scalars, no_bias, lo, hi):
     """Rows ``lo`` to ``hi`` of the batch (groups ``first`` to ``stop`` with
@@ -157,7 +158,7 @@ def _rows_step(fn, acts, grads, weights, partial, offsets, logits, labels, facto
     return loss, clipped
 
 
-@numba.njit(cache=True)
+@cached_njit
 def _split_bounds(k, mode, groups, bounds, firsts):
     """Cut k rows into ``len(bounds) - 1`` contiguous parts of about equal size:
     part t is rows ``bounds[t]`` to ``bounds[t + 1]``; with GROUPS the cuts
@@ -178,7 +179,7 @@ def _split_bounds(k, mode, groups, bounds, firsts):
     bounds[parts], firsts[parts] = k, n_groups
 
 
-@numba.njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def _mlp_step_split(fn, set_threads, acts, grads, weights, grad_out, partial, offsets, logits,
                     labels, factors, mode, max_norm, groups, bounds, firsts, scratch, scalars,
                     no_bias):

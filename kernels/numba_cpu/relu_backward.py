@@ -10,14 +10,14 @@ vectorised (figures: docs/design/small-kernels.md).
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 
 from kernels.registry import register
+from kernels.shared_compiles import cached_njit
 
 
-@numba.njit(fastmath=True, cache=True)
+@cached_njit(fastmath=True)
 def _relu_backward(grad, out):
     for i in range(grad.shape[0]):
         for j in range(grad.shape[1]):

@@ -12,13 +12,13 @@ training step below the torch ops (``mpidp bench dpsgd --threads 2``).
 """
 from __future__ import annotations
 
-import numba
 import torch
 
 from kernels.registry import register
+from kernels.shared_compiles import cached_njit
 
 
-@numba.njit(cache=True)
+@cached_njit
 def _sgd_update(params, velocity, grad, scale, lr, momentum):
     s = params.dtype.type(scale)
     a = params.dtype.type(lr)

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import math
 
-import numba
 import torch
 
 from kernels.registry import register
+from kernels.shared_compiles import cached_njit
 
 
-@numba.njit(cache=True)
+@cached_njit
 def check_labels(labels, classes):
     """IndexError unless every label is in 0 .. classes - 1 (a write out of
     bounds otherwise). A caller that runs the kernel inside a parallel loop
@@ -19,7 +19,7 @@ def check_labels(labels, classes):
             raise IndexError("a label is outside 0 .. classes - 1")
 
 
-@numba.njit(fastmath=False, cache=True)
+@cached_njit(fastmath=False)
 def _softmax_xent(logits, labels, grad):
     check_labels(labels, logits.shape[1])
     total = 0.0
@@ -28,14 +28,14 @@ def _softmax_xent(logits, labels, grad):
     return total
 
 
-@numba.njit(fastmath=False, cache=True)
+@cached_njit(fastmath=False)
 def _softmax_xent_rows(logits, labels, grad, losses):
     check_labels(labels, logits.shape[1])
     for i in range(logits.shape[0]):
         losses[i] = _row(logits, labels, grad, i)
 
 
-@numba.njit(fastmath=False, cache=True, inline="always")
+@cached_njit(fastmath=False, inline="always")
 def _row(logits, labels, grad, i):
     """Row i's gradient into ``grad[i]``; returns its loss."""
     m = logits[i, 0]

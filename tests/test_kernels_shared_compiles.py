@@ -1,0 +1,91 @@
+"""kernels.shared_compiles: processes sharing Numba's disk cache compile a
+kernel's signature once; a held lock delays, never hangs."""
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numba
+import pytest
+
+from kernels import shared_compiles
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "scripts" / "slow_compile.py"
+
+
+def _children(cache: Path, n: int, compile_s: float, start_in: float = 4.0) -> list[dict]:
+    """Run n copies of the slow-compiling kernel's script, all calling it at the
+    same moment on the same (empty) cache; their JSON reports."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), MPIDP_VECTOR_WIDTH="host",
+               SLOW_COMPILE_S=str(compile_s),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    start = time.time() + start_in
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(start)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports
+
+
+def test_processes_starting_together_compile_a_kernel_once(tmp_path):
+    # each compilation takes 2 s and all three call at the same moment: without
+    # the lock each of them compiles (checked by hand with plain numba.njit)
+    reports = _children(tmp_path / "cache", 3, compile_s=2.0)
+    assert [r["value"] for r in reports] == [42, 42, 42]
+    assert sorted(r["misses"] for r in reports) == [0, 0, 1], reports
+    assert sorted(r["hits"] for r in reports) == [0, 1, 1], reports
+    assert list((tmp_path / "cache").rglob("*" + shared_compiles.SUFFIX))
+
+
+def test_a_later_process_loads_without_waiting_or_compiling(tmp_path):
+    _children(tmp_path / "cache", 1, compile_s=1.0, start_in=0)
+    [again] = _children(tmp_path / "cache", 1, compile_s=30.0, start_in=0)
+    assert again == {"value": 42, "misses": 0, "hits": 1}
+
+
+def test_a_lock_held_elsewhere_is_waited_for_then_given_up(tmp_path):
+    path = tmp_path / "f.compile-lock"
+    with open(path, "a") as other:  # another open file: flock conflicts as across processes
+        fcntl.flock(other, fcntl.LOCK_EX)
+        start = time.monotonic()
+        with shared_compiles._exclusive(path, wait_s=0.4) as taken:
+            waited = time.monotonic() - start
+        assert not taken and 0.4 <= waited < 5
+        fcntl.flock(other, fcntl.LOCK_UN)
+    with shared_compiles._exclusive(path, wait_s=0.4) as taken:
+        assert taken
+        with shared_compiles._exclusive(path, wait_s=0.4) as again:  # held by this process
+            assert not again
+    assert not shared_compiles._held
+
+
+def test_a_folder_that_cannot_hold_the_lock_compiles_unlocked(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with shared_compiles._exclusive(blocker / "sub" / "f.compile-lock", wait_s=5) as taken:
+        assert not taken
+
+
+def test_a_dispatcher_without_disk_cache_is_left_alone():
+    plain = numba.njit(lambda x: x + 1)
+    assert shared_compiles.share_compiles(plain) is plain
+    assert "compile" not in vars(plain)
+    assert shared_compiles.lock_path(plain, (numba.int64,)) is None
+
+
+@pytest.mark.parametrize("options", [{}, {"fastmath": True}])
+def test_cached_njit_is_a_cached_njit_with_its_options(options):
+    from kernels.numba_cpu import relu_backward
+
+    kernel = relu_backward._relu_backward
+    assert kernel._cache._cache_path and "compile" in vars(kernel)
+    decorated = shared_compiles.cached_njit(**options)(lambda x: x)
+    assert decorated.targetoptions.get("fastmath", False) == options.get("fastmath", False)
