@@ -9,15 +9,16 @@ seconds of CPU apiece for the fused step: on a node with more ranks than
 cores they take turns on the cores for work only one of them needed to do.
 
 :func:`cached_njit` is ``numba.njit(cache=True, ...)`` whose compilation
-for a given signature takes an exclusive lock beside the cache's files
-first (one lock file per function and signature, ``*.compile-lock``). The
-first process compiles and saves; the others wait on the lock (sleeping,
-not spinning) and then find the machine code in the cache and load it.
+for a given signature, on a miss of the disk cache, takes an exclusive
+lock beside the cache's files (one lock file per function and signature,
+``*.compile-lock``). The first process compiles and saves; the others wait
+on the lock (sleeping, not spinning) and then find the machine code in the
+cache and load it. A kernel found in the cache is loaded without the lock.
 A process that dies releases its lock with it (``flock``); a wait longer
 than :data:`WAIT_S` (a holder stopped, not dead) gives up and compiles
 anyway, so a lock can cost time but never hang a job. Where the cache
-folder cannot hold a lock file, or Numba's cache object lacks the two
-attributes read here (its folder and file name; a later Numba may rename
+folder cannot hold a lock file, or Numba's cache object lacks what is read
+here (its folder, file name and ``load_overload``; a later Numba may rename
 them, which tests/test_kernels_shared_compiles.py would show), the kernel
 compiles as plain Numba would.
 
@@ -27,12 +28,11 @@ kernel that another thread's kernel calls would otherwise wait on itself).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numba
 from numba.core import sigutils
@@ -48,8 +48,12 @@ POLL_S = 0.05
 #: Suffix of the lock files, beside the cache's index and data files.
 SUFFIX = ".compile-lock"
 
-_held: dict[str, int] = {}
+#: The paths of the locks this process holds.
+_held: set[str] = set()
 _held_guard = threading.Lock()
+#: Per thread, a stack of the compilations in progress, each with the locks
+#: its cache misses took.
+_local = threading.local()
 
 
 def lock_path(dispatcher, sig) -> Path | None:
@@ -65,66 +69,92 @@ def lock_path(dispatcher, sig) -> Path | None:
     return Path(folder) / f"{base}.{digest}{SUFFIX}"
 
 
-@contextlib.contextmanager
-def _exclusive(path: Path | None, wait_s: float) -> Iterator[bool]:
-    """Hold ``path``'s lock for the block; yields whether it was taken (not
-    when the file cannot be made, when this process holds it already, or
-    after ``wait_s`` seconds of waiting)."""
-    key = None if path is None else str(path)
+class _Lock:
+    """An exclusive ``flock`` on a lock file, held until :meth:`release`."""
+
+    def __init__(self, key: str, handle) -> None:
+        self.key, self.handle = key, handle
+
+    def release(self) -> None:
+        import fcntl
+
+        with _held_guard:
+            _held.discard(self.key)
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+        finally:
+            self.handle.close()
+
+
+def acquire(path: Path | None, wait_s: float) -> _Lock | None:
+    """Take ``path``'s lock, waiting up to ``wait_s`` seconds; None where it
+    was not taken: no path, a file that cannot be made, a lock this process
+    holds already, or the wait ran out."""
+    if path is None:
+        return None
+    key = str(path)
     with _held_guard:
-        mine = key is not None and key in _held
-    if key is None or mine:
-        yield False
-        return
+        if key in _held:
+            return None
     import fcntl
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a")
     except OSError:
-        yield False
-        return
-    with handle:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                taken = True
-                break
-            except OSError:
-                if time.monotonic() >= deadline:
-                    taken = False
-                    break
-                time.sleep(POLL_S)
-        if taken:
-            with _held_guard:
-                _held[key] = _held.get(key, 0) + 1
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
         try:
-            yield taken
-        finally:
-            if taken:
-                with _held_guard:
-                    _held[key] -= 1
-                    if not _held[key]:
-                        del _held[key]
-                fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() >= deadline:
+                handle.close()
+                return None
+            time.sleep(POLL_S)
+    with _held_guard:
+        _held.add(key)
+    return _Lock(key, handle)
 
 
 def share_compiles(dispatcher):
     """Make ``dispatcher`` (a ``cache=True`` Numba dispatcher) compile each
     signature under its lock file (module docstring); returns it. A
-    dispatcher without a disk cache is returned unchanged."""
-    if getattr(getattr(dispatcher, "_cache", None), "_cache_path", None) is None:
+    dispatcher without a disk cache is returned unchanged.
+
+    The lock is taken only on a miss of the disk cache, so loading a
+    compiled kernel waits for nobody: Numba's compilation first asks the
+    cache (``load_overload``); on a miss the lock is taken and the cache
+    asked again (another process may have saved it meanwhile), and the lock
+    is released when the compilation (and its save) is over."""
+    cache = getattr(dispatcher, "_cache", None)
+    if getattr(cache, "_cache_path", None) is None or not hasattr(cache, "load_overload"):
         return dispatcher
     compile_alone: Callable = dispatcher.compile
+    load_alone: Callable = cache.load_overload
+
+    def load_overload(sig, target_context):
+        found = load_alone(sig, target_context)
+        scopes = getattr(_local, "scopes", None)
+        if found is not None or not scopes:
+            return found
+        lock = acquire(lock_path(dispatcher, sig), WAIT_S)
+        if lock is None:
+            return None
+        scopes[-1].append(lock)
+        return load_alone(sig, target_context)
 
     def compile(sig):
-        args, _ = sigutils.normalize_signature(sig)
-        if tuple(args) in dispatcher.overloads:  # compiled or loaded in this process
+        scopes = _local.__dict__.setdefault("scopes", [])
+        scopes.append([])
+        try:
             return compile_alone(sig)
-        with _exclusive(lock_path(dispatcher, sig), WAIT_S):
-            return compile_alone(sig)  # loads what another process saved meanwhile
+        finally:
+            for lock in scopes.pop():
+                lock.release()
 
+    cache.load_overload = load_overload
     dispatcher.compile = compile
     return dispatcher
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "slow_compile.py"
 
 
-def _children(cache: Path, n: int, compile_s: float, start_in: float = 4.0) -> list[dict]:
+def _children(cache: Path, n: int, compile_s: float, start_in: float = 2.5) -> list[dict]:
     """Run n copies of the slow-compiling kernel's script, all calling it at the
     same moment on the same (empty) cache; their JSON reports."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), MPIDP_VECTOR_WIDTH="host",
@@ -29,25 +29,35 @@ def _children(cache: Path, n: int, compile_s: float, start_in: float = 4.0) -> l
              for _ in range(n)]
     reports = []
     for p in procs:
-        out, err = p.communicate(timeout=120)
+        try:
+            out, err = p.communicate(timeout=60 + start_in + n * compile_s)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError("a process calling the kernel did not finish (waiting on "
+                                 "a lock?)") from None
         assert p.returncode == 0, err
         reports.append(json.loads(out.strip().splitlines()[-1]))
     return reports
 
 
 def test_processes_starting_together_compile_a_kernel_once(tmp_path):
-    # each compilation takes 2 s and all three call at the same moment: without
+    # each compilation takes 1.5 s and all three call at the same moment: without
     # the lock each of them compiles (checked by hand with plain numba.njit)
-    reports = _children(tmp_path / "cache", 3, compile_s=2.0)
+    reports = _children(tmp_path / "cache", 3, compile_s=1.5)
     assert [r["value"] for r in reports] == [42, 42, 42]
     assert sorted(r["misses"] for r in reports) == [0, 0, 1], reports
     assert sorted(r["hits"] for r in reports) == [0, 1, 1], reports
     assert list((tmp_path / "cache").rglob("*" + shared_compiles.SUFFIX))
 
 
-def test_a_later_process_loads_without_waiting_or_compiling(tmp_path):
+def test_a_kernel_in_the_cache_loads_without_the_lock(tmp_path):
     _children(tmp_path / "cache", 1, compile_s=1.0, start_in=0)
-    [again] = _children(tmp_path / "cache", 1, compile_s=30.0, start_in=0)
+    [lock] = (tmp_path / "cache").rglob("*" + shared_compiles.SUFFIX)
+    with open(lock, "a") as other:  # as if another process were compiling it
+        fcntl.flock(other, fcntl.LOCK_EX)
+        # waiting on the lock would take WAIT_S (300 s), past _children's limit
+        [again] = _children(tmp_path / "cache", 1, compile_s=30.0, start_in=0)
     assert again == {"value": 42, "misses": 0, "hits": 1}
 
 
@@ -56,22 +66,21 @@ def test_a_lock_held_elsewhere_is_waited_for_then_given_up(tmp_path):
     with open(path, "a") as other:  # another open file: flock conflicts as across processes
         fcntl.flock(other, fcntl.LOCK_EX)
         start = time.monotonic()
-        with shared_compiles._exclusive(path, wait_s=0.4) as taken:
-            waited = time.monotonic() - start
-        assert not taken and 0.4 <= waited < 5
+        assert shared_compiles.acquire(path, wait_s=0.4) is None
+        assert 0.4 <= time.monotonic() - start < 5
         fcntl.flock(other, fcntl.LOCK_UN)
-    with shared_compiles._exclusive(path, wait_s=0.4) as taken:
-        assert taken
-        with shared_compiles._exclusive(path, wait_s=0.4) as again:  # held by this process
-            assert not again
+    lock = shared_compiles.acquire(path, wait_s=0.4)
+    assert lock is not None
+    assert shared_compiles.acquire(path, wait_s=0.4) is None  # held by this process
+    lock.release()
     assert not shared_compiles._held
+    shared_compiles.acquire(path, wait_s=0.4).release()
 
 
 def test_a_folder_that_cannot_hold_the_lock_compiles_unlocked(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with shared_compiles._exclusive(blocker / "sub" / "f.compile-lock", wait_s=5) as taken:
-        assert not taken
+    assert shared_compiles.acquire(blocker / "sub" / "f.compile-lock", wait_s=5) is None
 
 
 def test_a_dispatcher_without_disk_cache_is_left_alone():
