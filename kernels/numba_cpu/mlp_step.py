@@ -112,23 +112,59 @@ def _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars
     return loss
 
 
-@cached_njit
-def _mlp_step(fn, acts, grads, weights, grad_out, logits, labels, factors, mode, max_norm,
-              groups, parallel, scratch, scalars, no_bias):
-    k = acts[0].shape[0]
-    loss = _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars, 0, k)
-    clipped = 0
-    if mode == GROUPS:
-        clipped = _clip_groups(acts, grads, groups, max_norm, factors)
-    elif mode == ROWS and parallel:
-        clipped = clip_rows_core(acts, grads, no_bias, NO_EXTRA, max_norm, factors)
-    elif mode == ROWS:
-        clipped = clip_rows_core_serial(acts, grads, no_bias, NO_EXTRA, max_norm, factors)
+@numba.njit(inline="always")
+def _weight_sums(fn, grads, acts, grad_out, k, scratch, scalars):
+    """``grad_out[l] = grads[l]^T acts[l]`` over the batch's ``k`` rows."""
     for i in range(len(grad_out)):
         out = grad_out[i]
         d_out, d_in1 = out.shape[0], out.shape[1]
         gemm(fn, scratch, scalars, True, False, d_out, d_in1, k, grads[i], d_out, acts[i],
              d_in1, 0.0, out, d_in1)
+
+
+# One entry point per clipping mode, not one taking the mode as an argument:
+# each compiles and links only its own clipping, so a first run compiles
+# less (docs/design/shared-compiles.md).
+
+@cached_njit
+def _mlp_step_plain(fn, acts, grads, weights, grad_out, logits, labels, scratch, scalars):
+    """The whole step of the batch without clipping (mode NONE)."""
+    k = acts[0].shape[0]
+    loss = _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars, 0, k)
+    _weight_sums(fn, grads, acts, grad_out, k, scratch, scalars)
+    return loss, 0
+
+
+@cached_njit
+def _mlp_step_rows(fn, acts, grads, weights, grad_out, logits, labels, factors, max_norm,
+                   scratch, scalars, no_bias):
+    """The whole step, each row clipped (mode ROWS) on the calling thread."""
+    k = acts[0].shape[0]
+    loss = _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars, 0, k)
+    clipped = clip_rows_core_serial(acts, grads, no_bias, NO_EXTRA, max_norm, factors)
+    _weight_sums(fn, grads, acts, grad_out, k, scratch, scalars)
+    return loss, clipped
+
+
+@cached_njit
+def _mlp_step_rows_parallel(fn, acts, grads, weights, grad_out, logits, labels, factors,
+                            max_norm, scratch, scalars, no_bias):
+    """:func:`_mlp_step_rows` with the clipping's rows in a parallel loop."""
+    k = acts[0].shape[0]
+    loss = _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars, 0, k)
+    clipped = clip_rows_core(acts, grads, no_bias, NO_EXTRA, max_norm, factors)
+    _weight_sums(fn, grads, acts, grad_out, k, scratch, scalars)
+    return loss, clipped
+
+
+@cached_njit
+def _mlp_step_groups(fn, acts, grads, weights, grad_out, logits, labels, factors, max_norm,
+                     groups, scratch, scalars):
+    """The whole step, each group of rows clipped as one (mode GROUPS)."""
+    k = acts[0].shape[0]
+    loss = _forward_backward(fn, acts, grads, weights, logits, labels, scratch, scalars, 0, k)
+    clipped = _clip_groups(acts, grads, groups, max_norm, factors)
+    _weight_sums(fn, grads, acts, grad_out, k, scratch, scalars)
     return loss, clipped
 
 
@@ -183,7 +219,7 @@ def _split_bounds(k, mode, groups, bounds, firsts):
 def _mlp_step_split(fn, set_threads, acts, grads, weights, grad_out, partial, offsets, logits,
                     labels, factors, mode, max_norm, groups, bounds, firsts, scratch, scalars,
                     no_bias):
-    """:func:`_mlp_step` with the batch's rows cut into ``partial.shape[0]``
+    """The step with the batch's rows cut into ``partial.shape[0]``
     parts, one per thread, each through :func:`_rows_step` with sequential
     BLAS calls (``set_threads``: MKL's per-thread setter); then each
     coordinate of ``grad_out`` is the parts' sums added in part order."""
@@ -294,11 +330,15 @@ def _bind(acts, grads, weights, grad_out, logits, labels, factors):
             return _mlp_step_split(fn, set_threads, a, g, w, o, partial, offsets, z, y, f, mode,
                                    bound, starts, bounds, firsts, scratch, scalars, no_bias)
     else:
-        parallel = numba.get_num_threads() > 1
+        rows = _mlp_step_rows_parallel if numba.get_num_threads() > 1 else _mlp_step_rows
+        one, values = scratch[0], scalars[0]
 
         def run(mode, bound, starts):
-            return _mlp_step(fn, a, g, w, o, z, y, f, mode, bound, starts, parallel,
-                             scratch[0], scalars[0], no_bias)
+            if mode == ROWS:
+                return rows(fn, a, g, w, o, z, y, f, bound, one, values, no_bias)
+            if mode == GROUPS:
+                return _mlp_step_groups(fn, a, g, w, o, z, y, f, bound, starts, one, values)
+            return _mlp_step_plain(fn, a, g, w, o, z, y, one, values)
 
     def step(max_norm: float | None, groups=None) -> tuple[float, int]:
         if max_norm is None:
