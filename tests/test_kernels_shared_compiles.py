@@ -1,5 +1,6 @@
 """kernels.shared_compiles: processes sharing Numba's disk cache compile a
-kernel's signature once; a held lock delays, never hangs."""
+kernel's signature once; a held lock delays, never hangs; a lock dies with
+the process that held it."""
 import fcntl
 import json
 import os
@@ -17,16 +18,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "slow_compile.py"
 
 
-def _children(cache: Path, n: int, compile_s: float, start_in: float = 2.5) -> list[dict]:
-    """Run n copies of the slow-compiling kernel's script, all calling it at the
-    same moment on the same (empty) cache; their JSON reports."""
+def _start(cache: Path, compile_s: float, at: float) -> subprocess.Popen:
+    """The slow-compiling kernel's script, calling it at wall-clock time ``at``."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), MPIDP_VECTOR_WIDTH="host",
                SLOW_COMPILE_S=str(compile_s),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.Popen([sys.executable, str(SCRIPT), str(at)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _children(cache: Path, n: int, compile_s: float, start_in: float = 2.5) -> list[dict]:
+    """Run n copies of the slow-compiling kernel's script, all calling it at the
+    same moment on the same (empty) cache; their JSON reports."""
     start = time.time() + start_in
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(start)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(n)]
+    procs = [_start(cache, compile_s, start) for _ in range(n)]
     reports = []
     for p in procs:
         try:
@@ -59,6 +64,41 @@ def test_a_kernel_in_the_cache_loads_without_the_lock(tmp_path):
         # waiting on the lock would take WAIT_S (300 s), past _children's limit
         [again] = _children(tmp_path / "cache", 1, compile_s=30.0, start_in=0)
     assert again == {"value": 42, "misses": 0, "hits": 1}
+
+
+def _locked_elsewhere(path: Path) -> bool:
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def test_a_process_killed_while_compiling_frees_the_kernel(tmp_path):
+    cache = tmp_path / "cache"
+    first = _start(cache, compile_s=120.0, at=0)  # would hold the lock two minutes
+    try:
+        deadline = time.monotonic() + 60
+        while not [p for p in cache.rglob("*" + shared_compiles.SUFFIX) if _locked_elsewhere(p)]:
+            assert first.poll() is None, first.communicate()[1]
+            assert time.monotonic() < deadline, "the first process never took the lock"
+            time.sleep(0.05)
+        second = _start(cache, compile_s=1.0, at=0)
+        time.sleep(2.0)  # started, and waiting on the lock
+        assert second.poll() is None
+    finally:
+        first.kill()
+        first.wait()
+    # the lock died with the first process: no wait of WAIT_S (300 s)
+    try:
+        out, err = second.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        second.kill()
+        raise AssertionError("the lock outlived the process that held it") from None
+    assert second.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"value": 42, "misses": 1, "hits": 0}
 
 
 def test_a_lock_held_elsewhere_is_waited_for_then_given_up(tmp_path):
