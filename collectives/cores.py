@@ -98,15 +98,24 @@ def _cgroup_quota_cpus() -> int | None:
     where there is no quota or none is readable."""
     for name in _cgroup_files("cpu.max", "cpu", ()):
         text = (_read_text(name) or "").split()
-        if len(text) == 2 and text[0].isdigit() and text[1].isdigit() and int(text[1]):
-            return max(1, -(-int(text[0]) // int(text[1])))
+        cpus = _quota_cpus(*text) if len(text) == 2 else None
+        if cpus:
+            return cpus
     v1 = _cgroup_files(None, "cpu", ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
     for quota_name, period_name in zip(v1[0::2], v1[1::2]):
-        quota = (_read_text(quota_name) or "").strip()
-        period = (_read_text(period_name) or "").strip()
-        if quota.isdigit() and period.isdigit() and int(period):
-            return max(1, -(-int(quota) // int(period)))
+        cpus = _quota_cpus((_read_text(quota_name) or "").strip(),
+                           (_read_text(period_name) or "").strip())
+        if cpus:
+            return cpus
     return None
+
+
+def _quota_cpus(quota: str, period: str) -> int | None:
+    """CPUs' worth of a CPU quota per period (rounded up, at least 1), or None
+    where either is not a number ("max": no quota) or the period is 0."""
+    if not (quota.isdigit() and period.isdigit() and int(period)):
+        return None
+    return max(1, -(-int(quota) // int(period)))
 
 
 #: Names (as in /proc/PID/comm) of the per-node processes of launchers, which

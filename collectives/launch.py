@@ -107,7 +107,7 @@ def child_env(**extra: str) -> dict[str, str]:
         return not name.startswith(_JOB_VARIABLES)
 
     # the MPI defaults this process's start-up chose for itself: the launched
-    # job's ranks choose their own (collectives.runtime.SET_HERE)
+    # job's ranks choose their own (SET_HERE)
     ours = defaults_set_here(os.environ) | {SET_HERE}
     env = {k: v for k, v in os.environ.items() if kept(k) and k not in ours}
     env.update(extra)

@@ -18,6 +18,10 @@ of ``kernels``) so that every package uses the same two rules
   file itself (HDF5), and :func:`move_into_place` is the rename alone, for
   a file several ranks wrote.
 
+Processes that share a cache take turns through :func:`lock` (an exclusive
+``flock`` on a lock file beside it, released by :func:`unlock` or by the
+process's end).
+
 Errors are ``OSError`` s; each caller turns them into its own message.
 """
 from __future__ import annotations
@@ -143,3 +147,38 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         discard(tmp)
+
+
+def lock(path: str | os.PathLike, wait_s: float | None = None, poll_s: float = 0.05):
+    """An exclusive ``flock`` on the file ``path`` (created if missing), for the
+    processes that share a cache: the open file holding it, to pass to
+    :func:`unlock`, or None if ``wait_s`` seconds went by first (``None``:
+    wait as long as it takes, asleep). The lock dies with its process.
+    Raises OSError where the file cannot be opened."""
+    import fcntl
+    import time
+
+    handle = open(path, "a")
+    if wait_s is None:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        return handle
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except OSError:
+            if time.monotonic() >= deadline:
+                handle.close()
+                return None
+            time.sleep(poll_s)
+
+
+def unlock(handle) -> None:
+    """Release a :func:`lock` and close its file."""
+    import fcntl
+
+    try:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        handle.close()

@@ -130,14 +130,11 @@ def _write(path: Path, entries: dict) -> None:
 @contextlib.contextmanager
 def _locked(path: Path):
     """An exclusive lock beside ``path`` (the ranks of a job start together)."""
-    import fcntl
-
-    with open(path.with_name(path.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    handle = files.lock(path.with_name(path.name + ".lock"))
+    try:
+        yield
+    finally:
+        files.unlock(handle)
 
 
 def _time_in_child(width: int) -> float:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -38,7 +37,7 @@ import numba
 from numba.core import sigutils
 
 # Before the first @njit: Numba's target (the vector width) is fixed by it.
-from kernels import numba_target  # noqa: F401
+from kernels import files, numba_target  # noqa: F401
 
 #: Seconds a process waits for another one's compilation before it compiles
 #: the kernel itself (far above any kernel's compilation time).
@@ -70,20 +69,15 @@ def lock_path(dispatcher, sig) -> Path | None:
 
 
 class _Lock:
-    """An exclusive ``flock`` on a lock file, held until :meth:`release`."""
+    """A held lock file (:func:`acquire`), until :meth:`release`."""
 
     def __init__(self, key: str, handle) -> None:
         self.key, self.handle = key, handle
 
     def release(self) -> None:
-        import fcntl
-
         with _held_guard:
             _held.discard(self.key)
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_UN)
-        finally:
-            self.handle.close()
+        files.unlock(self.handle)
 
 
 def acquire(path: Path | None, wait_s: float) -> _Lock | None:
@@ -96,23 +90,13 @@ def acquire(path: Path | None, wait_s: float) -> _Lock | None:
     with _held_guard:
         if key in _held:
             return None
-    import fcntl
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a")
+        handle = files.lock(path, wait_s, POLL_S)
     except OSError:
         return None
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except OSError:
-            if time.monotonic() >= deadline:
-                handle.close()
-                return None
-            time.sleep(POLL_S)
+    if handle is None:
+        return None
     with _held_guard:
         _held.add(key)
     return _Lock(key, handle)
