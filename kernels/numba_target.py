@@ -14,7 +14,9 @@ cache folder, ``$XDG_CACHE_HOME/mpidp`` or ``~/.cache/mpidp``
 LLVM's own choice). Entries are keyed by what the code depends on: LLVM's
 CPU name and features and the Numba version (with the host that measured,
 for the reader). Processes that start together (the ranks of a job) wait on
-a lock while one measures.
+a lock while one measures. The kernels of both widths are compiled first,
+one child per width at once, into Numba's disk cache, so that the timed
+children only load them and a second core shortens the wait.
 
 ``MPIDP_VECTOR_WIDTH=256`` or ``512`` forces a width, ``host`` keeps LLVM's
 choice, ``auto`` (the default) measures, ``cached`` takes the cached choice
@@ -43,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -137,18 +140,44 @@ def _locked(path: Path):
         files.unlock(handle)
 
 
-def _time_in_child(width: int) -> float:
-    """Seconds per step of the timed kernels, compiled for ``width`` in a child."""
+def _child(width: int, flag: str) -> dict:
+    """What ``python -m kernels.numba_target FLAG`` prints, compiled for ``width``."""
     env = dict(os.environ, MPIDP_VECTOR_WIDTH=str(width))
-    done = subprocess.run([sys.executable, "-m", "kernels.numba_target", "--time-kernels"],
+    done = subprocess.run([sys.executable, "-m", "kernels.numba_target", flag],
                           env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
                           check=True)
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _time_in_child(width: int) -> float:
+    """Seconds per step of the timed kernels, compiled for ``width`` in a child."""
+    return float(_child(width, "--time-kernels")["seconds"])
+
+
+def compile_in_children(widths=WIDTHS) -> dict[str, int]:
+    """Compile the timed kernels for every width at once, one child each, into
+    Numba's disk cache, so that the timed children only load them: the
+    compilations overlap where there are cores for them, the timings never
+    do. Returns each width's compilations (0: found in the cache). A child
+    that fails is left to fail again, and be reported, when it is timed."""
+    with ThreadPoolExecutor(len(widths)) as pool:
+        done = {w: pool.submit(_child, w, "--compile-kernels") for w in widths}
+    compiled = {}
+    for width, future in done.items():
+        try:
+            compiled[str(width)] = int(future.result()["compiled"])
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError):
+            pass
+    return compiled
 
 
 def measure(time_width=_time_in_child, passes: int = PASSES) -> dict[str, float]:
     """Best seconds per width over ``passes`` alternating timings
-    (``time_width(width) -> seconds``; the tests pass fake ones)."""
+    (``time_width(width) -> seconds``; the tests pass fake ones). The real
+    children's kernels are compiled first, all widths at once
+    (:func:`compile_in_children`)."""
+    if time_width is _time_in_child:
+        compile_in_children()
     best: dict[str, float] = {}
     for _ in range(passes):
         for width in WIDTHS:
@@ -229,19 +258,19 @@ def configure(time_width=_time_in_child) -> Choice:
     return choice
 
 
-def _time_kernels(rounds: int = 15, calls: int = 40) -> float:
-    """Median seconds of one step's noise (29,698 float32, the bench MLP's
-    parameters) plus its clipping norms (256 rows), compiled as this process's
-    target says; one thread."""
+def _timed_step():
+    """(step, kernels): one step's noise (29,698 float32, the bench MLP's
+    parameters) plus its clipping norms (256 rows), compiled as this
+    process's target says, on one thread; the Numba dispatchers it calls."""
     import numba
     import numpy as np
 
+    from kernels.numba_cpu import gaussian
     from kernels.numba_cpu.clip_rows import NO_EXTRA, clip_rows_core
-    from kernels.numba_cpu.gaussian import NumbaGaussianStream
 
     numba.set_num_threads(1)
     rng = np.random.default_rng(0)
-    stream = NumbaGaussianStream(np.random.SeedSequence(0))
+    stream = gaussian.NumbaGaussianStream(np.random.SeedSequence(0))
     noise = np.zeros(29_698, dtype=np.float32)
     acts = tuple(rng.standard_normal((256, d), dtype=np.float32) for d in (101, 129, 129))
     grads = tuple(rng.standard_normal((256, d), dtype=np.float32) for d in (128, 128, 2))
@@ -251,14 +280,24 @@ def _time_kernels(rounds: int = 15, calls: int = 40) -> float:
         stream.add_(noise, 1.0)
         clip_rows_core(acts, grads, no_bias, NO_EXTRA, 1e30, factors)
 
+    return step, (gaussian.add_normal_chunks, gaussian.add_normal_chunks_serial,
+                  gaussian.add_normal, gaussian._warm_up, clip_rows_core)
+
+
+def _time_kernels(rounds: int = 15, calls: int = 40) -> dict:
+    """``{"seconds": median seconds of the timed step (:func:`_timed_step`),
+    "compiled": how many of its kernels were compiled here (0: all loaded
+    from Numba's disk cache)}``; ``rounds=0``: compile or load, no timing."""
+    step, kernels = _timed_step()
     step()  # compile or load
+    compiled = sum(sum(k.stats.cache_misses.values()) for k in kernels)
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(calls):
             step()
         times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
+    return {"seconds": statistics.median(times) if times else None, "compiled": compiled}
 
 
 #: This process's choice, made when the module is first imported (run as a
@@ -274,9 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-kernels", action="store_true",
                         help="time the kernels as compiled here and print JSON (the "
                         "measurement's child process)")
+    parser.add_argument("--compile-kernels", action="store_true",
+                        help="compile the timed kernels into Numba's cache and print JSON "
+                        "(how many were compiled)")
     args = parser.parse_args(argv)
-    if args.time_kernels:
-        print(json.dumps({"seconds": _time_kernels(), "choice": asdict(choice)}))
+    if args.compile_kernels or args.time_kernels:
+        timed = _time_kernels(rounds=0 if args.compile_kernels else 15)
+        print(json.dumps({**timed, "choice": asdict(choice)}))
     else:
         print(choice.describe())
     return 0

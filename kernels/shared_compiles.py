@@ -10,8 +10,8 @@ cores they take turns on the cores for work only one of them needed to do.
 
 :func:`cached_njit` is ``numba.njit(cache=True, ...)`` whose compilation
 for a given signature, on a miss of the disk cache, takes an exclusive
-lock beside the cache's files (one lock file per function and signature,
-``*.compile-lock``). The first process compiles and saves; the others wait
+lock beside the cache's files (one lock file per function, signature and
+target, ``*.compile-lock``). The first process compiles and saves; the others wait
 on the lock (sleeping, not spinning) and then find the machine code in the
 cache and load it. A kernel found in the cache is loaded without the lock.
 A process that dies releases its lock with it (``flock``); a wait longer
@@ -57,14 +57,21 @@ _local = threading.local()
 
 def lock_path(dispatcher, sig) -> Path | None:
     """The lock file of ``dispatcher``'s compilation for argument types
-    ``sig``, or None where it has no disk cache."""
+    ``sig`` and this process's target (CPU name and features, as in the
+    cache's own key: processes compiling for other targets, such as the
+    vector-width measurement's children, do not wait on each other), or
+    None where it has no disk cache."""
     cache = getattr(dispatcher, "_cache", None)
     folder = getattr(cache, "_cache_path", None)
     base = getattr(getattr(cache, "_impl", None), "filename_base", None)
     if not folder or not base:
         return None  # NullCache: nothing on disk to share
     args, _ = sigutils.normalize_signature(sig)
-    digest = hashlib.sha256(str(tuple(args)).encode()).hexdigest()[:16]
+    try:
+        target = dispatcher.targetctx.codegen().magic_tuple()
+    except AttributeError:
+        target = ()
+    digest = hashlib.sha256(str((tuple(args), target)).encode()).hexdigest()[:16]
     return Path(folder) / f"{base}.{digest}{SUFFIX}"
 
 

@@ -203,6 +203,24 @@ def test_a_real_measurement_fills_the_tuning_file(tmp_path):
     assert f"{entry['width']}-bit vectors (measured earlier" in again
 
 
+def test_the_timed_children_only_load_what_the_compiling_children_compiled(
+        tmp_path, monkeypatch):
+    """The widths' kernels are compiled first, one child per width at once, so
+    that no timed child compiles (where there are cores, the compilations
+    overlap; the timings never do)."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)  # tools/as_avx2.sh's
+    compiled = numba_target.compile_in_children()
+    assert set(compiled) == {"256", "512"}
+    if AVX512:  # two targets: each child compiled its own kernels
+        assert compiled["256"] > 0 and compiled["512"] > 0, compiled
+    else:  # one target: one child compiled, the other loaded them
+        assert sum(v > 0 for v in compiled.values()) == 1, compiled
+    for width in numba_target.WIDTHS:
+        timed = numba_target._child(width, "--time-kernels")
+        assert timed["compiled"] == 0 and 0 < timed["seconds"] < 0.01, timed
+
+
 @pytest.mark.skipif(not AVX512, reason="needs an AVX-512 CPU (the only kind with a choice)")
 def test_the_width_does_not_change_the_noise(tmp_path):
     code = """

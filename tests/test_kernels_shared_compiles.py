@@ -12,10 +12,11 @@ from pathlib import Path
 import numba
 import pytest
 
-from kernels import shared_compiles
+from kernels import numba_target, shared_compiles
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "slow_compile.py"
+AVX512 = "+avx512f" in numba_target._host()[1].split(",")
 
 
 def _start(cache: Path, compile_s: float, at: float) -> subprocess.Popen:
@@ -138,3 +139,29 @@ def test_cached_njit_is_a_cached_njit_with_its_options(options):
     assert kernel._cache._cache_path and "compile" in vars(kernel)
     decorated = shared_compiles.cached_njit(**options)(lambda x: x)
     assert decorated.targetoptions.get("fastmath", False) == options.get("fastmath", False)
+
+
+def test_a_lock_is_per_target(tmp_path):
+    """The lock file names the kernel, its argument types and the process's
+    target: processes compiling one kernel for two vector widths (the
+    width's measurement) do not wait on each other."""
+    code = ("import numba; from kernels import shared_compiles; "
+            "from kernels.numba_cpu.gaussian import sfc64_raw; "
+            "a = numba.types.Array(numba.uint64, 2, 'C'); "
+            "print(shared_compiles.lock_path(sfc64_raw, (a, a)))")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+    env.update(NUMBA_CACHE_DIR=str(tmp_path), MPIDP_NUMBA_TARGET_FILE="none")
+
+    def path(width: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, env={**env, "MPIDP_VECTOR_WIDTH": width})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    first, again, other = path("256"), path("256"), path("512")
+    assert first == again and first.endswith(shared_compiles.SUFFIX)
+    assert Path(first).parent == Path(other).parent
+    if AVX512:
+        assert first != other
+    else:  # one target whatever the width asked for
+        assert first == other

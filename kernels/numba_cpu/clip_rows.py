@@ -12,15 +12,17 @@ squares are within float32 rounding of the float64 sum.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numba
 import numpy as np
-import torch
 
 from kernels.numba_cpu import serial_twin
 from kernels.registry import register
 from kernels.shared_compiles import cached_njit
+
+if TYPE_CHECKING:  # the vector-width measurement's child imports this module: no torch
+    import torch
 
 
 @numba.njit(fastmath=True, inline="always")
