@@ -96,17 +96,19 @@ def mark_warm() -> None:
 
 def warm_up(data: str | None, steps: int, device: str, comm) -> tuple[int, float]:
     """Collective: the short run (module docstring), at least ``steps`` steps in
-    whole epochs; returns (steps taken, seconds).
+    whole epochs; returns (steps taken, seconds), the seconds with the
+    one-time costs paid within (imports, the vector width's measurement,
+    compiles).
 
     Raises:
         MpidpError: as ``mpidp train`` does for a bad file or device.
     """
+    start = time.perf_counter()
     from engine.bench.synthetic import write  # deferred: h5py
     from engine.config import TrainConfig
     from engine.shard import read_info
-    from engine.trainer import Trainer
+    from engine.trainer import Trainer  # the kernels: the vector width measured once
 
-    start = time.perf_counter()
     folder = None
     if data is None:
         folder = tempfile.mkdtemp(prefix="mpidp-warmup-") if comm.Get_rank() == 0 else None
@@ -136,16 +138,20 @@ def warm_up(data: str | None, steps: int, device: str, comm) -> tuple[int, float
 
 def run(args: argparse.Namespace) -> int:
     """Collective: warm this machine up; prints what was cached where."""
-    from collectives.auto.tuning import tuning_file
-    from kernels.numba_target import CHOICE  # deferred: measures the vector width once
-
     comm = MPI.COMM_WORLD
     if args.steps < 1:
         from engine.errors import ConfigError
 
         raise ConfigError(f"--steps {args.steps} must be at least 1", collective=True)
+    if comm.Get_rank() == 0:  # before the vector width's measurement and the compiles
+        print(f"mpidp warmup: filling this machine's caches on {comm.Get_size()} rank(s) "
+              f"(the vector width Numba compiles for, the step's kernels, the all-reduce's "
+              f"measurements); a machine already warm takes seconds", flush=True)
     taken, seconds = warm_up(args.data, args.steps, args.device, comm)
     if comm.Get_rank() == 0:
+        from collectives.auto.tuning import tuning_file
+        from kernels.numba_target import CHOICE  # measured by then (the trainer's kernels)
+
         mark_warm()
         numba_cache = os.environ.get("NUMBA_CACHE_DIR") or "next to mpidp's modules"
         tuning = tuning_file()

@@ -191,6 +191,13 @@ def decide(seconds: dict[str, float]) -> int:
     return 512 if seconds["512"] < MARGIN * seconds["256"] else 256
 
 
+def _announce(cpu: str, path: Path) -> None:
+    """Say, on stderr, that this process measures now: seconds of a first run
+    that would otherwise pass in silence (one process a node measures)."""
+    print(f"mpidp: measuring which vector width Numba's loops run faster at on this "
+          f"CPU ({cpu}): once per CPU, kept in {path}", file=sys.stderr, flush=True)
+
+
 def _measured(path: Path | None, cpu: str, host_features: str, time_width,
               measure_missing: bool = True) -> Choice:
     """The cached choice for this CPU, measured now (under the lock) if there is
@@ -207,6 +214,7 @@ def _measured(path: Path | None, cpu: str, host_features: str, time_width,
             entries = _read(path)
             entry = entries.get(key)
             if entry is None:
+                _announce(cpu, path)
                 try:
                     seconds = measure(time_width)
                     entry = {"width": decide(seconds), "seconds": seconds}

@@ -66,10 +66,15 @@ def test_features_for_sets_or_clears_the_256_bit_preference():
     assert numba_target.features_for(base, 256) == "+avx2,+avx512f,+prefer-256-bit"
 
 
-def test_auto_measures_once_then_reads_the_file(fresh):
+def test_auto_measures_once_then_reads_the_file(fresh, capsys):
     fake = FakeTimes(w256=2.0, w512=1.0)
     first = numba_target.configure(fake)
     assert first.width == 512 and "measured now" in first.source
+    # the seconds it takes are announced, on stderr (stdout may be a program's data)
+    said = capsys.readouterr()
+    assert said.out == "" and said.err == (
+        "mpidp: measuring which vector width Numba's loops run faster at on this CPU "
+        f"(testcpu): once per CPU, kept in {fresh}\n")
     assert numba.config.CPU_FEATURES == "+avx2,+avx512f,+fma,-prefer-256-bit"
     assert len(fake.calls) == 2 * numba_target.PASSES
     entries = json.loads(fresh.read_text())["entries"]
@@ -83,6 +88,7 @@ def test_auto_measures_once_then_reads_the_file(fresh):
     assert again.width == 512 and "measured earlier" in again.source
     assert again.seconds == {"256": 2.0, "512": 1.0}
     assert numba.config.CPU_FEATURES.endswith("-prefer-256-bit")
+    assert capsys.readouterr().err == ""  # nothing measured, nothing said
 
 
 def test_cached_reads_the_file_and_never_measures(fresh, monkeypatch):
