@@ -209,22 +209,29 @@ def test_a_real_measurement_fills_the_tuning_file(tmp_path):
     assert f"{entry['width']}-bit vectors (measured earlier" in again
 
 
-def test_the_timed_children_only_load_what_the_compiling_children_compiled(
-        tmp_path, monkeypatch):
-    """The widths' kernels are compiled first, one child per width at once, so
-    that no timed child compiles (where there are cores, the compilations
-    overlap; the timings never do)."""
-    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
-    monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)  # tools/as_avx2.sh's
-    compiled = numba_target.compile_in_children()
-    assert set(compiled) == {"256", "512"}
-    if AVX512:  # two targets: each child compiled its own kernels
-        assert compiled["256"] > 0 and compiled["512"] > 0, compiled
-    else:  # one target: one child compiled, the other loaded them
-        assert sum(v > 0 for v in compiled.values()) == 1, compiled
-    for width in numba_target.WIDTHS:
-        timed = numba_target._child(width, "--time-kernels")
-        assert timed["compiled"] == 0 and 0 < timed["seconds"] < 0.01, timed
+def test_both_widths_compile_at_once_before_any_timing(monkeypatch):
+    """The real measurement first compiles each width's kernels in a child of
+    its own, all at once (their compilations overlap where there are cores),
+    then times the widths in turn with children that only load them (with
+    real children: test_a_real_measurement_fills_the_tuning_file)."""
+    calls = []
+
+    def child(width, flag):
+        calls.append((flag, width))
+        return {"compiled": 5 if flag == "--compile-kernels" else 0,
+                "seconds": {256: 2e-5, 512: 1e-5}[width]}
+
+    monkeypatch.setattr(numba_target, "_child", child)
+    assert numba_target.measure() == {"256": 2e-5, "512": 1e-5}
+    compiles, timings = calls[:2], calls[2:]
+    assert sorted(compiles) == [("--compile-kernels", 256), ("--compile-kernels", 512)]
+    assert timings == [("--time-kernels", w) for w in (256, 512) * numba_target.PASSES]
+    # a compiling child that fails is left to fail again, reported, when timed
+    calls.clear()
+    monkeypatch.setattr(numba_target, "_child", lambda w, flag: calls.append(flag) or (
+        {} if flag == "--compile-kernels" else {"seconds": 1e-5}))
+    assert numba_target.compile_in_children() == {}
+    assert numba_target.measure() == {"256": 1e-5, "512": 1e-5}
 
 
 @pytest.mark.skipif(not AVX512, reason="needs an AVX-512 CPU (the only kind with a choice)")
