@@ -1,5 +1,5 @@
 """Inputs for the per-example kernels, shared by the CPU kernel tests and the
-CUDA-simulator cases (tests/scripts/gpu_simulator_cases.py)."""
+CUDA-simulator and fake-CuPy cases (tests/scripts/gpu_*_cases.py)."""
 import torch
 
 
@@ -11,3 +11,13 @@ def random_layers(k: int, dims: tuple, dtype: torch.dtype, seed: int):
                        torch.ones(k, 1, dtype=dtype)], 1) for d in dims[:-1]]
     grads = [torch.randn(k, d, generator=g, dtype=dtype) * 0.3 for d in dims[1:]]
     return acts, grads
+
+
+def cpu_clip_rows():
+    """The CPU's ``clip_rows`` the GPU cases compare with: its torch back-end,
+    pinned equal to the Numba one by tests/test_kernels_registry.py. The Numba
+    one would compile for every layer count and dtype these cases draw (about
+    17 s in a fresh clone), shapes no other test uses."""
+    from kernels import registry
+
+    return registry.get("clip_rows", "cpu", "torch")

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernel_inputs import random_layers  # tests/, on PYTHONPATH (test_gpu_kernels.py)
+from kernel_inputs import cpu_clip_rows, random_layers  # tests/, on PYTHONPATH
 from kernels import registry
 from kernels.common import philox
 from kernels.cupy import sources as cuda_sources
@@ -258,7 +258,7 @@ def test_clip_rows(dtype, k, C, launches):
     cpu = [x.clone() for x in grads]
     f, f_cpu = torch.full((k + 1,), -1.0, dtype=dtype), torch.full((k + 1,), -1.0, dtype=dtype)
     n = cupy_kernel("clip_rows")(acts, grads, C, f)
-    assert n == registry.get("clip_rows", "cpu", "numba")(acts, cpu, C, f_cpu)
+    assert n == cpu_clip_rows()(acts, cpu, C, f_cpu)
     assert f[k] == -1.0
     assert torch.allclose(f, f_cpu, **tol(dtype))
     assert all(torch.allclose(a, b, **tol(dtype)) for a, b in zip(grads, cpu))
@@ -280,7 +280,7 @@ def test_clip_rows_fuses_up_to_four_layers(dtype, layers, launches):
     C = float(s[len(s) // 2 - 1] + s[len(s) // 2]) / 2  # between two rows' norms: half clipped
     f, f_cpu = torch.empty(9, dtype=dtype), torch.empty(9, dtype=dtype)
     n = cupy_kernel("clip_rows")(acts, grads, C, f)
-    assert 0 < n == registry.get("clip_rows", "cpu", "numba")(acts, cpu, C, f_cpu) < 9
+    assert 0 < n == cpu_clip_rows()(acts, cpu, C, f_cpu) < 9
     assert torch.allclose(f, f_cpu, **tol(dtype))
     assert all(torch.allclose(a, b, **tol(dtype)) for a, b in zip(grads, cpu))
     names = [x["name"][:-4] for x in launches]

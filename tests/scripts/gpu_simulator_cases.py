@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernel_inputs import random_layers  # tests/, on PYTHONPATH (test_gpu_kernels.py)
+from kernel_inputs import cpu_clip_rows, random_layers  # tests/, on PYTHONPATH
 from kernels import registry
 from kernels.common import philox
 
@@ -70,7 +70,7 @@ def test_clip_rows_matches_cpu_and_the_naive_loop(dtype, k, C):
     factors = torch.full((k + 2,), -1.0, dtype=dtype)
     cpu_factors = factors.clone()
     n = cuda_kernel("clip_rows")(acts, grads, C, factors)
-    n_cpu = registry.get("clip_rows", "cpu", "numba")(acts, cpu_grads, C, cpu_factors)
+    n_cpu = cpu_clip_rows()(acts, cpu_grads, C, cpu_factors)
     assert n == n_cpu
     assert torch.equal(factors[k:], torch.full((2,), -1.0, dtype=dtype))  # untouched
     if k == 0:
@@ -95,7 +95,7 @@ def test_clip_rows_fused_and_by_layer_match_the_cpu(layers):
     factors, cpu_factors = torch.empty(6), torch.empty(6)
     count = torch.full((1,), -1, dtype=torch.int32)
     assert cuda_kernel("clip_rows")(acts, grads, C, factors, count=count) is None
-    n = registry.get("clip_rows", "cpu", "numba")(acts, cpu, C, cpu_factors)
+    n = cpu_clip_rows()(acts, cpu, C, cpu_factors)
     assert int(count[0]) == n and 0 < n < 6
     assert torch.allclose(factors, cpu_factors, **tol(torch.float32))
     for g, c in zip(grads, cpu):
