@@ -80,9 +80,14 @@ _FIELDS = {f.name for f in dataclasses.fields(config.TrainConfig)}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``mpidp train`` (:func:`engine.config.add_arguments`)."""
     config.add_arguments(parser)
-    parser.set_defaults(**{action.dest: _Default(action.default)
-                           for action in parser._actions
-                           if action.dest in _FIELDS and not action.required})
+    defaults: dict[str, _Default] = {}
+    for action in parser._actions:
+        if action.dest in _FIELDS and not action.required:
+            # The first option of a dest holds its default, as argparse reads it:
+            # --progress's None (a bar when stderr is a terminal), not the True of
+            # --no-progress's store_false.
+            defaults.setdefault(action.dest, _Default(action.default))
+    parser.set_defaults(**defaults)
 
 
 def given_options(args: argparse.Namespace) -> set[str]:

@@ -519,3 +519,18 @@ def test_a_run_without_checkpoint_dir_says_the_model_is_not_kept(tmp_path, capsy
     assert "the trained model was not saved: give --checkpoint-dir DIR" in capsys.readouterr().out
     assert main([*args, "--checkpoint-dir", str(tmp_path / "run")]) == 0
     assert "was not saved" not in capsys.readouterr().out
+
+
+def test_the_bar_shows_only_on_a_terminal_unless_asked(tmp_path, capsys):
+    """--progress / --no-progress force the bar on / off; without either, it
+    shows only when stderr is a terminal (a log file or a Slurm .out gets none)."""
+    from engine.cli import main
+
+    data = synthetic.write(tmp_path / "d.h5", rows=400, features=8, seed=1)
+    args = ["train", "--data", str(data), "--epochs", "1", "--batch-size", "50", "--no-dp"]
+    bars = {}
+    for flag in ([], ["--progress"], ["--no-progress"]):
+        capsys.readouterr()
+        assert main([*args, *flag]) == 0
+        bars[" ".join(flag)] = "step/s]" in capsys.readouterr().err  # capsys: not a terminal
+    assert bars == {"": False, "--progress": True, "--no-progress": False}
