@@ -142,6 +142,21 @@ def _find_empty_lines(data: bytes, columns: Columns, serial: str) -> None:
         columns.empty[i] = not lines[i].strip(b" ,\r\t")
 
 
+def _first_line_readable(data: bytes, width: int) -> bytes:
+    """``data`` with its first line, if it is empty (nothing but commas and
+    spaces), written as ``width`` empty fields. polars takes the number of
+    fields of a block from its first line, schema or not, and fails on a
+    block that starts with an empty line (a blank line after the header, a
+    double-spaced file cut there); later empty lines it reads as records of
+    nulls, which :func:`_find_empty_lines` then marks. The line stays one
+    record, so record numbers stay line numbers."""
+    end = data.find(b"\n")
+    first = data if end < 0 else data[:end]
+    if not data or first.strip(b" ,\r\t") or first.count(b",") == width - 1:
+        return data
+    return b"," * (width - 1) + (b"" if end < 0 else data[end:])
+
+
 def _whole_decimals(pl, text, bad: np.ndarray, ints: np.ndarray) -> None:
     """Take ``16.0`` (or ``1e3``) as the integer it is: pandas writes an integer
     column that has a blank as floats. Clears ``bad`` and fills ``ints`` where
@@ -200,8 +215,9 @@ class BlockParser:
         """Parse whole lines of CSV text (no header) into :class:`Columns`."""
         pl = self.pl
         person = [] if self.person is None else [pl.col(self.person).alias("__person")]
+        readable = _first_line_readable(data, len(self.header))
         try:
-            frame = self._scan(data, self.fast_schema).select(
+            frame = self._scan(readable, self.fast_schema).select(
                 *[pl.col(c) for c in self.int_columns if c != self.serial],
                 _household_expr(pl, self.serial),
                 pl.col(self.serial).is_null().alias("__serial_blank"),
@@ -215,7 +231,7 @@ class BlockParser:
                 pl.exceptions.ShapeError):
             slow = True
         if slow:
-            frame = self._scan(data, self.text_schema, ragged=self.check_fields).select(
+            frame = self._scan(readable, self.text_schema, ragged=self.check_fields).select(
                 *[_stripped(pl, c).alias(c) for c in self.int_columns if c != self.serial],
                 pl.col(self.serial).alias("__serial_text"),
                 _household_expr(pl, self.serial, strip=True),

@@ -521,20 +521,27 @@ def _assert_same_rows(folder: Path, original: Path, other: Path, in_order=True) 
 
 
 def test_empty_lines_are_skipped_not_invalid(tmp_path, good_csv):
-    """A file double-spaced (and ending in blank lines) is the same file: its
-    empty lines are no records, and no share of invalid ones."""
+    """A file double-spaced (a blank line after the header, blank lines at the
+    end) is the same file: its empty lines are no records, and no share of
+    invalid ones, however many ranks cut it into blocks."""
     header, *rows = good_csv.read_text().splitlines()
     spaced = tmp_path / "psam_p99.csv"
-    spaced.write_text(header + "\n" + "\n\n".join(rows) + "\n\n,,,\n")
+    spaced.write_text(header + "\n\n" + "\n\n".join(rows) + "\n\n,,,\n")
     _assert_same_rows(tmp_path, good_csv, spaced, in_order=False)
-    result = mpidp(1, "prep", str(spaced), "--out", str(tmp_path / "c.h5"), timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert f"{len(rows):,} records from 1 file" in result.stdout
-    empty = len(rows) - 1 + 2  # between the rows, then "" and ",,,"
-    assert f"; {empty:,} empty lines skipped" in result.stdout
-    with h5py.File(tmp_path / "c.h5", "r") as handle:
-        assert json.loads(handle.attrs["sources"])[0]["rows"] == len(rows)
-        assert json.loads(handle.attrs["drop_counts"])["empty_line"] == empty
+    empty = 1 + len(rows) - 1 + 2  # after the header, between the rows, then "" and ",,,"
+    arrays = []
+    for ranks in (1, 2, 3):
+        out = tmp_path / f"c{ranks}.h5"
+        result = mpidp(ranks, "prep", str(spaced), "--out", str(out), timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert f"{len(rows):,} records from 1 file" in result.stdout
+        assert f"; {empty:,} empty lines skipped" in result.stdout
+        with h5py.File(out, "r") as handle:
+            assert json.loads(handle.attrs["sources"])[0]["rows"] == len(rows)
+            assert json.loads(handle.attrs["drop_counts"])["empty_line"] == empty
+            arrays.append([handle[name][:] for name in ("train/X", "train/y", "test/X")])
+    for other in arrays[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(arrays[0], other))
 
 
 def test_column_names_in_lower_case_are_the_pums_names(tmp_path, good_csv):

@@ -195,3 +195,18 @@ def test_empty_lines_are_found_and_a_line_with_data_is_not_empty():
     cols = parser.parse(b"2018HU0000001,1,2\n\n,,\n , ,\r\n,,9\n2018HU0000002,3,4\n")
     assert cols.n == 6
     assert cols.empty.tolist() == [False, True, True, True, False, False]
+
+
+@pytest.mark.parametrize("check_fields", [False, True])
+@pytest.mark.parametrize("first", [b"", b"  ", b",", b"\r", b" , ,"])
+def test_a_block_may_start_with_empty_lines(first, check_fields):
+    """polars takes a block's number of fields from its first line: a block that
+    starts with an empty line (a blank line after the header; a double-spaced
+    file, wherever the ranks cut it) parses all the same, one record a line."""
+    parser = BlockParser(("SERIALNO", "A", "B"), ["A"], "SERIALNO", check_fields=check_fields)
+    cols = parser.parse(first + b"\n\n2018HU0000001,7,2\n")
+    assert cols.n == 3 and cols.empty.tolist() == [True, True, False]
+    assert cols.household[2] == 2018 * 10**8 + 1 and cols.values["A"][2] == 7
+    assert parser.parse(first + b"\n").empty.tolist() == [True]
+    if first:  # the last line of a block without its newline
+        assert parser.parse(first).empty.tolist() == [True]
