@@ -128,16 +128,18 @@ def _header_from(stream: BinaryIO, name: str) -> tuple[tuple[str, ...], int]:
     return (upper if len(set(upper)) == len(upper) else columns), min(end + 1, len(head))
 
 
-def first_record_fields(inp: InputFile) -> int | None:
-    """Comma-separated fields of the first record (the line after the header),
-    or None where there is none within the first MiB."""
+def first_record_fields(inp: InputFile) -> tuple[int, int] | None:
+    """(line number, comma-separated fields) of the first record: the first line
+    after the header that is not empty (nothing but commas and spaces); None
+    where there is none within the first MiB."""
     with inp.open() as stream:
         stream.read(inp.data_start)
         text = stream.read(MAX_HEADER_BYTES)
-    end = text.find(b"\n")
-    if end < 0:
-        return None
-    return text[:end].count(b",") + 1
+    lines = text.split(b"\n")
+    for number, line in enumerate(lines[:-1], start=2):  # the last may be cut short
+        if line.strip(b" ,\r\t"):
+            return number, line.count(b",") + 1
+    return None
 
 
 def _inspect_zip(path: str, first_index: int) -> list[InputFile]:

@@ -25,7 +25,12 @@ ones (``Columns.wrong_fields``, dropped first of all by the cleaning step),
 and a block that polars cannot parse because of such lines is parsed again
 with their extra fields ignored. Without it, a short line is caught only
 when a needed column that may not be blank is empty, and extra fields are
-ignored or, where polars trips on them, reported as a CSV error.
+ignored or, where polars trips on them, reported as a CSV error. polars
+takes a block's number of fields from its first line, so that line is
+handed over with the header's (:func:`_first_line_fitted`): a block reads
+the same wherever ranks and block sizes cut the file; the file's first
+record is checked against the header before any block is read
+(:func:`preprocessing.pipeline.check_first_record`).
 
 The text path also reads values without the spaces around them (``, 40``),
 as polars' integer parser already does for leading spaces, so a block reads
@@ -142,19 +147,31 @@ def _find_empty_lines(data: bytes, columns: Columns, serial: str) -> None:
         columns.empty[i] = not lines[i].strip(b" ,\r\t")
 
 
-def _first_line_readable(data: bytes, width: int) -> bytes:
-    """``data`` with its first line, if it is empty (nothing but commas and
-    spaces), written as ``width`` empty fields. polars takes the number of
-    fields of a block from its first line, schema or not, and fails on a
-    block that starts with an empty line (a blank line after the header, a
-    double-spaced file cut there); later empty lines it reads as records of
-    nulls, which :func:`_find_empty_lines` then marks. The line stays one
-    record, so record numbers stay line numbers."""
+def _first_line_fitted(data: bytes, width: int) -> bytes:
+    """``data`` with its first line given the header's ``width`` fields, for
+    polars: it takes the number of fields of a block from its first line,
+    schema or not, and fails on a block that starts with a shorter line (or,
+    without ``truncate_ragged_lines``, a longer one), while it reads such
+    lines further down as records (missing fields null, extra ones ignored).
+    Fitted, a block reads the same wherever the ranks or the block size cut
+    the file. An empty line (a blank line after the header, a double-spaced
+    file) becomes ``width`` empty fields; a short line is padded with empty
+    fields; a long one loses its extra fields. The line stays one record
+    (record numbers stay line numbers), and what :func:`_find_empty_lines`
+    and ``check_fields`` see is the original."""
     end = data.find(b"\n")
     first = data if end < 0 else data[:end]
-    if not data or first.strip(b" ,\r\t") or first.count(b",") == width - 1:
+    commas = first.count(b",")
+    if not data or commas == width - 1:
         return data
-    return b"," * (width - 1) + (b"" if end < 0 else data[end:])
+    cr = b"\r" if first.endswith(b"\r") else b""
+    if not first.strip(b" ,\r\t"):
+        fitted = b"," * (width - 1)
+    elif commas < width - 1:
+        fitted = first[:len(first) - len(cr)] + b"," * (width - 1 - commas)
+    else:
+        fitted = b",".join(first[:len(first) - len(cr)].split(b",")[:width])
+    return fitted + cr + (b"" if end < 0 else data[end:])
 
 
 def _whole_decimals(pl, text, bad: np.ndarray, ints: np.ndarray) -> None:
@@ -215,7 +232,7 @@ class BlockParser:
         """Parse whole lines of CSV text (no header) into :class:`Columns`."""
         pl = self.pl
         person = [] if self.person is None else [pl.col(self.person).alias("__person")]
-        readable = _first_line_readable(data, len(self.header))
+        readable = _first_line_fitted(data, len(self.header))
         try:
             frame = self._scan(readable, self.fast_schema).select(
                 *[pl.col(c) for c in self.int_columns if c != self.serial],

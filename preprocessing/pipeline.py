@@ -158,6 +158,8 @@ def read_pieces(settings: Settings, pieces: list[Piece], threads: int, progress=
                 return Part(columns.n, cleaner.clean(columns))
 
             workers[key] = work
+        if piece.seq == 0:
+            check_first_record(inp, settings.check_fields)
         tail = Tail()
         see = (lambda offset, block, inp=inp: observe(inp, offset, block)) if observe else None
         try:
@@ -176,25 +178,36 @@ def read_pieces(settings: Settings, pieces: list[Piece], threads: int, progress=
     return parsed
 
 
+def check_first_record(inp: InputFile, check_fields: bool) -> None:
+    """Raise PrepError when the file's first record has another number of
+    fields than its header: the header and the records do not match (or
+    every line ends with a comma), so no line can be read right. A longer
+    first line with ``check_fields`` is one of the lines that check drops.
+    Later lines with the wrong number of fields are the cleaning's
+    (``field_count``), wherever the blocks are cut."""
+    try:
+        first = first_record_fields(inp)
+    except (OSError, *DAMAGED):
+        return  # reading the blocks says what is wrong with the file
+    width = len(inp.header)
+    if first is None or first[1] == width or (check_fields and first[1] > width):
+        return
+    line, fields = first
+    hint = ("the header ends with a comma" if inp.header[-1] == "" else
+            "the lines end with a comma" if fields == width + 1 else
+            "the header and the records do not match")
+    raise PrepError(f"{where(inp.name, line)}: the line has {fields} fields, the header "
+                    f"{width} ({hint}); every line must have the header's fields")
+
+
 def _unreadable(inp: InputFile, polars_message: str) -> str:
     """The message for a file polars cannot parse: lines with other numbers of
     fields than the header in words, else polars' first line."""
     fewer, more = "n_missing" in polars_message, "n_extra" in polars_message
     if not (fewer or more):
         return f"{inp.name}: cannot parse as CSV: {polars_message.splitlines()[0]}"
-    width = len(inp.header)
-    try:
-        first = first_record_fields(inp)
-    except (OSError, *DAMAGED):
-        first = None
-    if first is not None and first != width:
-        hint = ("the header ends with a comma" if inp.header[-1] == "" else
-                "the lines end with a comma" if first == width + 1 else
-                "the header and the records do not match")
-        return (f"{where(inp.name, 2)}: the line has {first} fields, the header {width} "
-                f"({hint}); every line must have the header's fields")
     return (f"{inp.name}: a line has {'fewer' if fewer else 'more'} fields than the header's "
-            f"{width}; --check-fields finds such lines (and drops them, up to "
+            f"{len(inp.header)}; --check-fields finds such lines (and drops them, up to "
             "--max-invalid-share)")
 
 

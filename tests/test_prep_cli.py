@@ -95,6 +95,13 @@ def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
                         + "".join(line.rstrip("\n") + line_end + "\n" for line in lines[1:]))
         cases[name] = (path, f"{{p}}, line 2: the line has {fields[0]} fields, the header "
                              f"{fields[1]} ({why}); every line must have the header's fields")
+    # the first record is the first line that is not empty (lines 2 and 3 here)
+    blank_first = folder / "blank_first.csv"
+    blank_first.write_text(lines[0] + "\n , \n" + "".join(
+        line.rsplit(",", 1)[0] + "\n" for line in lines[1:]))
+    cases["blank_first"] = (blank_first, f"{{p}}, line 4: the line has {width - 1} fields, the "
+                                         f"header {width} (the header and the records do not "
+                                         "match); every line must have the header's fields")
     return cases
 
 
@@ -131,7 +138,7 @@ def _error_in_process(argv: list[str]) -> str:
 @pytest.mark.parametrize("case", ["missing", "empty", "columns", "truncated", "delimiter",
                                   "quoted", "non_numeric", "zip_without_csv",
                                   "damaged_zip", "cut_gzip", "xz", "header_comma",
-                                  "lines_comma"])
+                                  "lines_comma", "blank_first"])
 def test_bad_input_is_one_clear_error_and_no_output(tmp_path, good_csv, case):
     path, expected = _bad_inputs(tmp_path, good_csv)[case]
     message = _error_in_process([str(good_csv), str(path), "--out", str(tmp_path / "o.h5")])
