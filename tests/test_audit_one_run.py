@@ -132,6 +132,16 @@ def test_dpsgd_curve_at_full_batch_is_gaussian_dp_and_errs_towards_the_weaker_cl
     assert all(ours(y) < sub(y) <= y for y in (1e-4, 1e-2, 0.1, 0.5))
 
 
+def test_dpsgd_curve_at_a_delta_past_the_plds_tails_is_drawn():
+    """At delta 1e-15 (dp-accounting's tail truncation) the PLD has no finite
+    epsilon: the curve is drawn up to a larger delta's, not refused after the
+    canaries' training (a ValueError traceback once)."""
+    tiny = one_run_fdp.dpsgd_fbar_inverse(0.14, 1.0, 7, 1e-15)
+    usual = one_run_fdp.dpsgd_fbar_inverse(0.14, 1.0, 7, 1e-5)
+    for y in (1e-4, 1e-2, 0.1, 0.5):
+        assert tiny(y) == pytest.approx(usual(y), rel=1e-2) and tiny(y) <= y
+
+
 def test_curve_from_epsilon_delta_pairs_is_the_pure_dp_curve():
     """One pair (eps, 0): f(a) = max(0, 1 - e^eps a, e^-eps (1 - a))."""
     inverse = one_run_fdp.curve_fbar_inverse(np.array([1.0]), np.array([0.0]), points=20000)

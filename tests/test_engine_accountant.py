@@ -177,6 +177,30 @@ def test_a_huge_target_is_calibrated_where_smaller_sigmas_overflow_the_pld():
     assert found.sigma <= calibrate_sigma(q, steps, target, DELTA, "rdp") * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("q, sigma, steps, delta", [
+    (0.01, 1.0, 1000, 1e-15),      # at dp-accounting's tail truncation: the PLD's is inf
+    (0.002, 0.8, 100_000, 1e-12),  # its discretised tails: the PLD's 11.3, the RDP's 9.9
+])
+def test_pld_takes_the_rdp_bound_where_that_is_the_tighter(q, sigma, steps, delta):
+    """Both are upper bounds: far below the deltas of practice the PLD's grows
+    past the RDP's (and is infinite at 1e-15), and the RDP's is reported
+    instead. An infinite epsilon once showed a DP run as non-private, and the
+    calibration gave sigma 63 for a target 5 that sigma 1.5 meets."""
+    from dp_accounting import PoissonSampledDpEvent, GaussianDpEvent
+    from dp_accounting.rdp import RdpAccountant
+
+    independent = RdpAccountant().compose(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)),
+                                          steps).get_epsilon(delta)
+    grid = pld_grid(q, sigma, steps, delta)
+    assert _dp_accounting_pld(q, sigma, steps, delta, grid) > independent
+    assert epsilon_for(q, sigma, steps, delta) == pytest.approx(independent, rel=1e-12)
+    assert accountant.rdp_is_tighter(q, sigma, steps, delta)
+    found = calibrate(q, steps, independent, delta)
+    assert found.sigma <= sigma * (1 + accountant.CALIBRATION_RTOL)
+    assert epsilon_for(q, found.sigma, steps, delta, "pld", found.interval) <= independent
+    assert not accountant.rdp_is_tighter(Q, SIGMA, STEPS, DELTA)  # practice: the PLD's
+
+
 def test_impossible_targets_and_bad_inputs_are_one_line_errors():
     for kind in ("pld", "rdp"):
         with pytest.raises(PrivacyError, match="out of reach") as exc:
@@ -335,6 +359,18 @@ def test_privacy_command_answers_a_tiny_sigma_in_one_line():
     rdp = _privacy("--sample-rate", "0.5", "--noise-multiplier", "0.001", "--steps", "100000",
                    "--accountant", "rdp")
     assert rdp.returncode == 0, rdp.stderr
+
+
+def test_privacy_command_says_when_the_pld_line_is_the_rdp_bound():
+    out = _privacy("--sample-rate", "0.01", "--noise-multiplier", "1", "--steps", "1000",
+                   "--delta", "1e-15")
+    assert out.returncode == 0, out.stderr
+    pld_line, rdp_line = out.stdout.splitlines()[1:]
+    assert pld_line == ("  pld: epsilon = 5.2841 at noise multiplier 1 (the RDP bound: the "
+                        "PLD's is looser at this delta)")
+    assert rdp_line == "  rdp: epsilon = 5.2841 at noise multiplier 1"
+    usual = _privacy("--sample-rate", "0.01", "--noise-multiplier", "1", "--steps", "1000")
+    assert "RDP bound" not in usual.stdout and "pld: epsilon = 1.8297" in usual.stdout
 
 
 def test_privacy_command_calibrates_the_demo_with_both_accountants():

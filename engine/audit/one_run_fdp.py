@@ -42,6 +42,8 @@ from statistics import NormalDist
 
 import numpy as np
 
+from engine.errors import PrivacyError
+
 #: mu search range: a bound at the top is reported as this mu's epsilon.
 MU_MAX = 30.0
 _N = NormalDist()
@@ -171,12 +173,15 @@ def dpsgd_fbar_inverse(q: float, sigma: float, steps: int, delta: float, points:
 
     pld = composed_pld(q, sigma, steps, delta)
     top = math.inf
-    for tail in (1e-12, 1e-10, 1e-8):  # dp-accounting truncates the tails near 1e-15
-        top = float(pld.get_epsilon_for_delta(min(tail, delta)))
+    # the curve up to the epsilon of a tiny delta; dp-accounting truncates its
+    # tails near 1e-15, where epsilon is infinite: then up to a larger one's
+    for tail in sorted({min(1e-12, delta), 1e-12, 1e-10, 1e-8}):
+        top = float(pld.get_epsilon_for_delta(tail))
         if math.isfinite(top):
             break
     if not math.isfinite(top):
-        raise ValueError(f"no finite epsilon at delta {delta:g} for q={q}, sigma={sigma}")
+        raise PrivacyError(f"the PLD of q={q:.3g}, noise multiplier {sigma:.4g}, {steps} steps "
+                           "has no finite epsilon at delta 1e-8: too little noise to audit")
     epsilons = np.linspace(0.0, max(top, 1e-6) * 1.05, points)
     deltas = np.asarray(pld.get_delta_for_epsilon(epsilons), dtype=np.float64)
     return curve_fbar_inverse(epsilons, deltas)

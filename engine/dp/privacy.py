@@ -20,7 +20,7 @@ import json
 import math
 
 from collectives import MPI
-from engine.dp.accountant import KINDS, calibrate, check_delta, epsilon_for
+from engine.dp.accountant import KINDS, calibrate, check_delta, epsilon_for, rdp_is_tighter
 from engine.errors import ConfigError, PrivacyError
 
 
@@ -144,9 +144,15 @@ def run(args: argparse.Namespace) -> int:
                 if kind == "rdp":  # what the looser calibration really spends
                     result["epsilon_pld_at_rdp_sigma"] = epsilon_for(
                         q, found.sigma, steps, args.delta, "pld")
+        if "pld" in kinds:  # the RDP bound where it is the tighter (docs/privacy.md)
+            sigma = result.get("noise_multiplier", result.get("noise_multiplier_pld"))
+            if rdp_is_tighter(q, sigma, steps, args.delta):
+                result["pld_is_the_rdp_bound"] = True
     except PrivacyError as exc:
         exc.collective = True
         raise
+    tighter = " (the RDP bound: the PLD's is looser at this delta)" \
+        if result.get("pld_is_the_rdp_bound") else ""
     if MPI.COMM_WORLD.Get_rank() == 0:
         if args.json:
             print(json.dumps(result))
@@ -157,10 +163,12 @@ def run(args: argparse.Namespace) -> int:
             for kind in kinds:
                 if args.noise_multiplier is not None:
                     print(f"  {kind}: epsilon = {result[f'epsilon_{kind}']:.4f} at noise "
-                          f"multiplier {args.noise_multiplier:g}")
+                          f"multiplier {args.noise_multiplier:g}"
+                          f"{tighter if kind == 'pld' else ''}")
                 else:
-                    extra = ""
-                    if kind == "rdp":
+                    extra = tighter if kind == "pld" else ""
+                    if kind == "rdp" and not rdp_is_tighter(
+                            q, result["noise_multiplier_rdp"], steps, args.delta):
                         extra = (f" (the PLD certifies epsilon = "
                                  f"{result['epsilon_pld_at_rdp_sigma']:.4f} for it)")
                     print(f"  {kind}: noise multiplier = "
