@@ -28,7 +28,7 @@ import kernels.files
 from engine import outputs
 from engine.checkpoint import BEST_NAME, FILENAME, best_path_in, exists_in, run_files
 from engine.errors import (CheckpointError, ConfigError, DirectoryLocked, MpidpError,
-                           OutputError, WriteFailed, agree)
+                           WriteFailed, agree)
 
 LOCK_NAME = "lock"
 
@@ -284,9 +284,7 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
     if comm.Get_rank() == 0:
         try:
             for option, path in (("--checkpoint-dir", directory), ("--metrics", metrics)):
-                if path is not None and not str(path).strip():
-                    raise OutputError(f"{option} is empty; give a path, or leave {option} "
-                                      "out")
+                outputs.check_not_empty(path, option)
             if resume and not directory:
                 raise ConfigError(RESUME_NEEDS_DIRECTORY)
             if directory:

@@ -54,15 +54,23 @@ def _check_parent(path: Path, option: str) -> None:
         raise OutputError(f"{option} {path}: {parent} is a file, not a directory")
 
 
+def check_not_empty(path: str | os.PathLike | None, option: str) -> None:
+    """Raise :class:`OutputError` for an empty (or blank) path: ``--json ''``
+    names no file (``Path('')`` is the current directory)."""
+    if path is not None and not str(path).strip():
+        raise OutputError(f"{option} is empty; give a path, or leave {option} out")
+
+
 def check_file(path: str | os.PathLike, option: str) -> Path:
     """Check that the file ``path`` (given as ``option``) can be written.
 
     It may exist (it is then replaced, atomically) but must not be a
-    directory; its directory must exist and accept a new file.
+    directory or empty; its directory must exist and accept a new file.
 
     Raises:
         OutputError: with a message naming ``option``.
     """
+    check_not_empty(path, option)
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{option} {path}: is a directory; give a file name, e.g. "
@@ -121,7 +129,7 @@ def check_all(files: dict[str, str | None]) -> None:
     """Check every file output ``{option: path}`` (None: not requested); the
     audit and benchmark commands call this on rank 0 before any work."""
     for option, path in files.items():
-        if path and path != "-":
+        if path is not None and path != "-":
             check_file(path, option)
 
 

@@ -26,6 +26,8 @@ def check_writable(path: str, option: str = "--out", example: str = "pums.h5") -
     ``example`` is the file name the message suggests where ``path`` is a
     directory.
     """
+    if not str(path).strip():  # os.path.isdir("") is False, and "" would be moved into place
+        raise PrepError(f"{option} is empty; give a file name, e.g. {option} {example}")
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if os.path.isdir(path):
         raise PrepError(f"{path}: is a directory; give a file name for {option}, e.g. "

@@ -699,3 +699,44 @@ def test_bench_outputs_checked_before_running(tmp_path):
         assert "Traceback" not in result.stderr
         assert ("never its parent" in result.stderr or "is a directory" in result.stderr), \
             result.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--noise-multiplier", "1", "--metrics", ""],
+    ["train", "--noise-multiplier", "1", "--checkpoint-dir", " "],
+    ["eval", "--checkpoint", "CK", "--json", ""],
+    ["eval", "--checkpoint", "CK", "--plot", ""],
+    ["audit", "--checkpoint", "CK", "--json", ""],
+    ["bench", "dpsgd", "--rows", "100", "--json", ""],
+    ["bench", "scaling", "--dry-run", "--plot", ""],
+    ["bench", "noise", "--json", ""],
+    ["bench", "accountant", "--json", ""],
+    ["bench", "allreduce", "-e", "64", "--json", ""],
+    ["prep", "IN", "--out", ""],
+    ["synth", "--rows", "300000", "--out", ""],
+])
+def test_an_empty_output_path_is_refused_before_any_work(argv, tmp_path, data, capsys):
+    """``--json ''`` names no file (to pathlib, the current directory): eval
+    raised a ValueError traceback at its end, audit wrote nothing without a
+    word, prep and synth did all their work first. Every command refuses it
+    in one line, exit 2, before reading anything."""
+    from engine.cli import main
+
+    argv = [{"CK": str(tmp_path / "no-checkpoint"), "IN": str(tmp_path / "no.csv")}.get(a, a)
+            for a in argv]
+    if argv[0] in ("train", "eval", "audit"):
+        argv += ["--data", str(data)]
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # a usage error
+        code = stop.code
+    assert code == 2
+    option = argv[argv.index("") - 1] if "" in argv else "--checkpoint-dir"
+    assert capsys.readouterr().err == (f"mpidp: error: {option} is empty; give a "
+                                       + ("file name, e.g. " if argv[0] in ("prep", "synth")
+                                          else "path, or leave ")
+                                       + (f"{option} pums.h5\n" if argv[0] == "prep" else
+                                          f"{option} persons.csv\n" if argv[0] == "synth" else
+                                          f"{option} out\n"))
+    assert not list(tmp_path.iterdir())

@@ -138,8 +138,10 @@ def check_output(path: str | None, option: str) -> str | None:
     """Why ``path`` cannot be written, or None: mpidp's rule for every output
     (docs/lifecycle.md: the file may exist; its directory must exist and
     accept a new file; mpidp never creates a missing parent directory)."""
-    if not path:
+    if path is None:
         return None
+    if not path.strip():  # "" is no file (engine.outputs.check_not_empty)
+        return f"{option} is empty; give a path, or leave {option} out"
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         return f"{option} {path}: is a directory; give a file name"

@@ -25,6 +25,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from engine import outputs
 from engine.errors import ConfigError
 
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -201,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     steps = [int(s) for s in _floats(args.steps, "--steps")]
     if MPI.COMM_WORLD.Get_rank() != 0:
         return 0
+    outputs.check_all({"--json": args.json})  # before the minutes of work (engine.outputs)
     grid = [(q, t, e) for e in epsilons for q in rates for t in steps]
     print(f"PLD calibration (dp-accounting) at delta={args.delta:g}, {len(grid)} points, "
           f"{args.jobs} at a time")
@@ -230,6 +232,5 @@ def run(args: argparse.Namespace) -> int:
               f"{max(abs(r['epsilon_pld'] / r['epsilon_prv'] - 1) for r in compared):.2%} "
               f"over {len(compared)} points")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
+        outputs.write_json(args.json, results, "--json")
     return 0
