@@ -178,8 +178,8 @@ def common_settings(args: argparse.Namespace) -> tuple[float, float, "h5write.Co
                         "split from; drop --val-fraction")
     if not 0.0 <= args.max_invalid_share <= 1.0:
         raise PrepError(f"--max-invalid-share {args.max_invalid_share}: must be in [0, 1]")
-    if args.seed < 0:
-        raise PrepError(f"--seed {args.seed}: must be >= 0")
+    if not 0 <= args.seed < 2**64:  # the file records it as an unsigned 64-bit attribute
+        raise PrepError(f"--seed {args.seed}: must be >= 0 and < 2**64")
     try:
         compression = h5write.Compression.parse(args.compression)
     except ValueError as exc:
