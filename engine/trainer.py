@@ -402,15 +402,19 @@ class Trainer:
         cfg = self.cfg  # for a resume: the recorded settings
         if self.rank == 0:
             self.warm = warmup.is_warm()
-        for line in report.describe(self):
-            self._say(line)
         if self.step > 0:
             self.write_metrics()  # back to the checkpoint's history (module docstring)
-        if self.step >= self.total_steps:
+        if self.step >= self.total_steps:  # before the plan: it would be below what is spent
+            for line in filter(None, [report.first_line(self)]):
+                self._say(line)
+            fewer = "" if self.step == self.total_steps else \
+                f" (--epochs {cfg.epochs} asks for fewer: a run never goes back)"
             self._say(f"nothing to do: the run in {cfg.checkpoint_dir} has finished "
-                      f"{plural(self.step // self.steps_per_epoch, 'epoch')}")
+                      f"{plural(self.step // self.steps_per_epoch, 'epoch')}{fewer}")
             self.selection.adopt(self.params)
             return 0
+        for line in report.describe(self):
+            self._say(line)
         show = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and self.rank == 0
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", disable=not show,
                    dynamic_ncols=True, leave=False)

@@ -534,3 +534,22 @@ def test_the_bar_shows_only_on_a_terminal_unless_asked(tmp_path, capsys):
         assert main([*args, *flag]) == 0
         bars[" ".join(flag)] = "step/s]" in capsys.readouterr().err  # capsys: not a terminal
     assert bars == {"": False, "--progress": True, "--no-progress": False}
+
+
+def test_a_resume_asking_fewer_epochs_than_done_says_so_and_plans_nothing(tmp_path, capsys):
+    """--resume --epochs 1 on a run of 2 epochs: nothing to do, said in words,
+    and no privacy plan for 1 epoch (below the epsilon already spent)."""
+    from engine.cli import main
+
+    data = synthetic.write(tmp_path / "d.h5", rows=400, features=8, seed=1)
+    run = ["train", "--data", str(data), "--batch-size", "50", "--noise-multiplier", "1",
+           "--delta", "1e-3", "--checkpoint-dir", str(tmp_path / "run"), "--no-progress"]
+    assert main([*run, "--epochs", "2"]) == 0
+    for epochs, fewer in (("1", " (--epochs 1 asks for fewer: a run never goes back)"),
+                          ("2", "")):
+        capsys.readouterr()
+        assert main([*run, "--resume", "--epochs", epochs]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 2 and lines[0].startswith("mpidp train: resumed the run in ")
+        assert lines[1] == (f"nothing to do: the run in {tmp_path / 'run'} has finished 2 "
+                            f"epochs{fewer}")
