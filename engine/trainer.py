@@ -150,7 +150,7 @@ class Trainer:
         self.cfg, payload, self.resumed_from = load_checkpoint(self.cfg, comm, self.given)
         cfg = self.cfg  # a resume replaced it by the recorded settings
         self._startup_check()
-        self.threads, self.local_ranks = configure_threads(cfg.threads, comm)
+        self.threads, self.local_ranks, self.thread_note = configure_threads(cfg.threads, comm)
         self.placement = select_device(cfg.device, comm)
         self.info = read_info(cfg.data, comm)
         alike.check_same_file(self.info, comm)

@@ -245,7 +245,7 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
             error = exc
     agree(comm, error)
     progress = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and rank == 0
-    threads, _ = configure_threads(cfg.threads, comm)
+    threads = configure_threads(cfg.threads, comm).threads
     target = load_target(cfg.checkpoint, cfg.data, comm)
     info, spec, params = target.info, target.spec, target.params
     plan = plan_rows(info.rows["train"], info.rows["test"], cfg.max_rows, info.path)

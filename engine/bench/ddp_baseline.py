@@ -88,7 +88,7 @@ class Run:
 
         self.args, self.ignored, self.comm = args, ignored, comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.threads, _ = configure_threads(args.threads)
+        self.threads = configure_threads(args.threads).threads
         if args.device == "cuda":
             local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
             if not torch.cuda.is_available():

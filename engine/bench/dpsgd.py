@@ -365,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
     args.rows = 790_000 if args.rows is None else args.rows
     args.batch_size = 256 if args.batch_size is None else args.batch_size
     args.methods = args.methods or ",".join(METHODS)
-    threads, _ = configure_threads(args.threads)
+    threads = configure_threads(args.threads).threads
     warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
     warnings.filterwarnings("ignore", module="opacus")
     X, y, n_classes, source, groups, names = _load(args)

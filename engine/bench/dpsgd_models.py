@@ -264,7 +264,7 @@ def run(args) -> int:
     from engine.nn.device import select as select_device
     from engine.run.threads import configure_threads
 
-    threads, _ = configure_threads(args.threads)
+    threads = configure_threads(args.threads).threads
     placement = select_device(args.device, MPI.COMM_SELF)
     device = placement.device
     names = args.models.split(",")

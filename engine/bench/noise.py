@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     except OutputError as exc:
         exc.collective = True
         raise
-    threads, _ = configure_threads(args.threads)
+    threads = configure_threads(args.threads).threads
     where = machine.describe()
     from kernels.numba_target import CHOICE  # deferred: Numba
     print(f"mpidp bench noise: {args.size:,} float32 samples per call, {threads} thread(s), "

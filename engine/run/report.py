@@ -44,6 +44,8 @@ def describe(t) -> list[str]:
         lines.append(first)
     if t.lock is not None and t.lock.note:
         lines.append(f"note: {t.lock.note}")
+    if t.thread_note:
+        lines.append(t.thread_note)
     if t.step_note:
         lines.append(f"mpidp train: on {t.placement.device.type}, {t.step_note}")
     if not t.warm:

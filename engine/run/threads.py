@@ -1,14 +1,28 @@
 """Threads per rank: one rank per core unless told otherwise."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import torch
 
+from collectives.cores import CoreShare
 from collectives.runtime import MPI, launch_info, node_share
 
 
+class Threads(NamedTuple):
+    """What :func:`configure_threads` set."""
+
+    #: Threads per rank (torch's; Numba's at most its pool).
+    threads: int
+    #: Ranks on this node.
+    local_ranks: int
+    #: A line for a ``--threads`` that oversubscribes the cores (None: fits).
+    note: str | None
+
+
 def configure_threads(requested: int | None, comm: "MPI.Intracomm | None" = None
-                      ) -> tuple[int, int]:
+                      ) -> Threads:
     """Threads per rank unless ``requested``: the cores a launcher bound this
     rank to, or else this node's cores divided by its ranks (at least 1;
     :attr:`collectives.runtime.CoreShare.threads`).
@@ -19,8 +33,8 @@ def configure_threads(requested: int | None, comm: "MPI.Intracomm | None" = None
     is exact where ``comm`` holds every rank of the node
     (:func:`collectives.runtime.node_share`: a launcher that announced no
     count, a wrapper script bound with its rank). Applies to torch and Numba,
-    and turns on flush-to-zero for denormals. Returns (threads, ranks on this
-    node).
+    and turns on flush-to-zero for denormals. Returns :class:`Threads`:
+    the threads, the ranks on this node and :func:`oversubscription_note`.
     """
     launch = node_share(comm) if comm is not None and comm.Get_size() > 1 else launch_info()
     local = launch.local_ranks or 1
@@ -31,4 +45,20 @@ def configure_threads(requested: int | None, comm: "MPI.Intracomm | None" = None
     # arithmetic is many times slower. Values below 1.2e-38 change nothing.
     torch.set_flush_denormal(True)
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    return threads, local
+    return Threads(threads, local, oversubscription_note(requested, launch))
+
+
+def oversubscription_note(requested: int | None, share: CoreShare) -> str | None:
+    """A line for a ``--threads`` that gives this rank more threads than its
+    cores, or the node's ranks more than the cores they share: the threads
+    take turns and a step runs several times slower. None when it fits, or
+    when ``--threads`` was not given (mpidp's own count fits) or is 1 (then
+    the ranks outnumber the cores, which :mod:`collectives` warns about)."""
+    local = share.local_ranks or 1
+    if requested is None or requested == 1 or (requested <= share.cores
+                                               and requested * local <= share.capacity):
+        return None
+    return (f"note: --threads {requested} with {local} rank(s) on this node puts "
+            f"{requested * local} threads on {share.capacity} core(s) ({share.cores} for this "
+            "rank): they take turns and every step slows down; leave --threads out for one "
+            "thread per core")
