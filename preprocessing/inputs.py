@@ -128,6 +128,19 @@ def _header_from(stream: BinaryIO, name: str) -> tuple[tuple[str, ...], int]:
     return (upper if len(set(upper)) == len(upper) else columns), min(end + 1, len(head))
 
 
+def first_undecodable_line(inp: InputFile) -> int | None:
+    """The number of the first line after the header that is not UTF-8, or None
+    (for a message: it reads the whole file)."""
+    with inp.open() as stream:
+        stream.read(inp.data_start)
+        for number, line in enumerate(stream, start=2):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return None
+
+
 def first_record_fields(inp: InputFile) -> tuple[int, int] | None:
     """(line number, comma-separated fields) of the first record: the first line
     after the header that is not empty (nothing but commas and spaces); None

@@ -39,7 +39,7 @@ from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
 from preprocessing.inputs import (DAMAGED, TWICE, TWICE_PEOPLE, InputFile,
-                                  first_record_fields)
+                                  first_record_fields, first_undecodable_line)
 from preprocessing.parse import PERSON, BlockParser, serial_text
 from preprocessing.ranges import Piece, Tail, iter_blocks, plan_hashing, plan_pieces
 from preprocessing.tasks import Task
@@ -204,6 +204,14 @@ def _unreadable(inp: InputFile, polars_message: str) -> str:
     """The message for a file polars cannot parse: lines with other numbers of
     fields than the header in words, else polars' first line."""
     fewer, more = "n_missing" in polars_message, "n_extra" in polars_message
+    if "invalid utf-8" in polars_message.lower():
+        try:
+            line = first_undecodable_line(inp)
+        except (OSError, *DAMAGED):
+            line = None
+        if line is not None:
+            return (f"{where(inp.name, line)}: bytes that are not UTF-8 text (a damaged "
+                    "file, or one saved in another encoding: save it as UTF-8)")
     if not (fewer or more):
         return f"{inp.name}: cannot parse as CSV: {polars_message.splitlines()[0]}"
     return (f"{inp.name}: a line has {'fewer' if fewer else 'more'} fields than the header's "

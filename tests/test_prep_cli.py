@@ -95,6 +95,10 @@ def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
                         + "".join(line.rstrip("\n") + line_end + "\n" for line in lines[1:]))
         cases[name] = (path, f"{{p}}, line 2: the line has {fields[0]} fields, the header "
                              f"{fields[1]} ({why}); every line must have the header's fields")
+    latin = folder / "latin.csv"  # one byte that is no UTF-8, in the third record's SERIALNO
+    latin.write_bytes("".join(lines[:3]).encode() + b"\xe9" + "".join(lines[3:]).encode())
+    cases["not_utf8"] = (latin, "{p}, line 4: bytes that are not UTF-8 text (a damaged file, "
+                                "or one saved in another encoding: save it as UTF-8)")
     # the first record is the first line that is not empty (lines 2 and 3 here)
     blank_first = folder / "blank_first.csv"
     blank_first.write_text(lines[0] + "\n , \n" + "".join(
@@ -138,7 +142,7 @@ def _error_in_process(argv: list[str]) -> str:
 @pytest.mark.parametrize("case", ["missing", "empty", "columns", "truncated", "delimiter",
                                   "quoted", "non_numeric", "zip_without_csv",
                                   "damaged_zip", "cut_gzip", "xz", "header_comma",
-                                  "lines_comma", "blank_first"])
+                                  "lines_comma", "blank_first", "not_utf8"])
 def test_bad_input_is_one_clear_error_and_no_output(tmp_path, good_csv, case):
     path, expected = _bad_inputs(tmp_path, good_csv)[case]
     message = _error_in_process([str(good_csv), str(path), "--out", str(tmp_path / "o.h5")])
