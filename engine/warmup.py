@@ -106,6 +106,7 @@ def warm_up(data: str | None, steps: int, device: str, comm) -> tuple[int, float
     start = time.perf_counter()
     from engine.bench.synthetic import write  # deferred: h5py
     from engine.config import TrainConfig
+    from engine.errors import DataError
     from engine.shard import read_info
     from engine.trainer import Trainer  # the kernels: the vector width measured once
 
@@ -118,12 +119,19 @@ def warm_up(data: str | None, steps: int, device: str, comm) -> tuple[int, float
             write(data, rows=20_000, features=100, test_rows=2_000, val_rows=2_000, seed=0)
         comm.Barrier()
     try:
-        rows = read_info(data, comm).rows["train"]
+        info = read_info(data, comm)
+        rows = info.rows["train"]
+        if rows == 0:  # every rank read the same header
+            raise DataError(f"{data} has no training rows (a file only for scoring, made with "
+                            "mpidp prep --test-fraction 1?): warm up on the data of the "
+                            "training runs, or with no --data at all", collective=True)
         batch = min(256, max(1, rows // 4))
         per_epoch = max(1, round(rows / batch))
+        # the model of the runs to come: a file of category codes needs embeddings
+        model = {"model": "embedding-mlp"} if info.code_columns else {}
         cfg = TrainConfig(data=data, epochs=-(-steps // per_epoch), batch_size=batch,
                           noise_multiplier=1.0, delta=min(1e-6, 1 / rows), seed=0,
-                          device=device, progress=False)
+                          device=device, progress=False, **model)
         cfg.validate()
         trainer = Trainer(cfg, comm, out=io.StringIO())
         trainer.run()

@@ -66,3 +66,18 @@ def test_the_command_at_two_ranks_runs_its_steps_and_marks_the_machine(marker, t
     bad = subprocess.run([sys.executable, "-m", "engine.cli", "warmup", "--steps", "0"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert bad.returncode == 2 and "--steps 0 must be at least 1" in bad.stderr
+
+
+def test_warm_up_on_a_scoring_file_or_a_file_of_codes(marker, tmp_path):
+    """A scoring-only file (no training rows) was a ZeroDivisionError on every
+    rank; a file of category codes was refused with advice to pass --model,
+    which warmup does not take. Now a one-line DataError, and the embedding
+    MLP that such a file's runs train."""
+    from engine.errors import DataError
+
+    scoring = synthetic.write(tmp_path / "s.h5", rows=0, features=8, test_rows=100, seed=2)
+    with pytest.raises(DataError, match="has no training rows .* warm up on the data of "):
+        warmup.warm_up(scoring, 4, "cpu", MPI.COMM_WORLD)
+    codes = synthetic.write(tmp_path / "c.h5", rows=600, features=8, codes=True, seed=2)
+    steps, _ = warmup.warm_up(codes, 4, "cpu", MPI.COMM_WORLD)
+    assert steps >= 4
