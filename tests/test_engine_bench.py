@@ -119,6 +119,8 @@ def test_bench_refuses_unknown_methods():
     (["--rows", "0"], "--rows 0 must be at least 1"),
     (["--batch-size", "0"], "--batch-size 0 must be at least 1"),
     (["--steps", "0"], "--steps 0 must be at least 1"),
+    # 0 passed, and the naive loop's rate divided by zero after the whole run
+    (["--naive-steps", "0"], "--naive-steps 0 must be at least 1"),
     (["--rows", "100", "--features", "4", "--batch-size", "200"],
      "--batch-size 200 is more than the 100 training rows"),
 ])

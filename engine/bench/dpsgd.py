@@ -94,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed steps a method runs before the next takes its turn "
                         "(default: 20)")
     parser.add_argument("--naive-steps", type=int, default=3,
-                        help="steps of the naive loop per round (it is ~100x slower)")
+                        help="steps of the naive loop per round (it is ~100x slower; at "
+                        "least 1: leave naive out of --methods to skip it)")
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated subset of {', '.join(METHODS)} (with --models: "
                         f"of {', '.join(MODEL_METHODS)}) (default: all)")
@@ -340,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
     for option, value, least in (("--rows", args.rows, 1), ("--features", args.features, 1),
                                  ("--batch-size", args.batch_size, 1), ("--steps", args.steps, 1),
                                  ("--repeats", args.repeats, 1), ("--block", args.block, 1),
-                                 ("--naive-steps", args.naive_steps, 0)):
+                                 ("--naive-steps", args.naive_steps, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{option} {value} must be at least {least}", collective=True)
     choices = METHODS if args.models is None else MODEL_METHODS
