@@ -61,6 +61,17 @@ def table_text(t: GroupTable, where: str) -> list[str]:
     return lines
 
 
+def _largest_fall(label, change: float, privacy_cost: bool) -> str:
+    """The line naming the group whose accuracy falls most from A to B, or, when
+    none falls, that none does (and the smallest change)."""
+    points = f"{100 * change:+.2f} points"
+    if change < 0:
+        what = "pays most for privacy" if privacy_cost else "falls most from A to B"
+        return f"{what}: {label} ({points})"
+    none = "no group pays for privacy" if privacy_cost else "no group falls from A to B"
+    return f"{none}: every group gains or keeps its accuracy (least {label}, {points})"
+
+
 def comparison_text(t: GroupTable, where: str, names: tuple[str, str],
                     privacy_cost: bool) -> list[str]:
     """Two models' block: per group each accuracy, the change and McNemar's p.
@@ -79,9 +90,8 @@ def comparison_text(t: GroupTable, where: str, names: tuple[str, str],
                      f"{_rate(b['accuracy'], b['accuracy_ci'])}  "
                      f"{100 * g['accuracy_change']:>+14.2f}  {g['mcnemar_p']:>9.3g}")
     if t.extra:
-        what = "pays most for privacy" if privacy_cost else "falls most from A to B"
-        lines.append(f"  {what}: {t.extra['pays_most']} "
-                     f"({100 * t.extra['pays_most_change']:+.2f} points)")
+        lines.append("  " + _largest_fall(t.extra["pays_most"], t.extra["pays_most_change"],
+                                          privacy_cost))
         for key, name in (("gaps_a", "A"), ("gaps_b", "B")):
             lines.append(_gaps(t.extra[key]).replace("  gaps", f"  {name}'s gaps", 1))
     return lines

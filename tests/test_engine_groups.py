@@ -360,3 +360,19 @@ def test_a_bad_request_is_one_line_exit_2_and_nothing_written(small, case, capsy
 
 def test_group_error_is_a_user_error():
     assert GroupError("x").exit_code == 2
+
+
+@pytest.mark.parametrize("change, privacy_cost, line", [
+    (-0.0312, True, "pays most for privacy: Female (-3.12 points)"),
+    (-0.0312, False, "falls most from A to B: Female (-3.12 points)"),
+    (0.0, True, "no group pays for privacy: every group gains or keeps its accuracy (least "
+                "Female, +0.00 points)"),
+    (0.1558, False, "no group falls from A to B: every group gains or keeps its accuracy "
+                    "(least Female, +15.58 points)"),
+])
+def test_the_largest_fall_line_says_when_no_group_falls(change, privacy_cost, line):
+    """It named the group of the smallest change as the one that "pays most for
+    privacy" even when that group gained (+15.58 points)."""
+    from engine.group_report import _largest_fall
+
+    assert _largest_fall("Female", change, privacy_cost) == line
