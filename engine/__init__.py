@@ -149,6 +149,7 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
         WriteFailed (74): an output could not be written midway (the last
             checkpoint is intact).
     """
+    _check_comm(comm)  # before the try: ending the job needs a communicator
     try:
         return _train(data, model=model, comm=comm, quiet=quiet, **options)
     except BaseException as exc:  # noqa: B902 - a rank failing alone must end the job
@@ -156,6 +157,22 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
 
         end_job_on_error(exc, comm)
         raise
+
+
+def _check_comm(comm: Any) -> None:
+    """Raise ConfigError unless ``comm`` is None or a usable mpi4py intracommunicator
+    (an int or ``COMM_NULL`` failed deep inside, twice: in the run, then in the
+    error handling that needs the communicator to end the job)."""
+    if comm is None:
+        return
+    from collectives import MPI
+    from engine.errors import ConfigError
+
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        shown = "MPI.COMM_NULL" if comm == MPI.COMM_NULL else repr(comm)
+        raise ConfigError(f"engine.train(comm={shown}): takes an mpi4py intracommunicator "
+                          "(MPI.COMM_WORLD, the default, or one made from it with Split or "
+                          "Dup)", collective=True)
 
 
 def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False,

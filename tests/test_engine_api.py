@@ -95,6 +95,17 @@ def test_the_model_is_the_best_validation_epochs(comm, shared_tmp):
     assert accuracy == pytest.approx(run.history[-1]["test_accuracy"], abs=1e-6)
 
 
+def test_a_comm_that_is_no_intracommunicator_is_named(tmp_path):
+    """comm=5 failed in the run and again in the handler that ends the job
+    (two chained AttributeErrors on every rank); COMM_NULL was a raw MPI error."""
+    from collectives import MPI
+
+    for comm, shown in ((5, "5"), (MPI.COMM_NULL, "MPI.COMM_NULL"), ("world", "'world'")):
+        with pytest.raises(ConfigError, match=rf"engine.train\(comm={shown}\): takes an "
+                                              "mpi4py intracommunicator"):
+            engine.train(str(tmp_path / "x.h5"), comm=comm, noise_multiplier=1.0)
+
+
 def test_unknown_option_is_named(tmp_path):
     with pytest.raises(ConfigError, match="unknown option.*epoch_count"):
         engine.train(str(tmp_path / "x.h5"), epoch_count=3)
