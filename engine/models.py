@@ -240,6 +240,12 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
         model = seeded(seed, lambda: ImageModel(name, image_shape, n_classes))
         model.module_obj.to(device)
         return model
+    if given is None and name == "embedding-mlp" and image_shape:
+        shape = "x".join(map(str, image_shape))
+        raise ConfigError(f"{path} holds images ({shape}); --model embedding-mlp embeds the "
+                          "category codes of a tabular file: train an image model "
+                          f"({', '.join(image_models.IMAGE_MODELS)}) or mlp on it",
+                          collective=True)
     if given is None and name in model_names.BUILTIN:
         check_layout(name, code_columns, path)
         widths = () if name == "logreg" else tuple(hidden)

@@ -93,6 +93,18 @@ def test_a_model_that_misreads_the_layout_is_refused(files, comm):
         engine.train(onehot, model="embedding-mlp", **common)
 
 
+def test_embedding_mlp_on_images_names_the_images(tmp_path):
+    """An image file was called one-hot encoded, with advice (prep --encoding
+    codes) that cannot apply to it."""
+    from engine.bench.synthetic_images import write_images
+
+    path = write_images(tmp_path / "m.h5", rows=64, test_rows=16, seed=1)
+    with pytest.raises(ConfigError, match=r"m.h5 holds images \(1x28x28\); --model "
+                                          "embedding-mlp embeds the category codes"):
+        engine.train(path, model="embedding-mlp", epochs=1, batch_size=8, noise_multiplier=1.0,
+                     quiet=True)
+
+
 def test_a_code_out_of_range_is_a_data_error(tmp_path):
     path = synthetic.write(tmp_path / "c.h5", rows=200, features=FEATURES, seed=3, codes=True)
     with h5py.File(path, "r+") as f:
