@@ -394,3 +394,21 @@ def test_privacy_command_refuses_an_unknown_accountant_in_one_line():
     assert out.returncode == 2
     assert out.stderr == ("mpidp: error: --accountant 'prv' is not an accountant; choose "
                           "pld, rdp or both\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epsilons=-1"], "--epsilons: -1 must be a finite number > 0"),
+    (["--epsilons", "inf"], "--epsilons: inf must be a finite number > 0"),
+    (["--rates", "0.01,1.5"], "--rates: 1.5 must be a finite number in (0, 1]"),
+    (["--steps", "0"], "--steps: 0 must be a whole number > 0"),
+    (["--delta", "2"], "--delta 2 must be in (0, 1)"),
+])
+def test_bench_accountant_refuses_a_bad_grid_before_any_point(argv, message, capsys):
+    """Each bad value became an error row and the run exited 0."""
+    from engine.cli import main
+
+    try:
+        code = main(["bench", "accountant", *argv])
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2 and capsys.readouterr().err == f"mpidp: error: {message}\n"

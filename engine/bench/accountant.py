@@ -54,7 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write every point's result as a JSON list")
 
 
-def _floats(text: str, option: str) -> list[float]:
+def _floats(text: str, option: str, low: float = 0.0, high: float = math.inf,
+            whole: bool = False) -> list[float]:
+    """Comma-separated numbers, each in ``(low, high]`` (and whole with
+    ``whole``); ConfigError otherwise, before any point is computed (a bad
+    one used to become an error row, and the run exit 0)."""
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -62,6 +66,11 @@ def _floats(text: str, option: str) -> list[float]:
                           collective=True) from None
     if not values:
         raise ConfigError(f"{option} is empty", collective=True)
+    for v in values:
+        if not (low < v <= high and math.isfinite(v)) or (whole and v != int(v)):
+            what = "a whole number" if whole else "a finite number"
+            where = f"> {low:g}" if high == math.inf else f"in ({low:g}, {high:g}]"
+            raise ConfigError(f"{option}: {v:g} must be {what} {where}", collective=True)
     return values
 
 
@@ -198,8 +207,10 @@ def run(args: argparse.Namespace) -> int:
     from collectives import MPI
 
     epsilons = _floats(args.epsilons, "--epsilons")
-    rates = _floats(args.rates, "--rates")
-    steps = [int(s) for s in _floats(args.steps, "--steps")]
+    rates = _floats(args.rates, "--rates", high=1.0)
+    steps = [int(s) for s in _floats(args.steps, "--steps", whole=True)]
+    if not 0.0 < args.delta < 1.0:
+        raise ConfigError(f"--delta {args.delta:g} must be in (0, 1)", collective=True)
     if MPI.COMM_WORLD.Get_rank() != 0:
         return 0
     outputs.check_all({"--json": args.json})  # before the minutes of work (engine.outputs)
