@@ -264,3 +264,23 @@ def test_min_xcore_only_filters_saved_runs():
         allreduce.run(_parser().parse_args(["--min-xcore", "5"]))
     with pytest.raises(allreduce.BenchUsageError, match="--summarize"):
         allreduce.run(_parser().parse_args(["--max-xcore", "5"]))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-i", "-3"], "-i/--iters: -3 must be at least 0"),
+    (["-w", "-1"], "-w/--warmup_iters: -1 must be at least 0"),
+    (["--rounds", "0"], "--rounds: 0 must be at least 1"),
+    (["--time", "-1"], "--time: -1 must be a number of seconds > 0"),
+    (["--time", "nan"], "--time: nan must be a number of seconds > 0"),
+    (["-c", "2"], "-c/--check: invalid choice: 2"),
+])
+def test_nonsense_counts_are_usage_errors(argv, message, capsys):
+    """They ran, and the header printed them (iterations -3, while 10,000 ran)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="bench")
+    allreduce.add_arguments(parser)
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert parser.parse_args(["-c"]).check == 1 and parser.parse_args([]).check == 0

@@ -32,10 +32,11 @@ import argparse
 import ctypes
 import ctypes.util
 import json
+import math
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import kernels.files
 from collectives import machine
@@ -61,6 +62,31 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2).upper()]
 
 
+def _at_least(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``least`` (-i -3 ran 10,000
+    iterations under a header that said -3)."""
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {least}")
+        return value
+    return whole
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} must be a number of seconds > 0")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"),
                         metavar="SIZE", help="smallest message (default 8 B)")
@@ -68,14 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SIZE", help="largest message (default 64M)")
     parser.add_argument("-f", "--stepfactor", type=int, default=2, metavar="F",
                         help="multiply the size by F between rows (default 2)")
-    parser.add_argument("-i", "--iters", type=int, default=0, metavar="N",
+    parser.add_argument("-i", "--iters", type=_at_least(0), default=0, metavar="N",
                         help="timed iterations per algorithm and size (default 0: as many "
                         "as fit in --time seconds, between 5 and 10000)")
-    parser.add_argument("-w", "--warmup_iters", type=int, default=5, metavar="N",
+    parser.add_argument("-w", "--warmup_iters", type=_at_least(0), default=5, metavar="N",
                         help="untimed iterations first (default 5)")
     parser.add_argument("-c", "--check", type=int, nargs="?", const=1, default=0,
-                        metavar="0|1", help="check every result (exact, bit-identical on all "
-                        "ranks); a wrong one makes the command exit with 3")
+                        choices=(0, 1), metavar="0|1",
+                        help="check every result (exact, bit-identical on all ranks); a "
+                        "wrong one makes the command exit with 3")
     parser.add_argument("-a", "--algorithms", default="all", metavar="A,B",
                         help="comma-separated algorithms (default: all registered, "
                         "native included)")
@@ -83,9 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="element type (default float32)")
     parser.add_argument("-o", "--op", default="sum", choices=("sum", "max", "min"),
                         help="reduction (default sum)")
-    parser.add_argument("--rounds", type=int, default=5, metavar="R",
+    parser.add_argument("--rounds", type=_at_least(1), default=5, metavar="R",
                         help="interleave the algorithms in R rounds per size (default 5)")
-    parser.add_argument("--time", type=float, default=0.1, metavar="S",
+    parser.add_argument("--time", type=_seconds, default=0.1, metavar="S",
                         help="with -i 0: seconds of timing per algorithm and size (default 0.1)")
     parser.add_argument("--keep-heap", action="store_true",
                         help="on every rank, keep freed memory in the heap (glibc mallopt: "
