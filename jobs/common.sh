@@ -49,6 +49,33 @@ REPO_DIR="${REPO_DIR:-$(dirname "$JOBS_DIR")}"
 MPIDP_MPI="${MPIDP_MPI:-mpich}"
 MPIDP_NTASKS="${MPIDP_NTASKS:-2}"
 MPIDP_GPU="${MPIDP_GPU:-0}"
+# mpiexec -n abc (or 0) quietly starts one rank, under a banner saying abc
+case "$MPIDP_NTASKS" in
+    ''|*[!0-9]*) ntasks_ok=0 ;;
+    *) ntasks_ok=$(( 10#$MPIDP_NTASKS >= 1 )) ;;
+esac
+if [ "$ntasks_ok" != 1 ]; then
+    echo "jobs/common.sh: MPIDP_NTASKS=$MPIDP_NTASKS must be a whole number >= 1 (the" \
+         "ranks outside Slurm)" >&2
+    exit 2
+fi
+
+# require NAME WHAT: stop the job (exit 2, mpidp's code for bad input) unless
+# the variable NAME is set; bash's own ${NAME:?} exits 1.
+require() {
+    [ -n "${!1:-}" ] && return 0
+    echo "$(basename "$0"): set $1 to $2" >&2
+    exit 2
+}
+
+# made_dir DIR: create DIR (never its parent) for the job's outputs, and remove
+# it again, if still empty, when the job ends (a run refused before writing).
+made_dir() {
+    [ -d "$1" ] && return 0
+    mkdir "$1" || return 1
+    MPIDP_MADE_DIR="$1"
+    trap '[ -n "${MPIDP_MADE_DIR:-}" ] && rmdir "$MPIDP_MADE_DIR" 2>/dev/null' EXIT
+}
 
 if [ -z "${MPIDP_VENV:-}" ] && [ -x "$REPO_DIR/.venv/bin/python" ]; then
     MPIDP_VENV="$REPO_DIR/.venv"
