@@ -29,7 +29,10 @@ minimum cell size of disclosure control, docs/groups.md) are suppressed: no figu
 their label, appears in any output, and the gaps are taken over the
 published groups only. Within a published group, a rate whose own base
 (positives for the TPR, negatives for the FPR) is under the threshold is
-withheld too, and no count but the group's rows is published. Because
+withheld too, and no count but the group's rows is published; a group
+whose positives or negatives are under it shows its accuracy only (its
+other rates would give that count away), and so do the smallest others
+until the groups of accuracy only hold enough of each (:func:`accuracy_only`). Because
 the overall figures are printed too, the suppressed cells' sum could be
 derived from them by subtraction; so when the suppressed rows add up to
 fewer than the threshold, the smallest published groups are suppressed as
@@ -220,21 +223,49 @@ class GroupTable:
     extra: dict = field(default_factory=dict)
 
 
+def accuracy_only(counts: np.ndarray, min_group_size: int) -> np.ndarray:
+    """Which of the published groups (``counts``: their rows of counts) show
+    their rows and accuracy only, their TPR, FPR and selection rate withheld.
+
+    A group whose positives or negatives are under the threshold is a small
+    cell inside it, and its rates give the cell's count away: with the
+    selection rate and the accuracy, positives = rows x (1 - accuracy) when
+    nothing is selected, and with the FPR too, always. Withholding them is not
+    enough on its own: the overall figures less the other groups' give the
+    withheld groups' positives and negatives as a sum. So, as the rows are
+    suppressed (:func:`suppress`), the smallest other groups lose those rates
+    too while the withheld groups' positives or negatives add up to fewer than
+    the threshold; then no sum a reader can form is one of a small cell.
+    """
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1, len(COUNTS))
+    positives = counts[:, COUNTS.index("positives")]
+    negatives = counts[:, COUNTS.index("negatives")]
+    least = max(1, min_group_size)
+    plain = (positives < least) | (negatives < least)
+    if plain.any():
+        for group in np.argsort(counts[:, 0], kind="stable"):
+            if positives[plain].sum() >= least and negatives[plain].sum() >= least:
+                break
+            plain[group] = True
+    return plain
+
+
 def figures(counts: np.ndarray, min_group_size: int = 1,
-            confidence: float = CONFIDENCE) -> dict:
+            confidence: float = CONFIDENCE, rates: bool = True) -> dict:
     """One cell's rows and rates (with intervals), from its counts row.
 
     A rate is published only where its own base reaches ``min_group_size``:
     the group's rows for the accuracy and the selection rate, its positives
     for the TPR and its negatives for the FPR (a TPR over three positives is
-    a figure about three people); a withheld rate is None. No count but the
-    rows is returned: the others are sub-cells of the group.
+    a figure about three people); with ``rates`` False (:func:`accuracy_only`)
+    only the accuracy is. A withheld rate is None. No count but the rows is
+    returned: the others are sub-cells of the group.
     """
     values = {name: int(v) for name, v in zip(COUNTS, counts)}
     out: dict = {"rows": values["rows"]}
     for rate, (num, den) in RATES.items():
         n = values[den]
-        shown = n >= max(1, min_group_size)
+        shown = n >= max(1, min_group_size) and (rates or rate == "accuracy")
         out[rate] = values[num] / n if shown else None
         out[f"{rate}_ci"] = list(interval(values[num], n, confidence)) if shown else None
     return out
@@ -266,9 +297,11 @@ def table(cells: Cells, counts: np.ndarray, min_group_size: int = MIN_GROUP_SIZE
           description: str = "") -> GroupTable:
     """The published table of one model: ``counts`` ``[len(cells), len(COUNTS)]``
     summed over every rank."""
-    shown = suppress(counts[:, 0], min_group_size)
+    published = np.flatnonzero(suppress(counts[:, 0], min_group_size))
+    plain = accuracy_only(counts[published], min_group_size)
     groups = [{"label": cells.labels[i], "codes": list(cells.codes[i]),
-               **figures(counts[i], min_group_size)} for i in np.flatnonzero(shown)]
+               **figures(counts[i], min_group_size, rates=not only)}
+              for i, only in zip(published, plain)]
     return GroupTable(cells.grouping, groups, len(cells), gaps(groups), min_group_size,
                       description)
 
@@ -284,10 +317,12 @@ def compare(cells: Cells, counts_a: np.ndarray, counts_b: np.ndarray, pairs: np.
     rows are the same)."""
     from scipy.stats import binomtest  # deferred: scipy is slow to import
 
-    shown = suppress(counts_a[:, 0], min_group_size)
+    published = np.flatnonzero(suppress(counts_a[:, 0], min_group_size))
+    plain = accuracy_only(counts_a[published], min_group_size)  # the labels': same for B
     groups = []
-    for i in np.flatnonzero(shown):
-        a, b = figures(counts_a[i], min_group_size), figures(counts_b[i], min_group_size)
+    for i, only in zip(published, plain):
+        a = figures(counts_a[i], min_group_size, rates=not only)
+        b = figures(counts_b[i], min_group_size, rates=not only)
         only_a, only_b = int(pairs[i, 0]), int(pairs[i, 1])
         p = (binomtest(min(only_a, only_b), only_a + only_b).pvalue
              if only_a + only_b else 1.0)
