@@ -141,6 +141,9 @@ def _check_options(args: argparse.Namespace) -> list[groups.Grouping]:
         raise ConfigError(f"--min-group-size {args.min_group_size}: give at least 1 (the "
                           f"default, {groups.MIN_GROUP_SIZE}, is a common disclosure-control "
                           "threshold for published tables)", collective=True)
+    if args.by is not None and not args.by.strip():  # '' was taken for no --by at all
+        raise ConfigError("--by is empty; name a group attribute (e.g. --by SEX), or leave "
+                          "--by out", collective=True)
     if args.plot and not args.by:
         raise ConfigError("--plot draws the groups of --by: give --by too (e.g. --by RAC1P)",
                           collective=True)

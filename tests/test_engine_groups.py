@@ -341,6 +341,8 @@ BAD = {
     "all_suppressed": (["--by", "SEX:RAC1P", "--min-group-size", "250"],
                        "--by SEX:RAC1P: every group has fewer than --min-group-size 250 rows"),
     "no_groups": (["--by", "SEX", "--data-plain"], "--by: {plain} keeps no group columns"),
+    # '' was taken for no --by, and the run scored without a word of groups
+    "empty": (["--by", " "], "--by is empty; name a group attribute"),
 }
 
 
