@@ -553,3 +553,18 @@ def test_a_resume_asking_fewer_epochs_than_done_says_so_and_plans_nothing(tmp_pa
         assert len(lines) == 2 and lines[0].startswith("mpidp train: resumed the run in ")
         assert lines[1] == (f"nothing to do: the run in {tmp_path / 'run'} has finished 2 "
                             f"epochs{fewer}")
+
+
+def test_hidden_widths_given_to_logreg_are_said_to_be_unused(tmp_path, capsys):
+    """--model logreg --hidden 64 trained logistic regression without a word."""
+    from engine.cli import main
+
+    data = synthetic.write(tmp_path / "d.h5", rows=400, features=8, seed=1)
+    run = ["train", "--data", str(data), "--epochs", "1", "--batch-size", "50", "--no-dp",
+           "--model", "logreg", "--no-progress"]
+    for extra, note in (([], False), (["--hidden", "64"], True)):
+        capsys.readouterr()
+        assert main([*run, *extra]) == 0
+        out = capsys.readouterr().out
+        assert ("note: --model logreg has no hidden layers: --hidden 64 is not used" in out) \
+            == note, out
