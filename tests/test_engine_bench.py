@@ -14,7 +14,7 @@ import types
 import pytest
 
 import engine.step
-from engine.bench import dpsgd
+from engine.bench import dpsgd, synthetic
 from engine.cli import build_parser
 from engine.errors import ConfigError
 
@@ -113,6 +113,12 @@ def test_bench_dpsgd_runs_the_trainers_step_and_reports_what_it_counted(tmp_path
 def test_bench_refuses_unknown_methods():
     with pytest.raises(ConfigError, match="unknown --methods nope"):
         _run("--methods", "mpidp-dp,nope")
+
+
+def test_bench_refuses_a_scoring_only_file(tmp_path):
+    scoring = synthetic.write(tmp_path / "s.h5", rows=0, features=8, test_rows=100, seed=2)
+    with pytest.raises(ConfigError, match="s.h5 has no training rows .*benchmark on a file"):
+        _run("--data", str(scoring))
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -155,6 +155,10 @@ def _load(args) -> tuple[np.ndarray, np.ndarray, int, str, np.ndarray | None, li
             raise ConfigError(f"{args.data} holds integer category codes; mpidp bench dpsgd "
                               "takes a one-hot file (it derives the codes of the "
                               "embedding-mlp rows itself)", collective=True)
+        if info.rows["train"] == 0:  # else: "0 rows, fewer than the 1 ranks of this job"
+            raise ConfigError(f"{args.data} has no training rows (a file only for scoring, "
+                              "made with mpidp prep --test-fraction 1?): benchmark on a file "
+                              "with a training split", collective=True)
         shard = read_shard(info, "train", MPI.COMM_SELF, min_rows_per_rank=1,
                            unit="household" if info.households else "person")
         return (shard.X, shard.y, info.n_classes, args.data, shard.groups,
