@@ -270,6 +270,12 @@ def test_choice_and_command():
                        "--privacy-unit household")
     assert report.train_command("d.h5", {"hidden": ()}, {"dp": False}, 1) == \
         "mpidp train --data d.h5 --hidden '' --no-dp"
+    # the search's epoch choice too: without it the command picked on plain val accuracy
+    worst = {"select_on": "worst_group_val_accuracy", "group_by": "RAC1P", "min_group_size": 100}
+    assert report.train_command("d.h5", {}, {"dp": False}, 1, worst) == \
+        "mpidp train --data d.h5 --no-dp --select-on worst_group_val_accuracy --group-by RAC1P"
+    assert report.train_command("d.h5", {}, {"dp": False}, 1,
+                                {**worst, "min_group_size": 50}).endswith(" --min-group-size 50")
 
 
 def test_groups_are_balanced_by_cost():

@@ -35,10 +35,12 @@ def choose(records: list[dict], key: str = "val_accuracy") -> dict | None:
     return max(done, key=lambda r: (r[key], -r["trial"]))
 
 
-def train_command(data: str, settings: dict, privacy: dict, ranks: int) -> str:
+def train_command(data: str, settings: dict, privacy: dict, ranks: int,
+                  selection: dict | None = None) -> str:
     """The ``mpidp train`` command line that trains ``settings`` with the search's
     privacy options (``privacy``: dp, target_epsilon, noise_multiplier, delta,
-    accountant, privacy_unit)."""
+    accountant, privacy_unit) and its epoch choice (``selection``: select_on,
+    group_by, min_group_size; None or empty for the default val accuracy)."""
     words = (["mpiexec", "-n", str(ranks)] if ranks > 1 else []) + \
         ["mpidp", "train", "--data", data]
     for key, value in settings.items():
@@ -59,6 +61,10 @@ def train_command(data: str, settings: dict, privacy: dict, ranks: int) -> str:
             words += ["--accountant", privacy["accountant"]]
         if privacy.get("privacy_unit", "person") != "person":
             words += ["--privacy-unit", privacy["privacy_unit"]]
+    for key, value in (selection or {}).items():  # else the run picks its epoch otherwise
+        if value is not None and not (key == "min_group_size"
+                                      and value == _DEFAULTS.min_group_size):
+            words += ["--" + key.replace("_", "-"), format_value(value)]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -161,7 +167,10 @@ def write_report(opts: Options, space, info, trials, results: dict, statement, s
     command, checkpoint_dir = None, None
     if chosen is not None:
         settings = from_plain(chosen["settings"])
-        command = train_command(opts.data, settings, opts.privacy, size)
+        selection = ({"select_on": opts.objective, "group_by": opts.group_by,
+                      "min_group_size": opts.min_group_size}
+                     if opts.objective != "val_accuracy" else None)
+        command = train_command(opts.data, settings, opts.privacy, size, selection)
         checkpoint_dir = by_number[chosen["trial"]].directory(opts.out)
     # Only the chosen trial's model is kept: the others are not covered by the
     # tuning's privacy statement, and nothing else reads them.
