@@ -237,7 +237,7 @@ def accuracy_only(counts: np.ndarray, min_group_size: int) -> np.ndarray:
     too while the withheld groups' positives or negatives add up to fewer than
     the threshold; then no sum a reader can form is one of a small cell.
     """
-    counts = np.asarray(counts, dtype=np.int64).reshape(-1, len(COUNTS))
+    counts = np.asarray(counts, dtype=np.int64)
     positives = counts[:, COUNTS.index("positives")]
     negatives = counts[:, COUNTS.index("negatives")]
     least = max(1, min_group_size)

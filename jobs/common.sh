@@ -50,11 +50,7 @@ MPIDP_MPI="${MPIDP_MPI:-mpich}"
 MPIDP_NTASKS="${MPIDP_NTASKS:-2}"
 MPIDP_GPU="${MPIDP_GPU:-0}"
 # mpiexec -n abc (or 0) quietly starts one rank, under a banner saying abc
-case "$MPIDP_NTASKS" in
-    ''|*[!0-9]*) ntasks_ok=0 ;;
-    *) ntasks_ok=$(( 10#$MPIDP_NTASKS >= 1 )) ;;
-esac
-if [ "$ntasks_ok" != 1 ]; then
+if ! [[ "$MPIDP_NTASKS" =~ ^[0-9]+$ ]] || (( 10#$MPIDP_NTASKS < 1 )); then
     echo "jobs/common.sh: MPIDP_NTASKS=$MPIDP_NTASKS must be a whole number >= 1 (the" \
          "ranks outside Slurm)" >&2
     exit 2
@@ -74,7 +70,7 @@ made_dir() {
     [ -d "$1" ] && return 0
     mkdir "$1" || return 1
     MPIDP_MADE_DIR="$1"
-    trap '[ -n "${MPIDP_MADE_DIR:-}" ] && rmdir "$MPIDP_MADE_DIR" 2>/dev/null' EXIT
+    trap 'rmdir "$MPIDP_MADE_DIR" 2>/dev/null' EXIT
 }
 
 if [ -z "${MPIDP_VENV:-}" ] && [ -x "$REPO_DIR/.venv/bin/python" ]; then

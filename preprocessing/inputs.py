@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 import kernels.files
 from preprocessing.errors import PrepError, where
+from preprocessing.parse import is_empty_line
 
 #: The longest header line accepted (the 2018 person header is 1.9 kB).
 MAX_HEADER_BYTES = 1 << 20
@@ -150,7 +151,7 @@ def first_record_fields(inp: InputFile) -> tuple[int, int] | None:
         text = stream.read(MAX_HEADER_BYTES)
     lines = text.split(b"\n")
     for number, line in enumerate(lines[:-1], start=2):  # the last may be cut short
-        if line.strip(b" ,\r\t"):
+        if not is_empty_line(line):
             return number, line.count(b",") + 1
     return None
 

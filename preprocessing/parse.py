@@ -133,6 +133,12 @@ def _household_expr(pl, name: str, strip: bool = False):
     return pl.coalesce(new, pl.when(old >= _OLD_SERIAL_OFFSET).then(old)).alias(name)
 
 
+def is_empty_line(line: bytes) -> bool:
+    """Whether ``line`` holds nothing but commas and spaces (a CR included): no
+    record, counted as ``empty_line`` (a double-spaced file, blank lines)."""
+    return not line.strip(b" ,\r\t")
+
+
 def _find_empty_lines(data: bytes, columns: Columns, serial: str) -> None:
     """Set ``columns.empty`` for lines with nothing but commas and spaces; only
     lines whose needed fields (``serial`` among them) are all blank are looked
@@ -144,7 +150,7 @@ def _find_empty_lines(data: bytes, columns: Columns, serial: str) -> None:
         return
     lines = data.split(b"\n")
     for i in candidates:
-        columns.empty[i] = not lines[i].strip(b" ,\r\t")
+        columns.empty[i] = is_empty_line(lines[i])
 
 
 def _first_line_fitted(data: bytes, width: int) -> bytes:
@@ -165,12 +171,13 @@ def _first_line_fitted(data: bytes, width: int) -> bytes:
     if not data or commas == width - 1:
         return data
     cr = b"\r" if first.endswith(b"\r") else b""
-    if not first.strip(b" ,\r\t"):
+    body = first[:len(first) - len(cr)]
+    if is_empty_line(first):
         fitted = b"," * (width - 1)
     elif commas < width - 1:
-        fitted = first[:len(first) - len(cr)] + b"," * (width - 1 - commas)
+        fitted = body + b"," * (width - 1 - commas)
     else:
-        fitted = b",".join(first[:len(first) - len(cr)].split(b",")[:width])
+        fitted = b",".join(body.split(b",")[:width])
     return fitted + cr + (b"" if end < 0 else data[end:])
 
 

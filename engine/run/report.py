@@ -48,7 +48,7 @@ def describe(t) -> list[str]:
         lines.append(t.thread_note)
     if cfg.model == "logreg" and "hidden" in (t.given or ()):
         lines.append(f"note: --model logreg has no hidden layers: --hidden "
-                     f"{','.join(map(str, cfg.hidden)) or chr(39) * 2} is not used")
+                     f"{','.join(map(str, cfg.hidden)) or repr('')} is not used")
     if t.step_note:
         lines.append(f"mpidp train: on {t.placement.device.type}, {t.step_note}")
     if not t.warm:
