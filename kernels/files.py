@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 from typing import Iterator
 
@@ -64,6 +65,27 @@ def same_as(path: str | os.PathLike, named: dict[str, str | os.PathLike | None])
     the same file as ``path`` (:func:`same_file`), else None."""
     return next((name for name, other in named.items()
                  if other and same_file(path, other)), None)
+
+
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is where it exists as neither a regular file nor a directory
+    (``"a character device"`` for /dev/null, a named pipe, a socket, a block
+    device), else None. An output is renamed over its path, which would replace
+    the device or pipe itself (as root, /dev/null): such a path is no output."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+    return next((what for test, what in kinds if test(mode)), None)
+
+
+def names_a_directory(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is spelt as a directory (ends with a separator), which
+    ``Path`` and ``abspath`` would silently drop."""
+    text = os.fspath(path)
+    return text.endswith(os.sep) or bool(os.altsep) and text.endswith(os.altsep)
 
 
 def temporary_name(path: str | os.PathLike, tag: str | None = None) -> Path:

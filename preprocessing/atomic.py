@@ -29,9 +29,15 @@ def check_writable(path: str, option: str = "--out", example: str = "pums.h5") -
     if not str(path).strip():  # os.path.isdir("") is False, and "" would be moved into place
         raise PrepError(f"{option} is empty; give a file name, e.g. {option} {example}")
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.isdir(path):
-        raise PrepError(f"{path}: is a directory; give a file name for {option}, e.g. "
+    if os.path.isdir(path) or kernels.files.names_a_directory(path):
+        what = "is a directory" if os.path.isdir(path) else "names a directory (ends with /)"
+        raise PrepError(f"{path}: {what}; give a file name for {option}, e.g. "
                         f"{os.path.join(path, example)}")
+    special = kernels.files.not_a_file(path)
+    if special is not None:
+        raise PrepError(f"{path}: is {special}, not a file; {option} names a file that "
+                        "is written under a temporary name and renamed over the path, "
+                        "which would replace it: give a file name")
     if not os.path.isdir(directory):
         what = "is not a directory" if os.path.exists(directory) else "does not exist"
         raise PrepError(f"{path}: cannot write the output: {directory} {what}")
@@ -59,6 +65,10 @@ def check_not_input(path: str, inputs: dict[str, str | None]) -> None:
         if what is not None:
             raise PrepError(f"{path}: --out is a file in {what}; writing the output would "
                             "replace it: give the output another name")
+        if os.path.getsize(path):  # an earlier output is HDF5; this is someone's data
+            raise PrepError(f"{path}: --out exists and is not an HDF5 file (no earlier "
+                            "output of mpidp prep); writing the output would replace it: "
+                            "give the output another name, or remove the file first")
 
 
 def probe_directory(directory: str | os.PathLike) -> None:

@@ -7,8 +7,10 @@ user-style runs of ``mpidp`` under mpiexec with a timeout.
 import io
 import json
 import os
+import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -87,6 +89,21 @@ def test_outputs_not_a_file_where_a_directory_is_expected(tmp_path):
         outputs.check_file(tmp_path, "--json")
     with pytest.raises(OutputError, match="is a file, not a directory"):
         outputs.check_file(tmp_path / "f" / "x.json", "--json")
+
+
+def test_outputs_refuse_devices_pipes_and_paths_spelt_as_directories(tmp_path):
+    """An output is renamed over its path: /dev/null or a named pipe would be
+    replaced (as root, /dev/null itself); ``m/`` names a directory, which
+    ``Path`` would turn into the file ``m``."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path, what in ((os.devnull, "is a character device, not a file"),
+                       (fifo, "is a named pipe (FIFO), not a file")):
+        with pytest.raises(OutputError, match=re.escape(f"--metrics {path}: {what}")):
+            outputs.check_file(path, "--metrics")
+    with pytest.raises(OutputError, match=re.escape("--json m/: names a directory (ends with /)")):
+        outputs.check_file("m/", "--json")
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISCHR(os.stat(os.devnull).st_mode)
 
 
 def test_outputs_free_space(tmp_path):

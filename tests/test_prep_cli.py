@@ -7,6 +7,7 @@ import gzip
 import json
 import lzma
 import os
+import stat
 import zipfile
 from pathlib import Path
 
@@ -106,6 +107,9 @@ def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
     cases["blank_first"] = (blank_first, f"{{p}}, line 4: the line has {width - 1} fields, the "
                                          f"header {width} (the header and the records do not "
                                          "match); every line must have the header's fields")
+    no_header = folder / "no_header.csv"  # the header line lost (tail -n +2)
+    no_header.write_text("".join(lines[1:]))
+    cases["no_header"] = (no_header, "{p}, line 1: the first line is a record, not the header")
     return cases
 
 
@@ -142,7 +146,7 @@ def _error_in_process(argv: list[str]) -> str:
 @pytest.mark.parametrize("case", ["missing", "empty", "columns", "truncated", "delimiter",
                                   "quoted", "non_numeric", "zip_without_csv",
                                   "damaged_zip", "cut_gzip", "xz", "header_comma",
-                                  "lines_comma", "blank_first", "not_utf8"])
+                                  "lines_comma", "blank_first", "not_utf8", "no_header"])
 def test_bad_input_is_one_clear_error_and_no_output(tmp_path, good_csv, case):
     path, expected = _bad_inputs(tmp_path, good_csv)[case]
     message = _error_in_process([str(good_csv), str(path), "--out", str(tmp_path / "o.h5")])
@@ -179,6 +183,47 @@ def test_an_output_over_an_input_is_refused_and_the_input_kept(tmp_path, good_cs
     earlier = folder / "mnist.h5"  # an earlier output there is replaced as anywhere
     earlier.write_bytes(b"\x89HDF\r\n\x1a\n")
     atomic.check_not_input(str(earlier), {f"the input {folder}": str(folder)})
+
+
+def test_an_output_over_someone_elses_file_or_a_device_is_refused(tmp_path, good_csv):
+    """The output is renamed over ``--out``: a file that is not an earlier
+    output (HDF5), a device (/dev/null, replaced itself as root) or a named pipe
+    is refused before any work; ``dir/`` names a directory, not a file."""
+    kept = tmp_path / "results.csv"
+    kept.write_text("someone's results\n")
+    fifo = tmp_path / "pipe.h5"
+    os.mkfifo(fifo)
+    for out, expected in (
+            (kept, f"{kept}: --out exists and is not an HDF5 file (no earlier output of "
+                   "mpidp prep); writing the output would replace it"),
+            (os.devnull, f"{os.devnull}: is a character device, not a file; --out names"),
+            (fifo, f"{fifo}: is a named pipe (FIFO), not a file; --out names"),
+            (f"{tmp_path / 'new'}/", f"{tmp_path / 'new'}/: names a directory (ends with /); "
+                                     f"give a file name for --out, e.g. {tmp_path}/new/pums.h5")):
+        message = _error_in_process([str(good_csv), "--out", str(out)])
+        assert message.startswith(expected), message
+    assert kept.read_text() == "someone's results\n" and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    (tmp_path / "empty.h5").touch()  # an empty file (touched) holds nothing to lose
+    _prepare([str(good_csv), "--out", str(tmp_path / "empty.h5"), "--quiet"])
+
+
+@pytest.mark.parametrize("universe, expected", [
+    ("SERIALNO>1", "--universe: SERIALNO has non-numeric codes, which mpidp does not read"),
+    ("SOCP==1", "--universe: SOCP has non-numeric codes, which mpidp does not read"),
+    ("AGEQ>=1", "--universe: AGEQ is not a column of the 2018 person file"),
+    ("", "--universe '' has no condition: leave --universe out for the task's universe "
+         "(AGEP>=16), or give conditions (every record: --universe AGEP>=0)"),
+    (",", "--universe ',' has no condition")])
+def test_a_universe_mpidp_cannot_read_is_refused_naming_the_option(tmp_path, good_csv,
+                                                                   universe, expected):
+    """Text-coded columns were read as numbers (SERIALNO: a KeyError from deep
+    inside; SOCP: blamed on the data file's lines); an empty value fell back to
+    the task's universe without a word."""
+    message = _error_in_process([str(good_csv), "--out", str(tmp_path / "o.h5"),
+                                 "--universe", universe])
+    assert message.startswith(expected), message
+    assert not list(tmp_path.iterdir())
 
 
 def test_an_input_given_twice_is_refused(tmp_path, good_csv):
@@ -428,7 +473,10 @@ def test_a_file_only_for_scoring_and_bad_fractions(tmp_path, good_csv):
              "--val-fraction 0.1 with --test-fraction 1: a file only for scoring"),
             (["--val-fraction", "1"], "--val-fraction 1.0: must be in [0, 1)"),
             (["--test-fraction", "1.5"], "--test-fraction 1.5: must be in [0, 1]"),
-            (["--val-fraction", "0.0001"], "--val-fraction 0.0001 put none of the")):
+            (["--val-fraction", "0.0001"], "--val-fraction 0.0001 put none of the"),
+            (["--test-fraction", "0.5", "--val-fraction", "0.99999"],
+             "--test-fraction 0.5 and --val-fraction 0.99999 left no household for "
+             "training (val ")):
         out = tmp_path / "bad" / "o.h5"
         out.parent.mkdir(exist_ok=True)
         message = _error_in_process([str(good_csv), "--out", str(out), *argv])
