@@ -88,6 +88,13 @@ class InputFile:
         return stream
 
 
+def _looks_like_a_record(fields: tuple[str, ...]) -> bool:
+    """Whether a first line holds values rather than names: most of its fields
+    are numbers or empty (a PUMS record), where every column name is a word."""
+    values = sum(1 for f in fields if not f or f.lstrip("+-").replace(".", "", 1).isdigit())
+    return len(fields) > 1 and values * 2 > len(fields)
+
+
 def _header_from(stream: BinaryIO, name: str) -> tuple[tuple[str, ...], int]:
     head = stream.read(MAX_HEADER_BYTES)
     if not head:
@@ -119,6 +126,11 @@ def _header_from(stream: BinaryIO, name: str) -> tuple[tuple[str, ...], int]:
                 raise PrepError(f"{where(name, 1)}: the columns are separated by {what}, "
                                 "not commas; PUMS files are comma-separated (save the "
                                 "file as CSV with ',' as the delimiter)")
+    if _looks_like_a_record(columns):
+        raise PrepError(f"{where(name, 1)}: the first line is a record, not the header "
+                        f"({columns[0]!r}, {columns[1]!r}, ...: values, not column names); "
+                        "the file's header line is missing (a PUMS file starts with the "
+                        "column names: RT,SERIALNO,...)")
     if len(set(columns)) != len(columns):
         dups = sorted({c for c in columns if columns.count(c) > 1})
         raise PrepError(f"{where(name, 1)}: duplicate column names in the header: "

@@ -187,6 +187,23 @@ def common_settings(args: argparse.Namespace) -> tuple[float, float, "h5write.Co
     return test_fraction, val_fraction, compression
 
 
+def _with_universe(task: tasks.Task, text: str, codebook) -> tasks.Task:
+    """``task`` with the universe of ``--universe TEXT``, each condition's column
+    checked as a task file's are (numeric codes in the 2018 person file)."""
+    try:
+        conditions = tasks.parse_conditions(text)
+    except ValueError as exc:
+        raise PrepError(f"--universe: {exc}") from None
+    if not conditions:  # '' from an unset shell variable, or ','
+        default = ",".join(map(str, task.universe)) or "everyone"
+        raise PrepError(f"--universe {text!r} has no condition: leave --universe out for "
+                        f"the task's universe ({default}), or give conditions (every "
+                        "record: --universe AGEP>=0)")
+    for condition in conditions:
+        taskfile.numeric_column(condition.column, codebook, "--universe")
+    return task.with_universe(conditions)
+
+
 def make_settings(args: argparse.Namespace):
     """Check the command line and the inputs (rank 0); returns Settings.
 
@@ -218,14 +235,8 @@ def make_settings(args: argparse.Namespace):
             raise PrepError(f"--task {args.task} differs from the task of {args.like} "
                             f"({like_task}); leave --task out to use {like_task}")
     task = from_file or tasks.TASKS[args.task or like_task or "employment"]
-    if args.universe:
-        try:
-            task = task.with_universe(tasks.parse_conditions(args.universe))
-        except ValueError as exc:
-            raise PrepError(f"--universe: {exc}") from None
-    for column in task.columns():
-        if column not in codebook:
-            raise PrepError(f"--universe: {column} is not a column of the person file")
+    if args.universe is not None:
+        task = _with_universe(task, args.universe, codebook)
     layout = args.encoding or "onehot"
     if like_encoding is not None:
         like = encoding.Encoding.from_json(like_encoding)

@@ -73,7 +73,9 @@ def n_categories(variable: Variable) -> int:
             + (1 if variable.blank_allowed else 0))
 
 
-def _column(name: str, codebook: Codebook, where: str) -> Variable:
+def numeric_column(name: str, codebook: Codebook, where: str) -> Variable:
+    """The dictionary's entry for the column ``name``; PrepError (prefixed with
+    ``where``) unless the 2018 person file has it with numeric codes."""
     if name not in codebook:
         raise PrepError(f"{where}: {name} is not a column of the 2018 person file"
                         f"{_closest(name, codebook.header, upper=True)}")
@@ -90,16 +92,16 @@ def check_task(task: Task, codebook: Codebook, where: str) -> None:
     """
     for feature in task.features:
         at = f"{where}: features.{feature.name}"
-        variable = _column(feature.name, codebook, at)
+        variable = numeric_column(feature.name, codebook, at)
         count = n_categories(variable)
         if feature.kind == "categorical" and count > MAX_CATEGORIES:
             raise PrepError(f"{at}: {count:,} categories in the data dictionary, more "
                             f"than {MAX_CATEGORIES:,}; declare it \"numeric\"")
         if feature.name == task.label.column:
             raise PrepError(f"{at}: the label's column cannot be a feature")
-    _column(task.label.column, codebook, f"{where}: label")
+    numeric_column(task.label.column, codebook, f"{where}: label")
     for i, condition in enumerate(task.universe):
-        _column(condition.column, codebook, f"{where}: universe[{i}]")
+        numeric_column(condition.column, codebook, f"{where}: universe[{i}]")
     why = groups.problem(task.group)
     if why is not None:
         hint = ("" if task.group in codebook

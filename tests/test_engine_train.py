@@ -519,6 +519,10 @@ def test_a_run_without_checkpoint_dir_says_the_model_is_not_kept(tmp_path, capsy
     assert "the trained model was not saved: give --checkpoint-dir DIR" in capsys.readouterr().out
     assert main([*args, "--checkpoint-dir", str(tmp_path / "run")]) == 0
     assert "was not saved" not in capsys.readouterr().out
+    # a file of mpidp prep --test-fraction 0 --val-fraction 0: no score to give
+    no_test = synthetic.write(tmp_path / "n.h5", rows=400, features=8, seed=1, test_rows=0)
+    assert main([*args[:2], str(no_test), *args[3:]]) == 0
+    assert "done: 1 epoch, no test split, non-private" in capsys.readouterr().out
 
 
 def test_the_bar_shows_only_on_a_terminal_unless_asked(tmp_path, capsys):

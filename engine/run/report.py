@@ -101,8 +101,9 @@ def summary(t) -> list[str]:
         val = (f"val accuracy {_number(chosen)} (epoch "
                f"{t.selection.selected_epoch(last.get('epoch', 0))}, "
                + ("selected), " if t.selection.best is not None else "the last), "))
-    lines.append(f"done: {plural(len(t.history), 'epoch')}, {val}test accuracy "
-                 f"{_number(last.get('test_accuracy'))}, "
+    test = ("no test split" if not t.info.rows.get("test")  # --test-fraction 0
+            else f"test accuracy {_number(last.get('test_accuracy'))}")
+    lines.append(f"done: {plural(len(t.history), 'epoch')}, {val}{test}, "
                  + (f"epsilon {eps:.3f} per {t.cfg.privacy_unit} (delta {t.cfg.delta:g}), "
                     if eps is not None
                     else "non-private, ")
