@@ -132,6 +132,24 @@ def published(checkpoint: dict, best: dict | None) -> dict:
             "steps_per_epoch": checkpoint.get("steps_per_epoch"), "selected": selected}
 
 
+def recorded_metrics(metrics: str | None, directory: str | os.PathLike) -> str | None:
+    """How a checkpoint records the run's ``--metrics``: relative to the run's
+    ``directory`` when inside it (a copied or moved run writes its own), else
+    absolute (a resume from another working directory finds it)."""
+    if not metrics:
+        return metrics
+    path, home = os.path.abspath(metrics), os.path.abspath(directory)
+    return os.path.relpath(path, home) if os.path.commonpath([path, home]) == home else path
+
+
+def metrics_of(config: dict, directory: str | os.PathLike) -> str | None:
+    """The ``--metrics`` path a checkpoint's ``config`` records (the inverse of
+    :func:`recorded_metrics`; older checkpoints recorded absolute paths only)."""
+    metrics = config.get("metrics")
+    return os.path.join(directory, metrics) if metrics and not os.path.isabs(metrics) \
+        else metrics
+
+
 def exists_in(directory: str | os.PathLike) -> bool:
     """Whether ``directory`` holds a checkpoint file (any content)."""
     return path_in(directory).is_file()
@@ -223,7 +241,7 @@ def load(directory: str | os.PathLike) -> dict | None:
     Raises:
         CheckpointError: the file exists but is not a readable mpidp checkpoint.
     """
-    return load_file(path_in(directory), missing_ok=True)
+    return load_file(path_in(directory), missing_ok=True, option="--checkpoint-dir")
 
 
 def file_kind(path: str | os.PathLike) -> str:
@@ -268,8 +286,11 @@ def load_file(path: str | os.PathLike, missing_ok: bool = False,
         raise CheckpointError(f"checkpoint {path} does not exist")
     kind = file_kind(path)
     if kind == "hdf5":
-        raise CheckpointError(f"{option} {path} is a prepared data file (HDF5), not a "
-                              "checkpoint: are --checkpoint and --data swapped?")
+        raise CheckpointError(
+            f"--checkpoint {path} is a prepared data file (HDF5), not a checkpoint: are "
+            "--checkpoint and --data swapped?" if option == "--checkpoint" else
+            f"{path} is a prepared data file (HDF5), not the run's checkpoint ({option} "
+            "names the directory a run keeps its checkpoint in)")
     if kind != "zip":
         raise CheckpointError(f"{path} is not an mpidp checkpoint (not a file written by "
                               "mpidp train, or its beginning is damaged)")

@@ -28,7 +28,7 @@ import kernels.files
 from engine import outputs
 from engine.checkpoint import BEST_NAME, FILENAME, best_path_in, exists_in, run_files
 from engine.errors import (CheckpointError, ConfigError, DirectoryLocked, MpidpError,
-                           WriteFailed, agree)
+                           OutputError, WriteFailed, agree)
 
 LOCK_NAME = "lock"
 
@@ -202,11 +202,15 @@ def _write_new(path: Path, holder: dict) -> bool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as handle:
-        json.dump(holder, handle, indent=1)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(holder, handle, indent=1)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError:  # a full disk: an empty lock left here would refuse every later run
+        path.unlink(missing_ok=True)
+        raise
     return True
 
 
@@ -259,6 +263,18 @@ RESUME_NEEDS_DIRECTORY = ("--resume needs --checkpoint-dir DIR, the directory of
                           "budget again")
 
 
+def _check_run_files(directory: str) -> None:
+    """Raise OutputError when the run's own files in ``directory`` (checkpoint.pt,
+    best.pt) are there as something no file can replace (a directory, a device):
+    found only at the first write, after the run had spent privacy budget."""
+    for path in run_files(directory, "the run").values():
+        what = ("a directory" if path.is_dir() else kernels.files.not_a_file(path))
+        if what is not None:
+            raise OutputError(f"--checkpoint-dir {directory}: {path} is {what}, where the run "
+                              f"keeps its file {path.name}: remove it, or choose another "
+                              "--checkpoint-dir")
+
+
 def open_directory(directory: str | None, resume: bool, metrics: str | None,
                    comm, data: str | None = None) -> Lock | None:
     """Collective: check the run's outputs and lock its checkpoint directory,
@@ -298,6 +314,7 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
                         f"--resume: --checkpoint-dir {where} {what}; nothing to resume. A "
                         "fresh run would spend the privacy budget again, so mpidp does not "
                         "start one: check the path, or drop --resume to start a new run")
+                _check_run_files(where)
                 outputs.check_directory(where, "--checkpoint-dir")
             if metrics:
                 outputs.check_file(metrics, "--metrics")

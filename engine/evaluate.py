@@ -41,7 +41,8 @@ import numpy as np
 import collectives
 from collectives import MPI
 from engine import group_plot, group_report, groups, outputs
-from engine.errors import CheckpointError, ConfigError, DataError, GroupError, OutputError, agree
+from engine.errors import (CheckpointError, ConfigError, DataError, GroupError, OutputError,
+                           WriteFailed, agree)
 from engine.shard import read_group_columns, read_info, read_shard
 from preprocessing import groups as group_attributes
 from preprocessing.h5format import SPLITS
@@ -327,8 +328,13 @@ def run(args: argparse.Namespace) -> int:
         if cells else np.zeros(0, dtype=np.int64)
     collectives.allreduce(flat, comm, algorithm=args.allreduce)
     tables = _tables(cells, flat, counts, pairs, len(models), info, args)
+    error = None
     if comm.Get_rank() == 0:
-        _report(args, models, per_split, splits, tables)
+        try:
+            _report(args, models, per_split, splits, tables)
+        except WriteFailed as exc:  # a full disk: one line, every rank's exit code 74
+            error = exc
+    agree(comm, error)
     return 0
 
 

@@ -113,8 +113,9 @@ class TorchModel:
         self.mlp_linears = self.mlp_spec = None
 
     def describe(self) -> str:
-        return (f"{type(self.module_obj).__name__} ({self.name}, {self.n_params:,} "
-                f"parameters, clipping by {self.rule})")
+        clipping = "" if self.rule == "?" else f", clipping by {self.rule}"  # not yet built
+        return f"{type(self.module_obj).__name__} ({self.name}, {self.n_params:,} parameters" \
+            f"{clipping})"
 
     def to_dict(self) -> dict:
         """The checkpoint's ``model`` entry: enough to refuse another model on resume
@@ -311,6 +312,19 @@ def check_resume(recorded: dict, model: MLPModel | TorchModel, where: str) -> No
                           "another --checkpoint-dir", collective=True)
 
 
+def _rebuilt(name: str, n_features: int, n_classes: int, where: str) -> nn.Module:
+    """The run's ``MODULE:FACTORY`` model built again (every rank: the same
+    verdict everywhere, so a failure is one line, not one per rank)."""
+    try:
+        return model_names.build(model_names.load_factory(name), n_features, n_classes, name)
+    except ConfigError as exc:
+        why = str(exc).removeprefix(f"--model {name}: ")
+        hint = (": run it where the module imports (its directory, or PYTHONPATH)"
+                if "cannot import" in why else "")
+        raise ConfigError(f"{where}: the run's model {name} cannot be built again: {why}{hint}",
+                          collective=True) from None
+
+
 def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_classes: int,
                       where: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """Rebuild a checkpoint's model for ``mpidp eval``: a function from rows with
@@ -345,7 +359,7 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
         module = image_models.build(name, recorded["spec"]["image_shape"],
                                     recorded["spec"]["n_classes"])
     else:
-        module = model_names.build(model_names.load_factory(name), n_features, n_classes, name)
+        module = _rebuilt(name, n_features, n_classes, where)
     frozen = frozen_to_buffers(module)
     if recorded.get("frozen", {"names": [], "sha256": ""}) != \
             {"names": frozen, "sha256": frozen_digest(module, frozen)}:
@@ -354,10 +368,14 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
                           "from a file, or seed torch in the factory)", collective=True)
     count = sum(p.numel() for p in module.parameters())
     if count != params.numel():
+        now = [[n, list(p.shape)] for n, p in module.named_parameters()]
+        differs = next((f" (first difference: {a[0]} {a[1]} in the checkpoint, {b[0]} {b[1]} "
+                        "now)" for a, b in zip(recorded.get("shapes", []), now) if a != b), "")
         raise ConfigError(f"{where}: {name} builds {count:,} parameters for {n_features} "
                           f"features and {n_classes} classes, the checkpoint holds "
-                          f"{params.numel():,}: evaluate on a file prepared like the "
-                          "training file (`mpidp prep --like`)", collective=True)
+                          f"{params.numel():,}{differs}: either {name} builds another model "
+                          "than the run trained (changed since?), or this file is prepared "
+                          "unlike the training file (`mpidp prep --like`)", collective=True)
     torch.nn.utils.vector_to_parameters(params.to(torch.float32), module.parameters())
     module.eval()
 

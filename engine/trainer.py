@@ -31,7 +31,6 @@ module wires them and holds the loop, the epoch's record and checkpoints.
 from __future__ import annotations
 
 import math
-import os
 import shlex
 import sys
 import time
@@ -274,8 +273,7 @@ class Trainer:
             if self.lock is not None:
                 self.lock.check()
             config = self.cfg.to_dict()
-            if config["metrics"]:
-                config["metrics"] = os.path.abspath(config["metrics"])
+            config["metrics"] = ckpt.recorded_metrics(config["metrics"], self.cfg.checkpoint_dir)
             payload = {
                 "config": config, "seed": self.seed, "world_size": self.size,
                 "data": self.info.summary(), "model": self.model.to_dict(),
@@ -404,11 +402,17 @@ class Trainer:
             self.warm = warmup.is_warm()
         if self.step > 0:
             self.write_metrics()  # back to the checkpoint's history (module docstring)
-        if self.step >= self.total_steps:  # before the plan: it would be below what is spent
+        # A run that stopped early stays stopped while its rule (as given now) holds.
+        early = self.history and self.history[-1].get("stop_reason") and stop_reason(
+            self.history[-1], cfg.target_accuracy, cfg.time_budget)
+        if self.step >= self.total_steps or early:  # before the plan: below what is spent
             for line in filter(None, [report.first_line(self)]):
                 self._say(line)
             fewer = "" if self.step == self.total_steps else \
                 f" (--epochs {cfg.epochs} asks for fewer: a run never goes back)"
+            if early:
+                fewer = (f", stopped early by --{early.replace('_', '-')} (give a higher one "
+                         "to continue it)")
             self._say(f"nothing to do: the run in {cfg.checkpoint_dir} has finished "
                       f"{plural(self.step // self.steps_per_epoch, 'epoch')}{fewer}")
             self.selection.adopt(self.params)

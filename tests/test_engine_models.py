@@ -343,6 +343,43 @@ def test_eval_rebuilds_frozen_layers_only_as_they_were():
         checkpoint_logits(recorded, params, FEATURES, 2, "run")
 
 
+class Resizable(nn.Module):
+    """A model that is no fused MLP (Tanh), whose width a test may change."""
+
+    WIDTH = 8
+
+    def __init__(self, n_features, n_classes):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(n_features, self.WIDTH), nn.Tanh(),
+                                 nn.Linear(self.WIDTH, n_classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_eval_says_why_a_users_model_cannot_be_built_again(monkeypatch):
+    """A factory that does not import where eval runs, or that builds another
+    model since the run: one line naming the cause (it blamed the data file)."""
+    from engine.models import TorchModel, checkpoint_logits
+
+    trained = Resizable(FEATURES, 2)
+    recorded = TorchModel(trained, "test_engine_models:Resizable").to_dict()
+    params = torch.cat([p.detach().reshape(-1) for p in trained.parameters()])
+    assert checkpoint_logits(recorded, params, FEATURES, 2, "run")(
+        torch.randn(3, FEATURES + 1)).shape == (3, 2)
+    elsewhere = dict(recorded, name="not_importable_here:Resizable")
+    with pytest.raises(ConfigError, match=r"^run: the run's model not_importable_here:"
+                       r"Resizable cannot be built again: cannot import 'not_importable_here'"
+                       r".*: run it where the module imports"):
+        checkpoint_logits(elsewhere, params, FEATURES, 2, "run")
+    monkeypatch.setattr(Resizable, "WIDTH", 9)  # the factory changed since the run
+    with pytest.raises(ConfigError, match=r"first difference: net.0.weight \[8, \d+\] in the "
+                       r"checkpoint, net.0.weight \[9, \d+\] now\): either test_engine_models:"
+                       r"Resizable builds another model than the run trained \(changed "
+                       r"since\?\), or this file is prepared unlike"):
+        checkpoint_logits(recorded, params, FEATURES, 2, "run")
+
+
 class FailsOnTheLastRank(nn.Module):
     """A forward pass that fails on one rank's rows only (here: by its rank)."""
 

@@ -459,6 +459,71 @@ def test_files_without_val_or_training_rows_and_an_empty_val(tmp_path, tiny):
         _train(_cfg(scoring), self)
 
 
+def test_a_run_directory_changed_by_hand_is_refused_before_any_work(tiny, tmp_path):
+    """checkpoint.pt or best.pt there as a directory (found at the first write,
+    after the budget was spent; best.pt's was a traceback), best.pt copied over
+    checkpoint.pt (a KeyError), a resume with kernels of another noise
+    generator (a RuntimeError from torch): each one line, no lock left."""
+    import shutil
+
+    from collectives.runtime import MPI
+
+    self = MPI.COMM_SELF
+    for name in ("checkpoint.pt", "best.pt"):
+        d = tmp_path / name.replace(".", "_")
+        (d / name).mkdir(parents=True)
+        with pytest.raises(OutputError, match=f"{d / name} is a directory, where the run keeps "
+                           f"its file {name}: remove it"):
+            _train(_cfg(tiny, checkpoint_dir=str(d)), self)
+        assert [p.name for p in d.iterdir()] == [name]  # no lock, nothing written
+    run = tmp_path / "run"
+    _, code = _train(_cfg(tiny, checkpoint_dir=str(run), stop_after=12), self)
+    assert code == 75
+    published = tmp_path / "published"
+    shutil.copytree(run, published)
+    ckpt.save(published, ckpt.published(ckpt.load(run), None))  # as `cp best.pt checkpoint.pt`
+    with pytest.raises(CheckpointError, match="checkpoint.pt is a published model .*not a "
+                       "run's checkpoint"):
+        _train(_cfg(tiny, checkpoint_dir=str(published), resume=True), self)
+    with pytest.raises(CheckpointError, match=r"^--kernels torch: the run drew its noise with "
+                       r"--kernels \(default\), .*: leave --kernels out$"):
+        _train(_cfg(tiny, checkpoint_dir=str(run), resume=True, kernels="torch"), self)
+    with pytest.raises(ConfigError, match=r"--select-on last \(the run was started without "
+                       r"--select-on\)"):
+        _train(_cfg(tiny, checkpoint_dir=str(run), resume=True, select_on="last"), self)
+    for d in (run, published):
+        assert not (d / "lock").exists()
+    _, code = _train(_cfg(tiny, checkpoint_dir=str(run), resume=True), self)
+    assert code == 0
+
+
+def test_a_run_stopped_early_stays_stopped_and_a_copy_keeps_its_own_metrics(tiny, tmp_path):
+    """A run --target-accuracy stopped is finished: a plain resume trained one
+    more epoch per call (spending epsilon, reading test again); a higher target
+    continues it. A copied run's metrics (inside its directory) are its own:
+    the path was recorded absolute, so the copy rewrote the original's."""
+    import shutil
+
+    from collectives.runtime import MPI
+
+    self = MPI.COMM_SELF
+    run = tmp_path / "run"
+    first, code = _train(_cfg(tiny, checkpoint_dir=str(run), epochs=4, target_accuracy=0.01,
+                              metrics=str(run / "m.jsonl")), self)
+    assert code == 0 and len(first.history) == 1
+    assert first.history[-1]["stop_reason"] == "target_accuracy"
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    again, code = _train(_cfg(tiny, checkpoint_dir=str(copy), resume=True, epochs=4), self)
+    assert code == 0 and again.step == first.step
+    assert ckpt.load(copy)["epsilon"] == ckpt.load(run)["epsilon"]
+    more, code = _train(_cfg(tiny, checkpoint_dir=str(copy), resume=True, epochs=4,
+                             target_accuracy=1.0), self)
+    assert code == 0 and len(more.history) == 4 and more.cfg.metrics == str(copy / "m.jsonl")
+    assert len((copy / "m.jsonl").read_text().splitlines()) == 4
+    assert len((run / "m.jsonl").read_text().splitlines()) == 1  # the original's, untouched
+
+
 def test_empty_val_exits_2_with_one_line(tmp_path):
     path = synthetic.write(tmp_path / "e.h5", rows=300, features=3, val_rows=0)
     result = mpidp(2, "train", "--data", path, "--noise-multiplier", "1", timeout=120)
@@ -504,6 +569,29 @@ def test_eval_scores_the_selected_model_on_val_test_or_all(comm, shared_tmp, cap
         run("--checkpoint", d, "--data", scoring, "--split", "train")
     with pytest.raises(DataError, match="has no val split"):
         run("--checkpoint", d, "--data", scoring, "--split", "val")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_eval_failing_to_write_its_json_fails_every_rank_in_one_line(comm, shared_tmp,
+                                                                     monkeypatch):
+    """A full disk under eval's --json: rank 0's error ended the job through
+    MPI_Abort's banner; now every rank raises it (exit 74, one line)."""
+    from engine import outputs
+    from engine.cli import build_parser
+    from engine.errors import WriteFailed
+
+    path = _val_file(comm, shared_tmp, "write.h5")
+    d = str(shared_tmp / "write_ck")
+    assert _train(TrainConfig(data=path, checkpoint_dir=d, **VAL), comm)[1] == 0
+
+    def full(path, document, option):
+        raise WriteFailed(f"{option} {path}: cannot write it: No space left on device")
+
+    monkeypatch.setattr(outputs, "write_json", full)
+    args = build_parser().parse_args(["eval", "--checkpoint", d, "--data", path,
+                                      "--json", str(shared_tmp / "e.json")])
+    with pytest.raises(WriteFailed, match="No space left on device"):
+        args._run(args)
 
 
 def test_a_run_without_checkpoint_dir_says_the_model_is_not_kept(tmp_path, capsys):

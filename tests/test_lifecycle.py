@@ -4,6 +4,7 @@ directory, resume from the checkpoint alone, records kept with it, signals.
 Serial tests for the pieces, ``@pytest.mark.mpi`` where ranks must agree, and
 user-style runs of ``mpidp`` under mpiexec with a timeout.
 """
+import errno
 import io
 import json
 import os
@@ -267,6 +268,20 @@ def test_lock_of_a_dead_holder_is_taken_over_and_said(tmp_path):
     assert "no longer runs" in lock.note and "taken over" in lock.note
     assert lock.held()
     lock.release()
+
+
+def test_a_lock_the_disk_cannot_hold_is_not_left_behind(tmp_path, monkeypatch):
+    """A full disk at the lock's write left an empty lock file, which refused
+    every later run of the directory (its resume included) as locked."""
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint_lock.os, "fsync", full)
+    with pytest.raises(WriteFailed, match="cannot take the lock .*No space left on device"):
+        checkpoint_lock.acquire(tmp_path)
+    assert not (tmp_path / "lock").exists()
+    monkeypatch.undo()
+    checkpoint_lock.acquire(tmp_path).release()  # once the disk has room: no stale lock
 
 
 def test_lock_that_cannot_be_checked_is_never_broken(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import dataclasses
 from engine import checkpoint as ckpt
 from engine import outputs
 from engine.config import ADJUSTABLE_ON_RESUME, PER_INVOCATION, TrainConfig
-from engine.errors import CheckpointError, ConfigError, agree
+from engine.errors import CheckpointError, ConfigError, OutputError, agree
 from engine.run.collective import rank0_check
 
 
@@ -62,6 +62,10 @@ def resumed_config(cfg: TrainConfig, saved: dict, given: set[str] | None) -> Tra
             if name == "dp":
                 diffs.append("--no-dp (the run is differentially private)" if not mine
                              else "DP (the run has --no-dp)")
+            elif theirs is None:  # its default, or no privacy options at all (--no-dp)
+                private = "" if saved.get("dp", True) else ", non-private (--no-dp)"
+                diffs.append(f"{_option_text(name, mine)} (the run was started without "
+                             f"--{name.replace('_', '-')}{private})")
             else:
                 diffs.append(f"{_option_text(name, mine)} (the run has "
                              f"{_option_text(name, theirs)})")
@@ -71,6 +75,16 @@ def resumed_config(cfg: TrainConfig, saved: dict, given: set[str] | None) -> Tra
                           "needs none of them; leave out what differs: " + "; ".join(diffs),
                           collective=True)
     return TrainConfig(**merged)
+
+
+def _check_recorded_metrics(path: str) -> None:
+    """:func:`engine.outputs.check_file` for the ``--metrics`` a resume inherits,
+    its message saying where the path came from and how to write elsewhere."""
+    try:
+        outputs.check_file(path, "--metrics")
+    except OutputError as exc:
+        raise OutputError(f"{exc} (the run's --metrics, recorded in its checkpoint: give "
+                          "--metrics FILE to write its metrics elsewhere)") from None
 
 
 def load_checkpoint(cfg: TrainConfig, comm, given: set[str] | None
@@ -108,19 +122,25 @@ def load_checkpoint(cfg: TrainConfig, comm, given: set[str] | None
             + (f" that has spent epsilon={spent:.3f}" if spent is not None else "")
             + "; pass --resume to continue it, or choose another --checkpoint-dir",
             collective=True)
+    if not all(key in payload for key in ("seed", "ranks", "optimizer")):
+        raise CheckpointError(f"{where} is a published model (as {ckpt.BEST_NAME}: no seed, "
+                              "generator states or optimizer), not a run's checkpoint; a run "
+                              "resumes only from the checkpoint it wrote", collective=True)
     size = comm.Get_size()
     if payload["world_size"] != size:
         raise CheckpointError(f"{where} was written by {payload['world_size']} ranks; "
                               f"resume it with {payload['world_size']} ranks (this job "
                               f"has {size})", collective=True)
-    merged = resumed_config(cfg, payload["config"], given)
+    saved = dict(payload["config"], metrics=ckpt.metrics_of(payload["config"],
+                                                           cfg.checkpoint_dir))
+    merged = resumed_config(cfg, saved, given)
     try:
         merged.validate()
     except ConfigError as exc:
         raise ConfigError(f"{exc} (the settings of the resumed run: the checkpoint's, "
                           "with the options given now)", collective=True) from None
     if merged.metrics and merged.metrics != cfg.metrics:
-        rank0_check(comm, lambda: outputs.check_file(merged.metrics, "--metrics"))
+        rank0_check(comm, lambda: _check_recorded_metrics(merged.metrics))
     resumed_from = {"step": int(payload["step"]), "epsilon": payload.get("epsilon"),
                     "budget": payload.get("budget_epsilon"), "text": ckpt.describe(payload)}
     return merged, payload, resumed_from

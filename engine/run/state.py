@@ -148,6 +148,15 @@ def restore(optimizer, noise, sampler, payload: dict, rank: int, cfg: TrainConfi
         if noise is not None:
             noise.set_state(mine["noise"])
     except (ValueError, TypeError, KeyError) as exc:
+        before = payload["config"].get("kernels")
+        if before != cfg.kernels:  # the noise generator is the kernels' own
+            raise CheckpointError(
+                f"--kernels {cfg.kernels or '(default)'}: the run drew its noise with "
+                f"--kernels {before or '(default)'}, whose generator state this back-end "
+                "cannot continue, and a resume continues the run's noise stream: "
+                + (f"give --kernels {before}" if before else "leave --kernels out"),
+                collective=True) \
+                from None
         raise CheckpointError(f"{ckpt.path_in(cfg.checkpoint_dir)}: its random generator "
                               f"states do not fit this mpidp ({exc})", collective=True) from None
     return {"step": int(payload["step"]), "local": dict(mine["local"])}

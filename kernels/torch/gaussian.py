@@ -31,6 +31,12 @@ class TorchGaussianStream:
         return self._generator.get_state().tolist()
 
     def set_state(self, state: list[int]) -> None:
+        """Restore :meth:`get_state`; raises ValueError for a state of another
+        generator (torch's own error is a RuntimeError, or none at all)."""
+        size = self._generator.get_state().numel()
+        if len(state) != size or not all(0 <= int(x) < 256 for x in state):
+            raise ValueError(f"a torch generator state has {size} bytes, not {len(state)} "
+                             "values of another generator")
         self._generator.set_state(torch.tensor(state, dtype=torch.uint8))
 
 
