@@ -148,6 +148,9 @@ class TrainConfig:
         if self.group_by is not None and self.select_on != "worst_group_val_accuracy":
             fail(f"--group-by {self.group_by} chooses the groups of --select-on "
                  "worst_group_val_accuracy: add it, or leave --group-by out")
+        if self.min_group_size != MIN_GROUP_SIZE and self.select_on != "worst_group_val_accuracy":
+            fail(f"--min-group-size {self.min_group_size} sizes the groups of --select-on "
+                 "worst_group_val_accuracy: add it, or leave --min-group-size out")
         if self.min_group_size < 1:
             fail(f"--min-group-size {self.min_group_size}: give at least 1 (default 100)")
         if self.checkpoint_every < 1 or self.eval_every < 1:

@@ -148,6 +148,10 @@ def _check_options(args: argparse.Namespace) -> list[groups.Grouping]:
     if args.plot and not args.by:
         raise ConfigError("--plot draws the groups of --by: give --by too (e.g. --by RAC1P)",
                           collective=True)
+    if args.min_group_size != groups.MIN_GROUP_SIZE and not args.by:
+        raise ConfigError(f"--min-group-size {args.min_group_size} sizes the groups of --by: "
+                          "give --by too (e.g. --by RAC1P), or leave --min-group-size out",
+                          collective=True)
     if args.plot and not args.plot.lower().endswith(group_plot.FORMATS):
         raise ConfigError(f"--plot {args.plot}: name a .png or .svg file", collective=True)
     if not args.by:
@@ -187,12 +191,15 @@ def _check_groups(info, groupings: list[groups.Grouping], data: str) -> None:
             raise GroupError(f"--by {grouping.name}: {why}; a prepared file keeps SEX, "
                              "RAC1P, AGEP (in bands), ST and its task's group column",
                              collective=True)
+    if not info.groups and info.is_image:
+        raise GroupError(f"--by: {data} is an image file: its rows are images, with no "
+                         "person attributes to group by; score it overall (leave --by out)",
+                         collective=True)
     if not info.groups:
-        why = ("an image file" if info.is_image else
-               "prepared by an mpidp that kept no group columns, or a synthetic file")
-        raise GroupError(f"--by: {data} keeps no group columns ({why}); it is scored overall "
-                         "without --by; prepare it again with mpidp prep to group its rows "
-                         "by SEX, RAC1P, AGEP, ST and the task's group", collective=True)
+        raise GroupError(f"--by: {data} keeps no group columns (prepared by an mpidp that "
+                         "kept none, or a synthetic file); it is scored overall without "
+                         "--by; prepare it again with mpidp prep to group its rows by SEX, "
+                         "RAC1P, AGEP, ST and the task's group", collective=True)
     for grouping in groupings:
         for name in grouping.attributes:
             if name not in info.groups:

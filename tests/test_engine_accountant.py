@@ -351,6 +351,16 @@ def test_privacy_command_refuses_an_infinite_sigma_before_accounting():
                           "number\n")  # no RuntimeWarning from inside dp-accounting
 
 
+@pytest.mark.parametrize("epochs", ["nan", "inf", "0"])
+def test_privacy_command_refuses_epochs_that_are_no_count(epochs):
+    """nan and inf ended in a traceback (exit 1) converting them to steps."""
+    out = _privacy("--batch-size", "256", "--train-rows", "100000", "--epochs", epochs,
+                   "--noise-multiplier", "1")
+    assert out.returncode == 2
+    assert out.stderr == f"mpidp: error: --epochs {float(epochs):g} must be a finite positive " \
+        "number\n"
+
+
 def test_privacy_command_answers_a_tiny_sigma_in_one_line():
     out = _privacy("--sample-rate", "0.5", "--noise-multiplier", "0.001", "--steps", "100000")
     assert out.returncode == 2 and "Traceback" not in out.stderr

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import engine
-from engine.bench import synthetic
+from engine.bench import synthetic, synthetic_images
 from engine.errors import ConfigError, GroupError
 
 GROUPS = {"SEX": {1: 0.5, 2: 0.5}, "RAC1P": {1: 0.6, 2: 0.25, 6: 0.15}}
@@ -109,6 +109,18 @@ def test_train_refuses_what_it_cannot_group(comm, shared_tmp, data):
                      min_group_size=5000, **common)
     with pytest.raises(ConfigError, match="--min-group-size 0: give at least 1"):
         engine.train(data, select_on="worst_group_val_accuracy", min_group_size=0, **common)
+    with pytest.raises(ConfigError, match="--min-group-size 5 sizes the groups of --select-on "
+                       "worst_group_val_accuracy"):  # was accepted and ignored
+        engine.train(data, min_group_size=5, **common)
+    images = shared_tmp / "images.h5"
+    if comm.Get_rank() == 0:
+        synthetic_images.write_images(str(images), rows=64, test_rows=16, seed=1)
+        with h5py.File(images, "a") as f:  # a val split, as prep's images have
+            f.copy("test", "val")
+    comm.Barrier()
+    with pytest.raises(GroupError, match="is an image file, with no person attributes to "
+                       "group by: select on val_accuracy"):  # no prep can add them
+        engine.train(images, select_on="worst_group_val_accuracy", **common)
 
 
 def _tune(*argv: str) -> int:
@@ -119,7 +131,7 @@ def _tune(*argv: str) -> int:
 
 
 @pytest.mark.mpi(min_size=1)
-def test_tune_chooses_the_trial_whose_worst_group_is_best(comm, shared_tmp, data):
+def test_tune_chooses_the_trial_whose_worst_group_is_best(comm, shared_tmp, data, capsys):
     from engine import checkpoint as ckpt
 
     out = shared_tmp / "tune"
@@ -131,6 +143,9 @@ def test_tune_chooses_the_trial_whose_worst_group_is_best(comm, shared_tmp, data
     best = max(ok, key=lambda r: (r["val_worst_group_accuracy"], -r["trial"]))
     assert doc["chosen"]["trial"] == best["trial"] and len(ok) == 2
     assert doc["selection"].startswith("the accuracy of the worst SEX group")
+    header = capsys.readouterr().out.splitlines()[0] if comm.Get_rank() == 0 else ""
+    assert comm.Get_rank() or "chosen on the val accuracy of the worst SEX group of at " \
+        "least 100 rows" in header, header  # it said "chosen on val accuracy"
     payload = ckpt.load_model(doc["chosen"]["checkpoint"])
     assert _worst_on_val(payload, data, "SEX") == pytest.approx(
         best["val_worst_group_accuracy"], abs=1e-12)

@@ -346,6 +346,28 @@ BAD = {
 }
 
 
+def test_options_of_groups_without_by_or_groups_are_refused(small, tmp_path, capsys):
+    """--min-group-size without --by was accepted and ignored; an image file
+    was told to be prepared again, which can never add person attributes."""
+    from engine.bench import synthetic_images
+    from engine.cli import main
+
+    folder, data, plain, run = small
+    images = synthetic_images.write_images(str(tmp_path / "images.h5"), rows=64,
+                                           test_rows=16, seed=1)
+    for argv, expected in (
+            (["--data", data, "--min-group-size", "5"], "--min-group-size 5 sizes the groups "
+             "of --by: give --by too"),
+            (["--data", images, "--by", "SEX"], f"--by: {images} is an image file: its rows "
+             "are images, with no person attributes to group by; score it overall")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            main(["eval", "--checkpoint", run, *argv])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"mpidp: error: {expected}"), err
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_request_is_one_line_exit_2_and_nothing_written(small, case, capsys):
     """Under mpiexec at 2 ranks, as a user runs it, for the request found bad

@@ -475,6 +475,37 @@ def test_private_random_search_states_its_cost(data, comm, shared_tmp):
         privacy.to_epsilon(privacy.ORDERS, 2 * curve, 1e-5)[0], rel=1e-9)
 
 
+@pytest.mark.mpi(min_size=1)
+def test_a_private_score_noisier_than_the_val_split_says_so_and_stays_an_accuracy(
+        data, comm, shared_tmp, capsys):
+    """Noise of std 20 predictions on 150 val rows: the scores were printed
+    below 0 or above 1 (-0.2183) without a word; now said at the start and
+    clipped to [0, 1] (post-processing of the noisy count)."""
+    out = shared_tmp / "noisy"
+    assert tune("--data", data, "--target-epsilon", "2", "--out", str(out), "--seed", "3",
+                "--trials", "4", "--space", "lr=0.2,0.5;batch_size=80;epochs=1;hidden=4",
+                *_parallel(comm)) == 0
+    text = capsys.readouterr().out
+    doc = json.loads((out / "tune.json").read_text())
+    assert all(0 <= r["val_accuracy"] <= 1 for r in doc["trials"] if r["status"] == "ok")
+    assert comm.Get_rank() or "note: the score noise (std 20 correct predictions) is 0.13 " \
+        "in accuracy on 150 val rows" in text, text
+
+
+def test_a_search_stopped_before_any_trial_finished_says_so(data, shared_tmp, capsys,
+                                                             monkeypatch):
+    """It pointed to the trials file for "the finished ones", which did not exist."""
+    from engine.errors import EXIT_CHECKPOINTED
+
+    monkeypatch.setattr(search_mod, "run_search", lambda *a, **k: ([], True))
+    out = shared_tmp / "stopped"
+    assert tune("--data", data, "--no-dp", "--out", str(out), "--space",
+                "lr=0.2,0.5;batch_size=80;epochs=1") == EXIT_CHECKPOINTED
+    assert "stopped by a signal with 2 trial(s) not finished; none had finished: run the " \
+        "same command again" in capsys.readouterr().out
+    assert not (out / search_mod.TRIALS_FILE).exists()
+
+
 # -- the command line -----------------------------------------------------------------------
 
 def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):
@@ -495,6 +526,14 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):
         (["--target-epsilon", "1", "--space", "lr=0.1", "--search", "grid"],
          "draws its trials at random"),
         (["--no-dp", "--space", "lr=0.1", "--public-split", "val"], "--public-split is about DP"),
+        # accepted and ignored before, while their siblings were refused
+        (["--no-dp", "--space", "lr=0.1", "--accountant", "rdp"], "--accountant is about DP"),
+        (["--no-dp", "--space", "lr=0.1", "--delta", "1e-6"], "--delta is about DP"),
+        (["--no-dp", "--space", "lr=0.1", "--min-group-size", "5"],
+         "--min-group-size 5 sizes the groups of --select-on worst_group_val_accuracy"),
+        # the message named --allow-large-delta, which tune does not have
+        (["--target-epsilon", "1", "--delta", "0.5", "--space", "lr=0.1;batch_size=50"],
+         "Use --delta 0.001 or smaller"),
     ]
     no_val = synthetic.write(tmp_path / "noval.h5", rows=200, features=6, seed=1)
     cases = [(path, *case) for case in cases]
@@ -512,6 +551,7 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):
         assert code == 2, stderr
         lines = stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], stderr
+        assert "--allow-large-delta" not in stderr
         assert not out.exists()
 
 

@@ -25,8 +25,10 @@ from engine.errors import ConfigError, PrivacyError
 
 
 def check_delta_for_rows(delta: float, rows: int, allow: bool = False,
-                         where: str | None = None) -> str | None:
-    """Refuse a delta above 1/N for N training rows, unless ``allow``.
+                         where: str | None = None, escape: bool = True) -> str | None:
+    """Refuse a delta above 1/N for N training rows, unless ``allow``
+    (``escape``: the message names ``--allow-large-delta``, for the commands
+    that have it).
 
     An (epsilon, delta) guarantee with delta > 1/N is met by a mechanism that
     publishes one random row in the clear, so it protects nobody. Returns
@@ -50,7 +52,8 @@ def check_delta_for_rows(delta: float, rows: int, allow: bool = False,
     raise PrivacyError(f"--delta {delta:g} is above 1/N = {bound:.3g} for the {rows:,} training "
                        f"rows{of}: a guarantee with delta > 1/N is met by releasing a random "
                        f"row in the clear, so it protects nobody. Use --delta {suggestion:g} "
-                       "or smaller (or --allow-large-delta, if you know why you need it)")
+                       "or smaller" + (" (or --allow-large-delta, if you know why you need it)"
+                                       if escape else ""))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         warning = f"delta {args.delta:g} is above q = {q:g}, hence above 1/N"
     if args.steps is not None:
         steps = args.steps
+    elif not (math.isfinite(args.epochs) and args.epochs > 0):
+        fail(f"--epochs {args.epochs:g} must be a finite positive number")
     else:
         steps = int(round(args.epochs * max(1, round(args.train_rows / args.batch_size))))
     if steps < 1:

@@ -63,11 +63,19 @@ def select_on(cfg: TrainConfig, info) -> str:
     if chosen == "worst_group_val_accuracy":
         attribute = group_attribute(cfg, info)
         if attribute not in info.groups:
-            kept = (f"keeps the group columns {', '.join(info.groups)}" if info.groups
-                    else "keeps no group columns (prepare it again with mpidp prep)")
             raise GroupError(f"--select-on worst_group_val_accuracy --group-by {attribute}: "
-                             f"{cfg.data} {kept}", collective=True)
+                             f"{cfg.data} {groups_kept(info)}", collective=True)
     return chosen
+
+
+def groups_kept(info) -> str:
+    """What a file keeps to group its rows by, as a message says it."""
+    if info.groups:
+        return f"keeps the group columns {', '.join(info.groups)}"
+    if info.is_image:
+        return ("is an image file, with no person attributes to group by: select on "
+                "val_accuracy")
+    return "keeps no group columns (prepare it again with mpidp prep)"
 
 
 def group_attribute(cfg: TrainConfig, info) -> str:

@@ -84,6 +84,9 @@ from engine.tune.state import FORMAT, VERSION, load_state, open_out, plan_trials
 
 #: Stop signals are acted on between trials and at the trainer's steps (not raised).
 STOPS_AT_STEPS = True
+#: The score noise's std in accuracy (std / val rows) above which the start says
+#: that a private random search's choice is mostly noise: 5 points of accuracy.
+NOISY_CHOICE = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,10 +131,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="sigma of every trial (or tune noise_multiplier in the space)")
     privacy.add_argument("--no-dp", dest="dp", action="store_false",
                          help="non-private trials (no tuning privacy either)")
-    privacy.add_argument("--delta", type=float, default=d.delta,
+    privacy.add_argument("--delta", type=float, default=None,  # None: refused with --no-dp
                          help=f"delta of each trial and of the tuning (default: {d.delta})")
-    privacy.add_argument("--accountant", default=DEFAULT_KIND, choices=KINDS,
-                         help="each trial's accountant (default: pld); the tuning's cost is "
+    privacy.add_argument("--accountant", default=None, choices=KINDS,
+                         help=f"each trial's accountant (default: {DEFAULT_KIND}); the tuning's "
+                         "cost is "
                          "computed in RDP")
     privacy.add_argument("--privacy-unit", default="person", choices=("person", "household"),
                          help="whom epsilon protects (default: person)")
@@ -180,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     if opts.dp:
         from engine.dp.privacy import check_delta_for_rows
         try:
-            check_delta_for_rows(opts.privacy["delta"], units, where=opts.data)
+            check_delta_for_rows(opts.privacy["delta"], units, where=opts.data,
+                                 escape=False)  # tune has no --allow-large-delta
         except PrivacyError as exc:
             fail(str(exc), PrivacyError)
     points, dropped, reason = valid_points(space, opts)
@@ -244,9 +249,19 @@ def run(args: argparse.Namespace) -> int:
                 "random-search" else "private random search")
         drop = (f"; {dropped} invalid combination(s) left out, e.g. {reason}" if dropped
                 else "")
+        chosen_on = ("val accuracy" if opts.objective == "val_accuracy" else
+                     f"the val accuracy of the worst {opts.group_by} group of at least "
+                     f"{opts.min_group_size} rows")
         say(f"mpidp tune: {len(trials)} trial(s) ({kind} over {len(points)} valid point(s) of "
             f"{space.size}{drop}) on {opts.data}; {size} rank(s) in {parallel} group(s); "
-            f"chosen on val accuracy ({info.rows['val']:,} val rows), never on test")
+            f"chosen on {chosen_on} ({info.rows['val']:,} val rows), never on test")
+        if opts.score_std is not None and info.rows["val"] \
+                and opts.score_std / info.rows["val"] > NOISY_CHOICE:
+            say(f"note: the score noise (std {opts.score_std:g} correct predictions) is "
+                f"{opts.score_std / info.rows['val']:.2f} in accuracy on {info.rows['val']:,} "
+                "val rows, more than trials' scores usually differ: the choice is mostly "
+                "noise; prepare a larger val split (mpidp prep --val-fraction), or give "
+                "--score-noise a smaller std (a higher tuning epsilon)")
         if len(pending) < len(trials):
             say(f"mpidp tune: {len(trials) - len(pending)} trial(s) already done in "
                 f"{opts.out}/{search.TRIALS_FILE}: skipped")
@@ -268,9 +283,10 @@ def run(args: argparse.Namespace) -> int:
             records, stopped = search.run_search(settings, info, pending, parallel, comm)
         if stopped:
             left = len(pending) - len(records) if rank == 0 else 0
-            say(f"mpidp tune: stopped by a signal with {left} trial(s) not finished; the "
-                f"finished ones are kept in {opts.out}/{search.TRIALS_FILE}: run the same "
-                f"command again to continue (exit code {EXIT_CHECKPOINTED})")
+            kept = (f"the finished ones are kept in {opts.out}/{search.TRIALS_FILE}"
+                    if records or finished else "none had finished")
+            say(f"mpidp tune: stopped by a signal with {left} trial(s) not finished; {kept}: "
+                f"run the same command again to continue (exit code {EXIT_CHECKPOINTED})")
             checkpoint_lock.release_everywhere(lock, comm)
             return EXIT_CHECKPOINTED
         code = 0

@@ -15,7 +15,10 @@ import argparse
 import os
 
 from engine.config import TrainConfig
+from engine.dp.accountant import DEFAULT_KIND
 from engine.errors import ConfigError, DataError, GroupError, PrivacyError, agree
+from engine.groups import MIN_GROUP_SIZE
+from engine.run.selection import groups_kept
 from engine.tune import space as space_mod
 
 MODES = ("random-search", "public")
@@ -48,7 +51,8 @@ class Options:
                                 ("--trials-distribution", args.trials_distribution),
                                 ("--eta", args.eta), ("--score-noise", args.score_noise),
                                 ("--target-epsilon", args.target_epsilon),
-                                ("--noise-multiplier", args.noise_multiplier)):
+                                ("--noise-multiplier", args.noise_multiplier),
+                                ("--delta", args.delta), ("--accountant", args.accountant)):
                 if value is not None:
                     fail(f"{flag} is about DP trials: drop it with --no-dp")
             self.mode = None
@@ -100,6 +104,9 @@ class Options:
         if self.group_by and not worst:
             fail(f"--group-by {args.group_by} chooses the groups of --select-on "
                   "worst_group_val_accuracy: add it, or leave --group-by out")
+        if self.min_group_size != MIN_GROUP_SIZE and not worst:
+            fail(f"--min-group-size {self.min_group_size} sizes the groups of --select-on "
+                  "worst_group_val_accuracy: add it, or leave --min-group-size out")
         if self.min_group_size < 1:
             fail(f"--min-group-size {self.min_group_size}: give at least 1 (default 100)")
         if worst and self.score_std is not None and args.privacy_unit == "household":
@@ -109,8 +116,10 @@ class Options:
                   "or --tuning-privacy public with --public-split val")
         self.parallel = args.parallel
         self.privacy = {"dp": self.dp, "target_epsilon": args.target_epsilon,
-                        "noise_multiplier": args.noise_multiplier, "delta": args.delta,
-                        "accountant": args.accountant, "privacy_unit": args.privacy_unit}
+                        "noise_multiplier": args.noise_multiplier,
+                        "delta": TrainConfig.delta if args.delta is None else args.delta,
+                        "accountant": args.accountant or DEFAULT_KIND,
+                        "privacy_unit": args.privacy_unit}
         if not self.dp:
             self.privacy = {"dp": False, "privacy_unit": args.privacy_unit}
         self.base = {**self.privacy, "allreduce": args.allreduce}
@@ -167,10 +176,8 @@ def check_file(info, opts: Options) -> None:
     if opts.objective == "worst_group_val_accuracy":
         opts.group_by = opts.group_by or info.group or "RAC1P"
         if opts.group_by not in info.groups:
-            kept = (f"keeps the group columns {', '.join(info.groups)}" if info.groups
-                    else "keeps no group columns (prepare it again with mpidp prep)")
             fail(f"--select-on worst_group_val_accuracy --group-by {opts.group_by}: "
-                  f"{opts.data} {kept}", GroupError)
+                  f"{opts.data} {groups_kept(info)}", GroupError)
 
 
 def training_units(info, unit: str, comm) -> int:

@@ -379,7 +379,9 @@ class GroupRunner:
                           else None, val_loss=result["loss"], val_noise_std=None)
         else:
             noisy = result["unit_score"] + self._noise(trial)
-            record.update(val_accuracy=noisy / result["units"] if result["units"] else None,
+            # clipped to [0, 1]: post-processing of the noisy count, private as it is
+            record.update(val_accuracy=min(1.0, max(0.0, noisy / result["units"]))
+                          if result["units"] else None,
                           val_loss=None, val_noise_std=self.s.score_std,
                           val_units=result["units"])
         if self.cells is not None:  # --select-on worst_group_val_accuracy
