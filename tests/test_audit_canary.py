@@ -23,7 +23,7 @@ import torch
 from collectives import MPI
 from engine.audit import canary, canary_claim, one_run, one_run_fdp
 from engine.bench import synthetic
-from engine.errors import ConfigError
+from engine.errors import ConfigError, PrivacyError
 
 RUN = dict(m=500, epochs=5, batch_size=100, hidden=(32,), lr=0.1)
 SEEDS = (0, 1, 2)
@@ -229,6 +229,50 @@ def _parse(*words):
 def test_the_command_refuses_bad_canary_requests_in_one_line(words, message):
     with pytest.raises(ConfigError, match=message):
         _parse(*words)
+
+
+def _audit_options() -> set[str]:
+    import argparse
+
+    from engine.audit import command
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return {flag for action in parser._actions for flag in action.option_strings}
+
+
+@pytest.mark.parametrize("settings, error, words", [
+    (dict(epsilon=2.0, delta=0.5), "PrivacyError", "--delta 0.5 is above 1/N"),
+    (dict(epsilon=None), "ConfigError", "give exactly one of --noise-multiplier"),
+    (dict(epsilon=2.0, noise_multiplier=1.0), "ConfigError", "give exactly one of"),
+    (dict(epsilon=None, noise_multiplier=0.0), "ConfigError", "--noise-multiplier 0.0 must"),
+    (dict(epsilon=None, noise_multiplier=1e-4), "PrivacyError", "PLD accounting failed")])
+def test_refusals_name_only_options_the_audit_has(data, settings, error, words):
+    """The training code's messages advised --allow-large-delta, --no-dp and
+    --accountant rdp, options `mpidp audit` does not have; the canary audit
+    now says what to do with its own (one line, exit code 2, before training)."""
+    import re
+
+    with pytest.raises(ConfigError if error == "ConfigError" else PrivacyError,
+                       match=re.escape(words)) as info:
+        canary.run_canary_audit(data, MPI.COMM_SELF, **{**RUN, "m": 50, **settings})
+    said = str(info.value)
+    assert info.value.exit_code == 2 and info.value.collective and "\n" not in said
+    named = set(re.findall(r"--[a-z][a-z-]*", said))
+    assert named and named <= _audit_options(), named - _audit_options()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("settings, words", [
+    (dict(epsilon=2.0, delta=0.5), "Use --delta 0.0001 or smaller"),
+    (dict(noise_multiplier=1e-4), "give a larger --noise-multiplier (or a --target-epsilon)")])
+def test_refusals_in_the_audits_terms_reach_every_rank(data, comm, settings, words):
+    """The training code finds these on rank 0 (the accountant's plan) or on
+    every rank (the delta); the audit's rewording keeps them collective."""
+    with pytest.raises(PrivacyError) as info:
+        canary.run_canary_audit(data, comm, **{**RUN, "m": 50, **settings})
+    said = str(info.value)
+    assert said.endswith(words) and info.value.collective, said
+    assert "--allow-large-delta" not in said and "--accountant" not in said
 
 
 def test_a_refuted_claim_is_exit_code_4(data, monkeypatch, capsys):

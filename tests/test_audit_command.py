@@ -131,7 +131,7 @@ def test_only_the_asked_attacks_run(models):
 def test_the_audit_on_p_ranks_equals_one_rank(comm, shared_model):
     """Ranks score their own shards and split the bootstrap; the report is the
     same as one process's (sums may differ in the last bit)."""
-    quick = dict(resamples=60, reference_epochs=10)
+    quick = dict(resamples=200, reference_epochs=10)
     many = _audit(shared_model["overfit"], shared_model["data"], comm, **quick)
     one = None
     if comm.Get_rank() == 0:
@@ -202,12 +202,12 @@ def test_bad_inputs_give_clear_errors(models, tmp_path):
 def test_the_command_at_two_ranks(models, tmp_path):
     out = tmp_path / "audit.json"
     done = mpidp(2, "audit", "--checkpoint", models["overfit"], "--data", models["data"],
-                 "--attribute", "CAT0", "--bootstrap", "50", "--json", str(out), timeout=120)
+                 "--attribute", "CAT0", "--bootstrap", "200", "--json", str(out), timeout=120)
     assert done.returncode == 0, done.stderr
     assert "membership inference" in done.stdout and "attribute inference of CAT0" in done.stdout
     assert done.stdout.count("mpidp audit:") == 1          # rank 0 alone prints
     report = json.loads(out.read_text())
-    assert report["ranks"] == 2 and report["membership"]["attacks"][0]["resamples"] == 50
+    assert report["ranks"] == 2 and report["membership"]["attacks"][0]["resamples"] == 200
     # (a mismatched file is refused in-process above; this checks the one-line
     # error and exit code of the command itself, on an error found early)
     failed = mpidp(2, "audit", "--checkpoint", models["overfit"], "--data", models["data"],
@@ -217,6 +217,100 @@ def test_the_command_at_two_ranks(models, tmp_path):
     lines = [line for line in failed.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("mpidp: error: --attack"), lines
     assert not (tmp_path / "bad.json").exists()
+    # the canary run's options with another attack: refused, not ignored
+    failed = mpidp(2, "audit", "--checkpoint", models["overfit"], "--data", models["data"],
+                   "--attack", "membership", "--canaries", "50", "--epochs", "5",
+                   timeout=120)
+    lines = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert failed.returncode == 2 and len(lines) == 1 and lines[0] == (
+        "mpidp: error: --canaries, --epochs: options of --attack canary (the run it "
+        "trains), not used by --attack membership: drop them"), lines
+
+
+def _parse(*words):
+    from engine.audit.command import config_from_args
+    from engine.cli import build_parser
+    args = build_parser(only="audit").parse_args(["audit", *words])
+    return config_from_args(args), args
+
+
+MEMBERSHIP = ("--checkpoint", "run", "--data", "d.h5", "--attack", "membership")
+
+
+@pytest.mark.parametrize("words, named", [
+    (MEMBERSHIP + ("--canaries", "50"), "--canaries: an option of --attack canary "
+     "(the run it trains), not used by --attack membership: drop it"),
+    (("--checkpoint", "run", "--data", "d.h5", "--epochs", "5", "--hidden", "3", "--lr", "9",
+      "--target-epsilon", "3"), "--target-epsilon, --epochs, --lr, --hidden: options of "
+     "--attack canary (the run it trains), not used by --attack membership,inversion"),
+    (MEMBERSHIP + ("--delta", "1e-5"), "--delta: an option of --attack canary"),
+    (MEMBERSHIP + ("--guesses", "10", "--noise-multiplier", "1", "--batch-size", "9",
+                   "--max-grad-norm", "2"), "--guesses, --noise-multiplier, --batch-size, "
+     "--max-grad-norm: options of --attack canary")])
+def test_the_canary_runs_options_are_refused_with_another_attack(words, named):
+    """Before: `--attack membership --epochs 5 --hidden 3 --lr 9 --canaries 50
+    --target-epsilon 3` ran a normal audit, every one of them ignored."""
+    with pytest.raises(ConfigError) as info:
+        _parse(*words)
+    assert named in str(info.value) and "\n" not in str(info.value)
+    assert info.value.exit_code == 2 and info.value.collective
+
+
+def test_the_canary_run_keeps_its_defaults_and_takes_its_options():
+    from engine.audit.command import CANARY_DEFAULTS, canary_settings
+
+    cfg, args = _parse("--attack", "canary", "--data", "d.h5")
+    assert canary_settings(args) == CANARY_DEFAULTS and CANARY_DEFAULTS["canaries"] == 500
+    cfg, args = _parse("--attack", "canary", "--data", "d.h5", "--canaries", "50",
+                       "--delta", "1e-6", "--hidden", "8,8")
+    assert canary_settings(args) == {**CANARY_DEFAULTS, "canaries": 50, "delta": 1e-6,
+                                     "hidden": "8,8"}
+    cfg, args = _parse(*MEMBERSHIP)  # none given: fine
+    assert cfg.attacks == ("membership",)
+
+
+def test_an_interval_needs_enough_resamples_and_none_means_none():
+    """Before: --bootstrap 1 gave a zero-width "95% CI" that excluded the estimate,
+    and --bootstrap 0 still claimed a CI in the header."""
+    from engine.audit import report as report_mod
+
+    for given, least in (("1", 200), ("199", 200), ("19", 20)):
+        confidence = ("--confidence", "0.5") if least == 20 else ()
+        with pytest.raises(ConfigError) as info:
+            _parse(*MEMBERSHIP, "--bootstrap", given, *confidence)
+        said = str(info.value)
+        assert said.startswith(f"--bootstrap {given}: a ") and f"at least {least} " in said
+        assert "--bootstrap 0 for no intervals" in said and info.value.exit_code == 2
+    assert _parse(*MEMBERSHIP, "--bootstrap", "0")[0].resamples == 0
+    assert _parse(*MEMBERSHIP, "--bootstrap", "200")[0].resamples == 200
+    assert _parse(*MEMBERSHIP)[0].resamples == 1000
+    assert _parse(*MEMBERSHIP, "--confidence", "0.999")[0].resamples == 10_000  # not refused
+    # the inversion's intervals are exact: its --bootstrap is not checked
+    assert _parse(*MEMBERSHIP[:-1], "inversion", "--bootstrap", "1")[0].resamples == 1
+    attack = {"title": "loss threshold", "confidence": 0.95, "resamples": 0,
+              "estimate": {"auc": 0.6, "advantage": 0.1}, "ci": {}, "p_values": {}}
+    head = report_mod.membership_lines({"ci_method": "m", "attacks": [attack],
+                                        "members": 20, "nonmembers": 20})[0]
+    assert head == "membership inference (no intervals: --bootstrap 0)"
+    attack["resamples"] = 200
+    head = report_mod.membership_lines({"ci_method": "m", "attacks": [attack]})[0]
+    assert head == "membership inference (95% CI: m, 200 resamples)"
+
+
+def test_a_file_without_attributes_points_to_the_membership_attack_which_works(tmp_path):
+    """Before, the default attacks on an image file (MNIST) stopped at "--attribute
+    SEX: mnist.h5 has no one-hot encoded attribute of that name; it has: none"."""
+    data = synthetic.write(tmp_path / "numeric.h5", rows=200, features=12, numeric=12,
+                           test_rows=200, seed=2)
+    model = _train(data, tmp_path / "run", **{**OVERFIT, "epochs": 2})
+    with pytest.raises(AttributeNotFound) as info:
+        _audit(model, data, attribute="SEX", resamples=0)
+    said = str(info.value)
+    assert said.startswith("the inversion attack (--attack inversion, run by default) ")
+    assert "census file" in said and said.endswith("audit it with --attack membership")
+    assert info.value.exit_code == 2 and info.value.collective
+    report = _audit(model, data, attacks=("membership",), resamples=0)
+    assert [a["attack"] for a in report["membership"]["attacks"]] == ["loss", "calibrated"]
 
 
 def test_a_run_directory_is_audited_at_its_selected_epoch(tmp_path):
@@ -255,7 +349,7 @@ def test_the_report_names_the_audited_models_step_and_says_what_it_found(tmp_pat
     run = engine.train(data, epochs=4, batch_size=64, hidden=(8,), noise_multiplier=4.0,
                        lr=0.5, seed=22, allreduce="ring", quiet=True, checkpoint_dir=run_dir)
     assert run.exit_code == 0 and run.selected_epoch < 4
-    report = _audit(run_dir, data, attribute="CAT0", resamples=50, calibration=False)
+    report = _audit(run_dir, data, attribute="CAT0", resamples=200, calibration=False)
     target = report["target"]
     step = run.selected_epoch * run.history[0]["step"]
     assert target["step"] == step and target["selected_epoch"] == run.selected_epoch

@@ -25,6 +25,18 @@ def test_attribute_columns_come_from_the_feature_names():
         assert info.value.exit_code == 2 and "f.h5" in str(info.value)
 
 
+def test_a_file_without_one_hot_attributes_points_to_the_membership_attack():
+    """Before: "--attribute SEX: mnist.h5 has no one-hot encoded attribute of
+    that name; it has: none", for the default attacks on an image file."""
+    pixels = [f"px{i}" for i in range(784)]
+    with pytest.raises(inversion.AttributeNotFound) as info:
+        inversion.attribute_columns(pixels, "SEX", "mnist.h5")
+    said = str(info.value)
+    assert "census file" in said and "mnist.h5" in said and said.endswith(
+        "audit it with --attack membership")
+    assert info.value.exit_code == 2 and info.value.collective and "\n" not in said
+
+
 def test_attribute_values_require_one_hot_rows():
     X = _rows([[0.3, 0, 1, 0, 0, 1, 1, 0], [1.2, 1, 0, 1, 0, 0, 0, 1]])
     assert inversion.attribute_values(X, np.array([1, 2])).tolist() == [1, 0]

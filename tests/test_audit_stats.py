@@ -117,6 +117,39 @@ def test_bootstrap_interval_matches_hanley_mcneil():
     assert np.array_equal(stats.percentile_interval(sep), [[1.0], [1.0]])
 
 
+def test_min_resamples_put_five_beyond_each_end_of_the_interval():
+    assert [stats.min_resamples(c) for c in (0.5, 0.8, 0.9, 0.95, 0.99)] == [20, 50, 100,
+                                                                             200, 1000]
+    for bad in (0.0, 1.0, float("nan")):
+        with pytest.raises(ValueError):
+            stats.min_resamples(bad)
+
+
+def test_intervals_contain_the_estimate_even_where_the_percentiles_do_not():
+    """Before, the advantage of an in-sample threshold could lie below its own
+    50% percentile interval (0.100 [0.110, 0.152] here): the resamples'
+    duplicates make its maximum larger. Now each interval is widened to the
+    estimate, and intervals that already held it are untouched."""
+    from collectives import MPI
+    from engine.audit import membership
+
+    rng = np.random.default_rng(0)
+    observed = Observations(rng.standard_normal(100), rng.standard_normal(100))
+    found = membership.evaluate(loss_threshold, observed, MPI.COMM_SELF, resamples=400,
+                                confidence=0.5, seed=0)
+    est, ci, keys = found["estimate"], found["ci"], list(found["estimate"])
+    reps = stats.bootstrap_replicates(
+        observed.member_logp, observed.nonmember_logp,
+        lambda p, n: [loss_threshold.statistic(p, n)[k] for k in keys], range(400), 0)
+    raw = stats.percentile_interval(reps, 0.5)
+    assert raw[0, keys.index("advantage")] > est["advantage"]  # the case this is about
+    for j, key in enumerate(keys):
+        assert ci[key][0] <= est[key] <= ci[key][1], key
+        assert ci[key] == [min(raw[0, j], est[key]), max(raw[1, j], est[key])], key
+    nan = stats.percentile_interval(np.array([[1.0], [2.0]]), 0.5, estimate=[float("nan")])
+    assert np.array_equal(nan, stats.percentile_interval(np.array([[1.0], [2.0]]), 0.5))
+
+
 def test_yeom_threshold_is_the_mean_member_loss():
     members, non = np.log([0.9, 0.8, 0.6]), np.log([0.8, 0.5, 0.4])
     s = loss_threshold.statistic(members, non)

@@ -94,7 +94,7 @@ from engine.audit.canary_claim import (MAX_RESIDUALS, advice, canaries_to_reach,
 from engine.audit.canary_result import CanaryAudit
 from engine.dp.streams import (STREAM_CANARY_COINS, STREAM_CANARY_ROWS, STREAM_CANARY_SECRETS,
                                seed_sequence)
-from engine.errors import ConfigError
+from engine.errors import ConfigError, PrivacyError
 
 if TYPE_CHECKING:
     import torch
@@ -106,6 +106,17 @@ SIGMA_FLOOR = 1e-3
 POOL_FACTOR = 4.0
 #: Rounds of the median shift at most (it settles in a few).
 POOL_ROUNDS = 50
+#: Advice in the training code's errors that names options of ``mpidp train``
+#: which ``mpidp audit --attack canary`` does not have, and what the audit says
+#: instead (:func:`in_audit_terms`). The audit tests the claim against the PLD
+#: accountant's privacy curve, and a delta above 1/N protects nobody: it has
+#: neither ``--accountant`` nor ``--allow-large-delta``.
+TRAIN_ONLY_ADVICE = (
+    (" (or --allow-large-delta, if you know why you need it)", ""),
+    ("; use --accountant rdp", "; the canary audit tests the claim against the PLD "
+     "accountant's privacy curve and cannot use another: give a larger --noise-multiplier "
+     "(or a --target-epsilon)"),
+)
 
 
 def secrets(m: int, n_params: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -235,6 +246,33 @@ def check_request(m: int, guesses: int | None, confidence: float) -> None:
         fail(f"--guesses {guesses} must be between 1 and the {m} canaries")
 
 
+def check_privacy(epsilon: float | None, noise_multiplier: float | None) -> None:
+    """Raise ConfigError (collective) unless the run is private: exactly one of
+    ``epsilon`` and ``noise_multiplier``, the latter finite and positive
+    (checked here: the training code's messages for these point to
+    ``--no-dp``, which the audit does not have)."""
+    if (epsilon is None) == (noise_multiplier is None):
+        raise ConfigError("--attack canary trains a DP-SGD run and tests its claim: give "
+                          "exactly one of --noise-multiplier SIGMA and --target-epsilon EPS",
+                          collective=True)
+    if noise_multiplier is not None and not (noise_multiplier > 0
+                                             and math.isfinite(noise_multiplier)):
+        raise ConfigError(f"--noise-multiplier {noise_multiplier} must be a finite positive "
+                          "number: the canary audit tests a DP-SGD run's claim",
+                          collective=True)
+
+
+def in_audit_terms(exc: PrivacyError) -> PrivacyError:
+    """``exc`` (from the training code) with :data:`TRAIN_ONLY_ADVICE` replaced by
+    what the audit says instead: the same class, ``collective`` flag and one line."""
+    message = str(exc)
+    for theirs, ours in TRAIN_ONLY_ADVICE:
+        message = message.replace(theirs, ours)
+    if message == str(exc):
+        return exc
+    return type(exc)(message, collective=exc.collective)
+
+
 def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | None = None,
                      noise_multiplier: float | None = None, epochs: int = 5,
                      batch_size: int = 100, lr: float = 0.1, hidden: tuple[int, ...] = (32,),
@@ -259,7 +297,10 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
         out: where rank 0 writes the trainer's log (default: discarded).
 
     Raises (every rank): ConfigError for m larger than the model allows,
-    guesses outside 1..m, a confidence outside (0, 1), or bad run settings.
+    guesses outside 1..m, a confidence outside (0, 1), not exactly one of
+    epsilon and noise_multiplier, or bad run settings; PrivacyError for a
+    delta above 1/N or a run the accountant cannot analyse (in the audit's
+    words: :func:`in_audit_terms`).
     """
     import torch
 
@@ -270,6 +311,7 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
 
     comm = MPI.COMM_WORLD if comm is None else comm
     check_request(m, guesses, confidence)
+    check_privacy(epsilon, noise_multiplier)
     if not noise_scale >= 0:
         raise ValueError(f"noise_scale {noise_scale} must be >= 0")
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -340,7 +382,10 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
 
     trainer = Trainer(cfg, comm, out=io.StringIO() if out is None else out,
                       hooks=RunHooks(train_shard=add_canary_rows, step=audit_step))
-    trainer.run()
+    try:  # the delta's check and the accountant's plan are the trainer's
+        trainer.run()
+    except PrivacyError as exc:
+        raise in_audit_terms(exc) from None
     used = state["counter"][0]
     if used != trainer.total_steps:
         raise RuntimeError(f"the audited run took {used} of {trainer.total_steps} steps")

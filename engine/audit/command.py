@@ -11,7 +11,8 @@ and measures what an attacker learns about the training rows:
                2022).
                Reported: ROC AUC, advantage (max TPR - FPR; balanced accuracy
                = (1 + advantage) / 2), TPR at FPR 1% and 0.1%, each with a 95%
-               stratified percentile bootstrap interval, and p-values of "no
+               stratified percentile bootstrap interval (widened to contain
+               the estimate; --bootstrap 0: none), and p-values of "no
                leakage" (Mann-Whitney, Kolmogorov-Smirnov).
   inversion    recover a person's sensitive attribute (--attribute, one-hot
                encoded in the file) from the model, the other attributes and
@@ -68,7 +69,7 @@ import numpy as np
 from collectives import MPI, machine
 from engine.choices import seed_value, thread_count
 from engine import __version__, outputs
-from engine.audit import membership, report as report_mod
+from engine.audit import membership, report as report_mod, stats
 from engine.errors import (EXIT_CANNOT_REFUTE, EXIT_CLAIM_REFUTED, ConfigError, DataError,
                            MpidpError, WriteFailed, agree)
 from engine.shard import read_shard
@@ -76,6 +77,12 @@ from engine.shard import read_shard
 ATTACK_GROUPS = ("membership", "inversion")
 #: The one-run canary audit: trains its own run, so it takes no checkpoint.
 CANARY = "canary"
+#: The options of the run ``--attack canary`` trains (argparse dest -> default).
+#: argparse's defaults are None, so that one given with another attack, which
+#: would ignore it, is refused (:func:`check_canary_options`).
+CANARY_DEFAULTS: dict = {"canaries": 500, "guesses": None, "target_epsilon": None,
+                         "noise_multiplier": None, "delta": 1e-5, "epochs": 5,
+                         "batch_size": 256, "lr": 0.1, "hidden": "64", "max_grad_norm": 1.0}
 
 
 @dataclass
@@ -117,6 +124,11 @@ class AuditConfig:
             fail(f"--bootstrap {self.resamples} must be 0 or more")
         if not 0 < self.confidence < 1:
             fail(f"--confidence {self.confidence} must be in (0, 1)")
+        least = stats.min_resamples(self.confidence)
+        if "membership" in self.attacks and 0 < self.resamples < least:
+            fail(f"--bootstrap {self.resamples}: a {100 * self.confidence:g}% interval needs "
+                 f"at least {least} resamples ({stats.TAIL_RESAMPLES} beyond each end); give "
+                 f"--bootstrap {least} or more, or --bootstrap 0 for no intervals")
         if self.reference_epochs is not None and self.reference_epochs < 1:
             fail(f"--reference-epochs {self.reference_epochs} must be at least 1")
 
@@ -142,8 +154,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-rows", type=int, default=None,
                         help="at most this many members and as many non-members "
                         "(default: as many as the smaller split allows)")
-    parser.add_argument("--bootstrap", dest="resamples", type=int, default=d.resamples,
-                        help=f"bootstrap resamples for the intervals (default: {d.resamples})")
+    parser.add_argument("--bootstrap", dest="resamples", type=int, default=None,
+                        help=f"bootstrap resamples for the membership intervals, at least "
+                        f"10 / (1 - confidence) ({stats.min_resamples(d.confidence)} at 95%%); "
+                        f"0: no intervals (default: {d.resamples}, or that least number "
+                        "when larger)")
     parser.add_argument("--confidence", type=float, default=d.confidence,
                         help=f"confidence level of the intervals (default: {d.confidence})")
     parser.add_argument("--seed", type=seed_value, default=d.seed,
@@ -157,32 +172,80 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="progress bars on rank 0 (default: when stderr is a terminal)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     can = parser.add_argument_group(
-        "canary audit (--attack canary): the run it trains, with mpidp train's meaning")
-    can.add_argument("--canaries", type=int, default=500, metavar="M",
+        "canary audit (--attack canary only): the run it trains, with mpidp train's meaning")
+    c = CANARY_DEFAULTS  # argparse's defaults are None: given with another attack, refused
+    can.add_argument("--canaries", type=int, default=None, metavar="M",
                      help="gradient canaries, each included with probability 1/2 (at most "
-                     "the model's parameters; default 500)")
+                     f"the model's parameters; default {c['canaries']})")
     can.add_argument("--guesses", type=int, default=None, metavar="K",
                      help="guess on K canaries, half in, half out (default: try 1-50%% of m, "
                      "Bonferroni-corrected)")
-    can.add_argument("--target-epsilon", type=float, default=None)
-    can.add_argument("--noise-multiplier", type=float, default=None)
-    can.add_argument("--delta", type=float, default=1e-5)
-    can.add_argument("--epochs", type=int, default=5)
-    can.add_argument("--batch-size", type=int, default=256)
-    can.add_argument("--lr", type=float, default=0.1)
-    can.add_argument("--hidden", default="64", help="hidden widths, comma-separated")
-    can.add_argument("--max-grad-norm", type=float, default=1.0)
+    can.add_argument("--target-epsilon", type=float, default=None,
+                     help="the run's target epsilon (give it or --noise-multiplier)")
+    can.add_argument("--noise-multiplier", type=float, default=None,
+                     help="the run's noise multiplier (give it or --target-epsilon)")
+    can.add_argument("--delta", type=float, default=None,
+                     help=f"at most 1/N for N training rows (default {c['delta']:g})")
+    can.add_argument("--epochs", type=int, default=None, help=f"default {c['epochs']}")
+    can.add_argument("--batch-size", type=int, default=None,
+                     help=f"expected batch size (default {c['batch_size']})")
+    can.add_argument("--lr", type=float, default=None, help=f"default {c['lr']:g}")
+    can.add_argument("--hidden", default=None,
+                     help=f"hidden widths, comma-separated (default {c['hidden']})")
+    can.add_argument("--max-grad-norm", type=float, default=None,
+                     help=f"default {c['max_grad_norm']:g}")
+
+
+def _flag(dest: str) -> str:
+    """The option of an argparse ``dest``: ``batch_size`` -> ``--batch-size``."""
+    return "--" + dest.replace("_", "-")
+
+
+def check_canary_options(attacks: tuple[str, ...], args: argparse.Namespace) -> None:
+    """Refuse the options of the canary audit's run (:data:`CANARY_DEFAULTS`)
+    given with another attack, which would ignore them.
+
+    Raises:
+        ConfigError: (collective) naming the options given and the attack they belong to.
+    """
+    if CANARY in attacks:
+        return
+    given = [_flag(dest) for dest in CANARY_DEFAULTS if getattr(args, dest, None) is not None]
+    if given:
+        them = "it" if len(given) == 1 else "them"
+        raise ConfigError(f"{', '.join(given)}: {'an option' if len(given) == 1 else 'options'}"
+                          f" of --attack canary (the run it trains), not used by --attack "
+                          f"{','.join(attacks)}: drop {them}", collective=True)
+
+
+def canary_settings(args: argparse.Namespace) -> dict:
+    """The canary run's options (:data:`CANARY_DEFAULTS` keys), defaults filled in."""
+    return {dest: default if getattr(args, dest, None) is None else getattr(args, dest)
+            for dest, default in CANARY_DEFAULTS.items()}
 
 
 def config_from_args(args: argparse.Namespace) -> AuditConfig:
+    """The audit ``args`` ask for, checked (:meth:`AuditConfig.validate`,
+    :func:`check_canary_options`); ``--bootstrap`` not given is 1000, or
+    :func:`stats.min_resamples` of the confidence when larger.
+
+    Raises:
+        ConfigError: (collective) options that contradict each other or cannot work.
+    """
+    resamples = args.resamples
+    if resamples is None:
+        resamples = AuditConfig.resamples
+        if 0 < args.confidence < 1:  # else validate() refuses the confidence
+            resamples = max(resamples, stats.min_resamples(args.confidence))
     cfg = AuditConfig(
         checkpoint=args.checkpoint, data=args.data,
         attacks=tuple(a.strip() for a in args.attack.split(",") if a.strip()),
         attribute=args.attribute, calibration=args.calibration,
         reference_epochs=args.reference_epochs, max_rows=args.max_rows,
-        resamples=args.resamples, confidence=args.confidence, seed=args.seed,
+        resamples=resamples, confidence=args.confidence, seed=args.seed,
         json=args.json, threads=args.threads, progress=args.progress)
     cfg.validate()
+    check_canary_options(cfg.attacks, args)
     return cfg
 
 
@@ -303,7 +366,8 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
             names.append("calibrated")
         result["membership"] = {
             "members": plan.m, "nonmembers": plan.m,
-            "ci_method": "stratified percentile bootstrap (thresholds re-chosen per resample)",
+            "ci_method": ("stratified percentile bootstrap (thresholds re-chosen per "
+                          "resample; widened to contain the estimate)"),
             "attacks": [membership.evaluate(membership.ATTACKS[name], observed, comm,
                                             cfg.resamples, cfg.confidence, cfg.seed, progress)
                         for name in names]}
@@ -353,16 +417,17 @@ def run_canary(cfg: AuditConfig, args: argparse.Namespace, comm, out=None) -> di
     """Collective: ``mpidp audit --attack canary``; returns the report (every rank)."""
     from engine.audit.canary import run_canary_audit
 
+    run = canary_settings(args)
     try:
-        hidden = tuple(int(w) for w in str(args.hidden).split(",") if w.strip())
+        hidden = tuple(int(w) for w in str(run["hidden"]).split(",") if w.strip())
     except ValueError:
-        raise ConfigError(f"--hidden {args.hidden}: comma-separated integers",
+        raise ConfigError(f"--hidden {run['hidden']}: comma-separated integers",
                           collective=True) from None
     result = run_canary_audit(
-        cfg.data, comm, m=args.canaries, guesses=args.guesses,
-        epsilon=args.target_epsilon, noise_multiplier=args.noise_multiplier,
-        delta=args.delta, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        hidden=hidden, max_grad_norm=args.max_grad_norm, confidence=cfg.confidence,
+        cfg.data, comm, m=run["canaries"], guesses=run["guesses"],
+        epsilon=run["target_epsilon"], noise_multiplier=run["noise_multiplier"],
+        delta=run["delta"], epochs=run["epochs"], batch_size=run["batch_size"], lr=run["lr"],
+        hidden=hidden, max_grad_norm=run["max_grad_norm"], confidence=cfg.confidence,
         seed=cfg.seed, threads=cfg.threads)
     report = _finite({"version": __version__, "data": cfg.data, "ranks": comm.Get_size(),
                       "canary": result.to_dict()})

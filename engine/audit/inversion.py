@@ -65,9 +65,18 @@ def attribute_columns(feature_names: list[str], attribute: str,
     """The columns of ``attribute`` and the value each stands for.
 
     Raises:
-        AttributeNotFound: (collective) no one-hot group of that name.
+        AttributeNotFound: (collective) no one-hot group of that name; for a
+            file with none at all (images, all-numeric features), the message
+            says the attack needs a census file's attributes and points to
+            ``--attack membership``, which needs none.
     """
     groups = one_hot_groups(feature_names)
+    if not groups:
+        raise AttributeNotFound(
+            f"the inversion attack (--attack inversion, run by default) infers a sensitive "
+            f"attribute one-hot encoded in a census file (--attribute {attribute}); {path} "
+            "has no such attribute (no NAME=value columns): audit it with --attack "
+            "membership", collective=True)
     if attribute not in groups:
         listed = ", ".join(sorted(groups)) or "none"
         raise AttributeNotFound(f"--attribute {attribute}: {path} has no one-hot encoded "

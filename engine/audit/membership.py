@@ -10,7 +10,8 @@ is evaluated. An attack is a module in :data:`ATTACKS` with
 * ``statistic(member_scores, nonmember_scores) -> {name: value}``.
 
 :func:`evaluate` computes the statistics on the audited rows and their
-percentile bootstrap intervals (:mod:`engine.audit.stats`); the bootstrap
+percentile bootstrap intervals, each widened to contain its estimate
+(:func:`engine.audit.stats.percentile_interval`); the bootstrap
 replicates are split over the ranks (replicate i is seeded by (seed, i)
 alone, so the intervals do not depend on the number of ranks).
 """
@@ -47,7 +48,8 @@ def evaluate(attack, observed: Observations, comm, resamples: int = 1000,
     Returns (same on every rank)::
 
         {"attack": NAME, "title": TITLE, "estimate": {stat: value},
-         "ci": {stat: [low, high]}, "confidence": c, "resamples": R,
+         "ci": {stat: [low, high]} ({} for R = 0; low <= value <= high),
+         "confidence": c, "resamples": R,
          "p_values": {"auc_p_value", "advantage_p_value"}}   (stats.no_leak_tests)
     """
     from tqdm import tqdm  # deferred: keeps `mpidp audit --help` fast
@@ -74,7 +76,8 @@ def evaluate(attack, observed: Observations, comm, resamples: int = 1000,
             replicates[part_ids] = part
     ci = {}
     if resamples > 0:
-        interval = stats.percentile_interval(replicates, confidence)
+        interval = stats.percentile_interval(replicates, confidence,
+                                             estimate=[estimate[k] for k in keys])
         ci = {k: [float(interval[0, j]), float(interval[1, j])] for j, k in enumerate(keys)}
     return {"attack": attack.NAME, "title": attack.TITLE, "estimate": estimate, "ci": ci,
             "confidence": confidence, "resamples": resamples,

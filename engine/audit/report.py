@@ -190,8 +190,11 @@ def membership_lines(section: dict) -> list[str]:
         return []
     first = attacks[0]
     pct = f"{100 * first['confidence']:g}%"
-    lines = [f"membership inference ({pct} CI: {section['ci_method']}, "
-             f"{first['resamples']} resamples)"]
+    if first["resamples"]:
+        lines = [f"membership inference ({pct} CI: {section['ci_method']}, "
+                 f"{first['resamples']} resamples)"]
+    else:  # no replicates, no intervals: the header must not promise one
+        lines = ["membership inference (no intervals: --bootstrap 0)"]
     rows = []
     for attack in attacks:
         est, ci, p = attack["estimate"], attack["ci"], attack.get("p_values", {})

@@ -21,7 +21,8 @@ member"**, and predicts "member" when the score is at least a threshold.
 * **Confidence intervals**: the percentile bootstrap (Efron & Tibshirani
   1993), stratified (members and non-members resampled separately, each
   with replacement, at their own sizes) and re-choosing every threshold in
-  every resample (:func:`bootstrap_replicates`, :func:`percentile_interval`);
+  every resample (:func:`bootstrap_replicates`, :func:`percentile_interval`),
+  each widened to contain the estimate, on at least :func:`min_resamples`;
   for a proportion k/n, the exact Clopper-Pearson interval
   (:func:`clopper_pearson`, via SciPy's ``binomtest``).
 
@@ -37,6 +38,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -44,6 +46,10 @@ import numpy as np
 
 #: FPRs at which the TPR is reported by default.
 LOW_FPRS = (0.01, 0.001)
+#: Bootstrap resamples that must lie beyond each end of a percentile interval
+#: (:func:`min_resamples`): fewer, and an end is the extreme of a handful of
+#: replicates (with 1 resample the interval has width 0).
+TAIL_RESAMPLES = 5
 
 
 @dataclass(frozen=True)
@@ -179,10 +185,37 @@ def bootstrap_replicates(members, nonmembers, statistic: Callable[[np.ndarray, n
     return np.array(rows, dtype=np.float64)
 
 
-def percentile_interval(replicates: np.ndarray, confidence: float = 0.95) -> np.ndarray:
-    """Percentile bootstrap interval of each column: float64 ``[2, columns]``."""
+def min_resamples(confidence: float = 0.95) -> int:
+    """The fewest bootstrap resamples a ``confidence`` interval may rest on:
+    :data:`TAIL_RESAMPLES` beyond each end (200 at 95%, 1000 at 99%).
+
+    Raises:
+        ValueError: ``confidence`` outside (0, 1).
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence {confidence} must be in (0, 1)")
     tail = (1.0 - confidence) / 2.0
-    return np.quantile(np.asarray(replicates, dtype=np.float64), [tail, 1.0 - tail], axis=0)
+    return max(1, math.ceil(TAIL_RESAMPLES / tail - 1e-9))  # 5 / 0.025 is 200.000...03
+
+
+def percentile_interval(replicates: np.ndarray, confidence: float = 0.95,
+                        estimate=None) -> np.ndarray:
+    """Percentile bootstrap interval of each column: float64 ``[2, columns]``.
+
+    With ``estimate`` (one value per column), each interval is widened to
+    contain it where it does not: the percentile interval of a statistic
+    chosen in-sample (the advantage and TPR at low FPR re-choose their
+    threshold in every resample) can lie wholly above the estimate. Widening
+    keeps every interval that covered the true value covering it (the
+    coverage does not drop); a NaN estimate leaves its interval as it is.
+    """
+    tail = (1.0 - confidence) / 2.0
+    interval = np.quantile(np.asarray(replicates, dtype=np.float64), [tail, 1.0 - tail],
+                           axis=0)
+    if estimate is not None:
+        point = np.asarray(estimate, dtype=np.float64)
+        interval = np.array([np.fmin(interval[0], point), np.fmax(interval[1], point)])
+    return interval
 
 
 def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float,
