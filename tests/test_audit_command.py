@@ -256,6 +256,25 @@ def test_the_canary_runs_options_are_refused_with_another_attack(words, named):
     assert info.value.exit_code == 2 and info.value.collective
 
 
+@pytest.mark.parametrize("attack, extra, named", [
+    ("canary", ("--attribute", "MAR"), "--attribute is for --attack inversion, not used by "
+     "--attack canary: drop it"),
+    ("membership", ("--attribute", "MAR"), "--attribute is for --attack inversion"),
+    ("inversion", ("--no-calibration",), "--no-calibration is for --attack membership, not "
+     "used by --attack inversion"),
+    ("inversion", ("--reference-epochs", "2"), "--reference-epochs is for --attack membership"),
+    ("canary", ("--bootstrap", "500"), "--bootstrap is for --attack membership"),
+    ("canary", ("--max-rows", "100"), "--max-rows is for --attack membership or inversion")])
+def test_an_attacks_options_are_refused_without_it(attack, extra, named):
+    """Each was accepted and ignored where its attack did not run."""
+    where = ("--data", "d.h5") if attack == "canary" else ("--checkpoint", "run", "--data",
+                                                            "d.h5")
+    with pytest.raises(ConfigError) as info:
+        _parse("--attack", attack, *where, *extra)
+    assert str(info.value) == named or str(info.value).startswith(named), info.value
+    assert info.value.exit_code == 2 and info.value.collective
+
+
 def test_the_canary_run_keeps_its_defaults_and_takes_its_options():
     from engine.audit.command import CANARY_DEFAULTS, canary_settings
 
@@ -285,8 +304,9 @@ def test_an_interval_needs_enough_resamples_and_none_means_none():
     assert _parse(*MEMBERSHIP, "--bootstrap", "200")[0].resamples == 200
     assert _parse(*MEMBERSHIP)[0].resamples == 1000
     assert _parse(*MEMBERSHIP, "--confidence", "0.999")[0].resamples == 10_000  # not refused
-    # the inversion's intervals are exact: its --bootstrap is not checked
-    assert _parse(*MEMBERSHIP[:-1], "inversion", "--bootstrap", "1")[0].resamples == 1
+    # the inversion's intervals are exact: --bootstrap with it alone is refused
+    with pytest.raises(ConfigError, match="--bootstrap is for --attack membership"):
+        _parse(*MEMBERSHIP[:-1], "inversion", "--bootstrap", "1")
     attack = {"title": "loss threshold", "confidence": 0.95, "resamples": 0,
               "estimate": {"auc": 0.6, "advantage": 0.1}, "ci": {}, "p_values": {}}
     head = report_mod.membership_lines({"ci_method": "m", "attacks": [attack],

@@ -144,7 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attack", default=",".join(d.attacks),
                         help="comma-separated: membership, inversion (default: both); or canary "
                         "alone (the one-run canary audit, options below)")
-    parser.add_argument("--attribute", default=d.attribute,
+    parser.add_argument("--attribute", default=None,  # None: not given (check_attack_options)
                         help="sensitive attribute for the inversion attack, one-hot encoded "
                         "in the file, e.g. SEX, MAR, DIS (default: SEX)")
     parser.add_argument("--no-calibration", dest="calibration", action="store_false",
@@ -240,13 +240,38 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
     cfg = AuditConfig(
         checkpoint=args.checkpoint, data=args.data,
         attacks=tuple(a.strip() for a in args.attack.split(",") if a.strip()),
-        attribute=args.attribute, calibration=args.calibration,
+        attribute=args.attribute or AuditConfig.attribute, calibration=args.calibration,
         reference_epochs=args.reference_epochs, max_rows=args.max_rows,
         resamples=resamples, confidence=args.confidence, seed=args.seed,
         json=args.json, threads=args.threads, progress=args.progress)
     cfg.validate()
     check_canary_options(cfg.attacks, args)
+    check_attack_options(cfg.attacks, args)
     return cfg
+
+
+#: The options of one attack or two (option -> (argparse dest, the attacks that
+#: read it)): given with none of them, they would be ignored.
+ATTACK_OPTIONS = {"--attribute": ("attribute", ("inversion",)),
+                  "--no-calibration": ("calibration", ("membership",)),
+                  "--reference-epochs": ("reference_epochs", ("membership",)),
+                  "--bootstrap": ("resamples", ("membership",)),
+                  "--max-rows": ("max_rows", ("membership", "inversion"))}
+
+
+def check_attack_options(attacks: tuple[str, ...], args: argparse.Namespace) -> None:
+    """Refuse an option of :data:`ATTACK_OPTIONS` given without an attack that
+    reads it (``--attribute`` with ``--attack membership`` alone, ...).
+
+    Raises:
+        ConfigError: (collective) naming the option and the attacks it is for.
+    """
+    for option, (dest, readers) in ATTACK_OPTIONS.items():
+        value = getattr(args, dest, None)
+        given = value is False if dest == "calibration" else value is not None
+        if given and not set(readers) & set(attacks):
+            raise ConfigError(f"{option} is for --attack {' or '.join(readers)}, not used by "
+                              f"--attack {','.join(attacks)}: drop it", collective=True)
 
 
 def _finite(value):
