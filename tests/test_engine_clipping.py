@@ -111,6 +111,35 @@ def test_module_clippers_match_naive(case, k, C, classes, seed):
     assert clipped == want_clipped
 
 
+@pytest.mark.parametrize("frozen", [(0,), (2,), (2, 4), (0, 6), (6,)])
+def test_frozen_linears_of_a_plain_chain_are_skipped_not_shifted(frozen):
+    """A frozen Linear in an nn.Sequential of Linear and ReLU layers (the chain
+    the clipper differentiates by hand): the trainable layers after it were
+    paired with other layers' inputs and gradients (a clipped sum off by as
+    much as the sum itself, clipped by the wrong norms); a frozen first
+    Linear crashed. Against the naive loop over the trainable parameters."""
+    from engine.dp.module_engine import frozen_to_buffers
+
+    def factory():
+        return nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 7), nn.ReLU(),
+                             nn.Linear(7, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+
+    torch.manual_seed(0)
+    model, reference = factory(), factory()
+    reference.load_state_dict(model.state_dict())
+    for m in (model, reference):
+        for at in frozen:
+            m[at].requires_grad_(False)
+    frozen_to_buffers(model)  # as the module engine trains it
+    x, y = _data(33, 5, 3, 1)
+    for C in (None, 1e-3, 0.3):
+        clipper = LayerClipper(model)
+        loss, clipped = clipper.clipped_sum(x, y, C)
+        want, want_loss, want_clipped = naive_clipped_sum(reference, x, y, C)
+        _assert_close(clipper.grad, want)
+        assert loss == pytest.approx(want_loss, rel=1e-12) and clipped == want_clipped
+
+
 def test_fallback_is_exercised():
     """The rule cases above use their rules, the fallback case torch.func."""
     assert all(has_fast_rule(m) for m in (nn.Linear(2, 2), nn.LayerNorm(2), nn.Conv1d(1, 1, 1)))

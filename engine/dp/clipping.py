@@ -98,8 +98,12 @@ class LayerClipper(FlatGradient):
         self._copy_outputs = False  # set once a layer's output is seen changed in place
         if self._by_hand:
             self._relu_backward = registry.get("relu_backward", self.grad.device, small_ops)
-            #: where the chain's Linear layers are (self.layers, in order)
-            self._linear_at = [i for i, m in enumerate(self._chain) if type(m) is nn.Linear]
+            #: where the chain's trainable Linear layers are (self.layers, in order): a
+            #: frozen one (its parameters made buffers) only passes the gradient down
+            trained = {id(m) for _, m in self.layers}
+            self._linear_at = [i for i, m in enumerate(self._chain)
+                               if type(m) is nn.Linear and id(m) in trained]
+            self._by_hand = bool(self._linear_at)
         for name, m in self.layers:
             if not has_fast_rule(m):
                 self._announce(name, m, "has no per-layer rule")
