@@ -15,6 +15,9 @@ from engine.errors import ConfigError
 OPTIMIZERS = ("sgd", "adam")
 #: ``--noise-scheme`` (:mod:`engine.dp.noise`).
 NOISE_SCHEMES = ("partition", "split")
+#: ``--sampling`` (:mod:`engine.run.state`): Poisson, which the accountant
+#: assumes, or shuffled batches (not covered by the epsilon).
+SAMPLINGS = ("poisson", "shuffle")
 
 
 #: ``--kernels``: the kernel back-ends (:mod:`kernels.registry`).

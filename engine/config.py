@@ -23,7 +23,7 @@ import numpy as np
 import collectives
 from engine.checkpoint_lock import RESUME_NEEDS_DIRECTORY
 from engine.choices import KERNEL_BACKENDS, NOISE_SCHEMES as SCHEMES, OPTIMIZERS as NAMES, \
-    parse_hidden, seed_value, thread_count
+    SAMPLINGS, parse_hidden, seed_value, thread_count
 from engine.dp.accountant import DEFAULT_KIND, KINDS
 from engine.errors import ConfigError
 from engine.groups import MIN_GROUP_SIZE
@@ -118,6 +118,12 @@ class TrainConfig:
             fail(f"--threads {self.threads} must be at least 1 (None: mpidp's own count)")
         if self.allreduce not in collectives.names():
             fail(f"--allreduce {self.allreduce!r}: choose from {', '.join(collectives.names())}")
+        for option, value, allowed in (("--optimizer", self.optimizer, NAMES),
+                                       ("--lr-schedule", self.lr_schedule, SCHEDULES),
+                                       ("--noise-scheme", self.noise_scheme, SCHEMES),
+                                       ("--sampling", self.sampling, SAMPLINGS)):
+            if value not in allowed:  # engine.train's keywords: argparse checks the command's
+                fail(f"{option} {value!r}: choose {', '.join(allowed)}")
         if self.batch_size < 1:
             fail(f"--batch-size {self.batch_size} must be at least 1")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -336,7 +342,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        f"{d.lr_decay})")
     train.add_argument("--nesterov", action="store_true",
                        help="Nesterov momentum (SGD): p -= lr (g + momentum v)")
-    train.add_argument("--sampling", choices=("poisson", "shuffle"), default=d.sampling,
+    train.add_argument("--sampling", choices=SAMPLINGS, default=d.sampling,
                        help="poisson (what the accountant assumes) or shuffle (fixed-size "
                        "batches: epsilon is then NOT a guarantee) (default: poisson)")
     privacy = parser.add_argument_group("privacy")

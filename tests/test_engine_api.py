@@ -145,6 +145,22 @@ def test_options_are_taken_as_the_command_line_takes_them():
     assert api_options({"hidden": ""})["hidden"] == ()  # logistic regression, as --hidden ''
 
 
+@pytest.mark.parametrize("option, value, named", [
+    ("sampling", "Poisson", "--sampling 'Poisson': choose poisson, shuffle"),
+    ("optimizer", "lbfgs", "--optimizer 'lbfgs': choose sgd, adam"),
+    ("lr_schedule", "cosine", "--lr-schedule 'cosine': choose"),
+    ("noise_scheme", "bogus", "--noise-scheme 'bogus': choose partition, split")])
+def test_a_choice_the_api_does_not_have_is_refused_before_any_work(option, value, named):
+    """sampling='Poisson' ran shuffled batches, which the epsilon does not cover
+    (quiet=True said nothing); the others ended in a traceback per rank from
+    deep in the step's build."""
+    from engine.config import TrainConfig
+
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(data="d.h5", noise_multiplier=1.0, **{option: value}).validate()
+    assert str(info.value).startswith(named) and info.value.collective
+
+
 def test_no_submodule_shadows_the_api():
     """Importing a submodule binds its name on the package: a module named like
     an API function would replace the function once anything imported it."""
