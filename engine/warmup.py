@@ -21,6 +21,7 @@ import argparse
 import io
 import json
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -102,6 +103,8 @@ def warm_up(data: str | None, steps: int, device: str, comm) -> tuple[int, float
 
     Raises:
         MpidpError: as ``mpidp train`` does for a bad file or device.
+        engine.stopping.Interrupted: a stop signal ended the run at a step (the
+            machine is not marked warm).
     """
     start = time.perf_counter()
     from engine.bench.synthetic import write  # deferred: h5py
@@ -134,7 +137,11 @@ def warm_up(data: str | None, steps: int, device: str, comm) -> tuple[int, float
                           device=device, progress=False, **model)
         cfg.validate()
         trainer = Trainer(cfg, comm, out=io.StringIO())
-        trainer.run()
+        code = trainer.run()
+        if code != 0:  # a stop signal at a step (128 + n): not warm, and not a success
+            from engine.stopping import Interrupted
+
+            raise Interrupted(code - 128 if code > 128 else signal.SIGTERM)
     finally:
         comm.Barrier()
         if folder is not None and comm.Get_rank() == 0:

@@ -68,6 +68,18 @@ def test_the_command_at_two_ranks_runs_its_steps_and_marks_the_machine(marker, t
     assert bad.returncode == 2 and "--steps 0 must be at least 1" in bad.stderr
 
 
+def test_a_warm_up_a_signal_stopped_is_no_success(marker, tmp_path, monkeypatch):
+    """A stop at a step ended the trainer with 130, which warm_up ignored: the
+    command said "N steps in S s", exited 0 and marked the machine warm."""
+    from engine.stopping import Interrupted
+
+    data = synthetic.write(tmp_path / "d.h5", rows=600, features=6, seed=1)
+    monkeypatch.setattr(Trainer, "run", lambda self: 130)  # as after SIGINT at a step
+    with pytest.raises(Interrupted) as stopped:
+        warmup.warm_up(str(data), 4, "cpu", MPI.COMM_SELF)
+    assert stopped.value.signum == 2 and not marker.exists() and not warmup.is_warm()
+
+
 def test_warm_up_on_a_scoring_file_or_a_file_of_codes(marker, tmp_path):
     """A scoring-only file (no training rows) was a ZeroDivisionError on every
     rank; a file of category codes was refused with advice to pass --model,
