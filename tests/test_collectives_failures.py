@@ -115,6 +115,18 @@ def test_a_skipped_call_ends_the_job_when_the_rank_that_skipped_it_ends(n, algor
     assert seconds < PROMPT_S, f"took {seconds:.1f} s"
 
 
+def test_a_stop_midway_while_a_peer_stays_in_mpi_allreduce_ends_the_job():
+    """Ranks 0 and 2 leave the third call with KeyboardInterrupt as it completes;
+    rank 1 waits inside MPI_Allreduce of a fourth, which no mark reaches. The
+    exiting ranks skipped the exit check (their call had failed), so the job
+    waited for ever (seen under Ctrl-C at 4 ranks, 3 runs in 20)."""
+    result, seconds = run(3, USER, "stopped-midway")
+    assert result.returncode == 130, result.stdout + result.stderr
+    assert "KeyboardInterrupt on rank" in result.stderr
+    assert "in the middle of an allreduce, while a peer is still inside it" in result.stderr
+    assert "DONE" not in result.stdout and seconds < PROMPT_S, f"took {seconds:.1f} s"
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_first_call_on_one_rank_only_ends_the_job(n):
     """The first all-reduce on a communicator under `if rank == 0:`: its

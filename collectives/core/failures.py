@@ -101,6 +101,8 @@ def handle(error: BaseException, comm: Any, midway: bool) -> None:
     if isinstance(error, (KeyboardInterrupt, SystemExit)) or not _abort:
         if midway and state is not None:
             state.peers.leave(GONE_FAILED)  # no peer waits for this rank for ever
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                state.stopped_midway = type(error).__name__
         return
     size = state.size if state is not None else _size(comm)
     if size > 1:
@@ -136,6 +138,7 @@ def abort_job(code: int, message: str | None = None, ending: str = ENDING) -> No
     remove_shm_files()
     time.sleep(ABORT_GRACE_S)
     world.Abort(code)
+    os._exit(code)  # MPICH's MPI_Abort has been seen to return: never run on
 
 
 def remove_shm_files() -> list[str]:
@@ -189,6 +192,8 @@ def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
             # A failed call was reported (raised with abort_on_error off) and
             # the ranks are out of step: its leftovers are no news.
             state.peers.leave(GONE_EXITED)
+            if state.stopped_midway is not None:
+                _end_unless_peers_leave(state, poll_s)
             continue
         state.peers.leave(GONE_EXITED)
         seen, since = None, time.monotonic()
@@ -210,6 +215,22 @@ def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
             if failed or state.peers.peers_gone():
                 break
             time.sleep(poll_s)
+
+
+def _end_unless_peers_leave(state, poll_s: float) -> None:
+    """After a stop left a call midway on this rank: give the peers
+    :data:`STUCK_S` to mark themselves gone (those that can see this rank's
+    mark raise and leave), else end the job (130 after a KeyboardInterrupt,
+    else 2): a peer inside ``MPI_Allreduce`` of a call this rank never ends
+    cannot see the mark, and would keep the job (and ``MPI_Finalize``) waiting."""
+    deadline = time.monotonic() + STUCK_S
+    while not state.peers.peers_gone():
+        if time.monotonic() >= deadline:
+            abort_job(130 if state.stopped_midway == "KeyboardInterrupt" else 2,
+                      f"{state.stopped_midway} on rank {state.rank} in the middle of an "
+                      "allreduce, while a peer is still inside it",
+                      "collectives: ending the job so that no rank waits for this one")
+        time.sleep(poll_s)
 
 
 @atexit.register

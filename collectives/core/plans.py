@@ -143,6 +143,10 @@ class CommState:
         #: Set when a call failed on this rank in the middle of its messages:
         #: the ranks may be out of step, so later calls refuse (see :meth:`check_usable`).
         self.broken: str | None = None
+        #: Set when a stop (KeyboardInterrupt, SystemExit) left a call on this rank
+        #: midway: peers may wait inside MPI_Allreduce for a call it never ends
+        #: (:func:`collectives.core.failures.leave_at_exit` ends the job then).
+        self.stopped_midway: str | None = None
         # One verdict for the whole communicator (also the barrier after the
         # windows' initialisation): thresholds and segments must agree.
         facts = self.comm.allgather(sharing_facts())

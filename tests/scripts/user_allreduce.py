@@ -24,6 +24,12 @@ failure) and reads the exit code and the lines it prints:
   raises, and must not leave them inside ``MPI_Allreduce``: they raise too,
   their buffers filled with NaN (``CAUGHT``, then ``NAN`` or ``NOT-NAN``).
 
+* ``stopped-midway``: Ctrl-C lands on every rank but rank 1 while they wait
+  in the third all-reduce for rank 1, which comes late: they leave the call
+  with KeyboardInterrupt as it completes, and rank 1 goes on into a fourth
+  that nobody else makes, inside ``MPI_Allreduce`` where it sees no mark.
+  The job must end (exit 130), not wait there for ever.
+
 An AllreduceMismatch raised on every rank alike is caught and reported as
 ``COLLECTIVE-ERROR``; a result that is wrong without an error prints
 ``WRONG``.
@@ -165,6 +171,22 @@ def rank_0_only() -> None:
         print("DONE rank 0", flush=True)
 
 
+def stopped_midway() -> None:
+    import os
+    import signal
+    import threading
+    import time
+
+    buf = np.ones(1000, np.float32)
+    for i in range(4):
+        if i == 2 and rank == 1:
+            time.sleep(1.0)  # the others wait in the call, where the signal lands
+        elif i == 2:
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        collectives.allreduce(buf, comm, "native")
+    print(f"DONE rank {rank}", flush=True)
+
+
 SCENARIOS = {
     "raise-after": raise_after,
     "swap": lambda: swap(np.ones(10, np.float32), np.ones(11, np.float32)),
@@ -175,6 +197,7 @@ SCENARIOS = {
     "skip": skip,
     "left-in-native": left_in_native,
     "rank-0-only": rank_0_only,
+    "stopped-midway": stopped_midway,
 }
 
 if __name__ == "__main__":
