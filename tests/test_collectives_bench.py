@@ -98,7 +98,8 @@ def test_steal_time_from_proc_stat_readings():
     rows = [{"bytes": 1024, "steal_pct": 0.5}, {"bytes": 4 << 20, "steal_pct": 12.25}]
     line = report.steal_line(1.5, rows)
     assert "1.5% over the run" in line and "at most 12.2% at 4 MiB" in line
-    assert "not measurable" in report.steal_line(0.0, [{"bytes": 8, "steal_pct": None}])
+    assert "not measurable" in report.steal_line(None, [{"bytes": 8, "steal_pct": None}],
+                                                 proc_stat=False)
 
 
 @pytest.fixture

@@ -6,5 +6,6 @@
   check and what the machine did meanwhile;
 * :mod:`~collectives.bench.report`: the table, the plot, and the summary
   over several runs;
-* :mod:`~collectives.bench.core_probe`: copy bandwidth between two cores.
+* :mod:`~collectives.bench.core_probe`: copy bandwidth between two cores;
+* :mod:`~collectives.bench.errors`: the one-line errors of the command.
 """

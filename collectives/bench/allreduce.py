@@ -8,7 +8,8 @@ host effects hit them all alike, and prints on rank 0:
 
 * time: average over iterations and ranks, with the fastest and slowest
   rank's average (OSU's avg/min/max latency);
-* algbw = bytes / time and busbw = algbw * 2(p-1)/p (nccl-tests'
+* algbw = bytes / time (the bytes reduced: whole elements of ``-d``, a
+  size rounded down) and busbw = algbw * 2(p-1)/p (nccl-tests'
   PERFORMANCE.md), the bandwidth each rank's link sustains, comparable across
   rank counts; the single-process memory-copy bandwidth is printed above the
   table as the ceiling on one node;
@@ -38,8 +39,11 @@ import re
 import sys
 from typing import Any, Callable
 
+import numpy as np
+
 import kernels.files
 from collectives import machine
+from collectives.bench.errors import BenchUsageError, BenchWriteError
 from collectives.bench.measure import copy_bandwidth, cpu_ticks, measure, steal_percent
 from collectives.bench.report import (HEADER, format_row, plot, steal_line, streaming_line,
                                       summarize, xcore_line)
@@ -50,16 +54,28 @@ from collectives.runtime import MPI, launch_info
 
 EXIT_WRONG = 3
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
-          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30,
+          "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
+#: The largest size :func:`parse_size` accepts (1024T); what memory allows is checked later.
+MAX_SIZE = 1 << 50
+#: The options only a measurement uses (dest -> flag); ``--summarize`` refuses them.
+MEASURING = {"minbytes": "-b", "maxbytes": "-e", "stepfactor": "-f", "iters": "-i",
+             "warmup_iters": "-w", "check": "-c", "algorithms": "-a", "datatype": "-d",
+             "op": "-o", "rounds": "--rounds", "time": "--time", "keep_heap": "--keep-heap",
+             "json": "--json", "plot": "--plot"}
 
 
 def parse_size(text: str) -> int:
-    """``"8"``, ``"64K"``, ``"64M"``, ``"1GiB"`` -> bytes (binary units)."""
+    """``"8"``, ``"64K"``, ``"64M"``, ``"1GiB"`` -> bytes (binary units), at most
+    :data:`MAX_SIZE` (numpy refused larger ones with a traceback)."""
     match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).upper() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8, 64K, 64M, 1G)")
-    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+    value = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    if value > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"{text.strip()} is too large (at most 1024T)")
+    return value
 
 
 def _at_least(least: int) -> Callable[[str], int]:
@@ -123,7 +139,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the records as JSON")
     parser.add_argument("--summarize", nargs="+", metavar="FILE",
                         help="do not measure: print a markdown table of the medians of "
-                        "earlier --json runs (speedups over native paired per round)")
+                        "earlier --json runs (speedups over native paired per round), all "
+                        "of the same ranks, dtype, op and placement")
     parser.add_argument("--min-xcore", type=float, metavar="GBPS",
                         help="with --summarize: leave out the sizes measured while the "
                         "core-to-core copy bandwidth (measured before and after each size, "
@@ -147,18 +164,62 @@ def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
     return out
 
 
-class BenchUsageError(ValueError):
-    """A benchmark option that cannot work."""
+def measured_sizes(minbytes: int, maxbytes: int, factor: int, dtype: str) -> list[int]:
+    """The sizes of :func:`sizes` that hold at least one ``dtype`` element; a
+    :class:`BenchUsageError` when none does (nothing would be measured)."""
+    itemsize = np.dtype(dtype).itemsize
+    out = [b for b in sizes(minbytes, maxbytes, factor) if b >= itemsize]
+    if not out:
+        raise BenchUsageError(f"no size from -b {format_size(minbytes)} to -e "
+                              f"{format_size(maxbytes)} holds one {dtype} element "
+                              f"({itemsize} B); raise -e to at least {itemsize}")
+    return out
 
-    exit_code = 2
-    collective = True
+
+def memory_needed(largest: int, itemsize: int, check: bool) -> int:
+    """About how many bytes one rank needs for a message of ``largest`` bytes:
+    the message and as much again (MPI's temporary for a large native
+    all-reduce, an algorithm's buffers), and with the check the exact
+    expected result, built in int64 (about 4 arrays of 8 B per element)."""
+    return 2 * largest + (4 * 8 * (largest // itemsize) if check else 0)
 
 
-class BenchWriteError(OSError):
-    """An output that could not be written at the end (checked before the run)."""
+def physical_memory() -> int | None:
+    """This node's memory in bytes (``SC_PHYS_PAGES``), or None where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
-    exit_code = 74
-    collective = True
+
+def memory_problem(largest: int, itemsize: int, check: bool, local_ranks: int,
+                   memory: int | None) -> str | None:
+    """Why a node with ``memory`` bytes cannot hold ``local_ranks`` ranks'
+    messages of ``largest`` bytes (:func:`memory_needed`), or None (also
+    when ``memory`` is unknown). Refused up front: numpy's MemoryError came
+    only after the smaller sizes had run, as an error about a model."""
+    need = local_ranks * memory_needed(largest, itemsize, check)
+    if memory is None or need <= memory:
+        return None
+    ranks = "1 rank needs" if local_ranks == 1 else f"{local_ranks} ranks need"
+    return (f"-e/--maxbytes {format_size(largest)}: {ranks} about {need / (1 << 30):.1f} GiB "
+            f"on this node (the message and as much again per rank"
+            f"{', and -c' if check else ''}), but it has {memory / (1 << 30):.1f} GiB of "
+            "memory; lower -e")
+
+
+def summarize_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--summarize`` cannot take these options, or None: it reads saved
+    runs and measures nothing, so a measurement's options (:data:`MEASURING`)
+    would be silently ignored."""
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    default = vars(defaults.parse_args([]))
+    given = [flag for dest, flag in MEASURING.items() if getattr(args, dest) != default[dest]]
+    if not given:
+        return None
+    return (f"--summarize reads saved runs and measures nothing: leave out {', '.join(given)} "
+            "(options of a measurement)")
 
 
 def check_output(path: str | None, option: str) -> str | None:
@@ -228,6 +289,9 @@ def run(args: argparse.Namespace) -> int:
         raise BenchUsageError("--min-xcore and --max-xcore apply to --summarize (they filter "
                               "saved runs)")
     if args.summarize:
+        problem = summarize_problem(args)
+        if problem:
+            raise BenchUsageError(problem)
         if rank == 0:
             runs = []
             for path in args.summarize:
@@ -236,15 +300,27 @@ def run(args: argparse.Namespace) -> int:
                         runs.append(json.load(handle))
                 except (OSError, ValueError) as error:
                     raise BenchUsageError(f"{path}: cannot read benchmark JSON ({error})")
-            print(summarize(runs, args.min_xcore, args.max_xcore))
+            print(summarize(runs, args.min_xcore, args.max_xcore, args.summarize))
         return 0
     if args.algorithms == "all":
         algorithms = names()
     else:
         algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+        if not algorithms:
+            raise BenchUsageError(f"-a/--algorithms {args.algorithms!r} names no algorithm; "
+                                  "give e.g. -a ring,native, or leave -a out for all")
         for name in algorithms:
             get(name)  # UnknownAlgorithm, the same on every rank
-    sizes_bytes = sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    sizes_bytes = measured_sizes(args.minbytes, args.maxbytes, args.stepfactor, args.datatype)
+    itemsize = np.dtype(args.datatype).itemsize
+    largest = sizes_bytes[-1] // itemsize * itemsize  # the bytes reduced at the largest size
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    problem = memory_problem(largest, itemsize, bool(args.check), node.Get_size(),
+                             physical_memory())
+    node.Free()
+    problem = next((p for p in comm.allgather(problem) if p), None)  # the same on every rank
+    if problem:
+        raise BenchUsageError(problem)
     if args.keep_heap and not keep_heap():
         raise BenchUsageError("--keep-heap needs glibc (mallopt failed)")
     problem = None
@@ -254,9 +330,10 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         raise BenchUsageError(problem)
     ceiling = None
+    copied = max(4 << 20, min(largest, 256 << 20)) // 8 * 8  # the largest message, 4-256 MiB
     comm.Barrier()
-    if rank == 0:  # copy as much as the largest message (4 MiB to 256 MiB)
-        ceiling = copy_bandwidth(max(4 << 20, min(args.maxbytes, 256 << 20)))
+    if rank == 0:
+        ceiling = copy_bandwidth(copied)
     ceiling = comm.bcast(ceiling, root=0)
 
     job = describe_run(comm, comm_state(comm).placement)  # collective on first use
@@ -268,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
               f"{args.warmup_iters}, {args.rounds} interleaved rounds, check "
               f"{'on' if args.check else 'off'}", file=out)
         print(f"# memory-copy ceiling (one process, np.copyto of "
-              f"{format_size(max(4 << 20, min(args.maxbytes, 256 << 20)))}): {ceiling:.2f} GB/s; "
+              f"{format_size(copied)}): {ceiling:.2f} GB/s; "
               "busbw = algbw * 2(p-1)/p; 'x native' = native time / time", file=out)
         print(f"# malloc: {malloc_setting(args.keep_heap)}", file=out)
         print(HEADER, file=out, flush=True)
@@ -282,7 +359,8 @@ def run(args: argparse.Namespace) -> int:
     ticks = cpu_ticks()
     records = measure(comm, algorithms, sizes_bytes, args.datatype, args.op, args.iters,
                       args.warmup_iters, bool(args.check), args.rounds, args.time, on_row)
-    stolen = comm.allreduce(steal_percent(ticks, cpu_ticks()) or 0.0, op=MPI.MAX)
+    stolen = steal_percent(ticks, cpu_ticks())  # None: no /proc/stat, or under a clock tick
+    stolen = comm.allreduce(-1.0 if stolen is None else stolen, op=MPI.MAX)
     facts = machine.describe()
     for record in records:
         record["copy_ceiling_gbps"] = ceiling
@@ -290,7 +368,8 @@ def run(args: argparse.Namespace) -> int:
                       mpi_library=facts["mpi"])
     wrong = sum(r["wrong"] or 0 for r in records)
     if rank == 0:
-        print(steal_line(stolen, records), file=out)
+        print(steal_line(None if stolen < 0 else stolen, records, ticks is not None),
+              file=out)
         print(xcore_line(records), file=out)
         streaming = streaming_line(records)
         if streaming:

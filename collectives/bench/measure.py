@@ -40,7 +40,8 @@ def expected(count: int, size: int, dtype: Any, op: str) -> Any:
 
 
 def copy_bandwidth(nbytes: int = 64 << 20, repeats: int = 7) -> float:
-    """Single-process memory-copy bandwidth in GB/s (np.copyto, median of repeats)."""
+    """Single-process memory-copy bandwidth in GB/s (np.copyto, median of repeats)
+    of ``nbytes`` rounded down to whole float64 elements (the bytes copied)."""
     src = np.ones(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
     times = []
@@ -48,7 +49,7 @@ def copy_bandwidth(nbytes: int = 64 << 20, repeats: int = 7) -> float:
         start = time.perf_counter()
         np.copyto(dst, src)
         times.append(time.perf_counter() - start)
-    return nbytes / float(np.median(times)) / 1e9
+    return src.nbytes / float(np.median(times)) / 1e9
 
 
 def cpu_ticks() -> tuple[int, int] | None:
@@ -73,7 +74,10 @@ def cpu_ticks() -> tuple[int, int] | None:
 
 def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None
                   ) -> float | None:
-    """Share of CPU time stolen by the host between two :func:`cpu_ticks` readings."""
+    """Share of CPU time stolen by the host between two :func:`cpu_ticks` readings;
+    None when a reading is missing (no ``/proc/stat``) or when no clock tick
+    passed between them (too short to tell: see
+    :func:`collectives.bench.report.steal_line`)."""
     if before is None or after is None or after[1] <= before[1]:
         return None
     return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
@@ -112,7 +116,10 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
             seconds: float = 0.1, on_row: Any = None) -> list[dict]:
     """Time every algorithm at every size (collective); returns the records (all ranks).
 
-    ``on_row(records_of_one_size)`` is called on every rank after each size.
+    A size is rounded down to whole ``dtype`` elements: its records' ``bytes``
+    (``count`` * itemsize) are the bytes reduced, and the rates are of those
+    (a size under one element is skipped). ``on_row(records_of_one_size)`` is
+    called on every rank after each size.
     """
 
     dtype = np.dtype(dtype_name)
@@ -209,7 +216,7 @@ def measure(comm: Any, algorithms: list[str], sizes_bytes: list[int], dtype_name
             wrong = _check(buf, comm, name, op, allreduce) if check else None
             share = streamed[name][0] / streamed[name][1] if streamed[name][1] else None
             share = comm.bcast(share, root=0)
-            algbw = nbytes / avg / 1e9
+            algbw = count * dtype.itemsize / avg / 1e9  # the bytes reduced, not -b's
             runs = (max(ran[name], key=ran[name].get) if ran[name]  # what a tuned auto ran most
                     else algorithm_for(count * dtype.itemsize, comm, name))
             rows.append({

@@ -7,9 +7,19 @@ several runs into one markdown table of medians of per-round ratios.
 from __future__ import annotations
 
 import statistics
+import textwrap
+from typing import Any
 
+from collectives.bench.errors import BenchUsageError
 from collectives.bench.measure import paired_speedup
 from collectives.describe import format_size
+
+#: What :func:`summarize` reads of every record, with the JSON types it needs.
+RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "algorithm": (str,), "runs": (str,), "bytes": (int,), "dtype": (str,), "op": (str,),
+    "ranks": (int,), "avg_us": (int, float), "busbw_gbps": (int, float), "rounds_us": (list,)}
+#: What runs summarized together must share: the table's caption states it once.
+ALIKE = ("ranks", "dtype", "op", "placement", "oversubscribed")
 
 
 def slow_spell(record: dict, min_xcore: float | None) -> bool:
@@ -26,14 +36,72 @@ def fast_spell(record: dict, max_xcore: float | None) -> bool:
     return max_xcore is not None and (xcore is None or max(xcore) >= max_xcore)
 
 
+def record_problem(run: Any) -> str | None:
+    """What makes ``run`` (one ``--json`` file's content) no ``mpidp bench
+    allreduce`` run :func:`summarize` can read, or None."""
+    if not isinstance(run, list):
+        return f"holds a JSON {type(run).__name__}, not a list of records"
+    if not run:
+        return "holds no records (a run that measured nothing)"
+    for k, record in enumerate(run):
+        if not isinstance(record, dict):
+            return f"record {k} is a JSON {type(record).__name__}, not an object"
+        for field, kinds in RECORD_FIELDS.items():
+            if field not in record:
+                return f"record {k} has no {field!r}"
+            if not isinstance(record[field], kinds) or isinstance(record[field], bool):
+                return f"record {k}: {field!r} is {record[field]!r}"
+        for field, kinds in (("placement", (str, type(None))), ("oversubscribed", (bool,))):
+            if field in record and not isinstance(record[field], kinds):  # older: absent
+                return f"record {k}: {field!r} is {record[field]!r}"
+        rounds = record["rounds_us"]
+        if not rounds or not all(isinstance(t, (int, float)) and t > 0 for t in rounds):
+            return f"record {k}: 'rounds_us' is {rounds!r}, not times > 0"
+    return None
+
+
+def check_runs(runs: list[Any], names: list[str]) -> None:
+    """Raise :class:`BenchUsageError` (one line naming the file) unless every
+    run is a list of ``mpidp bench allreduce --json`` records and all were
+    measured alike (:data:`ALIKE`: rank count, dtype, op, placement,
+    oversubscription), which the summary's caption states once."""
+    shared: list[dict[str, Any]] = []
+    for name, run in zip(names, runs):
+        problem = record_problem(run)
+        if problem:
+            raise BenchUsageError(f"{name}: not a run of mpidp bench allreduce --json "
+                                  f"({problem})")
+        kinds = {tuple(r.get(f, False if f == "oversubscribed" else None) for f in ALIKE)
+                 for r in run}
+        if len(kinds) > 1:
+            raise BenchUsageError(f"{name}: records of differently made runs in one file "
+                                  f"({', '.join(map(str, sorted(kinds, key=str)))})")
+        shared.append(dict(zip(ALIKE, kinds.pop())))
+    for name, kind in zip(names[1:], shared[1:]):
+        differ = [f"{f} ({_shown(shared[0][f])} vs {_shown(kind[f])})" for f in ALIKE
+                  if kind[f] != shared[0][f]]
+        if differ:
+            raise BenchUsageError(f"cannot summarize {names[0]} with {name}: they differ in "
+                                  f"{', '.join(differ)}; summarize each kind of run apart")
+
+
+def _shown(value: Any) -> str:
+    """A value of :data:`ALIKE` as an error message says it (None: not recorded)."""
+    return "not recorded" if value is None else str(value)
+
+
 def summarize(runs: list[list[dict]], min_xcore: float | None = None,
-              max_xcore: float | None = None) -> str:
+              max_xcore: float | None = None, names: list[str] | None = None) -> str:
     """A markdown table of several runs' records (medians of per-round ratios).
 
-    With ``min_xcore``, sizes measured in a slow spell (:func:`slow_spell`)
-    are left out; with ``max_xcore``, all but those measured wholly in one
-    (:func:`fast_spell`); the caption says how many.
+    ``names`` are the runs' files, for errors (default ``run 1``, ``run
+    2``...): runs that are not records of this benchmark, or that differ in
+    rank count, dtype, op, placement or oversubscription, are refused
+    (:func:`check_runs`). With ``min_xcore``, sizes measured in a slow spell
+    (:func:`slow_spell`) are left out; with ``max_xcore``, all but those
+    measured wholly in one (:func:`fast_spell`); the caption says how many.
     """
+    check_runs(runs, list(names) if names else [f"run {i + 1}" for i in range(len(runs))])
     median = statistics.median
     measured = {(i, r["bytes"]) for i, records in enumerate(runs) for r in records}
     dropped = {(i, r["bytes"]) for i, records in enumerate(runs) for r in records
@@ -125,8 +193,14 @@ def format_row(row: dict) -> str:
             f"{row['algbw_gbps']:>11.3f} {row['busbw_gbps']:>11.3f} {ratio:>8} {wrong:>6}")
 
 
+#: Characters per line of a plot's title (at 10 pt, well inside its 12 in width).
+TITLE_CHARS = 110
+
+
 def plot(records: list[dict], path: str, title: str, ceiling: float | None) -> None:
-    """Latency and busbw against size, one line per algorithm, log axes."""
+    """Latency and busbw against size, one line per algorithm, log axes; the
+    title is wrapped at :data:`TITLE_CHARS` (a run's one-line description
+    ran off both sides of the figure)."""
     import matplotlib  # deferred: optional and slow to import; only --plot needs it
 
     matplotlib.use("Agg")
@@ -148,21 +222,35 @@ def plot(records: list[dict], path: str, title: str, ceiling: float | None) -> N
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(textwrap.fill(" ".join(title.split()), TITLE_CHARS), fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def steal_line(total: float, records: list[dict]) -> str:
-    """The footer line on host steal time (see :func:`collectives.bench.measure.cpu_ticks`)."""
-    per_size = [r for r in records if r.get("steal_pct") is not None]
-    if not per_size:
+def steal_line(total: float | None, records: list[dict], proc_stat: bool = True) -> str:
+    """The footer line on host steal time (see :func:`collectives.bench.measure.cpu_ticks`).
+
+    ``total`` is the run's share (None: not measured), ``proc_stat`` whether
+    there was a ``/proc/stat`` to read. With one, a share is not measured
+    only when no clock tick (1/100 s on Linux) passed meanwhile: the line
+    then says the run or its sizes were too short, not that it cannot be
+    measured here.
+    """
+    if not proc_stat:
         return "# host steal time: not measurable here (no /proc/stat)"
+    per_size = [r for r in records if r.get("steal_pct") is not None]
+    head = "# host steal time (CPU time a VM host gave to others): "
+    if total is None and not per_size:
+        return ("# host steal time: not measured, the run was too short (under a clock tick "
+                "of /proc/stat)")
+    if not per_size:
+        return (f"{head}{total:.1f}% over the run; per size not measured, each size was too "
+                "short (under a clock tick of /proc/stat)")
     worst = max(per_size, key=lambda r: r["steal_pct"])
-    return (f"# host steal time (CPU time a VM host gave to others): {total:.1f}% over the "
-            f"run, at most {worst['steal_pct']:.1f}% at {format_size(worst['bytes'])}; above "
-            "a few percent, timings of ranks that wait for each other suffer most")
+    run = "" if total is None else f"{total:.1f}% over the run, "
+    return (f"{head}{run}at most {worst['steal_pct']:.1f}% at {format_size(worst['bytes'])}; "
+            "above a few percent, timings of ranks that wait for each other suffer most")
 
 
 def streaming_line(records: list[dict]) -> str | None:
@@ -185,8 +273,12 @@ def xcore_line(records: list[dict]) -> str:
     (see :mod:`collectives.bench.core_probe`)."""
     values = [x for r in records for x in (r.get("xcore_gbps") or [])]
     if not values:
-        return ("# core-to-core copy: not measured (one rank, ranks 0 and 1 on different "
-                "nodes, or an oversubscribed node)")
+        first = records[0] if records else {}
+        why = ("one rank" if first.get("ranks") == 1 else
+               "an oversubscribed node" if first.get("oversubscribed") else
+               "ranks 0 and 1 on different nodes" if first else
+               "one rank, ranks 0 and 1 on different nodes, or an oversubscribed node")
+        return f"# core-to-core copy: not measured ({why})"
     return (f"# core-to-core copy (rank 0 -> 1, {format_size(1 << 20)} through shared memory) "
             f"before/after each size: {min(values):.1f}-{max(values):.1f} GB/s; where it "
             "drops, data crosses between cores slowly (on a virtual machine: e.g. the host "
