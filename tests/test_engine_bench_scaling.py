@@ -404,3 +404,122 @@ def test_the_cache_folder_follows_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.setenv("MPIDP_CACHE", str(tmp_path / "mine"))
     args = build_parser().parse_args(["bench", "scaling"])
     assert args.cache == str(tmp_path / "mine")
+
+
+# ------------------------------------------------------------ checked before any work
+@pytest.mark.parametrize("argv, message", [
+    (["--target-accuracy", "2"], r"--target-accuracy 2 must be in \(0, 1\]"),
+    (["--target-accuracy", "0"], r"--target-accuracy 0 must be in \(0, 1\]"),
+    (["--time-budget", "-1"], "--time-budget -1 must be a positive number of seconds"),
+    (["--time-budget", "inf"], "--time-budget inf must be a positive number"),
+    (["--rows", "0"], "--rows 0 must be at least 1"),
+    (["--test-rows", "-5"], "--test-rows -5 must be at least 1"),
+    (["--features", "0"], "--features 0 must be at least 1"),
+    (["--batch-size", "0"], "--batch-size 0 must be at least 1"),
+    (["--price-per-node-hour", "-3"], "--price-per-node-hour -3 must be a finite number"),
+    (["--noise-multiplier", "nan"], "--noise-multiplier nan must be a finite positive"),
+    (["--launcher", "mpiexec"], r"--launcher 'mpiexec' has no \{ranks\}"),
+    (["--launcher", "srun --mpi=pmi2"], r"has no \{ranks\}: every run would start")])
+def test_bad_numbers_and_a_launcher_without_ranks_are_refused_before_any_work(
+        tmp_path, argv, message):
+    """Refused up front, a dry run too: no data file written, no run launched."""
+    cache = tmp_path / "cache"
+    for dry in ([], ["--dry-run"]):
+        with pytest.raises(BenchError, match=message):
+            _run("--rows", "2000", "--test-rows", "500", "--features", "10", "--ranks",
+                 "1,2", "--epochs", "2", "--baseline", "none", "--cache", str(cache),
+                 *argv, *dry)
+    assert not cache.exists()
+
+
+def test_a_launcher_without_ranks_is_one_line_exit_2(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "engine.cli", "bench", "scaling",
+                             "--ranks", "1,2", "--launcher", "mpiexec", "--baseline", "none",
+                             "--cache", str(tmp_path / "cache")],
+                            capture_output=True, text=True, env=child_env(), timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "mpidp: error: --launcher 'mpiexec' has no {ranks}: every run would start the "
+        "launcher's own number of ranks, not --ranks; e.g. 'mpiexec -n {ranks}' or "
+        "'srun --mpi=pmi2 -n {ranks}'"]
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_run_on_other_ranks_than_planned_is_refused(tmp_path, monkeypatch):
+    """A launch whose metrics record another rank count than its configuration's
+    (a launcher that drops {ranks} on the way) is refused, not tabulated."""
+    from engine.bench import scaling_runs
+
+    def fake_run(argv, **kw):  # an "mpiexec" that started one rank whatever it was told
+        metrics = argv[argv.index("--metrics") + 1]
+        with open(metrics, "w") as f:
+            f.write(json.dumps({"epoch": 1, "epoch_time_s": 0.1, "ranks": 1}) + "\n")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(scaling_runs.subprocess, "run", fake_run)
+    config = {"name": "n2", "impl": "mpidp", "ranks": 2, "train_argv": ["train"],
+              "metrics": str(tmp_path / "n2.jsonl")}
+    with pytest.raises(BenchError, match="ran on 1 rank.s., not the planned 2; does the "
+                       r"launch command pass \{ranks\} on\?"):
+        scaling_runs.execute(config, "mpiexec -n {ranks}", None)
+    config.update(ranks=1, metrics=str(tmp_path / "n1.jsonl"))
+    assert scaling_runs.execute(config, "mpiexec -n {ranks}", None)["ranks"] == 1
+
+
+@pytest.mark.parametrize("ending", ["failed", "interrupted", "kept"])
+def test_the_temporary_folder_goes_however_the_runs_end(tmp_path, monkeypatch, ending):
+    """A failed or interrupted run removes the metrics folder it made; --keep's stays."""
+    from engine.bench import scaling
+
+    workdir = tmp_path / "mpidp-scaling-test"
+    monkeypatch.setattr(scaling.tempfile, "mkdtemp",
+                        lambda prefix: (workdir.mkdir(), str(workdir))[1])
+
+    def fails(config, launcher, cores):
+        (workdir / "partial.jsonl").write_text("")
+        raise KeyboardInterrupt if ending == "interrupted" else BenchError("run failed")
+
+    monkeypatch.setattr(scaling, "execute", fails)
+    keep = ["--keep", str(workdir)] if ending == "kept" else []
+    if ending == "kept":
+        workdir.mkdir()
+    with pytest.raises(KeyboardInterrupt if ending == "interrupted" else BenchError):
+        _run("--rows", "200", "--test-rows", "50", "--features", "4", "--hidden", "4",
+             "--ranks", "1", "--epochs", "1", "--privacy", "nodp", "--baseline", "none",
+             "--cache", str(tmp_path / "cache"), *keep)
+    assert workdir.exists() == (ending == "kept")
+
+
+def test_a_dry_run_prints_the_delta_the_real_run_passes(tmp_path, capsys, monkeypatch):
+    """Before its data exists, a dry run's DP commands carry the --delta that the
+    real run computes from the file (from the planned rows); where the rows are
+    unknown (an unreadable --data), it says the delta is decided later."""
+    from engine.bench import scaling_plan
+
+    cache = tmp_path / "cache"
+    scaling_plan._delta_for.cache_clear()
+    try:
+        for rows, delta in ((None, "1e-06"), ("2000", "1e-05")):  # seed: 790,000 rows
+            assert _run("--ranks", "1", "--privacy", "dp", "--baseline", "none",
+                        "--cache", str(cache), "--dry-run",
+                        *(["--rows", rows] if rows else [])) == 0
+            out, err = capsys.readouterr()
+            assert f"--delta {delta} " in out and "--delta is decided" not in err
+        assert not cache.exists()
+        data = tmp_path / "mnist.h5"
+        data.write_bytes(b"")  # unreadable: the rows are not known
+        argv = ("--preset", "dp-sweep", "--data", str(data), "--models", "mnist-small",
+                "--batch-sizes", "256", "--data-repeats", "1,4", "--ranks", "1",
+                "--privacy", "dp", "--baseline", "none", "--cache", str(cache), "--dry-run")
+        assert _run(*argv) == 0
+        out, err = capsys.readouterr()
+        assert "--delta" not in out and "--delta is decided once --data can be read" in err
+        # A readable --data of 60,000 rows: 1e-05, and its copy tiled x4 (240,000) 1e-06.
+        monkeypatch.setattr(scaling_plan, "read_info", lambda path: Namespace(
+            rows={"train": 60_000}) if path == str(data) else 1 / 0)
+        scaling_plan._delta_for.cache_clear()
+        assert _run(*argv) == 0
+        one, four = capsys.readouterr().out.strip().splitlines()
+        assert "--delta 1e-05 " in one and "--delta 1e-06 " in four and "-x4-" in four
+    finally:
+        scaling_plan._delta_for.cache_clear()

@@ -211,3 +211,50 @@ def test_peers_side_by_side():
     report.add_peers(report.add_speedups(alone))
     assert "DDP" not in report.format_table(alone)
     assert "DDP" not in report.format_sweep_table(alone)
+
+
+def test_collect_refuses_a_job_that_ran_another_layout(tmp_path):
+    """A job whose metrics record other ranks than its sweep-point.json's layout
+    (nodes x tasks per node) would label its row with a count that never ran."""
+    from engine.bench.scaling_runs import collect
+
+    d = tmp_path / "2x2"
+    d.mkdir()
+    epochs = _epochs([2.0, 1.0])  # ranks 1
+    (d / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
+    (d / "sweep-point.json").write_text(json.dumps({"layout": "2x2", "nodes": 2,
+                                                    "tasks_per_node": 2}))
+    with pytest.raises(BenchError, match=r"2x2 \(layout 2x2\) ran on 1 rank.s., not the "
+                       "planned 4; did its job get the tasks it asked for"):
+        collect([str(d)])
+
+
+def test_the_legend_stays_off_the_other_panels(tmp_path, monkeypatch):
+    """--plot: the series' (long) names are in a legend that covers no panel, its
+    labels included, and lies inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from engine.bench import scaling_plot
+
+    runs = [_run(r, [3.0, 2.0 / r, 2.1 / r], dp=dp, threads=threads, oversubscribed=False)
+            for dp in (True, False) for threads in ("auto", "1") for r in (1, 2)]
+    summaries = report.add_speedups([report.summarize(g) for g in report.group_runs(runs)])
+    figures = []
+    save = scaling_plot._save
+    monkeypatch.setattr(scaling_plot, "_save",
+                        lambda fig, path, title: (save(fig, path, title), figures.append(fig)))
+    png = tmp_path / "s.png"
+    scaling_plot.plot(summaries, str(png), "mpidp bench scaling on host (2 cores): synth.h5")
+    assert png.stat().st_size > 10_000
+    fig, = figures
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    legend, = legends
+    box = legend.get_window_extent(renderer)
+    assert len(legend.get_texts()) == 5  # ideal and the four series
+    for ax in fig.axes:
+        if legend.axes is not ax:
+            assert not box.overlaps(ax.get_tightbbox(renderer)), ax.get_ylabel()
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1
+    assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1

@@ -105,8 +105,9 @@ from collectives.runtime import available_cores
 from engine.choices import seed_value
 from engine import outputs
 from engine.bench import scaling_report as report
-from engine.bench.scaling_plan import (BenchError, PRESETS, check_train_options, plan,
-                                       resolve, shown_command)
+from engine.bench.scaling_plan import (BenchError, PRESETS, check_launcher, check_numbers,
+                                       check_train_options, plan, resolve, shown_command,
+                                       undecided_delta)
 from engine.bench.scaling_plot import plot, plot_sweep
 from engine.bench.scaling_runs import collect, ensure_data, execute
 from engine.errors import WriteFailed
@@ -205,12 +206,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--markdown", action="store_true", help="also print a markdown table")
     out.add_argument("--price-per-node-hour", type=float, default=None, metavar="PRICE",
                      help="print the cost table: nodes x training hours x PRICE")
-    out.add_argument("--keep", metavar="DIR", help="keep every run's metrics in DIR")
+    out.add_argument("--keep", metavar="DIR", help="keep every run's metrics in DIR (default: "
+                     "a temporary folder, removed however the benchmark ends)")
     out.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     how = parser.add_argument_group("where")
     how.add_argument("--launcher", default="mpiexec -n {ranks}",
-                     help="launch command; {ranks} is replaced (default: 'mpiexec -n "
-                     "{ranks}'; e.g. 'srun --mpi=pmi2 -n {ranks}' inside an allocation)")
+                     help="launch command; it must contain {ranks}, replaced by each run's "
+                     "rank count (default: 'mpiexec -n {ranks}'; e.g. 'srun --mpi=pmi2 -n "
+                     "{ranks}' inside an allocation)")
     how.add_argument("--cache", default=os.environ.get("MPIDP_CACHE") or str(cache_dir()),
                      help="where synthetic files are kept (default: $MPIDP_CACHE, else "
                      "mpidp's cache folder, $XDG_CACHE_HOME/mpidp or ~/.cache/mpidp)")
@@ -243,17 +246,81 @@ def _load() -> list[float] | None:
 
 
 # ------------------------------------------------------------ command
+def _dry_run(configs: list[dict], settings: argparse.Namespace, refused: str | None) -> None:
+    """Print the commands a real run would launch (stdout) and what it cannot say
+    yet (stderr)."""
+    for config in configs:
+        print(shown_command(config, settings.launcher))
+    if undecided_delta(configs):
+        print("note: the DP runs' --delta is decided once --data can be read (1e-05, or "
+              "for more than 100,000 training rows the power of ten at or below 1/rows)",
+              file=sys.stderr)
+    if refused:
+        print(f"note: this mpidp train refuses these options ({refused}); "
+              f"--preset {settings.preset} needs a newer mpidp", file=sys.stderr)
+
+
+def _launch_all(configs: list[dict], settings: argparse.Namespace,
+                notes: list[str]) -> list[dict]:
+    """Every configuration, --repeat rounds, one launch each; returns the runs.
+    A peer's failed run adds a line to ``notes`` and leaves its rows out.
+
+    Raises:
+        BenchError: a run of mpidp failed, or ran on another number of ranks
+            than planned.
+    """
+    cores = available_cores() if settings.launcher.startswith("mpiexec") else None
+    runs = []
+    total = len(configs) * settings.repeat
+    for round_ in range(settings.repeat):
+        for i, config in enumerate(configs):
+            n = round_ * len(configs) + i + 1
+            config = dict(config, metrics=config["metrics"].replace(
+                ".jsonl", f".r{round_ + 1}.jsonl"))
+            print(f"[{n}/{total}] {shown_command(config, settings.launcher)}",
+                  file=sys.stderr, flush=True)
+            try:
+                run_ = execute(config, settings.launcher, cores)
+            except BenchError as exc:
+                if config["impl"] == "mpidp":
+                    raise
+                # A peer that cannot run (Opacus missing or refusing a layer)
+                # leaves its rows out; mpidp's rows stand.
+                notes.append(f"{config['impl']} peer failed, its rows are left out: "
+                             + " ".join(str(exc).split()))
+                print(f"[{n}/{total}] failed: {notes[-1]}", file=sys.stderr, flush=True)
+                continue
+            last = run_["epochs"][-1]
+            steady = [e["epoch_time_s"] for e in run_["epochs"][1:]] or \
+                [run_["epochs"][0]["epoch_time_s"]]
+            print(f"[{n}/{total}] {len(run_['epochs'])} epochs, "
+                  f"{sum(steady) / len(steady):.3f} s/epoch after the first, test "
+                  f"accuracy {last.get('test_accuracy') or float('nan'):.4f} "
+                  f"({run_['launch_s']:.1f} s)", file=sys.stderr, flush=True)
+            runs.append(run_)
+    return runs
+
+
 def run(args: argparse.Namespace) -> int:
     """One process: launch ``mpidp train`` (and its peer) per configuration (or
     --collect job directories), then print the tables and write --json / --plot.
 
+    The temporary folder of the runs' metrics is removed however they end
+    (success, a failed run, an interrupt); a --keep folder stays.
+
     Raises:
-        BenchError: bad settings, a missing file, or a run of mpidp that failed
-            (a peer's failed run is reported in the notes instead).
+        BenchError: bad settings (before any data is written or run launched), a
+            missing file, or a run of mpidp that failed or ran on another number
+            of ranks than planned (a peer's such run is reported in the notes
+            instead).
     """
     if MPI.COMM_WORLD.Get_size() > 1:
         raise BenchError("run the benchmark as one process (`mpidp bench scaling`); it "
                          "starts one mpiexec per configuration itself")
+    # Every number and the launch command before any output is probed or data written.
+    check_numbers(args)
+    if not args.collect:
+        check_launcher(args.launcher)
     # Every output before any work (engine.outputs): not a failed write after the runs.
     outputs.check_all({"--json": args.json, "--plot": args.plot})
     if args.keep and not args.collect:
@@ -280,48 +347,16 @@ def run(args: argparse.Namespace) -> int:
         data, source = ensure_data(settings, write=not settings.dry_run)
         keep = settings.keep
         workdir = keep or tempfile.mkdtemp(prefix="mpidp-scaling-")
-        os.makedirs(workdir, exist_ok=True)
-        configs = plan(settings, data, workdir)
-        if settings.dry_run:
-            for config in configs:
-                print(shown_command(config, settings.launcher))
-            if refused:
-                print(f"note: this mpidp train refuses these options ({refused}); "
-                      f"--preset {settings.preset} needs a newer mpidp", file=sys.stderr)
+        try:  # the temporary folder goes however the runs end (failed, interrupted)
+            os.makedirs(workdir, exist_ok=True)
+            configs = plan(settings, data, workdir)
+            if settings.dry_run:
+                _dry_run(configs, settings, refused)
+                return 0
+            runs = _launch_all(configs, settings, notes)
+        finally:
             if not keep:
                 shutil.rmtree(workdir, ignore_errors=True)
-            return 0
-        cores = available_cores() if settings.launcher.startswith("mpiexec") else None
-        runs = []
-        total = len(configs) * settings.repeat
-        for round_ in range(settings.repeat):
-            for i, config in enumerate(configs):
-                n = round_ * len(configs) + i + 1
-                config = dict(config, metrics=config["metrics"].replace(
-                    ".jsonl", f".r{round_ + 1}.jsonl"))
-                print(f"[{n}/{total}] {shown_command(config, settings.launcher)}",
-                      file=sys.stderr, flush=True)
-                try:
-                    run_ = execute(config, settings.launcher, cores)
-                except BenchError as exc:
-                    if config["impl"] == "mpidp":
-                        raise
-                    # A peer that cannot run (Opacus missing or refusing a layer)
-                    # leaves its rows out; mpidp's rows stand.
-                    notes.append(f"{config['impl']} peer failed, its rows are left out: "
-                                 + " ".join(str(exc).split()))
-                    print(f"[{n}/{total}] failed: {notes[-1]}", file=sys.stderr, flush=True)
-                    continue
-                last = run_["epochs"][-1]
-                steady = [e["epoch_time_s"] for e in run_["epochs"][1:]] or \
-                    [run_["epochs"][0]["epoch_time_s"]]
-                print(f"[{n}/{total}] {len(run_['epochs'])} epochs, "
-                      f"{sum(steady) / len(steady):.3f} s/epoch after the first, test "
-                      f"accuracy {last.get('test_accuracy') or float('nan'):.4f} "
-                      f"({run_['launch_s']:.1f} s)", file=sys.stderr, flush=True)
-                runs.append(run_)
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
     target = settings.target_accuracy
     budget = settings.time_budget
     summaries = [report.summarize(group, target, budget) for group in report.group_runs(runs)]

@@ -18,6 +18,7 @@ import io
 import math
 import os
 import shlex
+import string
 
 import collectives
 from collectives.launch import launcher_words
@@ -125,12 +126,57 @@ def check_preset_options(args: argparse.Namespace) -> None:
                          "has its own")
 
 
+#: Options that take a count: refused below 1 (None: not given, the preset's value).
+COUNTS = ("rows", "test_rows", "features", "batch_size", "local_batch", "epochs", "repeat")
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Raise BenchError (one line) for a number out of its range, before any data
+    is written or any run launched: a count (:data:`COUNTS`) below 1, a
+    --target-accuracy outside (0, 1], a --time-budget, --noise-multiplier or
+    --max-grad-norm that is not a finite positive number, a negative
+    --price-per-node-hour. Options left unset (None) and options this
+    ``args`` lacks (``--collect`` checks only those it has) pass."""
+    for name in COUNTS:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise BenchError(f"--{name.replace('_', '-')} {value} must be at least 1")
+    target = getattr(args, "target_accuracy", None)
+    if target is not None and not 0 < target <= 1:
+        raise BenchError(f"--target-accuracy {target:g} must be in (0, 1]")
+    for name, what in (("time_budget", "a positive number of seconds"),
+                       ("noise_multiplier", "a finite positive number"),
+                       ("max_grad_norm", "a finite positive number")):
+        value = getattr(args, name, None)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise BenchError(f"--{name.replace('_', '-')} {value:g} must be {what}")
+    price = getattr(args, "price_per_node_hour", None)
+    if price is not None and not (price >= 0 and math.isfinite(price)):
+        raise BenchError(f"--price-per-node-hour {price:g} must be a finite number >= 0")
+
+
+def check_launcher(template: str) -> None:
+    """Raise BenchError (one line) unless the launch command passes each run's rank
+    count on: without ``{ranks}`` every launch would start the launcher's own
+    number of ranks, and the rows would be labelled with counts that never ran.
+    A template that cannot be filled in or split raises
+    :class:`collectives.launch.LaunchError` (:func:`launcher_words`)."""
+    launcher_words(template, 1)
+    fields = {field for _, field, _, _ in string.Formatter().parse(template) if field}
+    if "ranks" not in fields:
+        raise BenchError(f"--launcher {template!r} has no {{ranks}}: every run would start "
+                         "the launcher's own number of ranks, not --ranks; e.g. "
+                         "'mpiexec -n {ranks}' or 'srun --mpi=pmi2 -n {ranks}'")
+
+
 def _split(text) -> list[str]:
     return [v.strip() for v in str(text or "").split(",") if v.strip()]
 
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with the preset's values filled in where none was given; checked."""
+    """``args`` with the preset's values filled in where none was given; checked
+    (:func:`check_preset_options`; the caller checks :func:`check_numbers` and
+    :func:`check_launcher` first, before any other work)."""
     check_preset_options(args)
     settings = argparse.Namespace(**vars(args))
     preset = PRESETS[args.preset]
@@ -238,6 +284,7 @@ def plan(settings: argparse.Namespace, data: dict[int, str], workdir: str) -> li
     with ``--baseline ddp`` each mpidp run is followed by its peer's."""
     runs = []
     peers = settings.baseline == "ddp"
+    rows = {repeat: planned_rows(settings, repeat) for repeat in settings.repeat_list}
     for model in settings.model_list:
         for mode in settings.modes:
             grid = (settings.batch_list or [settings.batch_size]) if mode == "strong" \
@@ -251,7 +298,7 @@ def plan(settings: argparse.Namespace, data: dict[int, str], workdir: str) -> li
                                 for ranks in settings.rank_list:
                                     config = _config(settings, data[repeat], workdir, mode,
                                                      dp, algorithm, threads, ranks, model,
-                                                     grid_batch, repeat)
+                                                     grid_batch, repeat, rows[repeat])
                                     runs.append(config)
                                     if peers and (not dp or settings.have_opacus):
                                         runs.append(peer_config(config))
@@ -259,7 +306,7 @@ def plan(settings: argparse.Namespace, data: dict[int, str], workdir: str) -> li
 
 
 def _config(s, data, workdir, mode, dp, algorithm, threads, ranks, model=None,
-            grid_batch=None, repeat=1) -> dict:
+            grid_batch=None, repeat=1, rows=None) -> dict:
     grid_batch = grid_batch or (s.batch_size if mode == "strong" else s.local_batch)
     batch = grid_batch if mode == "strong" else grid_batch * ranks
     lr = s.lr_by_ranks[ranks]
@@ -276,7 +323,7 @@ def _config(s, data, workdir, mode, dp, algorithm, threads, ranks, model=None,
     argv += (["--noise-multiplier", repr(s.noise_multiplier), "--max-grad-norm",
               repr(s.max_grad_norm)] if dp else ["--no-dp"])
     train_args = shlex.split(s.train_args)
-    delta = _delta_for(data) if dp and "--delta" not in train_args else None
+    delta = _delta_for(data, rows) if dp and not _has_delta(train_args) else None
     if delta is not None:
         argv += ["--delta", repr(delta)]
     if threads != "auto":
@@ -296,17 +343,47 @@ def _config(s, data, workdir, mode, dp, algorithm, threads, ranks, model=None,
             "metrics": os.path.join(workdir, name + ".jsonl"), "train_argv": ["train", *argv]}
 
 
-@functools.lru_cache(maxsize=None)
-def _delta_for(data: str) -> float | None:
+def planned_rows(settings: argparse.Namespace, repeat: int) -> int | None:
+    """The training rows of data repeat ``repeat``'s file, known before it exists:
+    the preset's synthetic rows (x ``repeat``), or the rows of --data (x
+    ``repeat``: the tiled copy); None when --data cannot be read."""
+    if not getattr(settings, "data", None):
+        return settings.rows * repeat
+    try:
+        return read_info(settings.data).rows["train"] * repeat
+    except Exception:  # noqa: BLE001 - any unreadable file: ensure_data reports it if run
+        return None
+
+
+def delta_for_rows(rows: int) -> float:
     """mpidp train's default delta (1e-5), or for a training set of more than
     100,000 rows the largest power of ten not above 1/N (train refuses a delta
-    above 1/N: the seed's 790,000 rows get 1e-6); None when the file cannot be
-    read (a dry run's placeholder), so the run uses train's default."""
+    above 1/N: the seed's 790,000 rows get 1e-6)."""
+    return min(1e-5, 10.0 ** math.floor(math.log10(1.0 / max(1, rows))))
+
+
+@functools.lru_cache(maxsize=None)
+def _delta_for(data: str, rows: int | None = None) -> float | None:
+    """:func:`delta_for_rows` of the file's training rows, else (the file is not
+    written yet: a dry run) of the planned ``rows`` (:func:`planned_rows`), so a
+    dry run prints the delta the real run passes; None when neither is known
+    (an unreadable --data in a dry run: see :func:`undecided_delta`)."""
     try:
-        n = read_info(data).rows["train"]
+        rows = read_info(data).rows["train"]
     except Exception:  # noqa: BLE001 - any unreadable file: train reports it if run
-        return None
-    return min(1e-5, 10.0 ** math.floor(math.log10(1.0 / max(1, n))))
+        pass
+    return None if rows is None else delta_for_rows(rows)
+
+
+def undecided_delta(configs: list[dict]) -> bool:
+    """Whether a planned DP run has no --delta yet (its data's rows unknown): it is
+    decided once the data can be read, so a dry run says so."""
+    return any(config["dp"] and not _has_delta(config["train_argv"]) for config in configs)
+
+
+def _has_delta(argv: list[str]) -> bool:
+    """Whether an argument list gives --delta (``--delta X`` or ``--delta=X``)."""
+    return any(a == "--delta" or a.startswith("--delta=") for a in argv)
 
 
 def peer_config(config: dict) -> dict:

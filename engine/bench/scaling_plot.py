@@ -1,14 +1,19 @@
 """The scaling figures: speed-up (with the ideal line), time per epoch, comm/compute;
 and the data-parallel sweep's (:func:`plot_sweep`).
 
-One PNG, one line per series (:func:`engine.bench.scaling_report.series_key`);
-oversubscribed points are drawn hollow. With a target accuracy, a fourth
-panel shows the time to accuracy against the number of ranks (mlbench's
-task 2a figure).
+One PNG, one line per series (:func:`engine.bench.scaling_report.series_key`),
+named in a legend below the panels; oversubscribed points are drawn hollow.
+With a target accuracy, a fourth panel shows the time to accuracy against
+the number of ranks (mlbench's task 2a figure).
 """
 from __future__ import annotations
 
+import textwrap
+
 from engine.bench.scaling_report import describe_series, series_key
+
+#: Characters per line of a series' name in the legend of :func:`plot`.
+LEGEND_WIDTH = 72
 
 
 def plot(summaries: list[dict], path: str, title: str) -> None:
@@ -20,15 +25,22 @@ def plot(summaries: list[dict], path: str, title: str) -> None:
 
     with_tta = any(s.get("tta_s") for s in summaries)
     panels = 4 if with_tta else 3
-    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.9))
+    keys = list(dict.fromkeys(series_key(s) for s in summaries))
+    # The legend below the panels, in constrained layout (the figure grows by its
+    # rows): series names are long, and a legend inside the first panel ran over
+    # the second panel's label.
+    columns = max(1, min(len(keys) + 1, panels - 1))  # the series and "ideal"
+    legend_rows = -(-(len(keys) + 1) // columns)
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.9 + 0.35 * legend_rows),
+                             layout="constrained")
     speed, times, ratio = axes[0], axes[1], axes[2]
     all_ranks = sorted({s["ranks"] for s in summaries})
     speed.plot(all_ranks, [r / all_ranks[0] for r in all_ranks], color="grey",
                linestyle=":", label="ideal")
-    for key in dict.fromkeys(series_key(s) for s in summaries):
+    for key in keys:
         members = sorted((s for s in summaries if series_key(s) == key),
                          key=lambda s: s["ranks"])
-        label = describe_series(members[0]).replace(", all-reduce", "\nall-reduce")
+        label = textwrap.fill(describe_series(members[0]), LEGEND_WIDTH)
         x = [s["ranks"] for s in members]
         line = speed.plot(x, [s.get("speedup") for s in members], marker="o", label=label)[0]
         color = line.get_color()
@@ -62,7 +74,8 @@ def plot(summaries: list[dict], path: str, title: str) -> None:
         ax.grid(True, alpha=0.3)
     times.set_ylim(bottom=0)
     ratio.set_ylim(bottom=0)
-    speed.legend(fontsize=6, loc="upper left")
+    handles, labels = speed.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", fontsize=7, ncol=columns)
     _save(fig, path, title)
 
 
@@ -132,10 +145,12 @@ def plot_sweep(summaries: list[dict], path: str, title: str) -> None:
 
 
 def _save(fig, path: str, title: str) -> None:
-    """Title, lay out, write (80 dpi) and close a figure."""
+    """Title, lay out (tight, unless the figure has a layout engine of its own),
+    write (80 dpi) and close a figure."""
     import matplotlib.pyplot as plt
 
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

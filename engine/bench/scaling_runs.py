@@ -110,7 +110,12 @@ def _describe_file(settings: argparse.Namespace, read: bool) -> str:
 
 # ------------------------------------------------------------ running
 def execute(config: dict, launcher: str, cores: int | None) -> dict:
-    """Launch one configuration; returns the run (config + its epoch records)."""
+    """Launch one configuration; returns the run (config + its epoch records).
+
+    Raises:
+        BenchError: the launch failed, its metrics cannot be read, or they record
+            another number of ranks than the configuration's (:func:`check_ranks`).
+    """
     argv = [*launcher_argv(launcher, config["ranks"]), sys.executable, "-m",
             config.get("program", "engine.cli"), *config["train_argv"],
             "--metrics", config["metrics"]]
@@ -122,6 +127,8 @@ def execute(config: dict, launcher: str, cores: int | None) -> dict:
         raise BenchError(f"{shown_command(config, launcher)} failed with exit code "
                          f"{result.returncode}:\n{tail}")
     epochs = read_metrics(config["metrics"])
+    check_ranks(epochs, config["ranks"], shown_command(config, launcher),
+                "does the launch command pass {ranks} on?")
     threads = epochs[-1].get("threads") or 1
     run = dict(config, epochs=epochs, launch_s=seconds,
                command=shown_command(config, launcher),
@@ -143,8 +150,24 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+def check_ranks(epochs: list[dict], planned: int, what: str, hint: str) -> None:
+    """Raise BenchError (one line) when the epoch records say the run had another
+    number of ranks than ``planned``: its rows would be labelled with a rank
+    count that never ran. Records without ``ranks`` (older files) pass."""
+    recorded = sorted({int(e["ranks"]) for e in epochs if e.get("ranks") is not None})
+    if recorded and recorded != [planned]:
+        ran = "/".join(map(str, recorded))
+        raise BenchError(f"{what} ran on {ran} rank(s), not the planned {planned}; {hint}")
+
+
 def collect(directories: list[str]) -> list[dict]:
-    """Runs from job directories (``metrics.jsonl`` + optional ``sweep-point.json``)."""
+    """Runs from job directories (``metrics.jsonl`` + optional ``sweep-point.json``).
+
+    Raises:
+        BenchError: a directory without metrics, with train_args that are not
+            mpidp train's, or whose metrics record another number of ranks than
+            its sweep-point.json's layout (nodes x tasks_per_node).
+    """
     # deferred: torch, kept out of `mpidp bench --help`
     from engine.config import add_arguments as train_arguments
 
@@ -167,6 +190,10 @@ def collect(directories: list[str]) -> list[dict]:
                 from None
         ranks = int(epochs[-1]["ranks"])
         nodes = int(point.get("nodes", 1))
+        if point.get("tasks_per_node") is not None:
+            tasks = int(point["tasks_per_node"])
+            check_ranks(epochs, nodes * tasks, f"{directory} (layout {nodes}x{tasks})",
+                        "did its job get the tasks it asked for? leave it out or run it again")
         runs.append({"name": point.get("layout", Path(directory).name),
                      "mode": point.get("scaling", "strong"),
                      "dp": epochs[-1].get("epsilon") is not None,
