@@ -3,7 +3,11 @@
 Prints the versions of mpidp and its dependencies, the MPI library and how
 the job was launched (communicator size, every rank's host, pid and local
 rank), whether MPI is CUDA-aware, which kernel back-ends are usable and the
-thread settings. Run it the way you run training, e.g.
+thread settings. The threads are a training run's: ``collect`` applies
+:func:`engine.run.threads.configure_threads` as ``mpidp train`` does without
+``--threads`` (torch's threads per rank, Numba's: as many, at most its pool
+of ``NUMBA_NUM_THREADS``), reads them back, and the kernel back-ends are
+probed at those counts. Run it the way you run training, e.g.
 ``mpiexec -n 2 mpidp info``; it warns loudly when the launcher announced more
 ranks than MPI sees (ranks started as singletons).
 """
@@ -72,9 +76,18 @@ def versions() -> dict[str, str]:
     return result
 
 
-def rank_facts(share: CoreShare) -> dict:
+def rank_facts(share: CoreShare, threads: int | None = None) -> dict:
     """Facts about this rank (local, no communication); ``share``: how its node's
-    cores are shared, as the ranks see it together (:func:`node_share`)."""
+    cores are shared, as the ranks see it together (:func:`node_share`);
+    ``threads``: the threads per rank a training run sets without
+    ``--threads`` (:func:`engine.run.threads.configure_threads`; default
+    ``share.threads``).
+
+    ``torch_threads`` and ``numba_threads`` are this process's counts now: a
+    training run's once ``configure_threads`` ran (as in :func:`collect`);
+    ``numba_pool`` is the most Numba runs in any process (``NUMBA_NUM_THREADS``,
+    fixed at its start): ``numba_threads`` is never above it.
+    """
     # deferred: keeps `mpidp info --help` fast
     import numba
     import torch
@@ -92,9 +105,10 @@ def rank_facts(share: CoreShare) -> dict:
         "bound": share.bound,
         "oversubscribed": share.oversubscribed,
         "capacity": share.capacity,
-        "threads": share.threads,
+        "threads": share.threads if threads is None else threads,
         "torch_threads": torch.get_num_threads(),
-        "numba_threads": numba.config.NUMBA_NUM_THREADS,
+        "numba_threads": numba.get_num_threads(),
+        "numba_pool": numba.config.NUMBA_NUM_THREADS,
         "mpi_thread_level": levels.get(MPI.Query_thread(), "unknown"),
         "expected_size": launch.expected_size,
         "expected_from": launch.expected_from,
@@ -104,24 +118,53 @@ def rank_facts(share: CoreShare) -> dict:
 
 
 def collect() -> dict | None:
-    """Gather the report on rank 0 (collective over COMM_WORLD); None elsewhere."""
+    """Gather the report on rank 0 (collective over COMM_WORLD); None elsewhere.
+
+    Sets torch's and Numba's threads as ``mpidp train`` does without
+    ``--threads`` while it reads and probes them (the thread facts and the
+    back-ends' lines are a training run's), and puts the previous counts back.
+    """
+    # deferred: torch and Numba, kept out of `mpidp info --help`
+    import numba
+    import torch
+
+    from engine.run.threads import configure_threads
+
     comm = MPI.COMM_WORLD
-    ranks = comm.gather(rank_facts(node_share(comm)), root=0)  # node_share: collective
-    reduce_facts = allreduce_facts(comm)  # collective
-    if comm.Get_rank() != 0:
-        return None
-    cuda_aware = mpi_cuda_support()
-    return {
-        "versions": versions(),
-        "size": comm.Get_size(),
-        "ranks": ranks,
-        "mpi_cuda_aware": {True: "yes", False: "no", None: "unknown"}[cuda_aware],
-        "kernel_backends": [vars(b) for b in probe_all()],
-        "allreduce": reduce_facts,
-        "environment": {k: os.environ[k] for k in sorted(os.environ)
-                        if k in THREAD_VARIABLES or k.startswith("MPIR_CVAR_")
-                        or k.startswith("MPIDP_")},
-    }
+    before = torch.get_num_threads(), numba.get_num_threads()
+    try:
+        threads = configure_threads(None, comm).threads  # collective, as the trainer's
+        ranks = comm.gather(rank_facts(node_share(comm), threads), root=0)  # collective
+        reduce_facts = allreduce_facts(comm)  # collective
+        if comm.Get_rank() != 0:
+            return None
+        cuda_aware = mpi_cuda_support()
+        return {
+            "versions": versions(),
+            "size": comm.Get_size(),
+            "ranks": ranks,
+            "mpi_cuda_aware": {True: "yes", False: "no", None: "unknown"}[cuda_aware],
+            "kernel_backends": [_pool_labelled(vars(b)) for b in probe_all()],
+            "allreduce": reduce_facts,
+            "environment": {k: os.environ[k] for k in sorted(os.environ)
+                            if k in THREAD_VARIABLES or k.startswith("MPIR_CVAR_")
+                            or k.startswith("MPIDP_")},
+        }
+    finally:
+        torch.set_num_threads(before[0])
+        numba.set_num_threads(before[1])
+
+
+def _pool_labelled(backend: dict) -> dict:
+    """``backend`` with the numba-cpu line's "N threads" said to be Numba's pool
+    (``NUMBA_NUM_THREADS``), not the threads a rank runs (``numba_threads``)."""
+    import numba  # deferred: keeps `mpidp info --help` fast
+
+    pool = numba.config.NUMBA_NUM_THREADS
+    if backend["name"] == "numba-cpu":
+        backend["detail"] = backend["detail"].replace(
+            f", {pool} threads,", f", a pool of {pool} threads (NUMBA_NUM_THREADS),", 1)
+    return backend
 
 
 def allreduce_facts(comm) -> dict:
@@ -143,12 +186,18 @@ def format_report(report: dict) -> str:
     lines += ["", "MPI job",
               f"  communicator size  {report['size']}",
               f"  CUDA-aware MPI     {report['mpi_cuda_aware']}"]
-    lines.append("  rank  host                  pid  local_ranks  cores  threads  mpi_threads")
+    lines.append("  rank  host                  pid  local_ranks  cores  torch  numba"
+                 "  mpi_threads")
     for r in report["ranks"]:
         local = "-" if r["local_ranks"] is None else r["local_ranks"]
         lines.append(f"  {r['rank']:>4}  {r['host'][:18]:<18}  {r['pid']:>7}  {local:>11}"
-                     f"  {r['cores']:>5}  {r['threads']:>7}  {r['mpi_thread_level']}")
-    lines.append("  (threads: what mpidp train and prep run per rank without --threads)")
+                     f"  {r['cores']:>5}  {r['torch_threads']:>5}  {r['numba_threads']:>5}"
+                     f"  {r['mpi_thread_level']}")
+    pool = report["ranks"][0]["numba_pool"]
+    lines.append("  (torch, numba: the threads per rank of mpidp train without --threads, "
+                 "torch's and Numba's;")
+    lines.append(f"   Numba's at most its pool of {pool}, NUMBA_NUM_THREADS; prep parses on "
+                 "torch's count)")
     over = [r for r in report["ranks"] if r["oversubscribed"]]
     bound = [r for r in report["ranks"] if r["bound"]]
     if over:

@@ -45,11 +45,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
 
+def check_cache(cache: str) -> None:
+    """Raise PrepError (collective, one line) unless ``--cache`` can hold the
+    synthetic file: a folder, or a path whose nearest existing part is one
+    (the missing folders are made). A file there ended in a traceback from
+    ``mkdir`` after the options were taken."""
+    if not str(cache).strip():
+        raise PrepError("--cache is empty; give a folder, e.g. --cache ~/.cache/mpidp",
+                        collective=True)
+    path = Path(cache)
+    for part in (path, *path.parents):
+        if part.is_dir():
+            return
+        if part.exists() or part.is_symlink():
+            what = "it is" if part == path else f"{part} is"
+            raise PrepError(f"--cache {cache}: {what} not a folder; give a folder for the "
+                            "synthetic file (made if missing)", collective=True)
+
+
 def synthetic_file(cache: str, rows: int) -> str:
-    """The cached synthetic input, written with `mpidp synth` if missing."""
+    """The cached synthetic input, written with `mpidp synth` if missing
+    (``cache``: checked by :func:`check_cache`; a folder that cannot be made
+    is a PrepError)."""
     path = Path(cache) / f"synth-pums-2018-{rows}-seed1.csv"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PrepError(f"--cache {cache}: cannot make the folder: "
+                            f"{exc.strerror or exc}") from None
         print(f"writing {path} ({rows:,} rows, once) ...", file=sys.stderr, flush=True)
         _checked([find_tool("mpidp"), "synth", "--rows", str(rows), "--out", str(path),
                   "--seed", "1", "--quiet"])
@@ -176,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
         raise PrepError(f"--input {args.input}: no such file", collective=True)
     if args.json:  # before the runs: the same rule as every output (atomic.check_writable)
         atomic.check_writable(args.json, option="--json", example="out.json")
+    if not args.input:  # the synthetic file's folder (--input needs none)
+        check_cache(args.cache)
     source = args.input or synthetic_file(args.cache, args.rows)
     records = _records(source)
     size_mb = os.path.getsize(source) / 1e6

@@ -266,9 +266,14 @@ def test_budget_arithmetic_counts_the_epochs_that_fit():
 
 
 def _reference_points():
+    """The committed grid's points with PRV's figures: ``--json`` of ``mpidp
+    bench accountant`` (its points under ``points``), or the bare list it
+    wrote before it recorded its provenance."""
     if not REFERENCE.exists():
         return []
-    return [r for r in json.loads(REFERENCE.read_text()) if "sigma_prv" in r]
+    document = json.loads(REFERENCE.read_text())
+    points = document["points"] if isinstance(document, dict) else document
+    return [r for r in points if "sigma_prv" in r]
 
 
 def _grid_points():
@@ -412,6 +417,8 @@ def test_privacy_command_refuses_an_unknown_accountant_in_one_line():
     (["--rates", "0.01,1.5"], "--rates: 1.5 must be a finite number in (0, 1]"),
     (["--steps", "0"], "--steps: 0 must be a whole number > 0"),
     (["--delta", "2"], "--delta 2 must be in (0, 1)"),
+    (["--jobs", "0"], "--jobs 0 must be at least 1"),
+    (["--jobs", "-1"], "--jobs -1 must be at least 1"),
 ])
 def test_bench_accountant_refuses_a_bad_grid_before_any_point(argv, message, capsys):
     """Each bad value became an error row and the run exited 0."""
@@ -422,3 +429,72 @@ def test_bench_accountant_refuses_a_bad_grid_before_any_point(argv, message, cap
     except SystemExit as stop:
         code = stop.code
     assert code == 2 and capsys.readouterr().err == f"mpidp: error: {message}\n"
+
+
+def _bench_accountant(*argv: str) -> int:
+    """``mpidp bench accountant ARGV`` in this process; its exit code."""
+    from engine.cli import main
+
+    try:
+        return main(["bench", "accountant", *argv])
+    except SystemExit as stop:
+        return stop.code
+
+
+def test_bench_accountant_json_records_provenance_and_q_in_full(tmp_path, monkeypatch,
+                                                                capsys):
+    """--json was a bare list (no command, date, commit or machine), and the q
+    column printed 0.0019 for --rates 0.00195 while the footer said 0.00195."""
+    from engine.bench import accountant as bench
+
+    def fake(q, steps, target, delta, reference, stop=None):
+        return {"epsilon": target, "q": q, "steps": steps, "delta": delta, "seconds": 0.5,
+                "sigma": 0.77, "interval": 1e-3, "epsilon_pld": 0.9999, "peak_rss_mib": 99.0}
+
+    monkeypatch.setattr(bench, "_in_subprocess", fake)
+    out = tmp_path / "grid.json"
+    assert _bench_accountant("--epsilons", "1", "--rates", "0.00195", "--steps", "2570",
+                             "--json", str(out)) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.split()[:3] == ["1", "0.00195", "2570"]
+    document = json.loads(out.read_text())
+    assert document["points"] == [fake(0.00195, 2570, 1.0, 1e-5, "none")]
+    assert (document["delta"], document["reference"], document["jobs"]) == (1e-5, "none", 1)
+    assert {"command", "date", "commit", "machine"} <= set(document["provenance"])
+
+
+def test_bench_accountant_stops_at_once_on_a_signal(tmp_path, monkeypatch, capsys):
+    """SIGINT used to end the run only once every queued point was computed:
+    now the queue is dropped and running points' processes killed, within a
+    second, with the one-line stop and no --json."""
+    import signal
+    import threading
+    import time
+
+    from engine import stopping
+    from engine.bench import accountant as bench
+
+    started = []
+    real = bench.subprocess.Popen
+
+    def slow_point(argv, **kwargs):  # each point a 5 s process; the signal once one runs
+        proc = real(["sleep", "5"], **kwargs)
+        started.append(proc)
+        if len(started) == 1:
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return proc
+
+    monkeypatch.setattr(bench.subprocess, "Popen", slow_point)
+    out = tmp_path / "grid.json"
+    begun = time.monotonic()
+    try:
+        code = _bench_accountant("--epsilons", "1,2", "--rates", "0.5", "--steps", "10,20",
+                                 "--jobs", "2", "--json", str(out))
+    finally:
+        stopping.forget_signals()
+    assert time.monotonic() - begun < 3.0  # four points of 5 s, two at a time: 10 s
+    assert code == 130
+    assert capsys.readouterr().err == "mpidp: stopped by SIGINT (exit code 130)\n"
+    assert started and all(proc.poll() is not None for proc in started)
+    assert len(started) <= 2 and not out.exists()
+

@@ -172,3 +172,65 @@ def test_bench_generic_path_steps_the_same_model_as_the_fused_one(tmp_path, step
         step.engine.clipped_sum(k, step.max_norm)
     want = module_layout(fused.grad)
     assert torch.allclose(generic.grad, want, rtol=1e-4, atol=1e-6) and want.any()
+
+
+@pytest.mark.parametrize("argv, message", [
+    # each was run without a word: the models' own data, widths and features
+    (["--models", "mlp", "--hidden", "7"],
+     "--hidden would be ignored with --models: each model has its own data, widths and "
+     "features, no naive loop or blocks; drop it"),
+    (["--models", "mlp", "--features", "5", "--naive-steps", "3", "--block", "1", "--data",
+      "X.h5"], "--data, --features, --naive-steps, --block would be ignored with --models"),
+    (["--device", "cuda", "--hidden", "7"],
+     r"--hidden would be ignored with --device cuda \(the built-in models\)"),
+    # the file's rows and features silently replaced these
+    (["--data", "X.h5", "--rows", "600"],
+     "--rows would be ignored with --data X.h5: the file's rows and features are used; "
+     "drop it"),
+    (["--data", "X.h5", "--rows", "600", "--features", "5"],
+     "--rows, --features would be ignored with --data X.h5"),
+])
+def test_bench_refuses_options_it_would_ignore(argv, message, monkeypatch):
+    from engine.bench import dpsgd_models
+
+    monkeypatch.setattr(dpsgd_models, "run", lambda args: pytest.fail("ran the models"))
+    monkeypatch.setattr(dpsgd, "_load", lambda args: pytest.fail("read the data"))
+    with pytest.raises(ConfigError, match=message):
+        _run("--steps", "1", "--repeats", "1", *argv)
+
+
+@pytest.fixture
+def threads_kept():
+    """This process's torch and Numba thread counts, put back after the test."""
+    import numba
+    import torch
+
+    before = torch.get_num_threads(), numba.get_num_threads()
+    yield
+    torch.set_num_threads(before[0])
+    numba.set_num_threads(before[1])
+
+
+def test_bench_labels_the_threads_it_runs_and_says_they_oversubscribe(tmp_path, capsys,
+                                                                       monkeypatch,
+                                                                       threads_kept):
+    """--threads above Numba's pool printed "8 thread(s)" beside "its rows cut over
+    2 threads", and nothing on the oversubscribed cores."""
+    import os
+
+    import numba
+
+    pool = numba.config.NUMBA_NUM_THREADS
+    many = 2 * max(pool, os.cpu_count() or 1)
+    monkeypatch.setattr(dpsgd, "_steppers",
+                        lambda *a, **k: ({"mpidp-dp": lambda rows: rows.shape[0]}, True))
+    out = tmp_path / "t.json"
+    assert _run("--rows", "500", "--features", "4", "--steps", "2", "--repeats", "1",
+                "--methods", "mpidp-dp", "--threads", str(many), "--json", str(out)) == 0
+    data = json.loads(out.read_text())
+    assert (data["threads"], data["numba_threads"], data["numba_pool"]) == (many, pool, pool)
+    assert data["threads_note"].startswith(f"note: --threads {many} with 1 rank(s)")
+    head, note = capsys.readouterr().out.splitlines()[:2]
+    assert (f", {many} torch thread(s), {pool} Numba thread(s) (its pool, "
+            f"NUMBA_NUM_THREADS={pool}), ") in head
+    assert note == data["threads_note"]

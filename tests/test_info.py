@@ -21,6 +21,9 @@ def test_info_under_two_ranks_reports_size_two(tmp_path):
     assert report["mpi_cuda_aware"] in ("yes", "no", "unknown")
     names = [b["name"] for b in report["kernel_backends"]]
     assert names == ["numba-cpu", "numba-cuda", "cuda-simulator", "cupy"]
+    for rank in report["ranks"]:  # a training run's threads, Numba's pool apart
+        assert rank["torch_threads"] == rank["threads"]
+        assert rank["numba_threads"] == min(rank["threads"], rank["numba_pool"])
     for key in ("mpidp", "python", "mpi4py", "mpi_library", "torch", "numba", "h5py"):
         assert report["versions"][key]
     facts = report["allreduce"]  # mpiexec on one machine: the shared pair
@@ -70,6 +73,41 @@ def test_collect_gathers_every_rank(comm):
         assert not any(r["size_mismatch"] for r in report["ranks"])
     else:
         assert report is None
+
+
+@pytest.mark.mpi(min_size=1)
+def test_collect_reports_a_training_runs_threads_and_puts_back_its_own(comm):
+    """`mpiexec -n 2 mpidp info --json` said "threads": 1 per rank beside
+    "numba_threads": 2 (Numba's pool) and torch's default count, and the
+    back-ends' line "2 threads": each is now a training run's count or says
+    it is the pool, and the process keeps its own counts."""
+    import numba
+    import torch
+
+    from engine.info import collect, format_report
+    from engine.run.threads import configure_threads
+
+    before = torch.get_num_threads(), numba.get_num_threads()
+    expected = configure_threads(None, comm).threads  # what mpidp train sets
+    try:
+        torch.set_num_threads(expected + 1)  # not a training run's count
+        numba.set_num_threads(1)
+        report = collect()
+        assert (torch.get_num_threads(), numba.get_num_threads()) == (expected + 1, 1)
+    finally:
+        torch.set_num_threads(before[0])
+        numba.set_num_threads(before[1])
+    if comm.Get_rank() != 0:
+        return
+    pool = numba.config.NUMBA_NUM_THREADS
+    for rank in report["ranks"]:
+        assert rank["threads"] == rank["torch_threads"]
+        assert (rank["numba_threads"], rank["numba_pool"]) == (min(rank["threads"], pool), pool)
+    detail = report["kernel_backends"][0]["detail"]
+    assert f"a pool of {pool} threads (NUMBA_NUM_THREADS)" in detail
+    text = format_report(report)
+    assert "cores  torch  numba  mpi_threads" in text
+    assert f"Numba's at most its pool of {pool}, NUMBA_NUM_THREADS" in text
 
 
 def test_auto_text_names_algorithm_and_channel():

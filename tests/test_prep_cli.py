@@ -386,6 +386,28 @@ def test_bench_prep_refuses_bad_options(argv, message):
         args._run(args)
 
 
+@pytest.mark.parametrize("below", ["", "sub/folder"])
+def test_bench_prep_refuses_a_cache_that_is_a_file_in_one_line(tmp_path, monkeypatch, below):
+    """--cache naming a file (or a path through one) ended in mkdir's
+    FileExistsError traceback; now one line before any run."""
+    from engine.cli import build_parser
+    from preprocessing import bench
+    from preprocessing.errors import PrepError
+
+    monkeypatch.setattr(bench, "_checked", lambda argv: pytest.fail(f"ran {argv}"))
+    existing = tmp_path / "cache"
+    existing.write_text("not a folder")
+    cache = existing / below if below else existing
+    args = build_parser().parse_args(["bench", "prep", "--rows", "2000", "--ranks", "1",
+                                      "--repeat", "1", "--cache", str(cache)])
+    with pytest.raises(PrepError) as refused:
+        args._run(args)
+    what = "it is" if not below else f"{existing} is"
+    assert str(refused.value) == (f"--cache {cache}: {what} not a folder; give a folder for "
+                                  "the synthetic file (made if missing)")
+    assert refused.value.collective and refused.value.exit_code == 2
+
+
 def test_bench_prep_reports_a_failing_run_in_one_line(tmp_path):
     """A file prep refuses (a header, no records): the failing run's last words,
     no traceback."""

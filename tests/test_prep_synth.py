@@ -153,3 +153,36 @@ def test_synth_into_a_directory_suggests_a_csv_name(tmp_path, capsys):
     assert f"is a directory; give a file name for --out, e.g. {tmp_path / 'persons.csv'}" \
         in err, err  # it said pums.h5, prep's output, for a CSV
     assert list(tmp_path.iterdir()) == []
+
+
+def test_synth_writes_gzip_for_a_gz_name(tmp_path):
+    """`--out s.csv.gz` wrote plain CSV under that name, which prep then
+    refused as a damaged file: now gzip, the same lines as the plain file."""
+    import gzip
+
+    from engine.cli import main
+
+    plain, packed = tmp_path / "s.csv", tmp_path / "psam_p98.csv.GZ"
+    for out in (plain, packed):
+        assert main(["synth", "--rows", "40", "--out", str(out), "--quiet", "--seed", "3"]) == 0
+    with gzip.open(packed, "rb") as stream:
+        assert stream.read() == plain.read_bytes()
+    first = packed.read_bytes()
+    assert main(["synth", "--rows", "40", "--out", str(packed), "--quiet", "--seed", "3"]) == 0
+    assert packed.read_bytes() == first  # no time in its header: same seed, same bytes
+
+
+@pytest.mark.parametrize("name, what", [("s10.zip", "a zip archive (.zip)"),
+                                        ("s10.csv.BZ2", "bzip2 (.bz2)"),
+                                        ("s10.csv.xz", "xz (.xz)")])
+def test_synth_refuses_a_compressed_name_it_does_not_write(tmp_path, capsys, name, what):
+    from engine.cli import main
+
+    out = tmp_path / name
+    with pytest.raises(SystemExit) as exit_:
+        main(["synth", "--rows", "10", "--out", str(out), "--quiet"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"mpidp: error: --out {out}: mpidp synth writes CSV, or "
+                                       f"gzip for a name ending in .gz, not {what}: name it "
+                                       ".csv or .csv.gz\n")
+    assert list(tmp_path.iterdir()) == []

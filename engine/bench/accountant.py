@@ -13,7 +13,11 @@ relative differences. The last lines give the maxima over the grid. Examples:
   mpidp bench accountant --epsilons 1 --rates 0.00195 --steps 2570 --reference opacus
   mpidp bench accountant --json grid.json --jobs 2
 
-Run it on one rank: it is offline arithmetic.
+Run it on one rank: it is offline arithmetic. ``--json`` writes one document:
+the run's settings, every point's result under ``points`` and the
+``provenance`` block (command, date, commit, machine). A stop signal ends
+the run at once: queued points are dropped, running ones killed, nothing
+written.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from engine import outputs
@@ -49,9 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", choices=("none", "opacus"), default="none",
                         help="also run Opacus' PRV accountant at each point (default: none)")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="points run at once, one process each (default: 1)")
+                        help="points run at once, one process each, at least 1 (default: 1)")
     parser.add_argument("--json", default=None, metavar="FILE",
-                        help="write every point's result as a JSON list")
+                        help="write every point's result (under \"points\") with the "
+                             "settings and provenance as JSON")
 
 
 def _floats(text: str, option: str, low: float = 0.0, high: float = math.inf,
@@ -158,22 +164,34 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def _in_subprocess(q: float, steps: int, target: float, delta: float, reference: str) -> dict:
-    """:func:`point` in a fresh process, stopped if it grows past MAX_POINT_RSS."""
-    import tempfile
-    import time
+def _in_subprocess(q: float, steps: int, target: float, delta: float, reference: str,
+                   stop: threading.Event | None = None) -> dict | None:
+    """:func:`point` in a fresh process, stopped if it grows past MAX_POINT_RSS.
 
+    Once ``stop`` is set (the run was interrupted) no process is started and a
+    running one is killed within a poll (0.2 s); the result is then None.
+    """
+    import tempfile
+
+    stop = stop or threading.Event()
+    if stop.is_set():
+        return None
     code = ("import json, sys; from engine.bench.accountant import point; "
             f"print(json.dumps(point({q!r}, {steps!r}, {target!r}, {delta!r}, {reference!r})))")
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err, text=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
-        too_big = False
+        too_big = stopped = False
         while proc.poll() is None:
             if _rss(proc.pid) > MAX_POINT_RSS:
                 too_big = True
                 proc.kill()
-            time.sleep(0.2)
+            if stop.wait(0.2):  # the poll's pause, cut short by a stop
+                stopped = True
+                proc.kill()
+                proc.wait()
+        if stopped:
+            return None
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
@@ -188,7 +206,8 @@ def _in_subprocess(q: float, steps: int, target: float, delta: float, reference:
 
 
 def _row(r: dict) -> str:
-    head = f"{r['epsilon']:>6g} {r['q']:>8.2g} {r['steps']:>7d}"
+    """One point's line of the table; q with the digits the footer gives it (``g``)."""
+    head = f"{r['epsilon']:>6g} {r['q']:>10g} {r['steps']:>7d}"
     if "sigma" not in r:
         return f"{head}  {r.get('error', '?')[:70]}"
     line = (f"{head} {r['sigma']:>9.4f} {r['epsilon_pld']:>8.4f} {r['seconds']:>6.2f} "
@@ -211,23 +230,19 @@ def run(args: argparse.Namespace) -> int:
     steps = [int(s) for s in _floats(args.steps, "--steps", whole=True)]
     if not 0.0 < args.delta < 1.0:
         raise ConfigError(f"--delta {args.delta:g} must be in (0, 1)", collective=True)
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs {args.jobs} must be at least 1", collective=True)
     if MPI.COMM_WORLD.Get_rank() != 0:
         return 0
     outputs.check_all({"--json": args.json})  # before the minutes of work (engine.outputs)
     grid = [(q, t, e) for e in epsilons for q in rates for t in steps]
     print(f"PLD calibration (dp-accounting) at delta={args.delta:g}, {len(grid)} points, "
           f"{args.jobs} at a time")
-    head = f"{'eps':>6} {'q':>8} {'steps':>7} {'sigma':>9} {'eps_pld':>8} {'s':>6} {'MiB':>6}"
+    head = f"{'eps':>6} {'q':>10} {'steps':>7} {'sigma':>9} {'eps_pld':>8} {'s':>6} {'MiB':>6}"
     if args.reference == "opacus":
         head += f" {'sigma_prv':>9} {'eps_prv':>8} {'dsigma':>7} {'deps':>7}"
     print(head, flush=True)
-    results = []
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        futures = [pool.submit(_in_subprocess, q, t, e, args.delta, args.reference)
-                   for q, t, e in grid]
-        for future in futures:
-            results.append(future.result())
-            print(_row(results[-1]), flush=True)
+    results = _walk(grid, args)
     done = [r for r in results if "sigma" in r]
     if done:
         worst = max(done, key=lambda r: r["seconds"])
@@ -243,5 +258,35 @@ def run(args: argparse.Namespace) -> int:
               f"{max(abs(r['epsilon_pld'] / r['epsilon_prv'] - 1) for r in compared):.2%} "
               f"over {len(compared)} points")
     if args.json:
-        outputs.write_json(args.json, results, "--json")
+        from collectives import machine  # deferred: a point's process imports this module
+
+        where = machine.describe()
+        outputs.write_json(args.json, {
+            "delta": args.delta, "reference": args.reference, "jobs": args.jobs,
+            "points": results, "provenance": machine.provenance(where)}, "--json")
     return 0
+
+
+def _walk(grid: list[tuple[float, int, float]], args: argparse.Namespace) -> list[dict]:
+    """Each point of ``grid`` ((q, steps, epsilon)) in its own process, ``args.jobs``
+    at a time, printed in grid order as they finish; returns the results.
+
+    A stop signal (:class:`engine.stopping.Interrupted`, raised here while
+    waiting) drops the queued points, kills the running processes and is
+    raised again once they are gone (within about 0.2 s).
+    """
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(args.jobs)
+    results = []
+    try:
+        futures = [pool.submit(_in_subprocess, q, t, e, args.delta, args.reference, stop)
+                   for q, t, e in grid]
+        for future in futures:
+            results.append(future.result())
+            print(_row(results[-1]), flush=True)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return results

@@ -36,6 +36,13 @@ Run it on one rank (``mpidp bench dpsgd``). The ``mpidp-*`` methods run
 With ``--device cuda`` or ``--models`` it benchmarks the built-in models
 instead (the MLP, embedding-mlp, mnist-small, resnet20), graph and eager
 step beside plain PyTorch and Opacus: :mod:`engine.bench.dpsgd_models`.
+Options the chosen benchmark would ignore are refused (:func:`refuse_ignored`):
+``--data``, ``--features``, ``--hidden``, ``--naive-steps`` and ``--block``
+with the built-in models, ``--rows`` and ``--features`` with ``--data``.
+The header gives torch's and Numba's threads apart where Numba's pool
+(``NUMBA_NUM_THREADS``) is smaller than ``--threads``, and a ``--threads``
+above the cores prints the oversubscription note (``--json``: ``threads``,
+``numba_threads``, ``numba_pool``, ``threads_note``).
 """
 from __future__ import annotations
 
@@ -53,6 +60,7 @@ from engine import outputs
 from engine.bench import synthetic
 from engine.bench.dpsgd_models import METHODS as MODEL_METHODS
 from engine.bench.dpsgd_models import MODELS
+from engine.bench.noise import thread_facts, thread_label
 from engine.errors import ConfigError, OutputError
 from engine.shard import read_info, read_shard
 
@@ -78,24 +86,27 @@ RATIOS = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None,
-                        help="prepared HDF5 file; default: synthetic rows in memory")
+                        help="prepared HDF5 file; default: synthetic rows in memory (not "
+                        "with --rows, --features or --models)")
     parser.add_argument("--rows", type=int, default=None,
                         help="synthetic training rows (default: 790000, what prep makes of "
                         "the 1.2M-row file; with --models, each model's own)")
-    parser.add_argument("--features", type=int, default=100,
-                        help="synthetic features (default: 100)")
-    parser.add_argument("--hidden", default="128,128", help="hidden widths (default: 128,128)")
+    parser.add_argument("--features", type=int, default=None,
+                        help="synthetic features (default: 100; not with --data or --models)")
+    parser.add_argument("--hidden", default=None,
+                        help="hidden widths (default: 128,128; not with --models)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="expected batch size (default: 256; with --models, each "
                         "model's own: 32 for resnet20)")
     parser.add_argument("--steps", type=int, default=100, help="steps per method and round")
     parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds (median)")
-    parser.add_argument("--block", type=int, default=20,
+    parser.add_argument("--block", type=int, default=None,
                         help="timed steps a method runs before the next takes its turn "
-                        "(default: 20)")
-    parser.add_argument("--naive-steps", type=int, default=3,
-                        help="steps of the naive loop per round (it is ~100x slower; at "
-                        "least 1: leave naive out of --methods to skip it)")
+                        "(default: 20; not with --models)")
+    parser.add_argument("--naive-steps", type=int, default=None,
+                        help="steps of the naive loop per round (default: 3; it is ~100x "
+                        "slower; at least 1: leave naive out of --methods to skip it; not "
+                        "with --models)")
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated subset of {', '.join(METHODS)} (with --models: "
                         f"of {', '.join(MODEL_METHODS)}) (default: all)")
@@ -106,9 +117,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "these models instead of the MLP's methods (default with --device "
                         "cuda: all of them)")
     parser.add_argument("--threads", type=thread_count, default=None,
-                        help="torch/numba threads (default: as mpidp train: cores // ranks)")
+                        help="torch/numba threads (default: as mpidp train: cores // ranks; "
+                        "Numba's at most its pool, NUMBA_NUM_THREADS)")
     parser.add_argument("--seed", type=seed_value, default=0)
     parser.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")
+
+
+#: The MLP methods' defaults of the options :func:`refuse_ignored` checks
+#: (None in the parser, so that a given value can be told from a default).
+DEFAULTS = {"rows": 790_000, "features": 100, "hidden": "128,128", "batch_size": 256,
+            "block": 20, "naive_steps": 3}
+#: Options the built-in models' benchmark (--models, --device cuda) does not
+#: read: each model has its own synthetic data, widths and features, no naive
+#: loop, and its methods take turns round by round, not in blocks.
+NOT_WITH_MODELS = ("--data", "--features", "--hidden", "--naive-steps", "--block")
+#: Options a --data file decides: its rows and its features.
+NOT_WITH_DATA = ("--rows", "--features")
+
+
+def refuse_ignored(args: argparse.Namespace) -> None:
+    """Refuse an option the chosen benchmark would ignore: one of
+    :data:`NOT_WITH_MODELS` with ``--models`` (or ``--device cuda``, which
+    benchmarks the models), one of :data:`NOT_WITH_DATA` with ``--data``.
+
+    Raises:
+        ConfigError: (collective) naming the options and what overrides them.
+    """
+    def given(options: tuple[str, ...]) -> list[str]:
+        return [o for o in options if getattr(args, o[2:].replace("-", "_")) is not None]
+
+    if args.models is not None or args.device == "cuda":
+        ignored, why = given(NOT_WITH_MODELS), ("--models" if args.models is not None else
+                                                "--device cuda (the built-in models)")
+        reason = "each model has its own data, widths and features, no naive loop or blocks"
+    elif args.data is not None:
+        ignored, why = given(NOT_WITH_DATA), f"--data {args.data}"
+        reason = "the file's rows and features are used"
+    else:
+        return
+    if ignored:
+        raise ConfigError(f"{', '.join(ignored)} would be ignored with {why}: {reason}; "
+                          f"drop {'it' if len(ignored) == 1 else 'them'}", collective=True)
 
 
 #: Untimed steps at the start of each block: the first steps after another
@@ -340,6 +389,7 @@ def run(args: argparse.Namespace) -> int:
     if MPI.COMM_WORLD.Get_size() > 1:
         raise ConfigError("mpidp bench dpsgd compares methods in one process: run it "
                           "without mpiexec (or with -n 1)", collective=True)
+    refuse_ignored(args)
     if args.device == "cuda" and args.models is None:
         args.models = ",".join(MODELS)
     for option, value, least in (("--rows", args.rows, 1), ("--features", args.features, 1),
@@ -367,10 +417,11 @@ def run(args: argparse.Namespace) -> int:
         from engine.bench import dpsgd_models  # deferred: torch
 
         return dpsgd_models.run(args)
-    args.rows = 790_000 if args.rows is None else args.rows
-    args.batch_size = 256 if args.batch_size is None else args.batch_size
+    for name, default in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     args.methods = args.methods or ",".join(METHODS)
-    threads = configure_threads(args.threads).threads
+    threads = thread_facts(configure_threads(args.threads))
     warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
     warnings.filterwarnings("ignore", module="opacus")
     X, y, n_classes, source, groups, names = _load(args)
@@ -392,9 +443,11 @@ def run(args: argparse.Namespace) -> int:
         return out
 
     print(f"mpidp bench dpsgd: {spec.describe()}, {source}, expected batch "
-          f"{args.batch_size}, {threads} thread(s), {args.steps} steps x {args.repeats} "
+          f"{args.batch_size}, {thread_label(threads)}, {args.steps} steps x {args.repeats} "
           f"rounds (naive: {args.naive_steps} steps)" + ("" if have_opacus else
                                                            "; Opacus not installed"))
+    if threads["threads_note"]:
+        print(threads["threads_note"])
     where = machine.describe()
     from kernels.numba_target import CHOICE  # deferred: Numba
     from kernels.probe import mlp_step_mode
@@ -418,7 +471,7 @@ def run(args: argparse.Namespace) -> int:
         ratio = f"{ref / rate:.2f}x" if ref else "-"
         print(f"{name:<24} {rate:>12,.0f} {n / rate:>9.2f} {ratio:>12}")
     result = {"examples_per_s": median, "all_rounds": rates, "rows": n,
-              "batch_size": args.batch_size, "model": spec.describe(), "threads": threads,
+              "batch_size": args.batch_size, "model": spec.describe(), **threads,
               "data": source, "steps": args.steps, "repeats": args.repeats, "block": args.block,
               "machine": where,
               "numba_target": asdict(CHOICE), "mlp_step": step_mode,

@@ -19,8 +19,11 @@ Methods are interleaved over ``--repeats`` rounds of ``--steps`` steps, each
 round timed to the device's last kernel (``torch.cuda.synchronize``), and
 the median per method is reported; ratios (time per example, one over the
 other) are medians of the per-round ratios, so a change of load hits both
-alike. The header and ``--json`` name the device (GPU model), the CPU and
-the step each ``mpidp`` method ran.
+alike. The header and ``--json`` name the device (GPU model), the CPU, the
+CPU threads (torch's and Numba's, :func:`engine.bench.noise.thread_facts`)
+and the step each ``mpidp`` method ran. The MLP benchmark's ``--data``,
+``--features``, ``--hidden``, ``--naive-steps`` and ``--block`` are refused
+here (:func:`engine.bench.dpsgd.refuse_ignored`): nothing reads them.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import numpy as np
 from collectives import MPI, machine
 from engine import outputs
 from engine.bench import synthetic, synthetic_images
+from engine.bench.noise import thread_facts, thread_label
 
 #: The models, with the expected batch of each and the rows of its data.
 MODELS = {
@@ -264,15 +268,17 @@ def run(args) -> int:
     from engine.nn.device import select as select_device
     from engine.run.threads import configure_threads
 
-    threads = configure_threads(args.threads).threads
+    threads = thread_facts(configure_threads(args.threads))
     placement = select_device(args.device, MPI.COMM_SELF)
     device = placement.device
     names = args.models.split(",")
     methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
     where = machine.describe()
     gpu = _device_name(device)
-    print(f"mpidp bench dpsgd: {', '.join(names)} on {gpu}, {threads} CPU thread(s), "
-          f"{args.steps} steps x {args.repeats} rounds")
+    print(f"mpidp bench dpsgd: {', '.join(names)} on {gpu}, {thread_label(threads)} on the "
+          f"CPU, {args.steps} steps x {args.repeats} rounds")
+    if threads["threads_note"]:
+        print(threads["threads_note"])
     print(f"machine: {machine.one_line(where)}")
     warnings_off()
     out: dict = {}
@@ -281,7 +287,7 @@ def run(args) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if args.json:
-        outputs.write_json(args.json, {"device": gpu, "machine": where, "threads": threads,
+        outputs.write_json(args.json, {"device": gpu, "machine": where, **threads,
                                        "steps": args.steps, "repeats": args.repeats,
                                        "models": out,
                                        "provenance": machine.provenance(where)}, "--json")
