@@ -9,6 +9,7 @@ import pytest
 
 from collectives import machine
 from engine.bench import noise
+from engine.run import threads
 from engine.cli import build_parser
 from engine.errors import ConfigError, OutputError
 
@@ -90,7 +91,7 @@ def test_bench_noise_labels_the_threads_each_library_runs(tmp_path, capsys, monk
     assert (f"per call, {many} torch thread(s), {pool} Numba thread(s) (its pool, "
             f"NUMBA_NUM_THREADS={pool}), 1 rounds") in head
     assert note == data["threads_note"]
-    assert noise.thread_label({"threads": 2, "numba_threads": 2}) == "2 thread(s)"
+    assert threads.thread_label({"threads": 2, "numba_threads": 2}) == "2 thread(s)"
 
 
 @pytest.mark.parametrize("argv, error, message", [

@@ -60,7 +60,6 @@ from engine import outputs
 from engine.bench import synthetic
 from engine.bench.dpsgd_models import METHODS as MODEL_METHODS
 from engine.bench.dpsgd_models import MODELS
-from engine.bench.noise import thread_facts, thread_label
 from engine.errors import ConfigError, OutputError
 from engine.shard import read_info, read_shard
 
@@ -384,7 +383,7 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.choices import parse_hidden
     from engine.nn.mlp import MLPSpec
-    from engine.run.threads import configure_threads
+    from engine.run.threads import configure_threads, thread_facts, thread_label
 
     if MPI.COMM_WORLD.Get_size() > 1:
         raise ConfigError("mpidp bench dpsgd compares methods in one process: run it "
@@ -421,7 +420,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) is None:
             setattr(args, name, default)
     args.methods = args.methods or ",".join(METHODS)
-    threads = thread_facts(configure_threads(args.threads))
+    configured = configure_threads(args.threads)
+    threads = thread_facts(configured.threads, configured.note)
     warnings.filterwarnings("ignore", category=UserWarning, message=".*backward hook.*")
     warnings.filterwarnings("ignore", module="opacus")
     X, y, n_classes, source, groups, names = _load(args)

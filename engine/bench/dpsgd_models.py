@@ -20,7 +20,7 @@ round timed to the device's last kernel (``torch.cuda.synchronize``), and
 the median per method is reported; ratios (time per example, one over the
 other) are medians of the per-round ratios, so a change of load hits both
 alike. The header and ``--json`` name the device (GPU model), the CPU, the
-CPU threads (torch's and Numba's, :func:`engine.bench.noise.thread_facts`)
+CPU threads (torch's and Numba's, :func:`engine.run.threads.thread_facts`)
 and the step each ``mpidp`` method ran. The MLP benchmark's ``--data``,
 ``--features``, ``--hidden``, ``--naive-steps`` and ``--block`` are refused
 here (:func:`engine.bench.dpsgd.refuse_ignored`): nothing reads them.
@@ -35,7 +35,6 @@ import numpy as np
 from collectives import MPI, machine
 from engine import outputs
 from engine.bench import synthetic, synthetic_images
-from engine.bench.noise import thread_facts, thread_label
 
 #: The models, with the expected batch of each and the rows of its data.
 MODELS = {
@@ -266,9 +265,10 @@ def run(args) -> int:
     import torch
 
     from engine.nn.device import select as select_device
-    from engine.run.threads import configure_threads
+    from engine.run.threads import configure_threads, thread_facts, thread_label
 
-    threads = thread_facts(configure_threads(args.threads))
+    configured = configure_threads(args.threads)
+    threads = thread_facts(configured.threads, configured.note)
     placement = select_device(args.device, MPI.COMM_SELF)
     device = placement.device
     names = args.models.split(",")

@@ -15,7 +15,8 @@ parameter count, 29,698 for the default MLP 100-128-128-2):
 Methods are interleaved over ``--repeats`` rounds and the median reported,
 so a load change hits them alike; the ratios are each method's time over
 mpidp's. The header names the CPU, its vector extensions, the target
-Numba compiled for and the threads each library runs (:func:`thread_facts`:
+Numba compiled for and the threads each library runs
+(:func:`engine.run.threads.thread_facts`:
 ``--threads`` above Numba's pool gives torch more threads than mpidp's
 kernel, and a count above the cores prints the oversubscription note, also
 in ``--json``). Run it on one rank::
@@ -29,15 +30,11 @@ import argparse
 import statistics
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 from collectives import MPI, machine
 from engine import outputs
 from engine.choices import thread_count
 from engine.errors import ConfigError, OutputError
-
-if TYPE_CHECKING:
-    from engine.run.threads import Threads
 
 METHODS = ("mpidp", "torch", "numpy-sfc64", "numpy-pcg64")
 
@@ -89,27 +86,6 @@ def _methods(size: int) -> tuple[dict, dict]:
     }, buffers
 
 
-def thread_facts(configured: Threads) -> dict:
-    """The threads a benchmark runs on, once :func:`engine.run.threads.configure_threads`
-    returned ``configured``: ``threads`` (torch's: ``--threads`` or the cores
-    per rank), ``numba_threads`` (Numba's: as many, at most its pool,
-    ``NUMBA_NUM_THREADS``), ``numba_pool`` and ``threads_note`` (the
-    oversubscription note, None when the threads fit the cores)."""
-    import numba  # deferred: kept out of `mpidp bench --help`
-
-    return {"threads": configured.threads, "numba_threads": numba.get_num_threads(),
-            "numba_pool": numba.config.NUMBA_NUM_THREADS, "threads_note": configured.note}
-
-
-def thread_label(facts: dict) -> str:
-    """``N thread(s)`` for :func:`thread_facts`, or torch's and Numba's counts
-    apart where Numba's pool holds fewer than ``--threads``."""
-    if facts["numba_threads"] == facts["threads"]:
-        return f"{facts['threads']} thread(s)"
-    return (f"{facts['threads']} torch thread(s), {facts['numba_threads']} Numba thread(s) "
-            f"(its pool, NUMBA_NUM_THREADS={facts['numba_pool']})")
-
-
 def _time(call, seconds: float) -> float:
     """Seconds per call: calls repeated for about ``seconds``."""
     calls, start = 0, time.perf_counter()
@@ -123,7 +99,7 @@ def _time(call, seconds: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Rank 0 alone: every method on the same buffer size; prints the table."""
-    from engine.run.threads import configure_threads
+    from engine.run.threads import configure_threads, thread_facts, thread_label
 
     if MPI.COMM_WORLD.Get_size() > 1:
         raise ConfigError("mpidp bench noise times one process: run it without mpiexec "
@@ -139,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     except OutputError as exc:
         exc.collective = True
         raise
-    threads = thread_facts(configure_threads(args.threads))
+    configured = configure_threads(args.threads)
+    threads = thread_facts(configured.threads, configured.note)
     where = machine.describe()
     from kernels.numba_target import CHOICE  # deferred: Numba
     print(f"mpidp bench noise: {args.size:,} float32 samples per call, "

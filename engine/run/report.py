@@ -37,6 +37,8 @@ def first_line(t) -> str | None:
 def describe(t) -> list[str]:
     """The lines a run starts with: where it resumes, notes, the step that runs,
     the model and data, and the privacy plan."""
+    from engine.run.threads import thread_facts, thread_label  # torch, numba: loaded by now
+
     lines: list[str] = []
     cfg = t.cfg
     first = first_line(t)
@@ -63,7 +65,7 @@ def describe(t) -> list[str]:
     lines.append(f"mpidp train: {unit}{t.model.describe()} on {cfg.data} "
                  f"({t.info.rows['train']:,} training rows{households}, "
                  f"{t.info.n_features} features), "
-                 f"{t.size} rank(s) x {t.threads} thread(s), kernels "
+                 f"{t.size} rank(s) x {thread_label(thread_facts(t.threads))}, kernels "
                  f"{t.engine.backends['clip_rows']}"
                  + ("" if t.engine.backends.get("mlp_step", "composed") == "composed"
                     else " (the MLP step in one call)" if t.engine.parts == 1

@@ -62,3 +62,22 @@ def oversubscription_note(requested: int | None, share: CoreShare) -> str | None
             f"{requested * local} threads on {share.capacity} core(s) ({share.cores} for this "
             "rank): they take turns and every step slows down; leave --threads out for one "
             "thread per core")
+
+
+def thread_facts(threads: int, note: str | None = None) -> dict:
+    """The threads a run or benchmark runs on, once :func:`configure_threads`
+    set ``threads`` (torch's: ``--threads`` or the cores per rank) with
+    ``note`` (its oversubscription note, None when the threads fit the cores):
+    ``threads``, ``numba_threads`` (Numba's: as many, at most its pool,
+    ``NUMBA_NUM_THREADS``), ``numba_pool`` and ``threads_note``."""
+    return {"threads": threads, "numba_threads": numba.get_num_threads(),
+            "numba_pool": numba.config.NUMBA_NUM_THREADS, "threads_note": note}
+
+
+def thread_label(facts: dict) -> str:
+    """``N thread(s)`` for :func:`thread_facts`, or torch's and Numba's counts
+    apart where Numba's pool holds fewer than ``--threads``."""
+    if facts["numba_threads"] == facts["threads"]:
+        return f"{facts['threads']} thread(s)"
+    return (f"{facts['threads']} torch thread(s), {facts['numba_threads']} Numba thread(s) "
+            f"(its pool, NUMBA_NUM_THREADS={facts['numba_pool']})")
