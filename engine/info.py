@@ -144,7 +144,7 @@ def collect() -> dict | None:
             "size": comm.Get_size(),
             "ranks": ranks,
             "mpi_cuda_aware": {True: "yes", False: "no", None: "unknown"}[cuda_aware],
-            "kernel_backends": [_pool_labelled(vars(b)) for b in probe_all()],
+            "kernel_backends": [vars(b) for b in probe_all()],
             "allreduce": reduce_facts,
             "environment": {k: os.environ[k] for k in sorted(os.environ)
                             if k in THREAD_VARIABLES or k.startswith("MPIR_CVAR_")
@@ -153,18 +153,6 @@ def collect() -> dict | None:
     finally:
         torch.set_num_threads(before[0])
         numba.set_num_threads(before[1])
-
-
-def _pool_labelled(backend: dict) -> dict:
-    """``backend`` with the numba-cpu line's "N threads" said to be Numba's pool
-    (``NUMBA_NUM_THREADS``), not the threads a rank runs (``numba_threads``)."""
-    import numba  # deferred: keeps `mpidp info --help` fast
-
-    pool = numba.config.NUMBA_NUM_THREADS
-    if backend["name"] == "numba-cpu":
-        backend["detail"] = backend["detail"].replace(
-            f", {pool} threads,", f", a pool of {pool} threads (NUMBA_NUM_THREADS),", 1)
-    return backend
 
 
 def allreduce_facts(comm) -> dict:

@@ -54,7 +54,8 @@ def numba_cpu() -> Availability:
     from kernels.numba_target import CHOICE
 
     return Availability("numba-cpu", True,
-                        f"numba {version}, {numba.config.NUMBA_NUM_THREADS} threads, "
+                        f"numba {version}, a pool of {numba.config.NUMBA_NUM_THREADS} "
+                        "threads (NUMBA_NUM_THREADS), "
                         f"threading layer '{numba.config.THREADING_LAYER}'; "
                         f"{CHOICE.describe()}; {mlp_step_mode()}")
 
