@@ -275,6 +275,21 @@ def test_refusals_in_the_audits_terms_reach_every_rank(data, comm, settings, wor
     assert "--allow-large-delta" not in said and "--accountant" not in said
 
 
+@pytest.mark.mpi(min_size=1)
+def test_an_error_in_rank_0s_analysis_reaches_every_rank(data, comm, monkeypatch):
+    """The analysis after training runs on rank 0 alone: an error there ended
+    the job through rank 0's abort while the others waited in the broadcast."""
+    from engine.audit import one_run_fdp
+
+    def fails(*args, **kwargs):
+        raise PrivacyError("the analysis cannot be made here")
+
+    if comm.Get_rank() == 0:
+        monkeypatch.setattr(one_run_fdp, "dpsgd_fbar_inverse", fails)
+    with pytest.raises(PrivacyError, match="the analysis cannot be made here"):
+        canary.run_canary_audit(data, comm, **{**RUN, "m": 50, "epsilon": 2.0})
+
+
 def test_a_refuted_claim_is_exit_code_4(data, monkeypatch, capsys):
     """The command's own path, with the test-only fault slipped under it."""
     from engine.audit import command

@@ -94,7 +94,7 @@ from engine.audit.canary_claim import (MAX_RESIDUALS, advice, canaries_to_reach,
 from engine.audit.canary_result import CanaryAudit
 from engine.dp.streams import (STREAM_CANARY_COINS, STREAM_CANARY_ROWS, STREAM_CANARY_SECRETS,
                                seed_sequence)
-from engine.errors import ConfigError, PrivacyError
+from engine.errors import ConfigError, MpidpError, PrivacyError, agree
 
 if TYPE_CHECKING:
     import torch
@@ -390,55 +390,59 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
     if used != trainer.total_steps:
         raise RuntimeError(f"the audited run took {used} of {trainer.total_steps} steps")
     sampled = int(comm.allreduce(state["hook"].sampled, op=MPI.SUM))
-    result = None
+    result, error = None, None
     if rank == 0:  # the same inputs on every rank; one computes, all receive
-        ks = (one_run.default_guess_sizes(m) if guesses is None
-              else [((guesses + 1) // 2, guesses // 2)])
-        analyses = (one_run.epsilon_lower_bound, one_run_fdp.epsilon_lower_bound)
+        try:
+            ks = (one_run.default_guess_sizes(m) if guesses is None
+                  else [((guesses + 1) // 2, guesses // 2)])
+            analyses = (one_run.epsilon_lower_bound, one_run_fdp.epsilon_lower_bound)
 
-        def audited(evidence: np.ndarray, included: np.ndarray) -> list:
-            return [one_run.audit(evidence, included, delta, confidence, ks, bound=bound)
-                    for bound in analyses]
+            def audited(evidence: np.ndarray, included: np.ndarray) -> list:
+                return [one_run.audit(evidence, included, delta, confidence, ks, bound=bound)
+                        for bound in analyses]
 
-        evidence = scores(state["residuals"], trainer.q)
-        found, fdp = audited(evidence, state["included"])
-        fbar_inverse = one_run_fdp.dpsgd_fbar_inverse(trainer.q, trainer.accountant.sigma,
-                                                      trainer.total_steps, delta)
-        refuted = claim_rejected(evidence, state["included"], ks, trainer.q,
-                                 trainer.accountant.sigma, trainer.total_steps, delta,
-                                 confidence, fbar_inverse)
-        needed = needed_correct(m, ks, fbar_inverse, confidence)
-        X_c, y_c, in_c = state["rows"]
-        black, black_fdp = audited(row_scores(trainer.engine.logits(torch.from_numpy(X_c)),
-                                              y_c), in_c)
-        top, top_fdp = (one_run.largest_ceiling(m, ks, delta, confidence, bound)
-                        for bound in analyses)
-        claimed = trainer.accountant.epsilon()
-        verdict, wanted, told = "not-refuted", None, None
-        if refuted:
-            verdict = "refuted"
-        elif max(top, top_fdp) < claimed:
-            verdict = "cannot-refute"
-            # with the default guess sizes, which grow with m (a fixed --guesses
-            # need not gain from more canaries): the advice says to drop it
-            wanted = canaries_to_reach(claimed, delta, confidence, m)
-            told = advice(m, wanted, trainer.model.n_params, trainer.total_steps,
-                          trainer.info.n_features, trainer.info.n_classes, guesses)
-        last = trainer.history[-1] if trainer.history else {}
-        result = CanaryAudit(
-            epsilon_lower_bound=found.epsilon, claimed_epsilon=claimed,
-            delta=delta, confidence=confidence, m=m, included=int(state["included"].sum()),
-            k_in=found.k_in, k_out=found.k_out, guesses=found.guesses,
-            correct=found.correct, ceiling=top, choices=found.choices,
-            steps=trainer.total_steps, q=trainer.q, sigma=trainer.accountant.sigma,
-            n_train=trainer.n_train, ranks=size, noise_scale=float(noise_scale),
-            noise_ranks=noise_ranks, canary_samples=sampled,
-            test_accuracy=last.get("test_accuracy"), epsilon_fdp=fdp.epsilon,
-            k_in_fdp=fdp.k_in, k_out_fdp=fdp.k_out, correct_fdp=fdp.correct,
-            ceiling_fdp=top_fdp, epsilon_blackbox=black.epsilon,
-            epsilon_blackbox_fdp=black_fdp.epsilon, correct_blackbox=black.correct,
-            guesses_blackbox=black.guesses, claim_rejected=refuted, verdict=verdict,
-            needed_correct=None if needed is None else needed[0],
-            needed_guesses=None if needed is None else needed[1], canaries_needed=wanted,
-            advice=told)
+            evidence = scores(state["residuals"], trainer.q)
+            found, fdp = audited(evidence, state["included"])
+            fbar_inverse = one_run_fdp.dpsgd_fbar_inverse(trainer.q, trainer.accountant.sigma,
+                                                          trainer.total_steps, delta)
+            refuted = claim_rejected(evidence, state["included"], ks, trainer.q,
+                                     trainer.accountant.sigma, trainer.total_steps, delta,
+                                     confidence, fbar_inverse)
+            needed = needed_correct(m, ks, fbar_inverse, confidence)
+            X_c, y_c, in_c = state["rows"]
+            black, black_fdp = audited(row_scores(trainer.engine.logits(torch.from_numpy(X_c)),
+                                                  y_c), in_c)
+            top, top_fdp = (one_run.largest_ceiling(m, ks, delta, confidence, bound)
+                            for bound in analyses)
+            claimed = trainer.accountant.epsilon()
+            verdict, wanted, told = "not-refuted", None, None
+            if refuted:
+                verdict = "refuted"
+            elif max(top, top_fdp) < claimed:
+                verdict = "cannot-refute"
+                # with the default guess sizes, which grow with m (a fixed --guesses
+                # need not gain from more canaries): the advice says to drop it
+                wanted = canaries_to_reach(claimed, delta, confidence, m)
+                told = advice(m, wanted, trainer.model.n_params, trainer.total_steps,
+                              trainer.info.n_features, trainer.info.n_classes, guesses)
+            last = trainer.history[-1] if trainer.history else {}
+            result = CanaryAudit(
+                epsilon_lower_bound=found.epsilon, claimed_epsilon=claimed,
+                delta=delta, confidence=confidence, m=m, included=int(state["included"].sum()),
+                k_in=found.k_in, k_out=found.k_out, guesses=found.guesses,
+                correct=found.correct, ceiling=top, choices=found.choices,
+                steps=trainer.total_steps, q=trainer.q, sigma=trainer.accountant.sigma,
+                n_train=trainer.n_train, ranks=size, noise_scale=float(noise_scale),
+                noise_ranks=noise_ranks, canary_samples=sampled,
+                test_accuracy=last.get("test_accuracy"), epsilon_fdp=fdp.epsilon,
+                k_in_fdp=fdp.k_in, k_out_fdp=fdp.k_out, correct_fdp=fdp.correct,
+                ceiling_fdp=top_fdp, epsilon_blackbox=black.epsilon,
+                epsilon_blackbox_fdp=black_fdp.epsilon, correct_blackbox=black.correct,
+                guesses_blackbox=black.guesses, claim_rejected=refuted, verdict=verdict,
+                needed_correct=None if needed is None else needed[0],
+                needed_guesses=None if needed is None else needed[1], canaries_needed=wanted,
+                advice=told)
+        except MpidpError as exc:  # one line on every rank, not rank 0's abort
+            error = exc
+    agree(comm, error)
     return comm.bcast(result, root=0)
