@@ -180,7 +180,7 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
     """:func:`train` itself (it ends the job when this raises on some ranks only)."""
     # deferred: torch and the trainer; `import engine` stays light
     from collectives import MPI
-    from engine.config import TrainConfig, api_options
+    from engine.config import TrainConfig, api_options, check_group_size_given
     from engine.entry import wait_for_peers
     from engine.errors import ConfigError
     from engine.trainer import Trainer
@@ -195,6 +195,7 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
     # the options given: a resume takes every other setting from the checkpoint
     given = set(options)
     options = api_options(options)
+    check_group_size_given(given, options.get("select_on"), bool(options.get("resume")))
     options.setdefault("progress", False)
     model_object = None
     if isinstance(model, str):

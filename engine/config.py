@@ -154,9 +154,6 @@ class TrainConfig:
         if self.group_by is not None and self.select_on != "worst_group_val_accuracy":
             fail(f"--group-by {self.group_by} chooses the groups of --select-on "
                  "worst_group_val_accuracy: add it, or leave --group-by out")
-        if self.min_group_size != MIN_GROUP_SIZE and self.select_on != "worst_group_val_accuracy":
-            fail(f"--min-group-size {self.min_group_size} sizes the groups of --select-on "
-                 "worst_group_val_accuracy: add it, or leave --min-group-size out")
         if self.min_group_size < 1:
             fail(f"--min-group-size {self.min_group_size}: give at least 1 (default 100)")
         if self.checkpoint_every < 1 or self.eval_every < 1:
@@ -447,6 +444,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--no-progress", dest="progress", action="store_false")
 
 
+def check_group_size_given(given: set[str], select_on: str | None, resume: bool) -> None:
+    """Refuse ``--min-group-size`` given (``given``: the options named) to a new
+    run that does not select on ``worst_group_val_accuracy``, which alone reads
+    it (it was accepted and ignored). A resume's recorded settings are not
+    checked: an older run may hold such a value, which never had an effect.
+
+    Raises:
+        ConfigError: (collective) naming the option.
+    """
+    if "min_group_size" in given and not resume and select_on != "worst_group_val_accuracy":
+        raise ConfigError("--min-group-size sizes the groups of --select-on "
+                          "worst_group_val_accuracy: add it, or leave --min-group-size out",
+                          collective=True)
+
+
 def add_group_selection(group, too_small: str) -> None:
     """``--group-by`` and ``--min-group-size`` of ``--select-on
     worst_group_val_accuracy`` (``mpidp train`` and ``mpidp tune``); ``too_small``
@@ -454,7 +466,7 @@ def add_group_selection(group, too_small: str) -> None:
     group.add_argument("--group-by", default=None, metavar="ATTR",
                        help="with --select-on worst_group_val_accuracy: a group attribute the "
                        "file keeps (SEX, RAC1P, AGEP, ST; default: the task's group, RAC1P)")
-    group.add_argument("--min-group-size", type=int, default=MIN_GROUP_SIZE, metavar="N",
+    group.add_argument("--min-group-size", type=int, default=None, metavar="N",  # None: not given
                        help=f"with --select-on worst_group_val_accuracy: {too_small} "
                        f"(default: {MIN_GROUP_SIZE})")
 
@@ -494,7 +506,7 @@ def from_args(args: argparse.Namespace, check: bool = True) -> TrainConfig:
         stop_after=args.stop_after, metrics=args.metrics, eval_every=args.eval_every,
         select_on=args.select_on,
         group_by=args.group_by.upper() if args.group_by else None,
-        min_group_size=args.min_group_size,
+        min_group_size=MIN_GROUP_SIZE if args.min_group_size is None else args.min_group_size,
         threads=args.threads, device=args.device, kernels=args.kernels,
         cuda_graph=args.cuda_graph, progress=args.progress)
     if check:

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="figures per group of a group attribute the file keeps (SEX, "
                         "RAC1P, AGEP, ST, the task's group), or of a cross of two (SEX:RAC1P); "
                         "comma-separated for several tables")
-    parser.add_argument("--min-group-size", type=int, default=groups.MIN_GROUP_SIZE,
+    parser.add_argument("--min-group-size", type=int, default=None,  # None: not given
                         metavar="N", help="groups with fewer rows are left out of every "
                         "output, figures and labels alike (default: 100, a common "
                         "disclosure-control threshold)")
@@ -138,6 +138,12 @@ def _check_options(args: argparse.Namespace) -> list[groups.Grouping]:
     if len(args.checkpoint) > 2:
         raise ConfigError(f"--checkpoint given {len(args.checkpoint)} times: give one model, "
                           "or two to compare on the same rows", collective=True)
+    if args.min_group_size is not None and not args.by:
+        raise ConfigError(f"--min-group-size {args.min_group_size} sizes the groups of --by: "
+                          "give --by too (e.g. --by RAC1P), or leave --min-group-size out",
+                          collective=True)
+    if args.min_group_size is None:
+        args.min_group_size = groups.MIN_GROUP_SIZE
     if args.min_group_size < 1:
         raise ConfigError(f"--min-group-size {args.min_group_size}: give at least 1 (the "
                           f"default, {groups.MIN_GROUP_SIZE}, is a common disclosure-control "
@@ -147,10 +153,6 @@ def _check_options(args: argparse.Namespace) -> list[groups.Grouping]:
                           "--by out", collective=True)
     if args.plot and not args.by:
         raise ConfigError("--plot draws the groups of --by: give --by too (e.g. --by RAC1P)",
-                          collective=True)
-    if args.min_group_size != groups.MIN_GROUP_SIZE and not args.by:
-        raise ConfigError(f"--min-group-size {args.min_group_size} sizes the groups of --by: "
-                          "give --by too (e.g. --by RAC1P), or leave --min-group-size out",
                           collective=True)
     if args.plot and not args.plot.lower().endswith(group_plot.FORMATS):
         raise ConfigError(f"--plot {args.plot}: name a .png or .svg file", collective=True)

@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     trainer (torch, Numba) is imported, so a refused run answers at once.
     """
     given = given_options(args)
+    config.check_group_size_given(given, args.select_on, args.resume)
     cfg = config.from_args(args, check=not args.resume)
     comm = MPI.COMM_WORLD
     lock = checkpoint_lock.open_directory(cfg.checkpoint_dir, cfg.resume, cfg.metrics, comm,

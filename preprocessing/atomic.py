@@ -65,10 +65,12 @@ def check_not_input(path: str, inputs: dict[str, str | None]) -> None:
         if what is not None:
             raise PrepError(f"{path}: --out is a file in {what}; writing the output would "
                             "replace it: give the output another name")
-        if os.path.getsize(path):  # an earlier output is HDF5; this is someone's data
-            raise PrepError(f"{path}: --out exists and is not an HDF5 file (no earlier "
-                            "output of mpidp prep); writing the output would replace it: "
-                            "give the output another name, or remove the file first")
+    if os.path.isfile(path) and os.path.getsize(path) and not h5format.is_prepared(path):
+        # an earlier output of prep has its format attribute; this is someone's data
+        what = "an HDF5 file of another tool" if h5format.is_hdf5(path) else "not an HDF5 file"
+        raise PrepError(f"{path}: --out exists and is {what} (no earlier output of mpidp "
+                        "prep); writing the output would replace it: give the output another "
+                        "name, or remove the file first")
 
 
 def probe_directory(directory: str | os.PathLike) -> None:

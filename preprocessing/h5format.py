@@ -86,8 +86,23 @@ def is_hdf5(path: str | os.PathLike) -> bool:
     except OSError:
         return False
 
+
 #: The ``format`` attribute of every prepared file.
 FORMAT = "mpidp"
+
+
+def is_prepared(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an HDF5 file whose ``format`` attribute is
+    :data:`FORMAT` (a file ``mpidp prep`` wrote); False when it cannot be read."""
+    if not is_hdf5(path):
+        return False
+    import h5py  # deferred: callers that only look at the signature skip it
+
+    try:
+        with h5py.File(path, "r") as f:
+            return _attr(f.attrs, "format") == FORMAT
+    except (OSError, ValueError):
+        return False
 #: The ``format_version`` writers write, and the versions readers accept.
 FORMAT_VERSION = 2
 FORMAT_VERSIONS = (1, 2, 3, 4)

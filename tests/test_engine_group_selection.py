@@ -109,9 +109,10 @@ def test_train_refuses_what_it_cannot_group(comm, shared_tmp, data):
                      min_group_size=5000, **common)
     with pytest.raises(ConfigError, match="--min-group-size 0: give at least 1"):
         engine.train(data, select_on="worst_group_val_accuracy", min_group_size=0, **common)
-    with pytest.raises(ConfigError, match="--min-group-size 5 sizes the groups of --select-on "
-                       "worst_group_val_accuracy"):  # was accepted and ignored
-        engine.train(data, min_group_size=5, **common)
+    for size in (5, 100):  # was accepted and ignored; the default given too
+        with pytest.raises(ConfigError, match="--min-group-size sizes the groups of "
+                           "--select-on worst_group_val_accuracy"):
+            engine.train(data, min_group_size=size, **common)
     images = shared_tmp / "images.h5"
     if comm.Get_rank() == 0:
         synthetic_images.write_images(str(images), rows=64, test_rows=16, seed=1)

@@ -497,6 +497,27 @@ def test_a_run_directory_changed_by_hand_is_refused_before_any_work(tiny, tmp_pa
     assert code == 0
 
 
+def test_a_run_that_recorded_an_unused_group_size_still_resumes(tiny, tmp_path):
+    """Before 276cf53 --min-group-size without worst-group selection was taken
+    and ignored; a run that recorded one must resume (the check is of what a
+    new run is given, not of a checkpoint's settings), and the CLI refuses it
+    given to a new run, the default value too."""
+    from collectives.runtime import MPI
+    from engine.cli import build_parser
+
+    run = tmp_path / "run"
+    cfg = _cfg(tiny, checkpoint_dir=str(run), stop_after=12, min_group_size=50)
+    assert _train(cfg, MPI.COMM_SELF)[1] == 75  # as the older mpidp recorded it
+    assert ckpt.load(run)["config"]["min_group_size"] == 50
+    resumed, code = _train(_cfg(tiny, checkpoint_dir=str(run), resume=True,
+                                min_group_size=50), MPI.COMM_SELF)
+    assert code == 0 and resumed.cfg.min_group_size == 50
+    args = build_parser().parse_args(["train", "--data", str(tiny), "--no-dp",
+                                      "--min-group-size", "100"])
+    with pytest.raises(ConfigError, match="--min-group-size sizes the groups of --select-on"):
+        args._run(args)
+
+
 def test_a_run_stopped_early_stays_stopped_and_a_copy_keeps_its_own_metrics(tiny, tmp_path):
     """A run --target-accuracy stopped is finished: a plain resume trained one
     more epoch per call (spending epsilon, reading test again); a higher target

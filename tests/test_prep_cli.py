@@ -181,8 +181,14 @@ def test_an_output_over_an_input_is_refused_and_the_input_kept(tmp_path, good_cs
         atomic.check_not_input(str(idx), {f"the input {folder}": str(folder)})
     assert idx.read_bytes() == b"not read: refused first"
     earlier = folder / "mnist.h5"  # an earlier output there is replaced as anywhere
-    earlier.write_bytes(b"\x89HDF\r\n\x1a\n")
+    with h5py.File(earlier, "w") as f:
+        f.attrs["format"] = "mpidp"
     atomic.check_not_input(str(earlier), {f"the input {folder}": str(folder)})
+    other = tmp_path / "other.h5"  # another tool's HDF5 file is someone's data
+    with h5py.File(other, "w") as f:
+        f["experiment"] = np.arange(10)
+    with pytest.raises(PrepError, match="--out exists and is an HDF5 file of another tool"):
+        atomic.check_not_input(str(other), {})
 
 
 def test_an_output_over_someone_elses_file_or_a_device_is_refused(tmp_path, good_csv):

@@ -529,8 +529,8 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):
         # accepted and ignored before, while their siblings were refused
         (["--no-dp", "--space", "lr=0.1", "--accountant", "rdp"], "--accountant is about DP"),
         (["--no-dp", "--space", "lr=0.1", "--delta", "1e-6"], "--delta is about DP"),
-        (["--no-dp", "--space", "lr=0.1", "--min-group-size", "5"],
-         "--min-group-size 5 sizes the groups of --select-on worst_group_val_accuracy"),
+        (["--no-dp", "--space", "lr=0.1", "--min-group-size", "100"],  # the default, given
+         "--min-group-size 100 sizes the groups of --select-on worst_group_val_accuracy"),
         # the message named --allow-large-delta, which tune does not have
         (["--target-epsilon", "1", "--delta", "0.5", "--space", "lr=0.1;batch_size=50"],
          "Use --delta 0.001 or smaller"),

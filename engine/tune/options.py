@@ -99,12 +99,13 @@ class Options:
             self.trials = args.trials
         self.objective = args.select_on
         self.group_by = args.group_by.upper() if args.group_by else None
-        self.min_group_size = args.min_group_size
+        self.min_group_size = (MIN_GROUP_SIZE if args.min_group_size is None
+                               else args.min_group_size)
         worst = self.objective == "worst_group_val_accuracy"
         if self.group_by and not worst:
             fail(f"--group-by {args.group_by} chooses the groups of --select-on "
                   "worst_group_val_accuracy: add it, or leave --group-by out")
-        if self.min_group_size != MIN_GROUP_SIZE and not worst:
+        if args.min_group_size is not None and not worst:
             fail(f"--min-group-size {self.min_group_size} sizes the groups of --select-on "
                   "worst_group_val_accuracy: add it, or leave --min-group-size out")
         if self.min_group_size < 1:
