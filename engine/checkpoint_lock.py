@@ -306,6 +306,8 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
             if directory:
                 where = directory
                 created = not os.path.exists(where)
+                if os.path.isdir(where):  # before --resume's check, which would say "none"
+                    _check_run_files(where)
                 if resume and not exists_in(where):
                     what = ("does not exist" if not os.path.exists(where)
                             else "holds no checkpoint" if os.path.isdir(where)
@@ -314,7 +316,6 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
                         f"--resume: --checkpoint-dir {where} {what}; nothing to resume. A "
                         "fresh run would spend the privacy budget again, so mpidp does not "
                         "start one: check the path, or drop --resume to start a new run")
-                _check_run_files(where)
                 outputs.check_directory(where, "--checkpoint-dir")
             if metrics:
                 outputs.check_file(metrics, "--metrics")

@@ -652,18 +652,18 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     del records
     check_people_once(comm, settings.inputs, splits)
     clock("shuffle")
-    if "val" in splits and splits["val"][2] == 0:  # the same totals on every rank
-        raise PrepError(f"--val-fraction {settings.val_fraction:g} put none of the "
-                        f"{splits['train'][3]:,} training households in the validation "
-                        "split: too few households; give a larger --val-fraction, more "
-                        "data, or --val-fraction 0 for a file without one", collective=True)
-
     if settings.test_fraction < 1 and splits["train"][2] == 0:
         held = ", ".join(f"{name} {splits[name][3]:,}" for name in splits if name != "train")
         raise PrepError(f"--test-fraction {settings.test_fraction:g} and --val-fraction "
                         f"{settings.val_fraction:g} left no household for training ({held} "
                         "households): give smaller fractions, or --test-fraction 1 for a "
                         "file only for scoring", collective=True)
+    if "val" in splits and splits["val"][2] == 0:  # the same totals on every rank
+        raise PrepError(f"--val-fraction {settings.val_fraction:g} put none of the "
+                        f"{splits['train'][3]:,} training households in the validation "
+                        "split: too few households; give a larger --val-fraction, more "
+                        "data, or --val-fraction 0 for a file without one", collective=True)
+
 
     drop_counts = {name: int(per_reason[i]) for i, name in enumerate(reasons)
                    if i > 0 and (per_reason[i] or name == "universe")}

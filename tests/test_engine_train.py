@@ -472,9 +472,10 @@ def test_a_run_directory_changed_by_hand_is_refused_before_any_work(tiny, tmp_pa
     for name in ("checkpoint.pt", "best.pt"):
         d = tmp_path / name.replace(".", "_")
         (d / name).mkdir(parents=True)
-        with pytest.raises(OutputError, match=f"{d / name} is a directory, where the run keeps "
-                           f"its file {name}: remove it"):
-            _train(_cfg(tiny, checkpoint_dir=str(d)), self)
+        for resume in (False, True):  # --resume said "holds no checkpoint"
+            with pytest.raises(OutputError, match=f"{d / name} is a directory, where the run "
+                               f"keeps its file {name}: remove it"):
+                _train(_cfg(tiny, checkpoint_dir=str(d), resume=resume), self)
         assert [p.name for p in d.iterdir()] == [name]  # no lock, nothing written
     run = tmp_path / "run"
     _, code = _train(_cfg(tiny, checkpoint_dir=str(run), stop_after=12), self)
@@ -486,7 +487,7 @@ def test_a_run_directory_changed_by_hand_is_refused_before_any_work(tiny, tmp_pa
                        "run's checkpoint"):
         _train(_cfg(tiny, checkpoint_dir=str(published), resume=True), self)
     with pytest.raises(CheckpointError, match=r"^--kernels torch: the run drew its noise with "
-                       r"--kernels \(default\), .*: leave --kernels out$"):
+                       r"the default kernels \(no --kernels\), .*: leave --kernels out$"):
         _train(_cfg(tiny, checkpoint_dir=str(run), resume=True, kernels="torch"), self)
     with pytest.raises(ConfigError, match=r"--select-on last \(the run was started without "
                        r"--select-on\)"):

@@ -504,7 +504,10 @@ def test_a_file_only_for_scoring_and_bad_fractions(tmp_path, good_csv):
             (["--val-fraction", "0.0001"], "--val-fraction 0.0001 put none of the"),
             (["--test-fraction", "0.5", "--val-fraction", "0.99999"],
              "--test-fraction 0.5 and --val-fraction 0.99999 left no household for "
-             "training (val ")):
+             "training (val "),
+            # said first: the val split's refusal named a cause --val-fraction cannot fix
+            (["--test-fraction", "0.999"], "--test-fraction 0.999 and --val-fraction 0.1 "
+             "left no household for training")):
         out = tmp_path / "bad" / "o.h5"
         out.parent.mkdir(exist_ok=True)
         message = _error_in_process([str(good_csv), "--out", str(out), *argv])

@@ -152,7 +152,8 @@ def restore(optimizer, noise, sampler, payload: dict, rank: int, cfg: TrainConfi
         if before != cfg.kernels:  # the noise generator is the kernels' own
             raise CheckpointError(
                 f"--kernels {cfg.kernels or '(default)'}: the run drew its noise with "
-                f"--kernels {before or '(default)'}, whose generator state this back-end "
+                + (f"--kernels {before}" if before else "the default kernels (no --kernels)")
+                + ", whose generator state this back-end "
                 "cannot continue, and a resume continues the run's noise stream: "
                 + (f"give --kernels {before}" if before else "leave --kernels out"),
                 collective=True) \
