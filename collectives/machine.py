@@ -59,6 +59,14 @@ def vector_extensions() -> list[str]:
             if flag in flags and not (limited and flag.startswith("avx512"))]
 
 
+def physical_memory() -> int | None:
+    """This node's memory in bytes (``SC_PHYS_PAGES``), or None where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def mpi_library() -> str:
     """The first line of the MPI library's version string (Open MPI's ends in a
     NUL character, left out)."""

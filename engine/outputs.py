@@ -71,18 +71,15 @@ def check_file(path: str | os.PathLike, option: str) -> Path:
         OutputError: with a message naming ``option``.
     """
     check_not_empty(path, option)
-    spelt_as_directory = kernels.files.names_a_directory(path)
+    problem = kernels.files.not_an_output_file(path)
+    spelt = os.sep if kernels.files.names_a_directory(path) else ""  # Path drops it
     path = Path(path)
-    if path.is_dir() or spelt_as_directory:
-        what = ("is a directory" if path.is_dir()
-                else f"names a directory (ends with {os.sep})")
-        raise OutputError(f"{option} {path}{os.sep if spelt_as_directory else ''}: {what}; "
-                          f"give a file name, e.g. {path / 'out.json'}")
-    special = kernels.files.not_a_file(path)
-    if special is not None:
-        raise OutputError(f"{option} {path}: is {special}, not a file; the output is "
-                          "written under a temporary name and renamed over the path, "
-                          "which would replace it: give a file name")
+    shown = f"{option} {path}{spelt}"
+    if problem is not None:
+        why, directory = problem
+        raise OutputError(f"{shown}: {why}; give a file name, e.g. {path / 'out.json'}"
+                          if directory else f"{shown}: {why}; the output is "
+                          f"{kernels.files.RENAMED_OVER}: give a file name")
     _check_parent(path, option)
     _probe(_parent(path), option, path)
     return path

@@ -81,6 +81,25 @@ def not_a_file(path: str | os.PathLike) -> str | None:
     return next((what for test, what in kinds if test(mode)), None)
 
 
+def not_an_output_file(path: str | os.PathLike) -> tuple[str, bool] | None:
+    """Why ``path`` cannot name an output file, or None: ``(why, True)`` for a
+    directory (``"is a directory"``, or ``"names a directory (ends with /)"``
+    for a missing one spelt so: a message then suggests a file in it), and
+    ``(why, False)`` for a device, pipe or socket (``"is a character device,
+    not a file"``: :func:`not_a_file`; the message says :data:`RENAMED_OVER`)."""
+    if os.path.isdir(path):
+        return "is a directory", True
+    if names_a_directory(path):
+        return f"names a directory (ends with {os.sep})", True
+    special = not_a_file(path)
+    return (f"is {special}, not a file", False) if special is not None else None
+
+
+#: Why an output path must not be a device or pipe, as messages say it.
+RENAMED_OVER = ("written under a temporary name and renamed over the path, which would "
+                "replace it")
+
+
 def names_a_directory(path: str | os.PathLike) -> bool:
     """Whether ``path`` is spelt as a directory (ends with a separator), which
     ``Path`` and ``abspath`` would silently drop."""

@@ -29,15 +29,13 @@ def check_writable(path: str, option: str = "--out", example: str = "pums.h5") -
     if not str(path).strip():  # os.path.isdir("") is False, and "" would be moved into place
         raise PrepError(f"{option} is empty; give a file name, e.g. {option} {example}")
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.isdir(path) or kernels.files.names_a_directory(path):
-        what = "is a directory" if os.path.isdir(path) else "names a directory (ends with /)"
-        raise PrepError(f"{path}: {what}; give a file name for {option}, e.g. "
-                        f"{os.path.join(path, example)}")
-    special = kernels.files.not_a_file(path)
-    if special is not None:
-        raise PrepError(f"{path}: is {special}, not a file; {option} names a file that "
-                        "is written under a temporary name and renamed over the path, "
-                        "which would replace it: give a file name")
+    problem = kernels.files.not_an_output_file(path)
+    if problem is not None:
+        why, directory = problem
+        raise PrepError(f"{path}: {why}; give a file name for {option}, e.g. "
+                        f"{os.path.join(path, example)}" if directory else
+                        f"{path}: {why}; {option} names a file that is "
+                        f"{kernels.files.RENAMED_OVER}: give a file name")
     if not os.path.isdir(directory):
         what = "is not a directory" if os.path.exists(directory) else "does not exist"
         raise PrepError(f"{path}: cannot write the output: {directory} {what}")

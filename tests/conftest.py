@@ -180,3 +180,16 @@ def shared_tmp(tmp_path_factory, comm):
     """A fresh directory that every rank sees (rank 0 creates it)."""
     path = str(tmp_path_factory.mktemp("shared")) if comm.Get_rank() == 0 else None
     return Path(comm.bcast(path, root=0))
+
+
+@pytest.fixture
+def threads_restored():
+    """Leave torch's and Numba's thread counts as they were (a test that runs
+    configure_threads changes them for the rest of its worker)."""
+    import numba  # deferred: the fixture's users import them anyway
+    import torch
+
+    before = torch.get_num_threads(), numba.get_num_threads()
+    yield
+    torch.set_num_threads(before[0])
+    numba.set_num_threads(before[1])

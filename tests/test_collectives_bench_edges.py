@@ -167,7 +167,7 @@ def test_sizes_have_an_upper_bound(capsys):
 
 
 def test_a_size_beyond_memory_is_refused_before_any_work(monkeypatch, capsys):
-    monkeypatch.setattr(allreduce, "physical_memory", lambda: 16 << 30)
+    monkeypatch.setattr(allreduce.machine, "physical_memory", lambda: 16 << 30)
     args = _parser().parse_args(["-b", "1024G", "-e", "1024G"])
     with pytest.raises(BenchUsageError) as refused:
         allreduce.run(args)

@@ -199,21 +199,9 @@ def test_bench_refuses_options_it_would_ignore(argv, message, monkeypatch):
         _run("--steps", "1", "--repeats", "1", *argv)
 
 
-@pytest.fixture
-def threads_kept():
-    """This process's torch and Numba thread counts, put back after the test."""
-    import numba
-    import torch
-
-    before = torch.get_num_threads(), numba.get_num_threads()
-    yield
-    torch.set_num_threads(before[0])
-    numba.set_num_threads(before[1])
-
-
 def test_bench_labels_the_threads_it_runs_and_says_they_oversubscribe(tmp_path, capsys,
                                                                        monkeypatch,
-                                                                       threads_kept):
+                                                                       threads_restored):
     """--threads above Numba's pool printed "8 thread(s)" beside "its rows cut over
     2 threads", and nothing on the oversubscribed cores."""
     import os

@@ -65,25 +65,20 @@ def test_bench_noise_reports_the_median_ratios_and_the_machine(tmp_path, capsys,
     assert re.search(r"^torch\s+3\.000\s+333\s+3\.00x$", text, re.MULTILINE)
 
 
-def test_bench_noise_labels_the_threads_each_library_runs(tmp_path, capsys, monkeypatch):
+def test_bench_noise_labels_the_threads_each_library_runs(tmp_path, capsys, monkeypatch,
+                                                         threads_restored):
     """--threads 64 was labelled "64 thread(s)" though mpidp's kernel ran on
     Numba's pool, and nothing said the threads oversubscribed the cores."""
     import os
 
     import numba
-    import torch
 
     pool = numba.config.NUMBA_NUM_THREADS
     many = 2 * max(pool, os.cpu_count() or 1)
     monkeypatch.setattr(noise, "_methods", lambda size: ({"mpidp": lambda: None}, {}))
     out = tmp_path / "n.json"
-    before = torch.get_num_threads(), numba.get_num_threads()
-    try:
-        assert _run("--seconds", "1e-4", "--repeats", "1", "--threads", str(many),
-                    "--json", str(out)) == 0
-    finally:
-        torch.set_num_threads(before[0])
-        numba.set_num_threads(before[1])
+    assert _run("--seconds", "1e-4", "--repeats", "1", "--threads", str(many),
+                "--json", str(out)) == 0
     data = json.loads(out.read_text())
     assert (data["threads"], data["numba_threads"], data["numba_pool"]) == (many, pool, pool)
     assert data["threads_note"].startswith(f"note: --threads {many} with 1 rank(s)")

@@ -8,23 +8,14 @@ from collectives.cores import CoreShare
 from engine.run.threads import configure_threads, oversubscription_note
 
 
-@pytest.fixture
-def restored():
-    """Leave torch's and Numba's thread counts as they were."""
-    before = torch.get_num_threads(), numba.get_num_threads()
-    yield
-    torch.set_num_threads(before[0])
-    numba.set_num_threads(before[1])
-
-
-def test_a_requested_count_is_applied(restored):
+def test_a_requested_count_is_applied(threads_restored):
     threads, _, note = configure_threads(1)
     assert threads == 1 and note is None and torch.get_num_threads() == 1 and numba.get_num_threads() == 1
 
 
 @pytest.mark.mpi(min_size=1)
 def test_without_the_launchers_count_the_ranks_of_the_node_are_counted(comm, monkeypatch,
-                                                                       restored):
+                                                                       threads_restored):
     """A launcher that announces no local rank count (none of Hydra's, Open
     MPI's, MVAPICH2's, PALS's or Slurm's variables) left every rank all of its
     cores; the trainer's communicator counts the ranks sharing this node."""

@@ -635,22 +635,17 @@ def test_a_run_without_checkpoint_dir_says_the_model_is_not_kept(tmp_path, capsy
     assert "done: 1 epoch, no test split, non-private" in capsys.readouterr().out
 
 
-def test_the_header_names_the_threads_each_library_runs(tmp_path, capsys):
+def test_the_header_names_the_threads_each_library_runs(tmp_path, capsys, threads_restored):
     """--threads above Numba's pool: the header said "x N thread(s)" while the
     kernels ran on the pool's count."""
     import numba
 
     from engine.cli import main
 
-    pool, before = numba.config.NUMBA_NUM_THREADS, (torch.get_num_threads(),
-                                                   numba.get_num_threads())
+    pool = numba.config.NUMBA_NUM_THREADS
     data = synthetic.write(tmp_path / "d.h5", rows=400, features=8, seed=1)
-    try:
-        assert main(["train", "--data", str(data), "--epochs", "1", "--batch-size", "50",
-                     "--no-dp", "--no-progress", "--threads", str(pool + 2)]) == 0
-    finally:
-        torch.set_num_threads(before[0])
-        numba.set_num_threads(before[1])
+    assert main(["train", "--data", str(data), "--epochs", "1", "--batch-size", "50",
+                 "--no-dp", "--no-progress", "--threads", str(pool + 2)]) == 0
     assert (f"1 rank(s) x {pool + 2} torch thread(s), {pool} Numba thread(s) (its pool, "
             f"NUMBA_NUM_THREADS={pool}), kernels") in capsys.readouterr().out
 

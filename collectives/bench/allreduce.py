@@ -184,14 +184,6 @@ def memory_needed(largest: int, itemsize: int, check: bool) -> int:
     return 2 * largest + (4 * 8 * (largest // itemsize) if check else 0)
 
 
-def physical_memory() -> int | None:
-    """This node's memory in bytes (``SC_PHYS_PAGES``), or None where unknown."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def memory_problem(largest: int, itemsize: int, check: bool, local_ranks: int,
                    memory: int | None) -> str | None:
     """Why a node with ``memory`` bytes cannot hold ``local_ranks`` ranks'
@@ -316,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     largest = sizes_bytes[-1] // itemsize * itemsize  # the bytes reduced at the largest size
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     problem = memory_problem(largest, itemsize, bool(args.check), node.Get_size(),
-                             physical_memory())
+                             machine.physical_memory())
     node.Free()
     problem = next((p for p in comm.allgather(problem) if p), None)  # the same on every rank
     if problem:

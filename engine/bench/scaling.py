@@ -232,10 +232,8 @@ def machine() -> dict:
 
 
 def _memory_gib() -> float | None:
-    try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1)
-    except (ValueError, OSError, AttributeError):
-        return None
+    memory = machine_facts.physical_memory()
+    return None if memory is None else round(memory / 2 ** 30, 1)
 
 
 def _load() -> list[float] | None:
