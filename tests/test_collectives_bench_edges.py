@@ -236,3 +236,24 @@ def test_footers_of_a_short_run_give_the_true_reasons(comm, capsys):
         assert xcore.endswith("not measured (one rank)")
     elif not comm_state(comm).oversubscribed:  # ranks 0 and 1 of one machine
         assert "GB/s" in xcore and "not measured" not in xcore
+
+
+def test_outputs_that_are_devices_pipes_or_directories_are_refused(tmp_path):
+    """The rule of every other mpidp output (engine.outputs): --json /dev/null
+    would be renamed over the device (as root, replacing it)."""
+    import os
+
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    assert allreduce.check_output(os.devnull, "--json") == (
+        f"--json {os.devnull}: is a character device, not a file; the output is written "
+        "under a temporary name and renamed over the path, which would replace it: give a "
+        "file name")
+    assert allreduce.check_output(str(fifo), "--plot").startswith(
+        f"--plot {fifo}: is a named pipe (FIFO), not a file; the output is written")
+    assert allreduce.check_output(str(tmp_path), "--json") == \
+        f"--json {tmp_path}: is a directory; give a file name"
+    assert allreduce.check_output("new/", "--json") == \
+        "--json new/: names a directory (ends with /); give a file name"
+    assert allreduce.check_output(str(tmp_path / "r.json"), "--json") is None
+

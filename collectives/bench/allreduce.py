@@ -223,8 +223,12 @@ def check_output(path: str | None, option: str) -> str | None:
     if not path.strip():  # "" is no file (engine.outputs.check_not_empty)
         return f"{option} is empty; give a path, or leave {option} out"
     parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return f"{option} {path}: is a directory; give a file name"
+    problem = kernels.files.not_an_output_file(path)
+    if problem is not None:
+        why, directory = problem
+        return (f"{option} {path}: {why}; give a file name" if directory else
+                f"{option} {path}: {why}; the output is {kernels.files.RENAMED_OVER}: "
+                "give a file name")
     if not os.path.isdir(parent):
         what = "is a file, not a directory" if os.path.exists(parent) else "does not exist"
         return (f"{option} {path}: directory {parent} {what} (mpidp creates the file you "
