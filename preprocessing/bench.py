@@ -30,16 +30,28 @@ from preprocessing import atomic
 from preprocessing.errors import PrepError
 
 
+#: Records in the synthetic file when --rows is not given.
+ROWS = 1_200_000
+
+
+def default_cache() -> str:
+    """The synthetic file's folder when --cache is not given: $MPIDP_CACHE, or
+    ~/.cache/mpidp."""
+    return os.environ.get("MPIDP_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
+                                                      "mpidp"))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=int, default=1_200_000,
-                        help="records in the synthetic file (default: 1200000)")
+    parser.add_argument("--rows", type=int, default=None,
+                        help=f"records in the synthetic file (default: {ROWS}; not with "
+                        "--input)")
     parser.add_argument("--input", metavar="FILE.csv",
                         help="time this file instead of the cached synthetic one")
     parser.add_argument("--ranks", default="1,2", help="rank counts to time (default: 1,2)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (default: 3)")
-    parser.add_argument("--cache", default=os.environ.get(
-        "MPIDP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "mpidp")),
-        help="where the synthetic file is kept (default: ~/.cache/mpidp or $MPIDP_CACHE)")
+    parser.add_argument("--cache", default=None,
+                        help="where the synthetic file is kept (default: $MPIDP_CACHE or "
+                        "~/.cache/mpidp; not with --input)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the polars reference")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -194,6 +206,14 @@ def run(args: argparse.Namespace) -> int:
         raise PrepError("run the benchmark as one process (`mpidp bench prep`); it "
                         "starts mpiexec itself", collective=True)
     ranks = _rank_counts(args.ranks)
+    if args.input:  # the synthetic file's options would be ignored
+        ignored = [o for o, v in (("--rows", args.rows), ("--cache", args.cache)) if v is not None]
+        if ignored:
+            raise PrepError(f"{', '.join(ignored)} would be ignored with --input {args.input}: "
+                            "they describe the synthetic file; drop "
+                            f"{'it' if len(ignored) == 1 else 'them'}", collective=True)
+    args.rows = ROWS if args.rows is None else args.rows
+    args.cache = default_cache() if args.cache is None else args.cache
     if args.repeat < 1 or args.rows < 1:
         raise PrepError("--repeat and --rows must be at least 1", collective=True)
     if args.input and not os.path.isfile(args.input):

@@ -127,6 +127,9 @@ def test_bench_refuses_a_scoring_only_file(tmp_path):
     (["--steps", "0"], "--steps 0 must be at least 1"),
     # 0 passed, and the naive loop's rate divided by zero after the whole run
     (["--naive-steps", "0"], "--naive-steps 0 must be at least 1"),
+    # a loop left out of --methods ran no naive steps: the option did nothing
+    (["--methods", "mpidp-dp", "--naive-steps", "5"], "^--naive-steps 5 would be ignored: "
+     "--methods mpidp-dp leaves the naive loop out; add naive"),
     (["--rows", "100", "--features", "4", "--batch-size", "200"],
      "--batch-size 200 is more than the 100 training rows"),
 ])

@@ -382,6 +382,11 @@ def test_bench_prep_ratios_are_medians_of_per_round_ratios():
     (["--ranks", "two"], "--ranks 'two': expected comma-separated positive integers"),
     (["--rows", "0"], "--repeat and --rows must be at least 1"),
     (["--input", "missing.csv"], "--input missing.csv: no such file"),
+    # --cache and --rows describe the synthetic file: with --input they were
+    # silently ignored
+    (["--input", "x.csv", "--cache", "c"], "^--cache would be ignored with --input x.csv: "
+     "they describe the synthetic file; drop it$"),
+    (["--input", "x.csv", "--rows", "5", "--cache", "c"], "^--rows, --cache would be ignored"),
 ])
 def test_bench_prep_refuses_bad_options(argv, message):
     from engine.cli import build_parser

@@ -137,7 +137,8 @@ NOT_WITH_DATA = ("--rows", "--features")
 def refuse_ignored(args: argparse.Namespace) -> None:
     """Refuse an option the chosen benchmark would ignore: one of
     :data:`NOT_WITH_MODELS` with ``--models`` (or ``--device cuda``, which
-    benchmarks the models), one of :data:`NOT_WITH_DATA` with ``--data``.
+    benchmarks the models), one of :data:`NOT_WITH_DATA` with ``--data``,
+    ``--naive-steps`` with a ``--methods`` list that leaves ``naive`` out.
 
     Raises:
         ConfigError: (collective) naming the options and what overrides them.
@@ -145,6 +146,11 @@ def refuse_ignored(args: argparse.Namespace) -> None:
     def given(options: tuple[str, ...]) -> list[str]:
         return [o for o in options if getattr(args, o[2:].replace("-", "_")) is not None]
 
+    if (args.naive_steps is not None and args.models is None and args.device != "cuda"
+            and args.methods is not None and "naive" not in args.methods.split(",")):
+        raise ConfigError(f"--naive-steps {args.naive_steps} would be ignored: --methods "
+                          f"{args.methods} leaves the naive loop out; add naive to --methods "
+                          "or drop --naive-steps", collective=True)
     if args.models is not None or args.device == "cuda":
         ignored, why = given(NOT_WITH_MODELS), ("--models" if args.models is not None else
                                                 "--device cuda (the built-in models)")
