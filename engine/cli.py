@@ -34,6 +34,7 @@ import collectives.commands
 import preprocessing.commands
 from collectives import MPI
 from collectives.runtime import check_launch
+from engine.stopping import SIGNALS
 from engine import __version__, stopping
 from engine.spmd import run_spmd
 
@@ -185,8 +186,8 @@ def console() -> int:
     arrives after the command finished is ignored. The work is done and
     written by then; a Ctrl-C during MPI_Finalize would otherwise kill the
     rank *by* the signal, and mpiexec would report the job as failed."""
-    code = main()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    code = main()  # SIGNALS: every stop signal (Slurm's time-limit warning is SIGUSR1)
+    for signum in SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     return code
 

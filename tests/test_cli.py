@@ -141,3 +141,21 @@ def test_every_threads_option_takes_one_or_more():
                     "10", "--train-rows", "-1")
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == "mpidp: error: --train-rows -1 must be at least 1"
+
+
+def test_a_stop_signal_after_the_command_is_ignored_slurms_warning_too(monkeypatch):
+    """After the command, every stop signal is ignored: SIGUSR1 (Slurm's
+    time-limit warning) landing in MPI_Finalize killed a finished rank, and
+    the job was reported FAILED (exit 138) with its outputs complete."""
+    import signal
+
+    from engine import cli
+
+    monkeypatch.setattr(cli, "main", lambda: 0)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        assert cli.console() == 0
+        assert {s: signal.getsignal(s) for s in before} == dict.fromkeys(before, signal.SIG_IGN)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
