@@ -26,6 +26,7 @@ from pathlib import Path
 
 from collectives import MPI, machine
 from collectives.launch import child_env, find_tool
+from kernels.files import cache_dir
 from preprocessing import atomic
 from preprocessing.errors import PrepError
 
@@ -35,10 +36,10 @@ ROWS = 1_200_000
 
 
 def default_cache() -> str:
-    """The synthetic file's folder when --cache is not given: $MPIDP_CACHE, or
-    ~/.cache/mpidp."""
-    return os.environ.get("MPIDP_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
-                                                      "mpidp"))
+    """The synthetic file's folder when --cache is not given: $MPIDP_CACHE, else
+    mpidp's cache folder (``kernels.files.cache_dir``: $XDG_CACHE_HOME/mpidp or
+    ~/.cache/mpidp), as ``bench scaling`` has it."""
+    return os.environ.get("MPIDP_CACHE") or str(cache_dir())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", default="1,2", help="rank counts to time (default: 1,2)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (default: 3)")
     parser.add_argument("--cache", default=None,
-                        help="where the synthetic file is kept (default: $MPIDP_CACHE or "
-                        "~/.cache/mpidp; not with --input)")
+                        help="where the synthetic file is kept (default: $MPIDP_CACHE, else "
+                        "mpidp's cache folder, $XDG_CACHE_HOME/mpidp or ~/.cache/mpidp; not "
+                        "with --input)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the polars reference")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")

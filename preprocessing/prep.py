@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "per category (every model; the default), or codes, one column "
                         "of integer category codes per feature (for --model embedding-mlp "
                         "and models that embed categories: income's 827 columns become "
-                        "12). With --like: the layout of that file")
+                        "11). With --like: the layout of that file")
     parser.add_argument("--universe", metavar="COND[,COND]",
                         help="records to keep, replacing the task's universe, e.g. "
                         "'AGEP>=18' or 'AGEP>=16,AGEP<65'")
@@ -139,7 +139,12 @@ def task_list() -> str:
 
 
 def _read_like(path: str) -> tuple[str, str]:
-    """(task name, encoding JSON) of a prepared file."""
+    """(task name, encoding JSON) of a prepared PUMS file.
+
+    Raises:
+        PrepError: ``path`` is missing, not HDF5, not prepared by mpidp, or
+            prepared from images (no encoding to copy).
+    """
     import h5py  # deferred: keeps `mpidp prep --help` fast
 
     if not os.path.exists(path):
@@ -150,6 +155,11 @@ def _read_like(path: str) -> tuple[str, str]:
             if attrs.get("format") != h5format.FORMAT:
                 raise PrepError(f"{path}: not a file written by mpidp prep (no "
                                 "format='mpidp' attribute); --like needs one")
+            if "image_shape" in attrs or "encoding" not in attrs:
+                what = (f"{attrs.get('task')} images" if "image_shape" in attrs
+                        else "no encoding attribute")
+                raise PrepError(f"--like {path} holds {what}; these are PUMS rows: give "
+                                "--like a PUMS file prepared by mpidp prep")
             return str(attrs["task"]), str(attrs["encoding"])
     except OSError as exc:
         raise PrepError(f"{path}: cannot read it as HDF5 ({exc})") from None

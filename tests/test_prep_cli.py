@@ -679,3 +679,35 @@ def test_bench_prep_reads_the_steps_a_timed_run_prints():
     assert parse_steps("reference: 10 rows in 1.00 s\n  steps   read 0.50, split 0.10\n",
                        1.2) == {"read": 0.5, "split": 0.1, "start": pytest.approx(0.6)}
     assert parse_steps("no timings here", 1.0) == {}
+
+
+def test_like_an_image_file_is_refused_in_one_line(tmp_path, good_csv):
+    """--like naming an image file (no encoding attribute) was a KeyError
+    traceback from h5py, exit 1 (MPI_Abort at 2 ranks)."""
+    from collectives.runtime import MPI
+    from image_files import mnist_dir, prepare
+
+    images = prepare(MPI.COMM_SELF, "mnist", mnist_dir(tmp_path / "mnist", 20, 10),
+                     tmp_path / "m.h5")
+    out = tmp_path / "o.h5"
+    message = _error_in_process([str(good_csv), "--out", str(out), "--like", str(images)])
+    assert message == (f"--like {images} holds mnist images; these are PUMS rows: give "
+                       "--like a PUMS file prepared by mpidp prep")
+    assert not out.exists()
+
+
+def test_bench_prep_keeps_its_file_in_mpidps_cache_folder(tmp_path, monkeypatch):
+    """Without --cache: $MPIDP_CACHE, else $XDG_CACHE_HOME/mpidp like every other
+    cache of mpidp (it wrote ~/.cache/mpidp whatever XDG_CACHE_HOME said, and
+    took an empty MPIDP_CACHE for a folder)."""
+    from preprocessing.bench import default_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for unset in ("", None):
+        if unset is None:
+            monkeypatch.delenv("MPIDP_CACHE", raising=False)
+        else:
+            monkeypatch.setenv("MPIDP_CACHE", unset)
+        assert default_cache() == str(tmp_path / "xdg" / "mpidp")
+    monkeypatch.setenv("MPIDP_CACHE", str(tmp_path / "mine"))
+    assert default_cache() == str(tmp_path / "mine")

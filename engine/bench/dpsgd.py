@@ -97,8 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="expected batch size (default: 256; with --models, each "
                         "model's own: 32 for resnet20)")
-    parser.add_argument("--steps", type=int, default=100, help="steps per method and round")
-    parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds (median)")
+    parser.add_argument("--steps", type=int, default=100,
+                        help="steps per method and round (default: 100)")
+    parser.add_argument("--repeats", type=int, default=9,
+                        help="interleaved rounds (median) (default: 9)")
     parser.add_argument("--block", type=int, default=None,
                         help="timed steps a method runs before the next takes its turn "
                         "(default: 20; not with --models)")
@@ -118,7 +120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch/numba threads (default: as mpidp train: cores // ranks; "
                         "Numba's at most its pool, NUMBA_NUM_THREADS)")
-    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0,
+                        help="seed of the synthetic data, the model and the noise (default: 0)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")
 
 
