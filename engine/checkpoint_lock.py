@@ -309,6 +309,10 @@ def open_directory(directory: str | None, resume: bool, metrics: str | None,
                 if os.path.isdir(where):  # before --resume's check, which would say "none"
                     _check_run_files(where)
                 if resume and not exists_in(where):
+                    if os.path.isdir(where) and os.path.exists(Path(where) / LOCK_NAME):
+                        # a run that holds it and has not written its first
+                        # checkpoint yet: say who (73), not "nothing to resume"
+                        acquire(where).release()
                     what = ("does not exist" if not os.path.exists(where)
                             else "holds no checkpoint" if os.path.isdir(where)
                             else "is not a directory")

@@ -255,6 +255,26 @@ def test_lock_refuses_a_second_run_naming_the_holder(tmp_path, monkeypatch):
     checkpoint_lock.acquire(tmp_path).release()
 
 
+def test_resume_of_a_directory_a_run_holds_before_its_first_checkpoint(tmp_path):
+    """--resume while another run holds the directory and has not checkpointed
+    yet: that run is named (exit 73), as for a fresh run. It said "holds no
+    checkpoint; nothing to resume ... drop --resume to start a new run"."""
+    from collectives.runtime import MPI
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    holder = checkpoint_lock.acquire(busy, command="mpidp train ...")
+    try:
+        with pytest.raises(DirectoryLocked, match=f"in use by another run: pid {os.getpid()}"):
+            checkpoint_lock.open_directory(str(busy), True, None, MPI.COMM_SELF)
+        assert holder.held()
+    finally:
+        holder.release()
+    with pytest.raises(CheckpointError, match="holds no checkpoint; nothing to resume"):
+        checkpoint_lock.open_directory(str(busy), True, None, MPI.COMM_SELF)
+    assert not (busy / "lock").exists()
+
+
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
