@@ -259,3 +259,101 @@ def started_cluster(directory: Path) -> Iterator[SlurmCluster]:
         yield slurm
     finally:
         slurm.stop()
+
+
+# -- a fake Slurm, for the scripts' own logic in a second --------------------
+
+#: Programs a job script calls, as small bash scripts. Each logs its words to
+#: $FAKE_LOG. sbatch runs the job at once (a copy of the script, as Slurm runs
+#: one, with SLURM_JOB_ID, SLURM_SUBMIT_DIR, SLURM_NTASKS, SLURM_JOB_NUM_NODES);
+#: srun drops its options and runs the rest (a bash -c step is only logged, or
+#: sends $FAKE_STEP_SIGNAL to the batch shell: a signal during it); mpiexec
+#: drops its -n N and runs the rest; squeue answers the time left
+#: ($FAKE_TIME_LEFT, default UNLIMITED) and an empty queue; scontrol shows a
+#: RUNNING job and accepts a requeue. mpidp: `train` appends a record to its
+#: --metrics file, then exits $FAKE_MPIDP_EXIT (default 0; only where its
+#: words hold $FAKE_MPIDP_EXIT_WHERE, when that is set), or with
+#: FAKE_MPIDP_WAIT=1 waits up to 20 s for SIGUSR1 and exits 75 as mpidp does;
+#: `bench scaling --collect` prints the directories it was given.
+FAKE_PROGRAMS = {
+    "sbatch": r'''
+echo "sbatch $*" >> "$FAKE_LOG"
+out="slurm-%j.out"; ntasks=1; nodes=1
+for arg in "$@"; do
+    case "$arg" in
+        --output=*) out="${arg#--output=}" ;;
+        --ntasks=*) ntasks="${arg#--ntasks=}" ;;
+        --nodes=*) nodes="${arg#--nodes=}" ;;
+    esac
+done
+script="${!#}"
+id=$(( $(cat "$FAKE_SLURM_DIR/last-id" 2>/dev/null || echo 100) + 1 ))
+echo "$id" > "$FAKE_SLURM_DIR/last-id"
+spool="$FAKE_SLURM_DIR/spool/job$id"
+mkdir -p "$spool" && cp "$script" "$spool/slurm_script"
+SLURM_JOB_ID=$id SLURM_SUBMIT_DIR="$PWD" SLURM_NTASKS=$ntasks SLURM_JOB_NUM_NODES=$nodes \
+    bash "$spool/slurm_script" > "${out//%j/$id}" 2>&1
+echo "$id"
+''',
+    "srun": r'''
+echo "srun $*" >> "$FAKE_LOG"
+while [[ "${1:-}" == -* ]]; do shift; done
+if [ "$1" = bash ]; then   # a step of the script's own (the /dev/shm cleanup): logged only,
+    [ -n "${FAKE_STEP_SIGNAL:-}" ] && kill -s "$FAKE_STEP_SIGNAL" "$PPID"   # or a signal during it
+    exit 0
+fi
+exec "$@"
+''',
+    "mpiexec": r'''
+echo "mpiexec $*" >> "$FAKE_LOG"
+[ "$1" = -n ] && shift 2
+exec "$@"
+''',
+    "squeue": r'''
+case "$*" in *%L*) echo "${FAKE_TIME_LEFT:-UNLIMITED}" ;; esac
+''',
+    "scontrol": r'''
+echo "scontrol $*" >> "$FAKE_LOG"
+case "$1" in show) echo "JobId=${!#} JobState=RUNNING Reason=None" ;; esac
+''',
+    "mpidp": r'''
+echo "mpidp $*" >> "$FAKE_LOG"
+if [ "$1 $2 ${3:-}" = "bench scaling --collect" ]; then echo "collected ${*:4}"; exit 0; fi
+[ "$1" = train ] || exit 0
+code="${FAKE_MPIDP_EXIT:-0}"
+[[ "$*" == *"${FAKE_MPIDP_EXIT_WHERE:-}"* ]] || code=0
+metrics=""
+while [ $# -gt 0 ]; do [ "$1" = --metrics ] && metrics="$2"; shift; done
+if [ "${FAKE_MPIDP_WAIT:-0}" = 1 ]; then
+    trap 'echo "mpidp: got SIGUSR1" >> "$FAKE_LOG"; exit 75' USR1
+    for _ in $(seq 200); do sleep 0.1; done
+    exit 1
+fi
+[ -n "$metrics" ] && echo '{"epoch": 1}' >> "$metrics"
+exit "$code"
+''',
+}
+
+
+def fake_slurm(directory: Path) -> dict[str, str]:
+    """Write the FAKE_PROGRAMS into ``directory/bin`` and a fake virtualenv
+    (``directory/venv``, whose activate puts them first on PATH); returns the
+    environment for a job script or jobs/sweep_scaling.sh run against them:
+    this process's, less Slurm's own variables, with MPIDP_VENV, FAKE_LOG
+    (``directory/log``) and FAKE_SLURM_DIR set."""
+    directory = Path(directory)
+    bin_dir = directory / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, body in FAKE_PROGRAMS.items():
+        program = bin_dir / name
+        program.write_text("#!/bin/bash\n" + body.lstrip("\n"))
+        program.chmod(0o755)
+    venv = directory / "venv" / "bin"
+    venv.mkdir(parents=True, exist_ok=True)
+    (venv / "activate").write_text(f'PATH="{bin_dir}:$PATH"; export PATH\n')
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "PMI_", "MPIDP_", "DATA", "OUT_DIR", "TRAIN_ARGS",
+                                "BENCH_ARGS", "TUNE_ARGS", "INPUTS", "JOBS_DIR"))}
+    env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", MPIDP_VENV=str(directory / "venv"),
+               FAKE_LOG=str(directory / "log"), FAKE_SLURM_DIR=str(directory))
+    return env

@@ -284,6 +284,8 @@ def test_stopped_job_is_requeued_and_resumes_bit_identical(
     result = cluster.wait(job, timeout=300)
     assert result.ok, result.output
     assert "restart count: 1" in result.output
+    # the requeued job's clean-up step: one task a node, without srun's warning
+    assert "can't honor --ntasks-per-node" not in result.output, result.output
     if "--full" not in how:
         resumed = re.search(r"mpidp train: resumed the run in \S+ at step (\d+) .*epsilon "
                             r"[0-9.]+ spent", result.output)
