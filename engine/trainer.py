@@ -175,7 +175,7 @@ class Trainer:
         if cfg.dp:
             try:
                 self.large_delta = check_delta_for_rows(cfg.delta, n, cfg.allow_large_delta,
-                                                        cfg.data)
+                                                        cfg.data, unit=cfg.privacy_unit)
             except PrivacyError as exc:
                 exc.collective = True
                 raise

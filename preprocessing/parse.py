@@ -13,6 +13,10 @@ is that integer, not an error.
 ``SPORDER`` (the person's number in the household), where the file has it,
 as the person's number: together they name one person, which is how prep
 finds a person given twice (:func:`preprocessing.pipeline.check_people_once`).
+SPORDER is read as the task's columns are (``2.0`` is 2); one that is blank,
+not a whole number, or outside 1 to :data:`MAX_PERSON` is flagged
+(``Columns.person_bad``): prep refuses a kept record without a person number
+(:func:`first_unnumbered`) rather than skip the check for it.
 
 A line whose number of fields differs from the header's (two records glued
 by a lost newline, a line cut short or padded) cannot be trusted: its values
@@ -48,6 +52,8 @@ import numpy as np
 
 #: The column that numbers the persons of a household (with SERIALNO, a person).
 PERSON = "SPORDER"
+#: The largest SPORDER prep tells apart (one byte per record; 2018's largest is 20).
+MAX_PERSON = 255
 #: How many bad texts per column are kept for messages.
 _KEEP_EXAMPLES = 3
 #: Household ids of the old all-digit SERIALNO format (before 2017) are
@@ -67,8 +73,13 @@ class Columns:
             for ``SERIALNO``, not a serial number).
         examples: column -> [(record index, text)] of the first bad fields.
         household: int64 household id from SERIALNO (-1 where bad or blank).
-        person: int32 SPORDER, the person's number in the household (0 where
-            blank, not a number, or the file has no SPORDER column).
+        person: int32 SPORDER, the person's number in the household, as read
+            (0 where blank, not a whole number, or the file has no SPORDER
+            column).
+        person_bad: bool, the file has a SPORDER column and the record's is
+            blank, not a whole number, or outside 1 to :data:`MAX_PERSON`.
+        person_text: record index -> the text of a SPORDER that is blank
+            (``""``) or not a whole number (for messages).
         empty: bool, the line holds nothing but commas and spaces.
         wrong_fields: bool, the line does not have the header's number of
             fields (its values are unreliable).
@@ -84,6 +95,8 @@ class Columns:
     examples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     household: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     person: np.ndarray | None = None
+    person_bad: np.ndarray | None = None
+    person_text: dict[int, str] = field(default_factory=dict)
     empty: np.ndarray | None = None
     wrong_fields: np.ndarray | None = None
     field_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -94,6 +107,8 @@ class Columns:
             self.wrong_fields = np.zeros(self.n, dtype=bool)
         if self.person is None:
             self.person = np.zeros(self.n, dtype=np.int32)
+        if self.person_bad is None:
+            self.person_bad = np.zeros(self.n, dtype=bool)
         if self.empty is None:
             self.empty = np.zeros(self.n, dtype=bool)
 
@@ -260,8 +275,7 @@ class BlockParser:
                 pl.col(self.serial).alias("__serial_text"),
                 _household_expr(pl, self.serial, strip=True),
                 _stripped(pl, self.serial).is_null().alias("__serial_blank"),
-                *([] if self.person is None else
-                  [_stripped(pl, self.person).cast(pl.Int32, strict=False).alias("__person")]),
+                *([] if self.person is None else [_stripped(pl, self.person).alias("__person")]),
             ).collect()
         columns = self._columns(frame, slow)
         _find_empty_lines(data, columns, self.serial)
@@ -314,9 +328,41 @@ class BlockParser:
             examples[self.serial] = [(int(i), text[int(i)]) for i in rows]
         blank[self.serial] = serial_blank
         bad[self.serial] = serial_bad
-        person = None
+        person, person_bad, person_text = None, None, {}
         if self.person is not None:
-            person = frame.get_column("__person").fill_null(0).to_numpy()
-            person = person.astype(np.int32, copy=False)
+            person, person_bad, person_text = self._person_numbers(
+                frame.get_column("__person"), slow)
         return Columns(n=n, values=values, blank=blank, bad=bad, examples=examples,
-                       household=household.fill_null(-1).to_numpy(), person=person)
+                       household=household.fill_null(-1).to_numpy(), person=person,
+                       person_bad=person_bad, person_text=person_text)
+
+    def _person_numbers(self, col, slow: bool) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(SPORDER as read, not a person number, texts of the blank ones and
+        of those that are not whole numbers) of the ``__person`` column: int32
+        on the fast path, the stripped text on the slow one, read as the task's
+        columns are."""
+        pl = self.pl
+        blank = col.is_null().to_numpy()
+        text = dict.fromkeys(np.flatnonzero(blank).tolist(), "")
+        if slow:
+            as_int = col.cast(pl.Int32, strict=False)
+            ints = as_int.fill_null(0).to_numpy().astype(np.int32)
+            odd = (as_int.is_null() & col.is_not_null()).to_numpy()
+            if odd.any():
+                _whole_decimals(pl, col, odd, ints)
+                text.update({int(i): col[int(i)] for i in np.flatnonzero(odd)})
+        else:
+            ints, odd = col.fill_null(0).to_numpy().astype(np.int32), np.zeros(len(col), bool)
+        bad = blank | odd | (ints < 1) | (ints > MAX_PERSON)
+        return np.where(odd, 0, ints).astype(np.int32), bad, text
+
+
+def first_unnumbered(columns: Columns, among: np.ndarray) -> tuple[int, str] | None:
+    """(record index, SPORDER as written, "" for a blank) of the first record
+    of ``among`` (bool per record: the kept ones) whose SPORDER is not a
+    person number (``columns.person_bad``), or None."""
+    rows = np.flatnonzero(columns.person_bad & among)
+    if not rows.size:
+        return None
+    i = int(rows[0])
+    return i, columns.person_text.get(i, str(columns.person[i]))

@@ -6,8 +6,9 @@
     parse    each rank parses its pieces (byte ranges / whole zip members)
     number   allgather of piece sizes -> each record's file and line
     clean    drop + count per reason; --max-invalid-share check per file
-    split    household hash -> train/val/test; exact global statistics (allreduce)
-    shuffle  random key per household and per record, distributed bucket sort
+    split    household hash -> train/val/test (keyed by --household-secret where one
+             is given); exact global statistics (allreduce)
+    shuffle  random key per household and per record (keyed alike), distributed bucket sort
              (Alltoallv): households in random order, each one's rows together;
              keyed hash of each household (the /s/household keys); a person
              (SERIALNO, SPORDER) found twice is refused
@@ -38,12 +39,20 @@ from preprocessing.agreement import agree
 from preprocessing.cleaning import Cleaner, Cleaned, code_dtype, reason_names
 from preprocessing.dictionary import Codebook
 from preprocessing.errors import PrepError, where
-from preprocessing.inputs import (DAMAGED, TWICE, TWICE_PEOPLE, InputFile,
-                                  first_record_fields, first_undecodable_line)
-from preprocessing.parse import PERSON, BlockParser, serial_text
+from preprocessing.inputs import (DAMAGED, TWICE, InputFile, first_record_fields,
+                                  first_undecodable_line)
+from preprocessing.parse import MAX_PERSON, PERSON, BlockParser, first_unnumbered, serial_text
 from preprocessing.ranges import Piece, Tail, iter_blocks, plan_hashing, plan_pieces
 from preprocessing.tasks import Task
 from preprocessing.write_step import attributes, group_field, write_output
+
+#: Why prep refuses a (SERIALNO, SPORDER) found twice: it cannot tell one
+#: person given twice from files that number their households alike.
+REPEATED = ("the same person given twice (a state as its CSV and as its zip, overlapping "
+            "extracts), whose epsilon per person would not hold, or files that number their "
+            "households alike (mpidp synth numbers them from 0000001 whatever --seed: write "
+            "one file with more --rows); give each SERIALNO and SPORDER once")
+
 
 @dataclass
 class Settings:
@@ -64,7 +73,9 @@ class Settings:
     layout: str = "onehot"  # categorical columns (--encoding): onehot or codes
     quiet: bool = False
     check_fields: bool = False  # count every line's fields (--check-fields)
-    household_secret: bytes = b""  # key of the household hash (never written)
+    # key of the household hash (never written); one given (not a households.DrawnSecret)
+    # also keys the split and the order: households.order_key
+    household_secret: bytes = b""
 
 
 @dataclass
@@ -90,10 +101,13 @@ class Report:
 
 @dataclass
 class Part:
-    """One block of records: how many, and what cleaning made of them."""
+    """One block of records: how many, what cleaning made of them, and the
+    first kept record without a person number (index in the block, its
+    SPORDER text: :func:`preprocessing.parse.first_unnumbered`), if any."""
 
     n: int
     cleaned: Cleaned
+    unnumbered: tuple[int, str] | None = None
 
 
 @dataclass
@@ -155,7 +169,8 @@ def read_pieces(settings: Settings, pieces: list[Piece], threads: int, progress=
 
             def work(block: bytes, parser=parser, cleaner=cleaner) -> Part:
                 columns = parser.parse(block)
-                return Part(columns.n, cleaner.clean(columns))
+                cleaned = cleaner.clean(columns)
+                return Part(columns.n, cleaned, first_unnumbered(columns, cleaned.reason == 0))
 
             workers[key] = work
         if piece.seq == 0:
@@ -245,6 +260,35 @@ def check_truncation(settings: Settings, parsed: list[Parsed],
                             "incomplete; download it again")
 
 
+def check_person_numbers(comm, settings: Settings, parsed: list[Parsed], offsets) -> None:
+    """Raise PrepError on every rank where a kept record's SPORDER is blank,
+    not a whole number, or outside 1 to 255: with its person number unknown,
+    a person given twice could not be found (:func:`check_people_once`), so
+    the file is refused rather than prepared without the check. Names the
+    first such line of the first such file, whatever the ranks; collective."""
+    mine = [(p.piece.file, first + part.unnumbered[0] + 2, part.unnumbered[1])
+            for p in parsed for first, part in _parts(p, offsets)
+            if part.unnumbered is not None]  # (file, line, SPORDER text)
+    found = [f for f in comm.allgather(min(mine, default=None)) if f is not None]
+    if not found:
+        return
+    file, line, text = min(found)
+    value = "blank" if text == "" else repr(text)
+    raise PrepError(f"{where(settings.inputs[file].name, line)}: SPORDER is {value}, not a "
+                    f"person number (a whole number from 1 to {MAX_PERSON}), so a person "
+                    "given twice could not be found; write each person's number as the "
+                    "Census Bureau's files do, or leave the SPORDER column out to prepare "
+                    "the file without that check", collective=True)
+
+
+def _parts(p: Parsed, offsets) -> Iterator[tuple[int, Part]]:
+    """(number in its file of the block's first record, block) of a piece."""
+    first = offsets[(p.piece.file, p.piece.seq)]
+    for part in p.parts:
+        yield first, part
+        first += part.n
+
+
 # -- clean -----------------------------------------------------------------
 
 def describe(reason: str, column: str, text: str) -> str:
@@ -264,10 +308,8 @@ def describe(reason: str, column: str, text: str) -> str:
 def _blocks(parsed: list[Parsed], offsets) -> Iterator[tuple[Parsed, int, Cleaned]]:
     """(piece, number in its file of the block's first record, cleaned block)."""
     for p in parsed:
-        first = offsets[(p.piece.file, p.piece.seq)]
-        for part in p.parts:
+        for first, part in _parts(p, offsets):
             yield p, first, part.cleaned
-            first += part.n
 
 
 def count_reasons(comm, settings: Settings, parsed: list[Parsed],
@@ -337,9 +379,11 @@ def record_dtype(task: Task, codebook: Codebook, files: int = 1) -> np.dtype:
 
 def build_records(settings: Settings, parsed: list[Parsed], offsets,
                   dtype: np.dtype) -> np.ndarray:
-    """This rank's kept records: codes, label, split, household and shuffle keys."""
+    """This rank's kept records: codes, label, split, household and shuffle keys
+    (SplitMix64 of the seed, or keyed by a given secret: :mod:`preprocessing.shuffle`)."""
     n = sum(len(part.cleaned.label) for p in parsed for part in p.parts)
     records = np.empty(n, dtype=dtype)
+    key = households.order_key(settings.household_secret, settings.seed)
     at = 0
     for p, first, c in _blocks(parsed, offsets):
         k = len(c.label)
@@ -349,16 +393,14 @@ def build_records(settings: Settings, parsed: list[Parsed], offsets,
         for name, codes in c.groups.items():
             part[group_field(name)] = codes
         part["__y"] = c.label
-        part["__split"] = shuffle.split_households(c.household, settings.seed,
-                                                   settings.test_fraction,
-                                                   settings.val_fraction)
+        part["__split"], part["__key"] = shuffle.split_and_household_keys(
+            c.household, settings.seed, settings.test_fraction, settings.val_fraction, key)
         rows = first + np.flatnonzero(c.reason == 0)
-        part["__key"] = shuffle.household_keys(settings.seed, c.household)
         part["__hh"] = c.household
-        part["__row"] = shuffle.shuffle_keys(settings.seed, p.piece.file, rows)
+        part["__row"] = shuffle.shuffle_keys(settings.seed, p.piece.file, rows, key)
         part["__hkey"] = 0
         part["__file"] = p.piece.file
-        part["__sp"] = np.where((c.person > 0) & (c.person < 256), c.person, 0)
+        part["__sp"] = np.where((c.person > 0) & (c.person <= MAX_PERSON), c.person, 0)
         at += k
     return records
 
@@ -559,9 +601,11 @@ def check_people_once(comm, inputs: list[InputFile], splits: dict[str, tuple]) -
     """Raise PrepError on every rank where a person (household SERIALNO and
     SPORDER) is in the inputs twice: overlapping extracts, or a state given
     both as a CSV and as its zip, put one person's data in the file twice,
-    and a run's epsilon per person would not hold. Collective; ``splits`` as
-    :func:`split_and_shuffle` returns them (a household is whole in one
-    split on one rank)."""
+    and a run's epsilon per person would not hold. Files whose serial
+    numbers overlap (mpidp synth's of different seeds) are refused alike:
+    nothing tells them from copies, and the message says both. Collective;
+    ``splits`` as :func:`split_and_shuffle` returns them (a household is
+    whole in one split on one rank)."""
     count, example = 0, None
     for part, *_ in splits.values():
         found, seen = repeated_people(part)
@@ -574,8 +618,9 @@ def check_people_once(comm, inputs: list[InputFile], splits: dict[str, tuple]) -
     one = f"person {person} (SPORDER) of household {serial_text(household)}"
     where_ = (f"{inputs[a].name} holds {one} twice" if a == b else
               f"{inputs[min(a, b)].name} and {inputs[max(a, b)].name} both hold {one}")
-    raise PrepError(f"{where_} ({total:,} kept records are a second copy of someone): "
-                    f"{TWICE_PEOPLE}", collective=True)
+    repeat = "1 kept record repeats" if total == 1 else f"{total:,} kept records repeat"
+    raise PrepError(f"{where_} ({repeat} the SERIALNO and SPORDER of another): {REPEATED}",
+                    collective=True)
 
 
 def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Report:
@@ -627,6 +672,7 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
     agree(comm, lambda: check_truncation(settings, parsed, offsets))
     counts, firsts = count_reasons(comm, settings, parsed, offsets)
     agree(comm, lambda: check_invalid_share(settings, counts, firsts))
+    check_person_numbers(comm, settings, parsed, offsets)
     clock("count")
     reasons = reason_names(task)
     per_reason = counts.sum(axis=0)

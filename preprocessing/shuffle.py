@@ -24,12 +24,24 @@ it, so the output cannot depend on how the input was split over the ranks.
   keys in ``[r, r+1) * 2^64 / p`` with one ``Alltoallv``, so a household
   lands whole on one rank, then sorts them locally, so that rank ``r`` holds
   one contiguous stretch of the final order.
+
+**With a household secret** (``--household-secret``) the same three numbers
+(split, household key, record key) are instead a keyed pseudo-random
+function: AES-256 of the id under a key derived from the seed and the
+secret, the two halves of one block per household for the first two, one
+block per record for the third (``key``: :data:`KEYED`,
+:func:`preprocessing.households.order_key` and
+:func:`~preprocessing.households.keyed_draw`). SplitMix64 of the seed,
+which the file stores, is public: given the list of serial numbers (a
+housing file) anyone could recompute which side each household is on and
+which block of rows it is. Everything else above holds as it is.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from collectives import MPI
+from preprocessing import households as keyed
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -68,11 +80,38 @@ def to_unit(bits: np.ndarray) -> np.ndarray:
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def test_households(household: np.ndarray, seed: int, test_fraction: float) -> np.ndarray:
-    """Boolean per record: its household is in the test split."""
+#: Which keyed block (:func:`preprocessing.households.keyed_draw`) and which
+#: of its two 64-bit halves gives each use's number under a secret: the split
+#: and the household's key are one block per household, the record key one
+#: per record.
+KEYED = {"split": ("household", 0), "house": ("household", 1), "shuffle": ("record", 0)}
+
+
+def _bits(seed: int, purpose: str, ids: np.ndarray, key: bytes | None) -> np.ndarray:
+    """uint64 per id for one use (``"split"``, ``"house"``, ``"shuffle"``):
+    SplitMix64 of the seed, or AES under ``key`` where one is given (:data:`KEYED`)."""
+    if key is None:
+        return draw(stream_seed(seed, purpose), ids)
+    block, half = KEYED[purpose]
+    return np.ascontiguousarray(keyed.keyed_draw(key, ids, block)[:, half])
+
+
+def _household_ids(household: np.ndarray) -> np.ndarray:
+    return household.astype(np.int64).view(np.uint64)
+
+
+def test_households(household: np.ndarray, seed: int, test_fraction: float,
+                    key: bytes | None = None) -> np.ndarray:
+    """Boolean per record: its household is in the test split.
+
+    Args:
+        key: the AES key of a household secret
+            (:func:`preprocessing.households.order_key`), or None for
+            SplitMix64 of ``seed``.
+    """
     if test_fraction <= 0:
         return np.zeros(household.shape, dtype=bool)
-    u = to_unit(draw(stream_seed(seed, "split"), household.astype(np.int64).view(np.uint64)))
+    u = to_unit(_bits(seed, "split", _household_ids(household), key))
     return u < test_fraction
 
 
@@ -80,17 +119,9 @@ def test_households(household: np.ndarray, seed: int, test_fraction: float) -> n
 TRAIN, VAL, TEST = 0, 1, 2
 
 
-def split_households(household: np.ndarray, seed: int, test_fraction: float,
-                     val_fraction: float = 0.0) -> np.ndarray:
-    """uint8 per record: :data:`TRAIN`, :data:`VAL` or :data:`TEST`, by household.
-
-    Test is exactly :func:`test_households`; val is a share ``val_fraction``
-    of the remaining (training) households, from the same uniform number.
-    """
-    split = np.zeros(household.shape, dtype=np.uint8)
-    if test_fraction <= 0 and val_fraction <= 0:
-        return split
-    u = to_unit(draw(stream_seed(seed, "split"), household.astype(np.int64).view(np.uint64)))
+def _sides(u: np.ndarray, test_fraction: float, val_fraction: float) -> np.ndarray:
+    """Split code per uniform number ``u`` (module docstring, "Split")."""
+    split = np.zeros(u.shape, dtype=np.uint8)
     if val_fraction > 0:
         split[u < test_fraction + val_fraction * (1.0 - test_fraction)] = VAL
     if test_fraction > 0:
@@ -98,15 +129,45 @@ def split_households(household: np.ndarray, seed: int, test_fraction: float,
     return split
 
 
-def household_keys(seed: int, household: np.ndarray) -> np.ndarray:
-    """The sort key of each record's household (uint64; equal within a household)."""
-    return draw(stream_seed(seed, "house"), household.astype(np.int64).view(np.uint64))
+def split_households(household: np.ndarray, seed: int, test_fraction: float,
+                     val_fraction: float = 0.0, key: bytes | None = None) -> np.ndarray:
+    """uint8 per record: :data:`TRAIN`, :data:`VAL` or :data:`TEST`, by household.
+
+    Test is exactly :func:`test_households` (the same ``key``); val is a
+    share ``val_fraction`` of the remaining (training) households, from the
+    same uniform number.
+    """
+    if test_fraction <= 0 and val_fraction <= 0:
+        return np.zeros(household.shape, dtype=np.uint8)
+    u = to_unit(_bits(seed, "split", _household_ids(household), key))
+    return _sides(u, test_fraction, val_fraction)
 
 
-def shuffle_keys(seed: int, file_index: int, rows: np.ndarray) -> np.ndarray:
-    """The sort key of each record ``rows`` (row numbers within its file)."""
+def household_keys(seed: int, household: np.ndarray, key: bytes | None = None) -> np.ndarray:
+    """The sort key of each record's household (uint64; equal within a
+    household); ``key`` as in :func:`test_households`."""
+    return _bits(seed, "house", _household_ids(household), key)
+
+
+def split_and_household_keys(household: np.ndarray, seed: int, test_fraction: float,
+                             val_fraction: float = 0.0,
+                             key: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(split_households(...), household_keys(...))`` of the same
+    arguments, with one AES call under ``key`` (both halves of a block)."""
+    if key is None:
+        return (split_households(household, seed, test_fraction, val_fraction),
+                household_keys(seed, household))
+    both = keyed.keyed_draw(key, _household_ids(household), "household")
+    return (_sides(to_unit(both[:, 0]), test_fraction, val_fraction),
+            np.ascontiguousarray(both[:, 1]))
+
+
+def shuffle_keys(seed: int, file_index: int, rows: np.ndarray,
+                 key: bytes | None = None) -> np.ndarray:
+    """The sort key of each record ``rows`` (row numbers within its file);
+    ``key`` as in :func:`test_households`."""
     ids = np.uint64(file_index) * np.uint64(ROWS_PER_FILE) + rows.astype(np.uint64)
-    return draw(stream_seed(seed, "shuffle"), ids)
+    return _bits(seed, "shuffle", ids, key)
 
 
 def bucket_of(keys: np.ndarray, size: int) -> np.ndarray:

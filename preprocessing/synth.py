@@ -16,6 +16,11 @@ What makes it realistic enough for demos and benchmarks:
     worker, occupation and income follow employment and schooling;
   * the other columns hold codes drawn from their dictionary ranges.
 
+Households are numbered from 0000001 (SERIALNO 2018HU0000001 or 2018GQ...)
+whatever the seed, so files of different seeds share serial numbers and
+``mpidp prep`` refuses them together (it cannot tell them from one person
+given twice): write one file with more rows instead.
+
 --corrupt-fraction F replaces that share of the lines by damaged ones (text
 in a numeric column, a code outside the dictionary, a blank where none is
 allowed, a line cut short) to exercise `mpidp prep`'s cleaning.

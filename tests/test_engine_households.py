@@ -394,6 +394,43 @@ def test_bad_input_is_one_line_on_every_rank_and_writes_nothing(tmp_path, capsys
         assert not metrics.exists() and not run.exists()
 
 
+def test_a_delta_above_one_over_n_names_households_for_the_household_unit(tmp_path):
+    """N is households with the household unit: the refusal (and the warning
+    --allow-large-delta lets through) counts households and says a random
+    household would be released, not a row; the person unit says rows."""
+    import h5py
+    from collectives.runtime import MPI
+    from engine.errors import PrivacyError
+
+    path = synthetic.write(tmp_path / "d.h5", rows=600, features=4, test_rows=40)
+    households = json.loads(h5py.File(path, "r").attrs["households"])["train"]
+    rows = read_info(path).rows["train"]
+    assert households < rows
+    delta = 1.5 / households  # above 1/N for either unit
+
+    def trainer(unit: str, allow: bool = False) -> Trainer:
+        cfg = TrainConfig(data=path, epochs=1, batch_size=8, hidden=(4,), seed=1,
+                          noise_multiplier=1.0, delta=delta, progress=False,
+                          privacy_unit=unit, allow_large_delta=allow)
+        cfg.validate()
+        run = Trainer(cfg, MPI.COMM_SELF, out=io.StringIO())
+        run.setup()
+        return run
+
+    for unit, n, one in (("household", households, "household"), ("person", rows, "row")):
+        with pytest.raises(PrivacyError) as refused:
+            trainer(unit)
+        message = str(refused.value)
+        assert message.startswith(f"--delta {delta:g} is above 1/N = {1 / n:.3g} for the "
+                                  f"{n:,} training {one}s of {path}: a guarantee with "
+                                  f"delta > 1/N is met by releasing a random {one} in the "
+                                  "clear"), message
+        assert refused.value.collective
+        warning = trainer(unit, allow=True).large_delta
+        assert warning.endswith(f"training {one}s of {path}: the guarantee permits releasing "
+                                f"a {one} in the clear"), warning
+
+
 def test_a_resumed_run_keeps_its_unit_and_accountant(tmp_path):
     from collectives.runtime import MPI
 

@@ -31,3 +31,18 @@ def test_equal_ids_share_a_key_and_the_secret_decides_them():
     assert households.aes_key(b"s" * 16) == hashlib.sha256(b"mpidp-household" + b"s" * 16).digest()
     assert households.household_keys(ids[:3], b"s" * 16).shape == (3,)
     assert households.household_keys(np.zeros(0, np.int64), b"s" * 32).shape == (0,)
+
+
+def test_a_drawn_secret_stays_drawn_across_the_broadcast():
+    """Rank 0 draws the secret and broadcasts the settings (pickled): every
+    rank must see it as drawn, so that none keys the split with it (the
+    ranks would then disagree on the order), and a given one as given."""
+    import pickle
+
+    drawn = households.new_secret()
+    again = pickle.loads(pickle.dumps(drawn, protocol=pickle.HIGHEST_PROTOCOL))
+    assert isinstance(again, households.DrawnSecret) and again == drawn
+    assert households.order_key(again, 0) is None
+    assert households.aes_key(again) == households.aes_key(bytes(drawn))  # keys as bytes
+    given = pickle.loads(pickle.dumps(bytes(drawn)))
+    assert households.order_key(given, 0) is not None

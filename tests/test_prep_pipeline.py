@@ -110,11 +110,50 @@ def _raw_frame(paths: list[str]) -> pl.DataFrame:
     return pl.concat(frames)
 
 
+def reference_keyed_draw(secret: bytes, seed: int, ids: np.ndarray, tag: bytes,
+                         half: int = 0) -> np.ndarray:
+    """The split's and the order's numbers under a given secret, as the docs
+    define them (docs/preprocessing.md, step 4), from the cipher itself:
+    AES-256 of (id as 8 little-endian bytes, ``tag``) keyed with SHA-256 of
+    ``mpidp-household-order``, the seed (8 bytes) and the secret, bytes 0-7
+    (``half`` 0) or 8-15 (``half`` 1) read as a little-endian uint64."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    key = hashlib.sha256(b"mpidp-household-order" + seed.to_bytes(8, "little")
+                         + secret).digest()
+    encrypt = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    out = [encrypt.update(int(i).to_bytes(8, "little") + tag)[8 * half:8 * half + 8]
+           for i in np.asarray(ids).astype(np.uint64).tolist()]
+    return np.array([int.from_bytes(b, "little") for b in out], dtype=np.uint64)
+
+
+def reference_order(secret: bytes | None, seed: int, household: np.ndarray,
+                    test_fraction: float, val_fraction: float,
+                    records: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(split, household key, record key) per record of households ``household``
+    and record ids ``records`` (file * 2^40 + row): SplitMix64 of the seed
+    without a secret (preprocessing/shuffle.py, tested against the published
+    generator), else :func:`reference_keyed_draw`."""
+    if secret is None:
+        split = shuffle.split_households(household, seed, test_fraction, val_fraction)
+        return (split, shuffle.household_keys(seed, household),
+                shuffle.draw(shuffle.stream_seed(seed, "shuffle"), records))
+    unique, inverse = np.unique(household, return_inverse=True)
+    u = (reference_keyed_draw(secret, seed, unique, b"mpidp-ho") >> np.uint64(11)
+         ).astype(np.float64)[inverse] / 2.0**53
+    split = np.where(u < test_fraction, shuffle.TEST,
+                     np.where(u < test_fraction + val_fraction * (1 - test_fraction),
+                              shuffle.VAL, shuffle.TRAIN)).astype(np.uint8)
+    return (split, reference_keyed_draw(secret, seed, unique, b"mpidp-ho", 1)[inverse],
+            reference_keyed_draw(secret, seed, records, b"mpidp-rw"))
+
+
 def _expected(paths, encoding: dict, seed: int, test_fraction: float,
-              secret: bytes = bytes(32), val_fraction: float = 0.1):
+              secret: bytes = bytes(32), val_fraction: float = 0.1, keyed: bool = False):
     """(train X, train y, test X, test y, val X, val y, train, test and val
     household keys) computed independently from the text, the rows kept and
-    each one's split (shuffle.TRAIN, VAL, TEST)."""
+    each one's split (shuffle.TRAIN, VAL, TEST); ``keyed``: ``secret`` was
+    given as --household-secret, so it keys the split and the order too."""
     raw = _raw_frame(paths)
     age = raw["AGEP"].cast(pl.Int64, strict=False)
     sex_ok = raw["SEX"].is_not_null()
@@ -126,13 +165,11 @@ def _expected(paths, encoding: dict, seed: int, test_fraction: float,
     household = (serial.str.slice(0, 4).cast(pl.Int64) * 10**8
                  + (serial.str.slice(4, 2) == "GQ").cast(pl.Int64) * 10**7
                  + serial.str.slice(6).cast(pl.Int64)).to_numpy()
-    split = shuffle.split_households(household, seed, test_fraction, val_fraction)
     files, row_numbers = rows["__file"].to_numpy(), rows["__row"].to_numpy()
-    keys = np.zeros(len(files), dtype=np.uint64)
-    for f in np.unique(files):
-        keys[files == f] = shuffle.shuffle_keys(seed, int(f), row_numbers[files == f])
+    ids = files.astype(np.uint64) * np.uint64(1 << 40) + row_numbers.astype(np.uint64)
     # households in the order of their keys, each one's persons together
-    house_keys = shuffle.household_keys(seed, household)
+    split, house_keys, keys = reference_order(secret if keyed else None, seed, household,
+                                              test_fraction, val_fraction, ids)
     columns = []
     for spec in encoding["features"]:
         name = spec["name"]
@@ -182,7 +219,7 @@ def test_real_files_match_an_independent_encoding(comm, shared_tmp, inputs, secr
                                       "val/household")]
     encoding = json.loads(attrs["encoding"])
     (train_x, train_y, test_x, test_y, val_x, val_y, train_h, test_h, val_h), rows, split = \
-        _expected(paths, encoding, SEED, 0.2, bytes(range(32)))
+        _expected(paths, encoding, SEED, 0.2, bytes(range(32)), keyed=True)
     # Statistics: the training split's mean and population std of AGEP (val excluded).
     train_age = rows["AGEP"].cast(pl.Float64).to_numpy()[split == shuffle.TRAIN]
     agep = encoding["features"][0]
@@ -290,7 +327,9 @@ def test_like_reuses_the_encoding(comm, shared_tmp):
 def test_household_keys_are_random_per_run_unless_a_secret_is_given(comm, shared_tmp,
                                                                     secret_file):
     """Without --household-secret the keys differ between runs (the secret is
-    drawn and forgotten) and the rows do not; with it, they are the same."""
+    drawn and forgotten) and the rows do not (the seed orders them); with it,
+    keys and rows are the same every run, the rows in an order of their own
+    (the secret keys the split and the order too)."""
     nd = str(pums_zips() / "csv_pnd.zip")
     names = ("r1.h5", "r2.h5", "s1.h5", "s2.h5")
     for name in names:
@@ -303,11 +342,13 @@ def test_household_keys_are_random_per_run_unless_a_secret_is_given(comm, shared
         keys = {name: f["train/household"][:] for name, f in files.items()}
         assert not np.array_equal(keys["r1.h5"], keys["r2.h5"])
         assert np.array_equal(keys["s1.h5"], keys["s2.h5"])
-        assert np.array_equal(files["r1.h5"]["train/X"][:], files["s1.h5"]["train/X"][:])
-        # the same grouping of rows whatever the secret
-        for name in names:
-            change = keys[name][1:] != keys[name][:-1]
-            assert np.array_equal(change, keys["s1.h5"][1:] != keys["s1.h5"][:-1])
+        rows = {name: f["train/X"][:] for name, f in files.items()}
+        assert np.array_equal(rows["r1.h5"], rows["r2.h5"])
+        assert np.array_equal(rows["s1.h5"], rows["s2.h5"])
+        assert not np.array_equal(rows["r1.h5"][:50], rows["s1.h5"][:50])
+        # the same grouping of rows whatever the drawn secret
+        for a, b in (("r1.h5", "r2.h5"), ("s1.h5", "s2.h5")):
+            assert np.array_equal(keys[a][1:] != keys[a][:-1], keys[b][1:] != keys[b][:-1])
         serials = set()
         for line in _member_text(Path(nd)).decode().splitlines()[1:]:
             serial = line.split(",")[1]  # e.g. 2018HU0000123 -> the pipeline's id
@@ -492,15 +533,63 @@ def test_a_person_given_twice_is_refused_on_every_rank(comm, shared_tmp):
         message = str(error.value)
         assert error.value.collective, message
         assert message.startswith(f"{state}:psam_p10.csv and {second} both hold person "), message
-        assert "those people would be in the data twice" in message
+        assert "the same person given twice (a state as its CSV and as its zip" in message
+        assert "or files that number their households alike" in message
         if copies is not None:
-            assert f"({copies:,} kept records are a second copy of someone)" in message
+            assert (f"({copies:,} kept records repeat the SERIALNO and SPORDER of another)"
+                    in message)
     comm.Barrier()
     assert not out.exists()
 
 
 def _column(header: bytes, name: str) -> int:
     return header.decode().rstrip("\n").split(",").index(name)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_person_given_twice_is_found_in_a_file_written_by_pandas(comm, shared_tmp):
+    """pandas writes SPORDER as floats ("2.0"): the same person twice is
+    refused as in the file it read. A kept record whose SPORDER is blank or
+    a fraction is refused naming its line and value (its person number
+    unknown, a repeat could not be found); a dropped record's is no matter."""
+    import pandas as pd
+
+    head = _member_text(pums_zips() / "csv_pde.zip").splitlines(keepends=True)[:3001]
+    header = head[0].decode().rstrip("\n").split(",")
+    age, person = header.index("AGEP"), header.index("SPORDER")
+    adult = next(i for i in range(1500, 3001) if int(head[i].split(b",")[age]) >= 16
+                 and int(head[i].split(b",")[person]) > 1)
+    child = next(i for i in range(1, 3001) if int(head[i].split(b",")[age]) < 16)
+    paths = {name: shared_tmp / f"{name}.csv" for name in ("twice", "blank", "half", "child")}
+    if comm.Get_rank() == 0:
+        frame = pd.read_csv(io.BytesIO(b"".join(head + [head[adult]])), dtype=str)
+        frame["SPORDER"] = frame["SPORDER"].astype(float)
+        frame.to_csv(paths["twice"], index=False)
+        for name, row, value in (("blank", adult, ""), ("half", adult, "2.5"),
+                                 ("child", child, "")):
+            frame = pd.read_csv(io.BytesIO(b"".join(head)), dtype=str)
+            frame.loc[row - 1, "SPORDER"] = value
+            frame.to_csv(paths[name], index=False)
+    comm.Barrier()
+    written = paths["twice"].read_text().splitlines()[1:]
+    assert all(line.split(",")[person].endswith(".0") for line in written)  # pandas' floats
+    serial = head[adult].decode().split(",")[header.index("SERIALNO")]
+    number = int(head[adult].split(b",")[person])
+    expected = {"twice": f"{paths['twice']} holds person {number} (SPORDER) of household "
+                         f"{serial} twice (1 kept record repeats the SERIALNO and SPORDER "
+                         "of another): the same person given twice",
+                "blank": f"{paths['blank']}, line {adult + 1}: SPORDER is blank, not a "
+                         "person number (a whole number from 1 to 255)",
+                "half": f"{paths['half']}, line {adult + 1}: SPORDER is '2.5', not a person "
+                        "number (a whole number from 1 to 255)"}
+    out = shared_tmp / "o.h5"
+    for name, start in expected.items():
+        with pytest.raises(PrepError) as error:
+            _run(comm, [str(paths[name]), "--out", str(out)])
+        assert error.value.collective and str(error.value).startswith(start), str(error.value)
+        assert not out.exists()
+    report = _run(comm, [str(paths["child"]), "--out", str(out)])  # dropped: universe
+    assert report.kept == sum(int(line.split(b",")[age]) >= 16 for line in head[1:])
 
 
 @pytest.mark.mpi(min_size=1)

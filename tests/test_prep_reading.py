@@ -1,12 +1,13 @@
 """Reading: byte-range plans, line-aligned blocks, polars block parsing."""
 import zipfile
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from preprocessing.inputs import inspect_inputs, require_columns
 from preprocessing.errors import PrepError
-from preprocessing.parse import BlockParser
+from preprocessing.parse import BlockParser, first_unnumbered
 from preprocessing.ranges import Tail, _water_fill, iter_blocks, plan_pieces
 
 
@@ -87,7 +88,8 @@ def test_a_gzip_file_is_one_stream_and_a_line_without_end_is_refused(tmp_path, m
     bomb.write_bytes(gzip.compress(b"A,B\n" + b"x" * 5000))
     [inp] = inspect_inputs([str(bomb)])
     monkeypatch.setattr(ranges, "MAX_STREAM_LINE", 1000)
-    with pytest.raises(PrepError, match=r"bomb.csv.gz: a line longer than 1,000 bytes; this is not"):
+    with pytest.raises(PrepError,
+                       match=r"bomb.csv.gz: a line longer than 1,000 bytes; this is not"):
         list(iter_blocks(inp, plan_pieces([inp], 1)[0], Tail(), block_bytes=100))
 
 
@@ -144,11 +146,42 @@ def test_serial_text_inverts_the_household_id(serial):
 
 def test_sporder_is_the_person_number_and_unknown_is_zero():
     parser = BlockParser(("SERIALNO", "SPORDER", "A"), ["A"], "SERIALNO", person="SPORDER")
-    assert parser.parse(b"2018HU0000001,01,5\n2018HU0000001,2,5\n").person.tolist() == [1, 2]
+    fast = parser.parse(b"2018HU0000001,01,5\n2018HU0000001,2,5\n")
+    assert fast.person.tolist() == [1, 2] and not fast.person_bad.any()
     slow = parser.parse(b"2018HU0000001,x,5\n2018HU0000001,,5\n2018HU0000001,3,5\n")
     assert slow.person.tolist() == [0, 0, 3]
+    assert slow.person_bad.tolist() == [True, True, False]
     without = BlockParser(("SERIALNO", "A"), ["A"], "SERIALNO").parse(b"2018HU0000001,5\n")
-    assert without.person.tolist() == [0]
+    assert without.person.tolist() == [0] and not without.person_bad.any()
+    assert first_unnumbered(without, np.ones(1, bool)) is None
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["fast", "text"])
+def test_sporder_reads_as_the_task_columns_and_a_bad_one_is_flagged(slow):
+    """pandas writes SPORDER as "2.0": the person number 2. A blank, a
+    fraction, text, 0 or more than 255 is no person number: flagged, with
+    the text as written for the message (either path: an "x" elsewhere in
+    the block sends it down the text path)."""
+    parser = BlockParser(("SERIALNO", "SPORDER", "A"), ["A"], "SERIALNO", person="SPORDER")
+    cells = ["2.0", " 3 ", "1e1", "", "2.5", "two", "0", "256", "-1", "255", "7"]
+    if not slow:
+        cells = ["2", "3", "10", "", "0", "256", "-1", "255", "7"]
+    data = "".join(f"2018HU0000001,{c},{'x' if slow and i == 0 else 5}\n"
+                   for i, c in enumerate(cells)).encode()
+    got = parser.parse(data)
+    numbers = {"2.0": 2, " 3 ": 3, "1e1": 10, "2": 2, "3": 3, "10": 10, "255": 255, "7": 7}
+    assert got.person_bad.tolist() == [c not in numbers for c in cells]
+    good = ~got.person_bad
+    assert got.person[good].tolist() == [numbers[c] for c in cells if c in numbers]
+    everyone = np.ones(len(cells), dtype=bool)
+    assert first_unnumbered(got, everyone) == (3, "")  # the blank
+    texts = {"2.5": "2.5", "two": "two", "0": "0", "256": "256", "-1": "-1"}
+    for i, cell in enumerate(cells):
+        if cell in texts:  # the first among the records asked about (the kept ones)
+            only = np.zeros(len(cells), dtype=bool)
+            only[i:] = True
+            assert first_unnumbered(got, only) == (i, texts[cell])
+    assert first_unnumbered(got, np.zeros(len(cells), dtype=bool)) is None
 
 
 def test_a_whole_number_written_as_a_decimal_is_that_number():

@@ -25,15 +25,23 @@ from engine.errors import ConfigError, PrivacyError
 
 
 def check_delta_for_rows(delta: float, rows: int, allow: bool = False,
-                         where: str | None = None, escape: bool = True) -> str | None:
-    """Refuse a delta above 1/N for N training rows, unless ``allow``
+                         where: str | None = None, escape: bool = True,
+                         unit: str = "person") -> str | None:
+    """Refuse a delta above 1/N for N training units, unless ``allow``
     (``escape``: the message names ``--allow-large-delta``, for the commands
     that have it).
 
     An (epsilon, delta) guarantee with delta > 1/N is met by a mechanism that
-    publishes one random row in the clear, so it protects nobody. Returns
-    None for a delta at or below 1/N, and the warning a run must print when
-    ``allow`` lets a larger one through.
+    publishes one random unit (a row, or with ``unit="household"`` a
+    household) in the clear, so it protects nobody. Returns None for a delta
+    at or below 1/N, and the warning a run must print when ``allow`` lets a
+    larger one through.
+
+    Args:
+        rows: N, the training units: rows for the person unit, households
+            for the household unit.
+        unit: the privacy unit (``"person"`` or ``"household"``), which the
+            message names.
 
     Raises:
         PrivacyError: delta > 1/N and not ``allow`` (local: callers make it
@@ -43,15 +51,16 @@ def check_delta_for_rows(delta: float, rows: int, allow: bool = False,
     if delta <= bound:
         return None
     of = f" of {where}" if where else ""
+    units, one = ("households", "household") if unit == "household" else ("rows", "row")
     if allow:
         return (f"delta {delta:g} is above 1/N = {bound:.3g} for the {rows:,} training "
-                f"rows{of}: the guarantee permits releasing a row in the clear")
+                f"{units}{of}: the guarantee permits releasing a {one} in the clear")
     suggestion = 10.0 ** math.floor(math.log10(bound))
     if suggestion >= bound:
         suggestion /= 10
     raise PrivacyError(f"--delta {delta:g} is above 1/N = {bound:.3g} for the {rows:,} training "
-                       f"rows{of}: a guarantee with delta > 1/N is met by releasing a random "
-                       f"row in the clear, so it protects nobody. Use --delta {suggestion:g} "
+                       f"{units}{of}: a guarantee with delta > 1/N is met by releasing a random "
+                       f"{one} in the clear, so it protects nobody. Use --delta {suggestion:g} "
                        "or smaller" + (" (or --allow-large-delta, if you know why you need it)"
                                        if escape else ""))
 
@@ -60,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rate = parser.add_mutually_exclusive_group(required=True)
     rate.add_argument("--sample-rate", type=float, help="Poisson sampling rate q")
     rate.add_argument("--batch-size", type=int, help="expected batch size B (needs --train-rows)")
-    parser.add_argument("--train-rows", type=int, help="training rows N (with --batch-size; with --sample-rate, to check "
-                        "delta against 1/N)")
+    parser.add_argument("--train-rows", type=int, help="training rows N (with --batch-size; "
+                        "with --sample-rate, to check delta against 1/N)")
     length = parser.add_mutually_exclusive_group(required=True)
     length.add_argument("--steps", type=int, help="number of DP-SGD steps")
     length.add_argument("--epochs", type=float, help="epochs (needs --batch-size/--train-rows)")
