@@ -122,3 +122,83 @@ def test_images_have_no_households(image_files):
     with pytest.raises(DataError, match="images, which have no households"):
         engine.train(image_files["mnist"], model="mnist-small", epochs=1, quiet=True,
                      privacy_unit="household", target_epsilon=1.0)
+
+
+def test_hidden_given_to_an_image_model_is_said_to_be_unused(image_files, capsys):
+    """--model mnist-small --hidden 7 trained the same model without a word
+    (--model logreg said so)."""
+    from engine.cli import main
+
+    run = ["train", "--data", image_files["mnist"], "--model", "mnist-small", "--no-dp",
+           "--epochs", "1", "--batch-size", "32", "--threads", "1", "--no-progress"]
+    counts = []
+    for extra, note in (([], False), (["--hidden", "7"], True)):
+        capsys.readouterr()
+        assert main([*run, *extra]) == 0
+        out = capsys.readouterr().out
+        assert ("note: --model mnist-small has a fixed architecture: --hidden 7 is not used"
+                in out) == note, out
+        counts.append(next(line for line in out.splitlines() if "parameters" in line))
+    assert "396,466 parameters" in counts[0] and counts[0] == counts[1]
+
+
+def test_an_image_run_says_epsilon_protects_each_image(image_files, capsys):
+    """An image is its own unit (docs/images.md): the first and last lines said
+    "each person (one row)" and "per person"."""
+    from engine.cli import main
+
+    assert main(["train", "--data", image_files["mnist"], "--model", "logreg",
+                 "--noise-multiplier", "1", "--epochs", "1", "--batch-size", "32",
+                 "--threads", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "epsilon protects each image (one row)" in out and " per image (delta" in out
+    assert "person" not in out, out
+
+
+def test_an_empty_val_split_has_no_val_figure_at_the_end(tmp_path, capsys):
+    """Five images (train 4, val 0, test 1): the last line said 'val accuracy nan'."""
+    from argparse import Namespace
+
+    from collectives import MPI
+    from engine.cli import main
+    from preprocessing.h5write import Compression
+    from preprocessing.images.prepare import prepare_images
+
+    mnist_dir(tmp_path / "five", n_train=0, n_test=5)
+    args = Namespace(format="mnist", inputs=[str(tmp_path / "five")],
+                     out=str(tmp_path / "five.h5"), seed=0, test_fraction=None)
+    assert prepare_images(MPI.COMM_SELF, args, 0.1, Compression(), "t").rows["val"] == 0
+    capsys.readouterr()
+    assert main(["train", "--data", args.out, "--model", "mnist-small", "--epochs", "1",
+                 "--target-epsilon", "1", "--delta", "1e-5", "--batch-size", "2",
+                 "--select-on", "last", "--threads", "1", "--no-progress"]) == 0
+    done = [line for line in capsys.readouterr().out.splitlines() if line.startswith("done:")]
+    assert len(done) == 1 and "test accuracy" in done[0], done
+    assert "val accuracy" not in done[0] and "nan" not in done[0], done
+
+
+@pytest.mark.parametrize("classes, ok", [(200, False), (129, False), (1, False), (128, True)])
+def test_synthetic_images_refuse_more_classes_than_the_labels_hold(tmp_path, capsys,
+                                                                   classes, ok):
+    """--classes 200 wrote int8 labels wrapped to -127..127, refused only by train."""
+    from engine.bench import synthetic
+    from engine.shard import read_info
+
+    out = tmp_path / "x.h5"
+    argv = ["--rows", "60", "--test-rows", "10", "--images", "1x8x8", "--classes",
+            str(classes), "--out", str(out)]
+    capsys.readouterr()
+    assert synthetic.main(argv) == (0 if ok else 2)
+    err = capsys.readouterr().err
+    if ok:
+        import h5py
+
+        with h5py.File(out, "r") as f:
+            assert 0 <= f["train/y"][:].min() and f["train/y"][:].max() <= 127
+        assert read_info(str(out)).n_classes == 128
+        return
+    assert err.count("\n") == 1 and f"--classes {classes}: give 2..128" in err, err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="give 2..128"):
+        synthetic.write_images(out, (1, 8, 8), rows=6, test_rows=2, n_classes=classes)
+    assert not out.exists()

@@ -227,3 +227,54 @@ def test_real_mnist_prepares_trains_and_evaluates(tmp_path):
     assert done.returncode == 0, done.stderr
     scored = json.loads(done.stdout)
     assert scored["accuracy"] == pytest.approx(record["test_accuracy"], abs=1e-9)
+
+
+def _prepare_in_process(source: Path, out: Path, val_fraction: float,
+                        test_fraction: float | None = None):
+    """``mpidp prep --format mnist`` on this process alone: (its report, its summary)."""
+    from argparse import Namespace
+
+    from collectives import MPI
+    from preprocessing.h5write import Compression
+    from preprocessing.images.prepare import prepare_images, summary
+
+    args = Namespace(format="mnist", inputs=[str(source)], out=str(out), seed=0,
+                     test_fraction=test_fraction)
+    report = prepare_images(MPI.COMM_SELF, args, val_fraction, Compression(), "test")
+    return report, summary(report, args, 1)
+
+
+def test_a_split_asked_for_that_comes_out_empty_is_noted(tmp_path):
+    """5 images wrote 'train 4, val 0, test 1' without a word, and training on the
+    file then ended with 'val accuracy nan'."""
+    source = mnist_dir(tmp_path / "five", n_train=0, n_test=5)
+    report, text = _prepare_in_process(source, tmp_path / "five.h5", 0.1)
+    assert report.rows == {"train": 4, "val": 0, "test": 1}
+    notes = [line for line in text.splitlines() if line.lstrip().startswith("note")]
+    assert notes == ["  note    --val-fraction 0.1 put none of the 4 training images in the "
+                     "validation split: too few images; give a larger --val-fraction, more "
+                     "data, or --val-fraction 0 for a file without one"], text
+    _, text = _prepare_in_process(source, tmp_path / "none.h5", 0.0)  # val not asked for
+    assert "note" not in text
+    one = mnist_dir(tmp_path / "one", n_train=0, n_test=1)
+    report, text = _prepare_in_process(one, tmp_path / "one.h5", 0.0)
+    assert report.rows == {"train": 1, "test": 0}
+    assert "note    --test-fraction 0.2 put none of the 1 images in the test split" in text
+    _, text = _prepare_in_process(mnist_dir(tmp_path / "both", n_train=8, n_test=4),
+                                  tmp_path / "both.h5", 0.25)
+    assert "note" not in text  # train 6, val 2, test 4
+
+
+@pytest.mark.parametrize("val_fraction, test_fraction, says", [
+    (0.0, 0.9, "--test-fraction 0.9 left none of the 1 images for training"),
+    (0.6, 0.0, "--val-fraction 0.6 left none of the 1 training images for training")])
+def test_fractions_that_leave_nothing_to_train_on_are_refused(tmp_path, val_fraction,
+                                                              test_fraction, says):
+    from preprocessing.errors import PrepError
+
+    one = mnist_dir(tmp_path / "one", n_train=0, n_test=1)
+    with pytest.raises(PrepError, match=says):
+        _prepare_in_process(one, tmp_path / "x.h5", val_fraction, test_fraction)
+    assert not (tmp_path / "x.h5").exists()
+    report, _ = _prepare_in_process(one, tmp_path / "x.h5", 0.0, 1.0)  # only for scoring
+    assert report.rows == {"train": 0, "test": 1}

@@ -194,6 +194,35 @@ def test_mnist_nothing_there(tmp_path):
     raises_one_line(lambda: read_mnist(tmp_path / "readme.txt"), "found a file")
 
 
+def _not_a_file(path: Path, kind: str) -> str:
+    """Put a ``kind`` (fifo, directory, loop) at ``path``; returns what the reader
+    must call it."""
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "found a FIFO (named pipe)"
+    if kind == "directory":
+        path.mkdir()
+        return "found a directory"
+    path.symlink_to(path.name)  # a link to itself
+    return "found a symbolic link loop"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "loop"])
+@pytest.mark.parametrize("name", ["t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz"])
+def test_mnist_file_that_is_not_a_regular_file(tmp_path, kind, name):
+    """It was 'found the test labels file but not its images file' (a FIFO would
+    block the reader once opened)."""
+    write_mnist(tmp_path, "t10k", 2, gz=False)
+    (tmp_path / "t10k-images-idx3-ubyte").unlink()
+    says = _not_a_file(tmp_path / name, kind)
+    error = raises_one_line(lambda: read_mnist(tmp_path), f"{tmp_path / name}: expected the "
+                            "test images file (a regular file)", says, "put the file itself")
+    assert "not its images file" not in str(error)
+    if kind != "directory":  # as the directory itself: it said "found a file", or "nothing"
+        raises_one_line(lambda: read_mnist(tmp_path / name),
+                        "expected a directory of MNIST idx files, " + says)
+
+
 def test_mnist_zero_images(tmp_path):
     (tmp_path / "t10k-images-idx3-ubyte").write_bytes(idx_bytes(0x803, (0, 28, 28), b""))
     (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(0x801, (0,), b""))
@@ -431,6 +460,22 @@ def test_cifar_nothing_there(tmp_path):
     raises_one_line(lambda: read_cifar10(tmp_path), "no CIFAR-10 batches", "test_batch.bin",
                     "cifar-10-binary.tar.gz", CIFAR_URL, "downloads nothing")
     raises_one_line(lambda: read_cifar10(tmp_path / "absent.tar.gz"), "absent.tar.gz", CIFAR_URL)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "loop"])
+def test_cifar_batch_that_is_not_a_regular_file(tmp_path, kind):
+    """A directory (or FIFO, or link loop) named as a batch was reported missing."""
+    files, _ = cifar_files("binary")
+    del files["data_batch_2.bin"]
+    folder = tmp_path / "cifar-10-batches-bin"
+    write_dir(folder, files)
+    says = _not_a_file(folder / "data_batch_2.bin", kind)
+    error = raises_one_line(lambda: read_cifar10(tmp_path),
+                            f"{folder / 'data_batch_2.bin'}: expected a CIFAR-10 batch", says)
+    assert "missing" not in str(error)
+    if kind != "directory":  # the archive's own path: a FIFO would block once opened
+        raises_one_line(lambda: read_cifar10(folder / "data_batch_2.bin"),
+                        "expected a directory or a .tar.gz", says)
 
 
 @pytest.mark.parametrize("content", [b"not a tar at all" * 100, b""])

@@ -33,12 +33,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
 import kernels.files
 from engine.choices import seed_value
-from engine.bench.synthetic_images import parse_image_shape, write_images
+from engine.bench.synthetic_images import check_classes, parse_image_shape, write_images
 from preprocessing import h5format
 
 #: Rows generated and written at a time.
@@ -373,6 +374,12 @@ def main(argv=None) -> int:
                         "--format mnist|cifar10`), 10 classes unless --classes")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    classes = 10 if args.images and args.classes == 2 else args.classes
+    try:
+        check_classes(classes)  # labels are int8: refused before anything is written
+    except ValueError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     if args.images:
         try:
             shape = parse_image_shape(args.images)
@@ -380,7 +387,7 @@ def main(argv=None) -> int:
             parser.error(str(exc))
         write_images(args.out, shape, rows=args.rows,
                      test_rows=args.rows // 6 if args.test_rows is None else args.test_rows,
-                     n_classes=10 if args.classes == 2 else args.classes, seed=args.seed)
+                     n_classes=classes, seed=args.seed)
     elif args.dense:
         write_dense(args.out, rows=args.rows, features=args.features,
                     test_rows=args.test_rows, seed=args.seed)

@@ -32,6 +32,23 @@ IMAGE_SIGNAL, IMAGE_NUISANCE, IMAGE_NOISE = 28.0, 40.0, 30.0
 IMAGE_CHUNK = 8192
 
 
+#: The most classes a file's labels hold: ``y`` is int8 (preprocessing.h5format.Y_DTYPE),
+#: so labels 0..127.
+MAX_CLASSES = int(np.iinfo(h5format.Y_DTYPE).max) + 1
+
+
+def check_classes(n_classes: int) -> None:
+    """Refuse a class count the file cannot hold (one line).
+
+    Raises:
+        ValueError: ``n_classes`` outside 2..:data:`MAX_CLASSES` (the labels are
+            int8, and a file has at least two classes).
+    """
+    if not 2 <= n_classes <= MAX_CLASSES:
+        raise ValueError(f"--classes {n_classes}: give 2..{MAX_CLASSES} (the labels are "
+                         f"stored as {h5format.Y_DTYPE}, and a file has at least two classes)")
+
+
 def _upsample(grid: np.ndarray, height: int, width: int) -> np.ndarray:
     """``[..., g, g]`` coarse cells blown up (nearest) to ``[..., height, width]``."""
     g = grid.shape[-1]
@@ -89,13 +106,15 @@ def write_images(path: str | os.PathLike, shape: tuple[int, int, int] = (1, 28, 
     ``channel_mean`` and ``channel_std`` of the training pixels / 255, the
     encoding fingerprint of the layout, ``task`` ``synthetic-images``. Rows are
     generated and written in chunks (little memory for large files), under a
-    temporary name renamed at the end. Training and test images come from two
+    temporary name renamed at the end (``n_classes`` is checked first:
+    :func:`check_classes`, ValueError). Training and test images come from two
     random streams, so the test images do not depend on ``rows`` (the data
     repeats of ``mpidp bench scaling --preset dp-sweep`` are scored on the same
     test set).
     """
     import h5py  # deferred: keeps `mpidp bench --help` fast
 
+    check_classes(n_classes)
     c, h, w = (int(v) for v in shape)
     width = c * h * w
     templates = image_templates((c, h, w), n_classes, seed)

@@ -8,7 +8,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.nn import model_names
 from engine.stopping import monitored_accuracy
+
+#: The built-in models whose layers ``--hidden`` sets; every other model
+#: (``logreg``, the image models, a ``MODULE:FACTORY``) ignores it.
+HIDDEN_MODELS = ("mlp", "embedding-mlp")
+
+
+def hidden_unused(model: str) -> str | None:
+    """Why ``--hidden`` does not shape ``--model model`` (``has no hidden
+    layers``), or None where it does (:data:`HIDDEN_MODELS`)."""
+    if model in HIDDEN_MODELS:
+        return None
+    if model == "logreg":
+        return "has no hidden layers"
+    if model_names.is_user_factory(model):
+        return "is built by its factory from the file's features and classes alone"
+    return "has a fixed architecture"
 
 
 def plural(n: int, word: str) -> str:
@@ -19,6 +36,13 @@ def plural(n: int, word: str) -> str:
 def _number(value: float | None) -> str:
     """An accuracy in a message: 4 decimals, or nan when there is none."""
     return f"{value:.4f}" if value is not None else "nan"
+
+
+def unit_name(t) -> str:
+    """What epsilon protects, in the run's words: ``person`` or ``household``
+    (``--privacy-unit``), ``image`` for a row of an image file."""
+    return "image" if t.info.is_image and t.cfg.privacy_unit == "person" \
+        else t.cfg.privacy_unit
 
 
 def first_line(t) -> str | None:
@@ -48,8 +72,9 @@ def describe(t) -> list[str]:
         lines.append(f"note: {t.lock.note}")
     if t.thread_note:
         lines.append(t.thread_note)
-    if cfg.model == "logreg" and "hidden" in (t.given or ()):
-        lines.append(f"note: --model logreg has no hidden layers: --hidden "
+    unused = hidden_unused(cfg.model)
+    if unused and "hidden" in (t.given or ()):
+        lines.append(f"note: --model {cfg.model} {unused}: --hidden "
                      f"{','.join(map(str, cfg.hidden)) or repr('')} is not used")
     if t.step_note:
         lines.append(f"mpidp train: on {t.placement.device.type}, {t.step_note}")
@@ -57,7 +82,7 @@ def describe(t) -> list[str]:
         lines.append("mpidp train: the first run with this machine's caches: epoch 1 "
                      "compiles the kernels and the all-reduce tries its algorithms (once; "
                      "`mpidp warmup --data FILE` pays this before the runs that count)")
-    unit = ("" if not cfg.dp else "epsilon protects each person (one row); "
+    unit = ("" if not cfg.dp else f"epsilon protects each {unit_name(t)} (one row); "
             if cfg.privacy_unit == "person"
             else "epsilon protects each household (all its rows at once); ")
     households = ("" if cfg.privacy_unit == "person"
@@ -97,16 +122,18 @@ def summary(t) -> list[str]:
     times = [r["epoch_time_s"] for r in t.history if r.get("epoch_time_s")]
     eps = last.get("epsilon")
     val = ""
+    chosen = None
     if t.val is not None:
         chosen = (t.selection.best["val_accuracy"] if t.selection.best is not None
                   else last.get("val_accuracy"))
+    if chosen is not None and np.isfinite(chosen):  # an empty val split: no figure
         val = (f"val accuracy {_number(chosen)} (epoch "
                f"{t.selection.selected_epoch(last.get('epoch', 0))}, "
                + ("selected), " if t.selection.best is not None else "the last), "))
     test = ("no test split" if not t.info.rows.get("test")  # --test-fraction 0
             else f"test accuracy {_number(last.get('test_accuracy'))}")
     lines.append(f"done: {plural(len(t.history), 'epoch')}, {val}{test}, "
-                 + (f"epsilon {eps:.3f} per {t.cfg.privacy_unit} (delta {t.cfg.delta:g}), "
+                 + (f"epsilon {eps:.3f} per {unit_name(t)} (delta {t.cfg.delta:g}), "
                     if eps is not None
                     else "non-private, ")
                  + f"{np.median(times) if times else float('nan'):.2f} s/epoch (median)")

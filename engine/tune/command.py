@@ -26,7 +26,11 @@ The space: KEY=VALUES separated by ';', values by ',' (hidden: width lists
 separated by '|', 'none' for no hidden layer); tunable keys: lr, batch_size,
 max_grad_norm, epochs, optimizer, momentum, weight_decay, lr_schedule,
 model, hidden, noise_multiplier. --space-file: the same as TOML (key =
-[values]). A key with one value is fixed for every trial.
+[values]). A key with one value is fixed for every trial. Each value is
+checked as `mpidp train` checks it on the file, before any trial runs.
+hidden shapes mlp and embedding-mlp only: refused in a space of other models
+(logreg, the image models, MODULE:FACTORY), left out of the points of those
+models in a mixed one (each such point trained once).
 
 The search: grid (every valid point) unless --trials N is given (N points
 drawn at random without replacement), or the tuning privacy is
@@ -77,7 +81,8 @@ from engine.errors import EXIT_CHECKPOINTED, MpidpError, PrivacyError, agree
 from engine.tune import space as space_mod
 from engine.tune.options import (DEFAULT_MEAN_TRIALS, DEFAULT_SCORE_NOISE, MODES, Options,
                                  check_file, check_space, check_values, fail, privacy_key,
-                                 privacy_plans, training_units, valid_points)
+                                 privacy_plans, training_units, valid_points,
+                                 without_unused_hidden)
 from engine.tune.privacy import DISTRIBUTIONS
 from engine.tune.report import write_report
 from engine.tune.state import FORMAT, VERSION, load_state, open_out, plan_trials
@@ -185,12 +190,14 @@ def run(args: argparse.Namespace) -> int:
         from engine.dp.privacy import check_delta_for_rows
         try:
             check_delta_for_rows(opts.privacy["delta"], units, where=opts.data,
-                                 escape=False)  # tune has no --allow-large-delta
+                                 escape=False,  # tune has no --allow-large-delta
+                                 unit=opts.privacy["privacy_unit"])
         except PrivacyError as exc:
             fail(str(exc), PrivacyError)
     points, dropped, reason = valid_points(space, opts)
     if not points:
         fail(f"the space has no valid point ({space.size} tried; e.g. {reason})")
+    points, merged = without_unused_hidden(points)
     identity = opts.identity(space, info)
     error, state = None, None
     if rank == 0:
@@ -249,6 +256,9 @@ def run(args: argparse.Namespace) -> int:
                 "random-search" else "private random search")
         drop = (f"; {dropped} invalid combination(s) left out, e.g. {reason}" if dropped
                 else "")
+        if merged:
+            drop += (f"; {merged} point(s) alike but for hidden, which their model ignores, "
+                     "trained once")
         chosen_on = ("val accuracy" if opts.objective == "val_accuracy" else
                      f"the val accuracy of the worst {opts.group_by} group of at least "
                      f"{opts.min_group_size} rows")

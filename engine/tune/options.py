@@ -2,12 +2,13 @@
 and the file.
 
 :class:`Options` is the command line checked (the tuning privacy mode, the
-search, the selection); :func:`check_space`, :func:`check_file` and
-:func:`check_values` refuse what can never work, one line each (exit 2),
-before anything runs; :func:`valid_points` keeps the points ``mpidp train``
-accepts; :func:`privacy_plans` computes each privacy setting's (q, sigma,
-steps) as the trainer will plan it, the calibrations shared out over the
-ranks.
+search, the selection); :func:`check_space` (with :func:`check_hidden`),
+:func:`check_file` and :func:`check_values` refuse what can never work, one
+line each (exit 2), before anything runs; :func:`valid_points` keeps the
+points ``mpidp train`` accepts, and :func:`without_unused_hidden` merges
+those that differ only in a ``hidden`` their model ignores;
+:func:`privacy_plans` computes each privacy setting's (q, sigma, steps) as
+the trainer will plan it, the calibrations shared out over the ranks.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from engine.config import TrainConfig
 from engine.dp.accountant import DEFAULT_KIND
 from engine.errors import ConfigError, DataError, GroupError, PrivacyError, agree
 from engine.groups import MIN_GROUP_SIZE
+from engine.run.report import HIDDEN_MODELS, hidden_unused
 from engine.run.selection import groups_kept
 from engine.tune import space as space_mod
 
@@ -157,6 +159,7 @@ def check_space(space, opts: Options) -> None:
             and opts.privacy.get("noise_multiplier") is None:
         fail("give --target-epsilon EPS or --noise-multiplier SIGMA (or noise_multiplier in "
               "the space), or --no-dp for non-private trials")
+    check_hidden(space)
 
 
 def check_file(info, opts: Options) -> None:
@@ -171,6 +174,9 @@ def check_file(info, opts: Options) -> None:
         if opts.public_split not in info.splits:
             fail(f"--public-split {opts.public_split}: {opts.data} has no such split (it has "
                   f"{', '.join(info.splits)})")
+    if opts.privacy["privacy_unit"] == "household" and info.is_image:  # as mpidp train
+        fail(f"{opts.data} holds images, which have no households: tune with "
+             "--privacy-unit person (each image its own unit)", DataError)
     if opts.privacy["privacy_unit"] == "household" and not info.households:
         fail(f"{opts.data} has no household keys; --privacy-unit household needs a file "
               "prepared by this mpidp", DataError)
@@ -200,9 +206,11 @@ def training_units(info, unit: str, comm) -> int:
 
 
 def check_values(space, info, units: int, opts: Options) -> None:
-    """Values that can never work on this file: one line each, exit 2."""
-    from engine.models import check_layout
+    """Values that can never work on this file: one line each, exit 2.
 
+    A batch larger than the training set, and each ``model`` value refused
+    as ``mpidp train --model`` refuses it on this file (:func:`check_model`).
+    """
     what = "rows" if opts.privacy["privacy_unit"] == "person" else "households"
     for batch in space.values.get("batch_size", ()):
         if batch > units:
@@ -214,9 +222,69 @@ def check_values(space, info, units: int, opts: Options) -> None:
               f"{opts.data}: give batch_size in the space")
     for model in space.values.get("model", ("mlp",)):
         try:
-            check_layout(model, info.code_columns, opts.data)
+            check_model(model, info, opts.data)
         except ConfigError as exc:
             fail(f"--space model={model}: {exc}")
+
+
+def check_model(name: str, info, path: str) -> None:
+    """Refuse ``name`` where ``mpidp train --model name`` would refuse the file:
+    :func:`engine.models.resolve` itself, run on torch's meta device (the
+    model's layers are built without memory or arithmetic). A
+    ``MODULE:FACTORY`` is the user's code: it is imported when its trial runs.
+
+    Raises:
+        ConfigError: (collective) an image model on tabular rows or on images
+            too small for it, ``embedding-mlp`` on images or on a one-hot
+            file, ``mlp``/``logreg`` on a file of integer codes.
+    """
+    import torch  # deferred: the options above are checked without it
+
+    from engine.models import resolve
+    from engine.nn.model_names import BUILTIN
+
+    if name not in BUILTIN:
+        return
+    meta = torch.device("meta")
+    with meta:
+        resolve(name, TrainConfig(data="").hidden, info.n_features, info.n_classes, 0, meta,
+                code_columns=info.code_columns, path=path, image_shape=info.image_shape)
+
+
+def check_hidden(space) -> None:
+    """Refuse ``hidden`` in a space none of whose models it shapes (one line):
+    every trial would train the same model, and spend privacy on it again.
+
+    Raises:
+        ConfigError: (collective) ``hidden`` with only ``logreg``, image
+            models or ``MODULE:FACTORY`` models.
+    """
+    if "hidden" not in space.values:
+        return
+    models = space.values.get("model", ("mlp",))
+    if any(hidden_unused(m) is None for m in models):
+        return
+    values = "|".join(space_mod.format_value(v) for v in space.values["hidden"])
+    fail(f"--space hidden={values}: model={models[0]} {hidden_unused(models[0])}"
+         + (" (as every model of the space)" if len(models) > 1 else "")
+         + f"; hidden sets the layers of {' and '.join(HIDDEN_MODELS)} only: drop hidden "
+         "from the space, or add one of them to model")
+
+
+def without_unused_hidden(points: list[dict]) -> tuple[list[dict], int]:
+    """``points`` with ``hidden`` dropped where the point's model ignores it
+    (:func:`engine.run.report.hidden_unused`), each resulting point once, in
+    order; and the count of points merged away. No two trials then train the
+    same settings, and no command printed for such a model names --hidden."""
+    out, seen = [], set()
+    for point in points:
+        if "hidden" in point and hidden_unused(point.get("model", "mlp")):
+            point = {k: v for k, v in point.items() if k != "hidden"}
+        key = space_mod.settings_key(0, point)
+        if key not in seen:
+            seen.add(key)
+            out.append(point)
+    return out, len(points) - len(out)
 
 
 def valid_points(space, opts: Options) -> tuple[list[dict], int, str | None]:

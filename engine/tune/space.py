@@ -131,8 +131,9 @@ def check_value(key: str, value: Any, where: str) -> None:
 
 def format_value(value: Any) -> str:
     """How a value is written in a space (``128,128`` for a hidden tuple, ``none``
-    for no hidden layer; ``0.05`` for floats)."""
-    if isinstance(value, tuple):
+    for no hidden layer, a tuple or, as JSON records hold it, a list; ``0.05``
+    for floats)."""
+    if isinstance(value, (tuple, list)):
         return ",".join(str(v) for v in value) if value else "none"
     if isinstance(value, float):
         return f"{value:g}"

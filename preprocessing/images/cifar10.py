@@ -42,7 +42,8 @@ import numpy as np
 from preprocessing.images.errors import CIFAR10_SOURCE, ImageFormatError, one_line
 from preprocessing.images.imageset import ImageSet, first_out_of_range, source_entry
 from preprocessing.images.safe_pickle import load_arrays
-from preprocessing.images.streams import DAMAGED, Capped, decompressed, open_stored, read_exact
+from preprocessing.images.streams import (DAMAGED, Capped, decompressed, not_regular,
+                                          open_stored, read_exact)
 from preprocessing.images.tar import Member, TarReader
 
 N_CLASSES = 10
@@ -241,7 +242,7 @@ def _open(path: Path) -> "_DirStore | _TarStore":
         return _TarStore(path, {name: (layout, prefix) for layout, prefix, names in _candidates()
                                 for name in names})
     raise ImageFormatError(f"{path}: expected a directory or a .tar.gz of the CIFAR-10 "
-                           f"batches, found nothing; {CIFAR10_SOURCE}")
+                           f"batches, found {not_regular(path) or 'nothing'}; {CIFAR10_SOURCE}")
 
 
 class _DirStore:
@@ -251,6 +252,17 @@ class _DirStore:
         self.path = path
 
     def has(self, name: str) -> bool:
+        """Whether the batch file is there.
+
+        Raises:
+            ImageFormatError: something is there under its name but is not a
+                regular file (:func:`not_regular`).
+        """
+        what = not_regular(self.path / name)
+        if what is not None:
+            raise ImageFormatError(f"{self.describe(name)}: expected a CIFAR-10 batch (a "
+                                   f"regular file), found {what}; put the file itself there, "
+                                   "or remove it")
         return (self.path / name).is_file()
 
     def describe(self, name: str) -> str:

@@ -31,7 +31,8 @@ import numpy as np
 
 from preprocessing.images.errors import MNIST_SOURCE, ImageFormatError, one_line
 from preprocessing.images.imageset import ImageSet, first_out_of_range
-from preprocessing.images.streams import DAMAGED, Hashing, count_rest, open_stored, read_exact
+from preprocessing.images.streams import (DAMAGED, Hashing, count_rest, not_regular,
+                                          open_stored, read_exact)
 
 N_CLASSES = 10
 ROWS = COLS = 28
@@ -66,7 +67,7 @@ def read_mnist(directory: str | Path) -> dict[str, ImageSet]:
     """
     root = Path(directory)
     if not root.is_dir():
-        found = "a file" if root.exists() else "nothing"
+        found = not_regular(root) or ("a file" if root.exists() else "nothing")
         raise ImageFormatError(f"{root}: expected a directory of MNIST idx files, found "
                                f"{found}; {MNIST_SOURCE}")
     result: dict[str, ImageSet] = {}
@@ -98,13 +99,22 @@ def _find(root: Path, prefix: str, kind: str, ndim: int) -> Path | None:
     """The one existing spelling (official, ``.gz`` or not, or the dot variant).
 
     Raises:
-        ImageFormatError: more than one is there: the reader does not choose.
+        ImageFormatError: more than one is there: the reader does not choose;
+            or one is there but is not a regular file (a directory, a FIFO, a
+            symbolic link loop or to a device: :func:`not_regular`).
     """
-    found = [root / name for stem in (f"{prefix}-{kind}-idx{ndim}-ubyte",
+    split = next(s for s, p in SPLITS.items() if p == prefix)
+    names = [root / name for stem in (f"{prefix}-{kind}-idx{ndim}-ubyte",
                                       f"{prefix}-{kind}.idx{ndim}-ubyte")
-             for name in (stem + ".gz", stem) if (root / name).is_file()]
+             for name in (stem + ".gz", stem)]
+    for path in names:
+        what = not_regular(path)
+        if what is not None:
+            raise ImageFormatError(f"{path}: expected the {split} {kind} file (a regular "
+                                   f"file), found {what}; put the file itself there, or "
+                                   "remove it")
+    found = [path for path in names if path.is_file()]
     if len(found) > 1:
-        split = next(s for s, p in SPLITS.items() if p == prefix)
         raise ImageFormatError(
             f"{root}: expected one {split} {kind} file, found {len(found)}: "
             f"{', '.join(p.name for p in found)}; they may differ and mpidp will not choose: "

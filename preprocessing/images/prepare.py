@@ -67,6 +67,7 @@ class ImageReport:
     rows: dict[str, int]
     shape: tuple[int, ...]
     n_classes: int
+    notes: tuple[str, ...] = ()  # the summary's notes (empty_split_notes)
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -95,7 +96,8 @@ def split_sets(sets: dict[str, ImageSet], test_fraction: float | None, val_fract
 
     Raises:
         PrepError: ``--test-fraction`` given while both official splits are
-            there, or a split that would be empty for training.
+            there, or fractions that leave no image for training (unless
+            ``--test-fraction 1``: a file only for scoring).
     """
     rng = np.random.default_rng(seed)
     n_train = len(sets["train"]) if "train" in sets else 0
@@ -109,12 +111,45 @@ def split_sets(sets: dict[str, ImageSet], test_fraction: float | None, val_fract
         fraction = 0.2 if test_fraction is None else test_fraction
         pool = rng.permutation(n_train + n_test)
         cut = len(pool) - int(round(fraction * len(pool)))
+        if cut == 0 and fraction < 1:
+            raise PrepError(f"--test-fraction {fraction:g} left none of the {len(pool):,} "
+                            "images for training: give a smaller --test-fraction, or "
+                            "--test-fraction 1 for a file only for scoring")
         train, test = pool[:cut], pool[cut:]
     n_val = int(round(val_fraction * len(train)))
+    if len(train) and n_val == len(train):
+        raise PrepError(f"--val-fraction {val_fraction:g} left none of the {len(train):,} "
+                        "training images for training: give a smaller --val-fraction, or "
+                        "more data")
     out = {"train": train[n_val:], "test": test}
     if val_fraction > 0:
         out["val"] = train[:n_val]
     return out
+
+
+def empty_split_notes(rows: dict[str, int], test_fraction: float | None,
+                      val_fraction: float, one_set: bool) -> list[str]:
+    """``  note    --val-fraction 0.1 put none of ...``: a split that was asked
+    for (a fraction above 0) and came out empty, in the words of the PUMS path's
+    error (:mod:`preprocessing.pipeline`), which an image set only warns of:
+    the file still trains (``mpidp train`` prints no val figure then).
+
+    Args:
+        rows: each split's row count.
+        one_set: only one official split was there, cut by ``--test-fraction``.
+    """
+    notes = []
+    test = 0.2 if test_fraction is None else test_fraction
+    if one_set and test > 0 and rows["test"] == 0:
+        notes.append(f"  note    --test-fraction {test:g} put none of the "
+                     f"{rows['train'] + rows.get('val', 0):,} images in the test split: too "
+                     "few images; give a larger --test-fraction, or more data")
+    if val_fraction > 0 and rows.get("val") == 0:
+        notes.append(f"  note    --val-fraction {val_fraction:g} put none of the "
+                     f"{rows['train']:,} training images in the validation split: too few "
+                     "images; give a larger --val-fraction, more data, or --val-fraction 0 "
+                     "for a file without one")
+    return notes
 
 
 def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
@@ -272,7 +307,10 @@ def _prepare(args: argparse.Namespace, val_fraction: float, compression,
                        seconds=time.perf_counter() - start, images=len(rows),
                        files=sum(len(sets[s].source) for s in order),
                        rows={name: len(index) for name, index in splits.items()},
-                       shape=shape, n_classes=n_classes)
+                       shape=shape, n_classes=n_classes,
+                       notes=tuple(empty_split_notes(
+                           {name: len(index) for name, index in splits.items()},
+                           args.test_fraction, val_fraction, len(order) == 1)))
 
 
 def prepare_images(comm, args: argparse.Namespace, val_fraction: float, compression,
@@ -301,4 +339,5 @@ def summary(report: ImageReport, args: argparse.Namespace, ranks: int) -> str:
         f"  read    {report.images:>12,} {args.format} images of {shape} from "
         f"{report.files} file{'s' if report.files > 1 else ''}",
         f"  kept    {report.images:>12,} ({splits}; {report.n_classes} classes)",
+        *report.notes,
     ])

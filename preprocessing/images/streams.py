@@ -7,6 +7,7 @@ stream is read to its end, so that a compressed stream's own check (gzip's
 CRC-32 and length, bzip2's and xz's checks) runs before its bytes are used.
 
 * :func:`open_stored` opens a file to read (one line on failure).
+* :func:`not_regular` says what stands at a path that is not a regular file.
 * :class:`Hashing` hashes the bytes as stored while a reader reads them.
 * :func:`decompressed` picks the decompressor a stream's magic bytes name.
 * :class:`Capped` ends a stream that inflates beyond a bound.
@@ -17,15 +18,18 @@ CRC-32 and length, bzip2's and xz's checks) runs before its bytes are used.
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import hashlib
 import io
 import lzma
+import os
+import stat
 import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from preprocessing.images.errors import ImageFormatError, one_line
+from preprocessing.images.errors import ImageFormatError, one_line, printable
 
 #: Errors a damaged compressed stream raises while it is read (gzip's
 #: BadGzipFile and a bad bzip2 stream are OSErrors; a cut stream an EOFError).
@@ -46,6 +50,44 @@ def open_stored(path: Path) -> io.BufferedReader:
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     except OSError as exc:
         raise ImageFormatError(f"{path}: cannot be read ({one_line(exc)})") from None
+
+
+#: What a non-regular file is, by its type bits.
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(path: Path) -> str | None:
+    """What stands at ``path`` when something does but it is not a regular file
+    (or a symbolic link to one): ``a directory``, ``a FIFO (named pipe)``, ``a
+    symbolic link loop``, ``a character device (a symbolic link to
+    /dev/zero)``, ...; None when it is a regular file or nothing is there.
+
+    A reader that opened a FIFO would wait for a writer forever, and one that
+    read a device would read without end: the readers refuse these by name.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            return None
+        return f"a broken symbolic link (to {_target(path)})"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        return f"not examinable ({one_line(exc.strerror or exc)})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return kind + (f" (a symbolic link to {_target(path)})" if os.path.islink(path) else "")
+
+
+def _target(path: Path) -> str:
+    try:
+        return printable(os.readlink(path))
+    except OSError:
+        return "?"
 
 
 class Hashing(io.RawIOBase):
