@@ -28,13 +28,18 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
+import stat
+import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from engine import outputs
 from engine.errors import CheckpointError, DataError
+from kernels.files import not_a_file
 from preprocessing.h5format import HDF5_SIGNATURE
 
 FILENAME = "checkpoint.pt"
@@ -88,28 +93,57 @@ def load_model(checkpoint: str | os.PathLike) -> dict:
     one, else its ``checkpoint.pt``; a file gives itself.
 
     Raises:
-        CheckpointError: as :func:`load_file`.
+        CheckpointError: as :func:`load_file`, and a file that is not a model
+            file (:func:`check_model_file`).
     """
-    if os.path.isdir(checkpoint) and best_path_in(checkpoint).is_file():
-        return load_file(best_path_in(checkpoint))
-    return load_file(checkpoint)
+    path = Path(checkpoint)
+    if path.is_dir() and os.path.lexists(best_path_in(path)):  # a FIFO too: refused
+        path = best_path_in(path)
+    payload = load_file(path)
+    check_model_file(payload, path)
+    return payload
+
+
+#: Settings that are paths: ``best.pt`` keeps their last component only (an
+#: absolute path names the user's directories, a home directory the user).
+PATH_SETTINGS = ("data", "checkpoint_dir", "metrics")
+
+
+def published_data(data: dict | None) -> dict | None:
+    """The data description ``best.pt`` keeps of a checkpoint's ``data``
+    (``DataInfo.summary()``): the file's name, task, feature and class counts
+    and ``layout_fingerprint`` (None where the checkpoint predates it), which
+    ``mpidp eval`` and ``mpidp audit`` compare. Left out: the encoding's
+    ``fingerprint`` (a sha256 of statistics of the training rows: one row more
+    or less changes it, so it would tell who was trained on) and the rows per
+    split (the validation and test sizes are not covered by the epsilon)."""
+    if data is None:
+        return None
+    path = str(data.get("path") or "")
+    return {"path": os.path.basename(path), "task": data.get("task"),
+            "n_features": data.get("n_features"), "n_classes": data.get("n_classes"),
+            "layout_fingerprint": data.get("layout_fingerprint")}
 
 
 def published(checkpoint: dict, best: dict | None) -> dict:
     """The contents of ``best.pt`` for a checkpoint's payload: the selected
     model and only what the epsilon it states covers.
 
-    Kept: the model and data descriptions, the settings without the seed,
-    the parameters of ``best`` (the selected epoch: ``{"epoch", "step",
-    "params", ...}``; None: the checkpoint's own), the epsilon spent and a
-    ``privacy`` statement (epsilon, delta, unit, accountant, noise
-    multiplier, sampling; ``includes_tuning`` False: a tuned trial's is
-    rewritten by ``mpidp tune``). Left out: the seed (with it the noise and
-    the batches can be drawn again, and the guarantee is gone), the
-    generator states and optimizer, the history, and every exact validation
-    or test figure (the epsilon covers the training rows, not the scores).
+    Kept: the model description, the data's public layout
+    (:func:`published_data`), the settings without the seed (paths cut to
+    their last component), the parameters of ``best`` (the selected epoch:
+    ``{"epoch", "step", "params", ...}``; None: the checkpoint's own), the
+    epsilon spent and a ``privacy`` statement (epsilon, delta, unit,
+    accountant, noise multiplier, sampling; ``includes_tuning`` False: a
+    tuned trial's is rewritten by ``mpidp tune``). Left out: the seed (with
+    it the noise and the batches can be drawn again, and the guarantee is
+    gone), the generator states and optimizer, the history, every exact
+    validation or test figure (the epsilon covers the training rows, not the
+    scores), the split sizes, and anything computed from the training rows'
+    values (the encoding's fingerprint hashes their means and deviations).
     """
-    config = {k: v for k, v in checkpoint["config"].items() if k != "seed"}
+    config = {k: (os.path.basename(os.path.normpath(v)) if k in PATH_SETTINGS and v else v)
+              for k, v in checkpoint["config"].items() if k != "seed"}
     accountant = checkpoint.get("accountant") or {}
     dp = bool(config.get("dp", True)) and checkpoint.get("epsilon") is not None
     privacy = {"epsilon": checkpoint.get("epsilon") if dp else None,
@@ -124,7 +158,7 @@ def published(checkpoint: dict, best: dict | None) -> dict:
                     "on": config.get("select_on") or "val_accuracy",
                     "run_step": checkpoint["step"]}
     return {"config": config, "world_size": checkpoint.get("world_size"),
-            "data": checkpoint.get("data"), "model": checkpoint["model"],
+            "data": published_data(checkpoint.get("data")), "model": checkpoint["model"],
             "params": checkpoint["params"] if best is None else best["params"],
             "budget_epsilon": checkpoint.get("budget_epsilon"),
             "epsilon": privacy["epsilon"], "privacy": privacy,
@@ -244,12 +278,46 @@ def load(directory: str | os.PathLike) -> dict | None:
     return load_file(path_in(directory), missing_ok=True, option="--checkpoint-dir")
 
 
+def _not_regular(path: str | os.PathLike) -> str | None:
+    """What ``path`` is where it exists but is no regular file (``"a named pipe
+    (FIFO)"``, ``"a directory"``, ...), else None: opening a FIFO or a device
+    blocks or has effects, so nothing is opened before this is None."""
+    if os.path.isdir(path):
+        return "a directory"
+    return not_a_file(path)
+
+
+def _open_regular(path: str | os.PathLike) -> BinaryIO:
+    """``path`` opened for reading, refused unless it is a regular file.
+
+    Checked before opening (a FIFO's open would wait for a writer), and again
+    on the open file (without blocking), so a path swapped in between is
+    refused too.
+
+    Raises:
+        CheckpointError: not a regular file.
+        OSError: it cannot be opened.
+    """
+    special = _not_regular(path)
+    if special is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+        os.close(fd)
+        special = "no regular file"
+    raise CheckpointError(f"{path} is {special}, not a checkpoint file: name a file "
+                          "written by mpidp train (checkpoint.pt, best.pt) or its run's "
+                          "directory")
+
+
 def file_kind(path: str | os.PathLike) -> str:
-    """``"hdf5"``, ``"zip"`` (torch's format) or ``"other"``, by the first bytes."""
+    """``"hdf5"``, ``"zip"`` (torch's format) or ``"other"``, by the first bytes;
+    ``"other"`` without opening it for anything but a regular file."""
     try:
-        with open(path, "rb") as handle:
+        with _open_regular(path) as handle:
             head = handle.read(8)
-    except OSError:
+    except (OSError, CheckpointError):
         return "other"
     if head.startswith(HDF5_SIGNATURE):
         return "hdf5"
@@ -271,12 +339,14 @@ def load_file(path: str | os.PathLike, missing_ok: bool = False,
     """Load a checkpoint file or the checkpoint of a directory (see :func:`load`).
 
     Raises:
-        CheckpointError: missing (unless ``missing_ok``), not a checkpoint
-            (a prepared HDF5 file: probably ``--checkpoint`` and ``--data``
-            swapped), truncated, corrupt, or of an unknown version.
+        CheckpointError: missing (unless ``missing_ok``), no regular file (a
+            FIFO, a device, a socket, a directory: refused before it is
+            opened), not a checkpoint (a prepared HDF5 file: probably
+            ``--checkpoint`` and ``--data`` swapped), a zip archive with a
+            compressed record or records larger than the file
+            (:func:`check_archive`, before torch reads it), truncated,
+            corrupt, or of an unknown version.
     """
-    import torch  # deferred: module docstring
-
     path = Path(path)
     if path.is_dir():
         path = path_in(path)
@@ -284,7 +354,52 @@ def load_file(path: str | os.PathLike, missing_ok: bool = False,
         if missing_ok:
             return None
         raise CheckpointError(f"checkpoint {path} does not exist")
-    kind = file_kind(path)
+    try:
+        with _open_regular(path) as handle:
+            return _load_open(path, handle, option)
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be read: "
+                              f"{exc.strerror or exc}") from None
+
+
+def check_archive(handle: BinaryIO, path: str | os.PathLike) -> None:
+    """Refuse a zip archive that torch would inflate or allocate beyond the file.
+
+    ``torch.save`` stores every record uncompressed, so a record compressed
+    (deflate: a small file that inflates to gigabytes) is no checkpoint, and
+    the records' declared sizes together cannot exceed the file's size. Read
+    from the central directory only; nothing is inflated.
+
+    Raises:
+        CheckpointError: a compressed record, sizes beyond the file's, or an
+            archive zipfile cannot read (truncated or corrupt).
+    """
+    size = os.fstat(handle.fileno()).st_size
+    try:
+        records = zipfile.ZipFile(handle).infolist()
+    except Exception as exc:  # noqa: BLE001 - any failure to read the directory: corrupt
+        raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__}); "
+                              "it cannot be loaded") from None
+    declared = 0
+    for record in records:
+        if record.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointError(f"{path} holds a compressed record ({record.filename[:80]!r})"
+                                  "; mpidp never compresses a checkpoint: not loaded")
+        declared += record.file_size
+    if declared > size:
+        raise CheckpointError(f"{path}: its records declare {declared:,} bytes in a file of "
+                              f"{size:,}; it is damaged or forged: not loaded")
+    handle.seek(0)
+
+
+def _load_open(path: Path, handle: BinaryIO, option: str) -> dict:
+    """:func:`load_file` once ``path`` is open as a regular file."""
+    import torch  # deferred: module docstring
+
+    head = handle.read(8)
+    handle.seek(0)
+    kind = "hdf5" if head.startswith(HDF5_SIGNATURE) else \
+        "zip" if head.startswith(_ZIP_SIGNATURE) else "other"
     if kind == "hdf5":
         raise CheckpointError(
             f"--checkpoint {path} is a prepared data file (HDF5), not a checkpoint: are "
@@ -294,8 +409,9 @@ def load_file(path: str | os.PathLike, missing_ok: bool = False,
     if kind != "zip":
         raise CheckpointError(f"{path} is not an mpidp checkpoint (not a file written by "
                               "mpidp train, or its beginning is damaged)")
+    check_archive(handle, path)
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(handle, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means "corrupt"
         if "weights_only" in str(exc) or "Weights only" in str(exc):
             raise CheckpointError(f"{path} holds objects an mpidp checkpoint never "
@@ -325,3 +441,216 @@ def describe(payload: dict) -> str:
     if payload.get("epsilon") is not None:
         text += f", epsilon {payload['epsilon']:.3f} spent"
     return text
+
+
+# ------------------------------------------------------- what a model file holds
+def check_model_file(payload: dict, path: str | os.PathLike, resume: bool = False,
+                     collective: bool = False) -> None:
+    """Refuse a loaded file whose contents are not what mpidp writes, in one line.
+
+    A valid digest proves only that the file is whole: anyone can write one
+    with :func:`save`. Checked: the keys and types that ``mpidp eval``,
+    ``mpidp audit`` and (``resume``) ``mpidp train --resume`` read, the
+    model's description against its parameters (an MLP's widths must give
+    exactly the parameter count; nothing is built to find out), and finite
+    parameters.
+
+    Raises:
+        CheckpointError: ``PATH is not an mpidp model file: WHAT``
+            (``collective`` as given: True where every rank read the file).
+    """
+    problem = _model_file_problem(payload, resume)
+    if problem is not None:
+        raise CheckpointError(f"{path} is not an mpidp model file: {problem}",
+                              collective=collective)
+
+
+def _what(value) -> str:
+    """``a str ('lots')``: a value of the wrong type, shortly."""
+    text = repr(value)
+    return f"a {type(value).__name__} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and not math.isnan(value)
+
+
+def _params_problem(name: str, params, count: int | None) -> str | None:
+    """Why ``params`` is not a flat, finite float vector (of ``count`` values)."""
+    import torch  # deferred: module docstring
+
+    if not isinstance(params, torch.Tensor):
+        return f"{name} is {_what(params)}, not a tensor"
+    if params.dim() != 1 or not params.is_floating_point() or params.numel() == 0:
+        return (f"{name} is a {params.dtype} tensor of shape {list(params.shape)}, not a "
+                "flat vector of floats")
+    if count is not None and params.numel() != count:
+        return f"{name} holds {params.numel():,} values, params {count:,}"
+    if not bool(torch.isfinite(params).all()):
+        return f"{name} holds NaN or infinite values (a diverged or altered model)"
+    return None
+
+
+def _mlp_problem(entry: dict, where: str, n_params: int) -> str | None:
+    """Why an MLP's ``{"dims", "activation"}`` does not describe ``n_params`` values."""
+    from engine.nn.mlp import ACTIVATIONS  # deferred: torch
+
+    dims = entry.get("dims")
+    if not isinstance(dims, list) or len(dims) < 2 \
+            or not all(_is_int(d) and d >= 1 for d in dims):
+        return f"{where} dims are {_what(dims)}, not two or more positive widths"
+    activation = entry.get("activation", "relu")
+    if activation not in ACTIVATIONS:
+        return f"{where} activation is {_what(activation)}, not one of {list(ACTIVATIONS)}"
+    count = sum(dims[i + 1] * (dims[i] + 1) for i in range(len(dims) - 1))
+    if count != n_params:
+        shown = "-".join(map(str, dims))
+        return f"{where} dims {shown[:60]} need {count:,} parameters, params holds {n_params:,}"
+    return None
+
+
+def _module_problem(model: dict, n_params: int) -> str | None:
+    """Why a ``{"kind": "module", ...}`` entry is not one mpidp writes."""
+    from engine.nn.model_names import BUILTIN
+
+    name = model.get("name")
+    if not isinstance(name, str) or not name:
+        return f"model name is {_what(name)}, not a model's name"
+    if "n_params" in model and model["n_params"] != n_params:
+        return f"model n_params is {_what(model['n_params'])}, params holds {n_params:,}"
+    if "fused" in model:
+        if not isinstance(model["fused"], dict):
+            return f"model fused is {_what(model['fused'])}, not a dict"
+        return _mlp_problem(model["fused"], "model fused", n_params)
+    frozen = model.get("frozen", {"names": [], "sha256": ""})
+    if not isinstance(frozen, dict) or not isinstance(frozen.get("names"), list) \
+            or not all(isinstance(n, str) for n in frozen["names"]) \
+            or not isinstance(frozen.get("sha256"), str):
+        return f"model frozen is {_what(frozen)}, not {{'names': [...], 'sha256': '...'}}"
+    if name in BUILTIN:  # embedding-mlp, the image models: rebuilt from their spec
+        spec = model.get("spec")
+        if not isinstance(spec, dict) or not _is_int(spec.get("n_classes")):
+            return f"model spec of {name} is {_what(spec)}, not its widths"
+        widths = spec.get("image_shape" if name != "embedding-mlp" else "hidden")
+        if not isinstance(widths, list) or not all(_is_int(w) and w >= 1 for w in widths):
+            return f"model spec of {name} holds {_what(widths)}, not positive widths"
+        if name == "embedding-mlp" and (
+                not _is_int(spec.get("n_features"))
+                or not isinstance(spec.get("code_columns"), list)
+                or not all(isinstance(c, list) and len(c) >= 2
+                           and all(_is_int(v) and v >= 0 for v in c[:2])
+                           for c in spec["code_columns"])):
+            return f"model spec of {name} is {_what(spec)}, not its columns and widths"
+    return None
+
+
+#: Entries that are numbers where present (None allowed).
+_NUMBERS = ("epsilon", "budget_epsilon")
+#: Entries that are dicts where present (None allowed).
+_DICTS = ("privacy", "selected", "accountant", "config")
+#: What ``mpidp train --resume`` reads besides a model file's entries.
+_RESUME_KEYS = {"config": dict, "data": dict, "seed": int, "world_size": int, "ranks": list,
+                "optimizer": dict, "history": list}
+
+
+def _model_file_problem(payload: dict, resume: bool) -> str | None:
+    """What is wrong with a loaded payload (:func:`check_model_file`), or None."""
+    for key in ("model", "params"):
+        if key not in payload:
+            return f"it has no {key!r} entry (a model file holds 'model' and 'params')"
+    model = payload["model"]
+    if not isinstance(model, dict):
+        return f"model is {_what(model)}, not a dict"
+    problem = _params_problem("params", payload["params"], None)
+    if problem is not None:
+        return problem
+    n_params = payload["params"].numel()
+    kind = model.get("kind", "mlp")
+    if kind not in ("mlp", "module"):
+        return f"model kind is {_what(kind)}, not 'mlp' or 'module'"
+    problem = (_mlp_problem(model, "model", n_params) if kind == "mlp"
+               else _module_problem(model, n_params))
+    if problem is not None:
+        return problem
+    best = payload.get("best")
+    if best is not None:
+        if not isinstance(best, dict) or "params" not in best:
+            return f"best is {_what(best)}, not a selected epoch with its params"
+        problem = _params_problem("best params", best["params"], n_params)
+        if problem is not None:
+            return problem
+    for key in _NUMBERS:
+        if payload.get(key) is not None and not _is_number(payload[key]):
+            return f"{key} is {_what(payload[key])}, not a number"
+    for key in ("step", "steps_per_epoch"):
+        if payload.get(key) is not None and not (_is_int(payload[key]) and payload[key] >= 0):
+            return f"{key} is {_what(payload[key])}, not a count"
+    data = payload.get("data")
+    if data is not None and not isinstance(data, dict):
+        return f"data is {_what(data)}, not a dict"
+    for key in _DICTS:
+        if payload.get(key) is not None and not isinstance(payload[key], dict):
+            return f"{key} is {_what(payload[key])}, not a dict"
+    problem = _details_problem(payload)
+    if problem is None and resume:
+        problem = _resume_problem(payload)
+    return problem
+
+
+def _details_problem(payload: dict) -> str | None:
+    """The entries inside ``data``, ``config``, ``privacy`` and ``selected``
+    that eval and audit print, compare or train a reference model with."""
+    data = payload.get("data") or {}
+    for key in ("path", "task", "fingerprint"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            return f"data {key} is {_what(data[key])}, not a text"
+    for key in ("n_features", "n_classes"):
+        if data.get(key) is not None and not _is_int(data[key]):
+            return f"data {key} is {_what(data[key])}, not a count"
+    rows = data.get("rows")
+    if rows is not None and (not isinstance(rows, dict)
+                             or not all(_is_int(v) for v in rows.values())):
+        return f"data rows is {_what(rows)}, not the rows per split"
+    config = payload.get("config") or {}
+    for key in ("epochs", "batch_size"):
+        if config.get(key) is not None and not (_is_int(config[key]) and config[key] >= 1):
+            return f"config {key} is {_what(config[key])}, not a count"
+    for key in ("lr", "delta"):
+        if config.get(key) is not None and not _is_number(config[key]):
+            return f"config {key} is {_what(config[key])}, not a number"
+    for key in ("model", "optimizer"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            return f"config {key} is {_what(config[key])}, not a text"
+    privacy = payload.get("privacy") or {}
+    for key in ("epsilon", "trial_epsilon", "delta", "noise_multiplier"):
+        if privacy.get(key) is not None and not _is_number(privacy[key]):
+            return f"privacy {key} is {_what(privacy[key])}, not a number"
+    selected = payload.get("selected") or {}
+    for key in ("epoch", "step", "run_step"):
+        if selected.get(key) is not None and not _is_int(selected[key]):
+            return f"selected {key} is {_what(selected[key])}, not a count"
+    return None
+
+
+def _resume_problem(payload: dict) -> str | None:
+    """What ``mpidp train --resume`` reads beyond a model file (the caller has
+    already told a published model, which lacks the generator states, apart)."""
+    for key, kind in _RESUME_KEYS.items():
+        value = payload.get(key)
+        if not isinstance(value, kind) or kind is int and not _is_int(value):
+            return f"{key} is {_what(value)}, not a {kind.__name__}"
+    if not isinstance(payload["config"].get("model", "mlp"), str):
+        return f"config model is {_what(payload['config']['model'])}, not a text"
+    if payload["world_size"] < 1 or len(payload["ranks"]) != payload["world_size"]:
+        return (f"ranks holds {len(payload['ranks'])} states for world_size "
+                f"{payload['world_size']}")
+    data = payload["data"]
+    for key in ("rows", "n_features", "path", "fingerprint"):
+        if key not in data:
+            return f"data has no {key!r} entry (the training file a resume compares)"
+    return None

@@ -19,6 +19,11 @@ last epoch's; ``best.pt``: the selected one's). The epsilon printed is the
 one the file states: for the model a ``mpidp tune`` chose, the epsilon
 including the tuning (said so), never the trial's alone.
 
+A checkpoint is untrusted input: its contents are checked before use
+(:func:`engine.checkpoint.check_model_file`), and a model of the user's
+(``MODULE:FACTORY``) is rebuilt only when ``--model`` names that factory
+again: the name in the file alone is never imported.
+
 ``--by`` groups the rows by the group attributes the file keeps (``SEX``,
 ``RAC1P``, ``AGEP`` in bands, ``ST``, the task's group:
 :mod:`preprocessing.groups`; ``A:B`` crosses two): per group the rows,
@@ -56,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "twice to compare two models on the same rows (typically the "
                         "non-private one first, the DP one second)")
     parser.add_argument("--data", required=True, help="prepared HDF5 file (mpidp prep)")
+    parser.add_argument("--model", action="append", default=None, metavar="MODULE:FACTORY",
+                        help="the factory of a model of yours that --checkpoint holds, as it "
+                        "was trained (--model MODULE:FACTORY): mpidp imports and calls it to "
+                        "rebuild the model, so name only code and files you trust; a name "
+                        "read from a checkpoint is never imported otherwise (the checkpoint "
+                        "is refused). Built-in models need none; twice for two such models")
     parser.add_argument("--split", default="test", choices=(*SPLITS, "all"),
                         help="which split to score: train, val (a file with a validation "
                         "split), test, or all (every split the file has, counted "
@@ -132,12 +143,14 @@ def _check_options(args: argparse.Namespace) -> list[groups.Grouping]:
 
     Raises:
         ConfigError: three or more --checkpoint, --min-group-size below 1, --plot
-            without --by or of another format.
+            without --by or of another format, a --model that is no
+            MODULE:FACTORY or given more often than --checkpoint.
         GroupError: a --by that cannot be read.
     """
     if len(args.checkpoint) > 2:
         raise ConfigError(f"--checkpoint given {len(args.checkpoint)} times: give one model, "
                           "or two to compare on the same rows", collective=True)
+    _check_model_options(args.model or [], len(args.checkpoint))
     if args.min_group_size is not None and not args.by:
         raise ConfigError(f"--min-group-size {args.min_group_size} sizes the groups of --by: "
                           "give --by too (e.g. --by RAC1P), or leave --min-group-size out",
@@ -163,6 +176,51 @@ def _check_options(args: argparse.Namespace) -> list[groups.Grouping]:
     except ValueError as exc:
         raise GroupError(str(exc), collective=True) from None
     return groupings
+
+
+def _check_model_options(named: list[str], checkpoints: int) -> None:
+    """Raise ConfigError (collective) unless each ``--model`` is a MODULE:FACTORY,
+    at most one per ``--checkpoint``."""
+    from engine.nn.model_names import is_user_factory
+
+    if len(named) > checkpoints:
+        raise ConfigError(f"--model given {len(named)} times for {checkpoints} --checkpoint: "
+                          "name the factory of each checkpoint's model of yours once",
+                          collective=True)
+    for name in named:
+        if not is_user_factory(name):
+            raise ConfigError(f"--model {name}: name a model of yours as MODULE:FACTORY (the "
+                              "--model it was trained with); built-in models need no "
+                              "--model", collective=True)
+
+
+def _check_named_models(named: list[str], payloads: list[dict], checkpoints: list[str]
+                        ) -> list[str | None]:
+    """The ``--model`` for each checkpoint: its recorded ``MODULE:FACTORY`` when
+    named, else None.
+
+    Raises:
+        CheckpointError: a checkpoint whose model is a factory of the user's
+            that no ``--model`` names (it is never imported from a file
+            alone), or a ``--model`` that no checkpoint's model is.
+    """
+    from engine import checkpoint as ckpt
+    from engine import models
+
+    recorded = [ckpt.model_of(p, c)[0] for p, c in zip(payloads, checkpoints)]
+    names = [entry.get("name") for entry in recorded]
+    unmatched = [n for n in named if n not in names] + [None]  # for the message
+    chosen = []
+    for entry, checkpoint in zip(recorded, checkpoints):
+        name = models.factory_to_import(entry)
+        models.check_named(entry, name if name in named else unmatched[0], checkpoint)
+        chosen.append(name)
+    for name in named:
+        if name not in names:
+            held = ", ".join(f"{c}: {n or 'an MLP'}" for c, n in zip(checkpoints, names))
+            raise CheckpointError(f"--model {name} is no --checkpoint's model ({held}): name "
+                                  "the factory a model was trained with, or leave --model out")
+    return chosen
 
 
 def _groupable() -> list[str]:
@@ -213,7 +271,8 @@ def _check_groups(info, groupings: list[groups.Grouping], data: str) -> None:
 class _Model:
     """One --checkpoint: its payload, the function to its logits, what it states."""
 
-    def __init__(self, checkpoint: str, payload: dict, info, data: str) -> None:
+    def __init__(self, checkpoint: str, payload: dict, info, data: str,
+                 named: str | None = None) -> None:
         import torch  # deferred: kept out of `mpidp eval --help`
 
         from engine import checkpoint as ckpt
@@ -224,7 +283,7 @@ class _Model:
         self.payload = payload
         recorded = payload["model"]
         spec = None if recorded.get("kind") == "module" else MLPSpec.from_dict(recorded)
-        trained = payload.get("data", {})
+        trained = payload.get("data") or {}
         # The task first: a file of another task also differs in its features, and
         # "827 features, the model expects 99" hides the reason.
         if trained.get("task") and info.task and trained["task"] != info.task:
@@ -236,15 +295,15 @@ class _Model:
                             f"classes; the model expects {spec.dims[0]} and {spec.dims[-1]} "
                             "(prepare the file with `mpidp prep --like` the training file)",
                             collective=True)
-        if trained.get("fingerprint") and info.fingerprint \
-                and trained["fingerprint"] != info.fingerprint:
+        unlike = info.encoded_unlike(trained)
+        if unlike:
             raise DataError(f"{data} was encoded differently from the training file "
-                            f"{trained.get('path')} (encoding fingerprints differ); prepare "
+                            f"{trained.get('path')} ({unlike}); prepare "
                             "it with `mpidp prep --like` the training file", collective=True)
         recorded, params, self.selected = ckpt.model_of(payload, checkpoint)
         self.logits = models.checkpoint_logits(recorded, params.to(torch.float32),
                                                info.n_features, info.n_classes,
-                                               str(checkpoint))
+                                               str(checkpoint), model=named)
 
     @property
     def epsilon(self) -> float | None:
@@ -292,12 +351,14 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError, GroupError: bad options, before any file is read; a --by
             attribute the file does not keep, or a table with no group left.
-        CheckpointError, DataError: on every rank (a model that does not fit the file).
+        CheckpointError, DataError: on every rank (a model that does not fit the file,
+            a file that is no model file, a factory of the user's that no
+            --model names).
         OutputError: a --json or --plot file that cannot be written, before any work.
     """
     comm = MPI.COMM_WORLD
     groupings = _check_options(args)
-    error, payloads = None, []
+    error, payloads, named = None, [], []
     try:
         if comm.Get_rank() == 0:
             outputs.check_all({"--json": args.json, "--plot": args.plot})
@@ -306,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
         from engine import checkpoint as ckpt  # deferred: torch, kept out of `--help`
 
         payloads = [ckpt.load_model(checkpoint) for checkpoint in args.checkpoint]
+        named = _check_named_models(args.model or [], payloads, args.checkpoint)
         ckpt.check_data_path(args.data)
     except (CheckpointError, DataError, OutputError) as exc:
         error = exc
@@ -313,7 +375,8 @@ def run(args: argparse.Namespace) -> int:
     info = read_info(args.data, comm)
     _check_groups(info, groupings, args.data)
     splits = _splits_to_score(info, args.split, args.data)
-    models = [_Model(c, p, info, args.data) for c, p in zip(args.checkpoint, payloads)]
+    models = [_Model(c, p, info, args.data, n)
+              for c, p, n in zip(args.checkpoint, payloads, named)]
     per_split: list[dict] = [{} for _ in models]
     cells = [groups.Cells.of(g, {n: info.groups[n].labels for n in g.attributes})
              for g in groupings]

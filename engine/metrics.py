@@ -60,14 +60,16 @@ def table(rows: list[dict], val: bool = False) -> str:
 
 
 def write_records(path: str | os.PathLike, records: list[dict]) -> None:
-    """Replace ``path`` atomically by one JSON line per record.
+    """Replace ``path`` atomically by one JSON line per record, readable by its
+    owner only (mode 0600: the training figures are not covered by the epsilon).
 
     Raises:
         WriteFailed: the file cannot be written (the old one is left intact).
     """
     text = "".join(json.dumps(r, sort_keys=True, allow_nan=False, default=_json_default)
                    + "\n" for r in records)
-    replace_file(path, text, lambda reason: f"cannot write the metrics file {path}: {reason}")
+    replace_file(path, text, lambda reason: f"cannot write the metrics file {path}: {reason}",
+                 mode=0o600)  # exact training figures, not covered by the epsilon
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:

@@ -325,20 +325,55 @@ def _rebuilt(name: str, n_features: int, n_classes: int, where: str) -> nn.Modul
                           collective=True) from None
 
 
+def factory_to_import(recorded: dict) -> str | None:
+    """The ``MODULE:FACTORY`` that :func:`checkpoint_logits` would import to
+    rebuild a checkpoint's ``model`` entry, else None (an MLP, a module the
+    fused kernels ran, rebuilt from its widths; embedding-mlp and the image
+    models, built in)."""
+    name = recorded.get("name")
+    if recorded.get("kind") != "module" or "fused" in recorded:
+        return None
+    return name if model_names.is_user_factory(name) else None
+
+
+def check_named(recorded: dict, model: str | None, where: str) -> None:
+    """Refuse to rebuild a user's model the user did not name.
+
+    Raises:
+        CheckpointError: (collective: a function of the file and the command
+            line) the entry's model is a ``MODULE:FACTORY`` and ``model``
+            (``--model``) is not that name.
+    """
+    name = factory_to_import(recorded)
+    if name is None or model == name:
+        return
+    given = f" (--model {model} is another)" if model else ""
+    raise CheckpointError(f"{where} holds a model built by {name}, code that mpidp imports "
+                          f"and runs only when you name it{given}: if you trust that file, "
+                          f"pass --model {name}", collective=True)
+
+
 def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_classes: int,
-                      where: str) -> Callable[[torch.Tensor], torch.Tensor]:
+                      where: str, model: str | None = None
+                      ) -> Callable[[torch.Tensor], torch.Tensor]:
     """Rebuild a checkpoint's model for ``mpidp eval``: a function from rows with
     the ones column to logits.
 
     The MLP comes from its widths; a ``MODULE:FACTORY`` model from calling the
-    factory again (with ``n_features``, ``n_classes`` of the file evaluated).
+    factory again (with ``n_features``, ``n_classes`` of the file evaluated),
+    only when ``model`` (the user's ``--model``) names that factory: a name
+    read from the file alone is never imported (:func:`check_named`). The
+    built-in modules are built on torch's meta device first, so a forged
+    description costs nothing before its parameter count is compared.
 
     Raises:
+        CheckpointError: a ``MODULE:FACTORY`` that ``model`` does not name.
         ConfigError: a model given as a Python object (nothing names how to
             rebuild it), or a factory that fails.
         ConfigError: the rebuilt model's parameter count differs
             from the checkpoint's (another feature count or class count).
     """
+    check_named(recorded, model, where)
     if recorded.get("kind") != "module":
         spec = MLPSpec.from_dict(recorded)
         return lambda xb: mlp_logits(spec, params, xb)
@@ -353,11 +388,8 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
                               f"{n_classes}: evaluate on a file prepared like the training "
                               "file (`mpidp prep --like`)", collective=True)
         return lambda xb: mlp_logits(spec, params, xb)
-    if name == "embedding-mlp":
-        module = build_embedding_mlp(recorded["spec"])
-    elif name in image_models.IMAGE_MODELS:
-        module = image_models.build(name, recorded["spec"]["image_shape"],
-                                    recorded["spec"]["n_classes"])
+    if name == "embedding-mlp" or name in image_models.IMAGE_MODELS:
+        module = _built_in(name, recorded["spec"], params.numel(), where)
     else:
         module = _rebuilt(name, n_features, n_classes, where)
     frozen = frozen_to_buffers(module)
@@ -385,6 +417,32 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
     return logits
 
 
+def _built_in(name: str, spec: dict, n_params: int, where: str) -> nn.Module:
+    """embedding-mlp or an image model from its recorded spec, counted on the
+    meta device (no memory) before it is built.
+
+    Raises:
+        CheckpointError: (collective) the spec builds another parameter count
+            than the file holds, or cannot be built at all.
+    """
+    def build() -> nn.Module:
+        if name == "embedding-mlp":
+            return build_embedding_mlp(spec)
+        return image_models.build(name, spec["image_shape"], spec["n_classes"])
+
+    try:
+        with torch.device("meta"):
+            count = sum(p.numel() for p in build().parameters())
+    except Exception as exc:  # noqa: BLE001 - a forged spec: any failure is the file's
+        raise CheckpointError(f"{where} is not an mpidp model file: its {name} spec cannot "
+                              f"be built ({type(exc).__name__})", collective=True) from None
+    if count != n_params:
+        raise CheckpointError(f"{where} is not an mpidp model file: its {name} spec builds "
+                              f"{count:,} parameters, params holds {n_params:,}",
+                              collective=True)
+    return build()
+
+
 def checkpoint_spec(recorded: dict, where: str, command: str = "mpidp eval") -> MLPSpec:
     """The MLP of a checkpoint's ``model`` entry, for the commands that rebuild it
     (eval, audit).
@@ -396,7 +454,7 @@ def checkpoint_spec(recorded: dict, where: str, command: str = "mpidp eval") -> 
     if recorded.get("kind") == "module":
         how = ("rebuilds a model of yours only from --model MODULE:FACTORY"
                if command == "mpidp eval" else "attacks mpidp's MLPs only")
-        raise ConfigError(f"{where} holds a {recorded.get('class')} model "
+        raise ConfigError(f"{where} holds a {recorded.get('class') or 'torch'} model "
                           f"({recorded.get('name')}); `{command}` {how}: evaluate it from "
                           "Python (engine.train returns the model)", collective=True)
     return MLPSpec.from_dict(recorded)

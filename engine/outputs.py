@@ -176,11 +176,15 @@ def replace_file(path: str | os.PathLike, data: str | bytes,
         raise WriteFailed(failure(exc.strerror)) from None
 
 
-def write_json(path: str | os.PathLike, document, option: str) -> None:
-    """Write ``document`` as JSON to ``path`` atomically (:func:`replace_file`).
+def write_json(path: str | os.PathLike, document, option: str,
+               private: bool = False) -> None:
+    """Write ``document`` as JSON to ``path`` atomically (:func:`replace_file`);
+    ``private``: readable by its owner only (mode 0600, as a checkpoint), for
+    files that hold figures the epsilon does not cover.
 
     Raises:
         WriteFailed: the file cannot be written (the old one, if any, is intact).
     """
     replace_file(path, json.dumps(document, indent=1) + "\n",
-                 lambda reason: f"{option} {path}: cannot write it: {reason}")
+                 lambda reason: f"{option} {path}: cannot write it: {reason}",
+                 mode=0o600 if private else 0o666)

@@ -288,10 +288,37 @@ class DataInfo:
         """Whether the file has a validation split (it may still have 0 rows)."""
         return "val" in self.rows
 
+    @property
+    def layout_fingerprint(self) -> str:
+        """A sha256 of the file's public layout only: task, feature names and
+        counts, class count, code columns, image shape. Unlike
+        :attr:`fingerprint` it holds no statistic of the training rows (the
+        numeric means and deviations, the images' channel means), so a
+        published model can carry it (``engine.checkpoint.published``)."""
+        layout = {"task": self.task, "n_features": self.n_features,
+                  "n_classes": self.n_classes, "feature_names": list(self.feature_names),
+                  "code_columns": [list(c) for c in self.code_columns],
+                  "image_shape": list(self.image_shape)}
+        return "layout:" + hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()
+
+    def encoded_unlike(self, trained: dict) -> str:
+        """Why this file is not encoded like the one a model was trained on,
+        from the model's record of it (a checkpoint's ``data``): its encoding
+        ``fingerprint`` where recorded (``checkpoint.pt``), else its
+        ``layout_fingerprint`` (``best.pt``, which cannot hold the
+        statistics). ``""``: alike, or nothing recorded to compare."""
+        if trained.get("fingerprint") and self.fingerprint:
+            return "" if trained["fingerprint"] == self.fingerprint else \
+                "encoding fingerprints differ"
+        if trained.get("layout_fingerprint"):
+            return "" if trained["layout_fingerprint"] == self.layout_fingerprint else \
+                "their feature layouts differ"
+        return ""
+
     def summary(self) -> dict:
         return {"path": self.path, "n_features": self.n_features,
                 "n_classes": self.n_classes, "rows": dict(self.rows), "task": self.task,
-                "fingerprint": self.fingerprint}
+                "fingerprint": self.fingerprint, "layout_fingerprint": self.layout_fingerprint}
 
 
 def _attr(attrs, name, default=None):

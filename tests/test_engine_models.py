@@ -334,13 +334,14 @@ def test_eval_rebuilds_frozen_layers_only_as_they_were():
     params = torch.cat([p.detach().reshape(-1) for p in recorded_model.parameters()])
     rows = torch.randn(5, FEATURES + 1)
     torch.manual_seed(3)  # the factory draws its frozen layer: seeded as in training
-    logits = checkpoint_logits(recorded, params, FEATURES, 2, "run")(rows)
+    named = "test_engine_models:FrozenBody"  # as `mpidp eval --model` names it
+    logits = checkpoint_logits(recorded, params, FEATURES, 2, "run", model=named)(rows)
     with torch.no_grad():
         assert torch.allclose(logits, recorded_model(rows[:, :-1]))
     torch.manual_seed(4)
     with pytest.raises(ConfigError, match=r"^run: test_engine_models:FrozenBody builds other "
                        r"frozen parameters than the run trained with"):
-        checkpoint_logits(recorded, params, FEATURES, 2, "run")
+        checkpoint_logits(recorded, params, FEATURES, 2, "run", model=named)
 
 
 class Resizable(nn.Module):
@@ -365,19 +366,21 @@ def test_eval_says_why_a_users_model_cannot_be_built_again(monkeypatch):
     trained = Resizable(FEATURES, 2)
     recorded = TorchModel(trained, "test_engine_models:Resizable").to_dict()
     params = torch.cat([p.detach().reshape(-1) for p in trained.parameters()])
-    assert checkpoint_logits(recorded, params, FEATURES, 2, "run")(
+    named = "test_engine_models:Resizable"  # as `mpidp eval --model` names it
+    assert checkpoint_logits(recorded, params, FEATURES, 2, "run", model=named)(
         torch.randn(3, FEATURES + 1)).shape == (3, 2)
     elsewhere = dict(recorded, name="not_importable_here:Resizable")
     with pytest.raises(ConfigError, match=r"^run: the run's model not_importable_here:"
                        r"Resizable cannot be built again: cannot import 'not_importable_here'"
                        r".*: run it where the module imports"):
-        checkpoint_logits(elsewhere, params, FEATURES, 2, "run")
+        checkpoint_logits(elsewhere, params, FEATURES, 2, "run",
+                          model="not_importable_here:Resizable")
     monkeypatch.setattr(Resizable, "WIDTH", 9)  # the factory changed since the run
     with pytest.raises(ConfigError, match=r"first difference: net.0.weight \[8, \d+\] in the "
                        r"checkpoint, net.0.weight \[9, \d+\] now\): either test_engine_models:"
                        r"Resizable builds another model than the run trained \(changed "
                        r"since\?\), or this file is prepared unlike"):
-        checkpoint_logits(recorded, params, FEATURES, 2, "run")
+        checkpoint_logits(recorded, params, FEATURES, 2, "run", model=named)
 
 
 class FailsOnTheLastRank(nn.Module):
@@ -459,7 +462,7 @@ def test_model_from_the_command_line(tmp_path, capsys, monkeypatch):
 
     last = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
     scored = mpidp(2, "eval", "--checkpoint", str(tmp_path / "run"), "--data", data,
-                   "--json", cwd=str(tmp_path), timeout=240)
+                   "--model", "my_models:small", "--json", cwd=str(tmp_path), timeout=240)
     assert scored.returncode == 0, scored.stderr[-2000:]
     assert json.loads(scored.stdout)["accuracy"] == pytest.approx(last["test_accuracy"])
     monkeypatch.chdir(tmp_path)  # where a user's factory module is found, as above

@@ -1,5 +1,6 @@
 """mpidp train end to end: metrics, bit-identical resume, signals, budgets, errors."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -93,6 +94,8 @@ def test_one_rank_learns_and_writes_metrics(tiny, tmp_path):
     trainer, code = _train(_cfg(tiny, epochs=3, batch_size=32, noise_multiplier=0.5,
                                 metrics=str(metrics), hidden=(16,)), MPI.COMM_SELF)
     assert code == 0
+    # the owner's only: exact training figures (before 2026-11-29: 0644)
+    assert metrics.stat().st_mode & 0o777 == 0o600
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert rows[-1]["test_accuracy"] > 0.6  # majority class is 0.5 by construction
@@ -429,9 +432,55 @@ def test_best_pt_holds_only_what_its_epsilon_covers(comm, shared_tmp):
         name = where.rsplit("/", 1)[-1]
         assert "seed" not in name and not name.startswith(("val_", "test_")), where
         assert not isinstance(leaf, float) or leaf not in exact, (where, leaf)
+    # Nothing computed from the rows' values: the encoding fingerprint hashes the
+    # training split's means and deviations (before 2026-11-29 it was kept, and
+    # a guess of one person's age could be checked against it), no split sizes,
+    # no directories (an absolute path names the user's)
+    from preprocessing.h5format import read_info
+
+    info = read_info(path)
+    leaves = [leaf for _, leaf in _walk(published)]
+    assert info.fingerprint and info.fingerprint not in leaves
+    assert published["data"]["layout_fingerprint"] == info.layout_fingerprint
+    assert "rows" not in published["data"] and os.path.isabs(path)
+    assert not [leaf for leaf in leaves if isinstance(leaf, str) and os.sep in leaf]
     resume = ckpt.load(d)  # the resume file keeps what a bit-identical resume needs
+    assert resume["data"]["fingerprint"] == info.fingerprint
     assert resume["seed"] == trainer.seed and resume["best"]["val_accuracy"] in exact
     assert resume["history"][-1]["test_accuracy"] == last["test_accuracy"]
+
+
+def test_eval_of_a_published_model_compares_the_layout_not_the_statistics(tmp_path):
+    """best.pt holds no encoding fingerprint (it hashes statistics of the
+    training rows): eval compares the file's public layout instead. Another
+    file laid out alike is scored; another layout is refused, by name."""
+    from collectives.runtime import MPI
+    from engine.cli import build_parser
+
+    path = synthetic.write(tmp_path / "v.h5", rows=300, features=6, test_rows=100,
+                           val_rows=100, seed=7)
+    d = str(tmp_path / "run")
+    _, code = _train(TrainConfig(data=path, checkpoint_dir=d, **{**VAL, "epochs": 1}),
+                     MPI.COMM_SELF)
+    assert code == 0 and os.path.exists(ckpt.best_path_in(d))
+
+    def run(data):
+        args = build_parser().parse_args(["eval", "--checkpoint", str(ckpt.best_path_in(d)),
+                                          "--data", str(data)])
+        return args._run(args)
+
+    restandardised = synthetic.write(tmp_path / "s.h5", rows=50, features=6, seed=9,
+                                     attrs={"encoding_fingerprint": "other statistics"})
+    assert run(restandardised) == 0
+    renamed = synthetic.write(tmp_path / "r.h5", rows=50, features=6, seed=9,
+                              attrs={"feature_names": json.dumps([f"Z{i}" for i in range(6)])})
+    with pytest.raises(DataError, match=r"encoded differently from the training file v.h5 "
+                       r"\(their feature layouts differ\)"):
+        run(renamed)
+    with pytest.raises(DataError, match=r"\(encoding fingerprints differ\)"):  # checkpoint.pt
+        args = build_parser().parse_args(["eval", "--checkpoint", str(ckpt.path_in(d)),
+                                          "--data", str(restandardised)])
+        args._run(args)
 
 
 def test_files_without_val_or_training_rows_and_an_empty_val(tmp_path, tiny):

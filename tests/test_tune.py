@@ -408,6 +408,9 @@ def _check_published(doc: dict, stated: dict, comm) -> None:
     from engine.models import checkpoint_logits
 
     chosen, where = doc["chosen"], doc["chosen"]["checkpoint"]
+    out = os.path.dirname(os.path.dirname(where))  # OUT/trials/trial-NNNN
+    for name in ("tune.json", "trials.jsonl", "search.json"):  # every trial's exact scores
+        assert os.stat(os.path.join(out, name)).st_mode & 0o777 == 0o600, name  # was 0644
     assert os.listdir(where) == ["best.pt"] and chosen["model"] == os.path.join(where,
                                                                                  "best.pt")
     payload = checkpoint.load_model(where)

@@ -200,10 +200,10 @@ def check_compatible(payload: dict, info, checkpoint: str) -> list[str]:
         raise AuditMismatch(f"{info.path} holds task {info.task!r} but the model in "
                             f"{checkpoint} was trained for task {trained['task']!r}; {fix}",
                             collective=True)
-    if trained.get("fingerprint") and info.fingerprint \
-            and trained["fingerprint"] != info.fingerprint:
+    unlike = info.encoded_unlike(trained)
+    if unlike:
         raise AuditMismatch(f"{info.path} was encoded differently from the file the model "
-                            f"in {checkpoint} was trained on (encoding fingerprints differ); "
+                            f"in {checkpoint} was trained on ({unlike}); "
                             f"{fix}", collective=True)
     if info.n_features != spec.dims[0] or info.n_classes != spec.dims[-1]:
         raise AuditMismatch(f"{info.path} has {info.n_features} features and "

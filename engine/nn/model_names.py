@@ -37,8 +37,22 @@ def check_name(name: str) -> None:
                           "(a function (n_features, n_classes) -> torch.nn.Module)")
 
 
+def is_user_factory(name) -> bool:
+    """Whether ``name`` is a ``MODULE:FACTORY`` of the user's: code that building
+    the model imports and calls. Not a built-in, nor the label ``python:...``
+    of a model given as a Python object (nothing names how to rebuild it).
+
+    A name read from a file is never imported unless the user names it too
+    (``--model``): a checkpoint anyone can write would otherwise choose the
+    code mpidp runs (``os:kill``).
+    """
+    return isinstance(name, str) and name not in BUILTIN and name != "python" \
+        and not name.startswith("python:") and ":" in name
+
+
 def load_factory(name: str) -> Callable[[int, int], "nn.Module"]:
-    """Import ``MODULE:FACTORY``.
+    """Import ``MODULE:FACTORY``: only a name the user gave (``--model``), never
+    one read from a file alone (:func:`is_user_factory`).
 
     Raises:
         ConfigError: the module does not import (its own error is quoted), or

@@ -87,6 +87,31 @@ def _check_recorded_metrics(path: str) -> None:
                           "--metrics FILE to write its metrics elsewhere)") from None
 
 
+def check_named_model(given: str, recorded: str, where) -> None:
+    """Refuse to resume a run of a user's ``MODULE:FACTORY`` unless the command
+    names it again: a resume takes its settings from the checkpoint, and a name
+    read from a file alone is never imported (anyone can write a checkpoint
+    naming ``os:kill``).
+
+    Args:
+        given: this invocation's model (``--model``; ``mlp``, the default, when
+            not given, ``python`` for the library's ``model=`` object).
+        recorded: the checkpoint's ``config["model"]``.
+
+    Raises:
+        CheckpointError: (collective) ``recorded`` is a user's factory that
+            ``given`` is not.
+    """
+    from engine.nn.model_names import is_user_factory  # no torch
+
+    if not is_user_factory(recorded) or given == recorded:
+        return
+    other = "" if given == TrainConfig(data="").model else f" (this command has {given})"
+    raise CheckpointError(f"{where} is a run of the model {recorded}, code that mpidp imports "
+                          f"and runs only when you name it{other}: if you trust that "
+                          f"checkpoint, resume with --model {recorded}", collective=True)
+
+
 def load_checkpoint(cfg: TrainConfig, comm, given: set[str] | None
                     ) -> tuple[TrainConfig, dict | None, dict | None]:
     """Collective: the checkpoint of a resumed run (None for a fresh one).
@@ -98,7 +123,11 @@ def load_checkpoint(cfg: TrainConfig, comm, given: set[str] | None
 
     Raises (on every rank):
         CheckpointError: ``--resume`` without a checkpoint, a checkpoint without
-            ``--resume``, another number of ranks, an unreadable file.
+            ``--resume``, another number of ranks, an unreadable file, one whose
+            contents are not a run's checkpoint
+            (:func:`engine.checkpoint.check_model_file`), a run of a user's
+            ``MODULE:FACTORY`` that ``--model`` does not name
+            (:func:`check_named_model`).
         ConfigError: the merged settings are invalid, or differ where they may not.
     """
     if not cfg.checkpoint_dir:
@@ -115,6 +144,7 @@ def load_checkpoint(cfg: TrainConfig, comm, given: set[str] | None
             raise CheckpointError(f"--resume: {where} does not exist; nothing to resume "
                                   "(drop --resume to start a new run)", collective=True)
         return cfg, None, None
+    ckpt.check_model_file(payload, where, collective=True)  # before any entry is read
     if not cfg.resume:
         spent = payload.get("epsilon")
         raise CheckpointError(
@@ -126,6 +156,8 @@ def load_checkpoint(cfg: TrainConfig, comm, given: set[str] | None
         raise CheckpointError(f"{where} is a published model (as {ckpt.BEST_NAME}: no seed, "
                               "generator states or optimizer), not a run's checkpoint; a run "
                               "resumes only from the checkpoint it wrote", collective=True)
+    ckpt.check_model_file(payload, where, resume=True, collective=True)
+    check_named_model(cfg.model, payload["config"].get("model", "mlp"), where)
     size = comm.Get_size()
     if payload["world_size"] != size:
         raise CheckpointError(f"{where} was written by {payload['world_size']} ranks; "

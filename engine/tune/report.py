@@ -198,7 +198,7 @@ def write_report(opts: Options, space, info, trials, results: dict, statement, s
             "reports it; never used for the choice"},
         "elapsed_s": elapsed,
     }
-    outputs.write_json(Path(opts.out) / search.REPORT_FILE, document, "--out")
+    outputs.write_json(Path(opts.out) / search.REPORT_FILE, document, "--out", private=True)
     if not trials:
         print("the number of trials drawn (K ~ Poisson) is 0: nothing was trained, nothing "
               f"chosen, no privacy spent; report: {opts.out}/{search.REPORT_FILE}", flush=True)

@@ -141,7 +141,8 @@ def rewrite_results(path: str, records: list[dict]) -> None:
     from engine.outputs import replace_file
 
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
-    replace_file(path, text, lambda reason: f"--out: cannot write {path}: {reason}")
+    replace_file(path, text, lambda reason: f"--out: cannot write {path}: {reason}",
+                 mode=0o600)  # every trial's exact scores: as private as the data
 
 
 def append_result(path: str, record: dict) -> None:
@@ -152,7 +153,7 @@ def append_result(path: str, record: dict) -> None:
     """
     data = (json.dumps(record, sort_keys=True) + "\n").encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # private
         try:
             view = memoryview(data)
             while view:

@@ -91,7 +91,7 @@ def open_out(out: str, state: dict, created_state: bool, trials, finished: dict)
         raise
     try:
         if created_state:
-            outputs.write_json(Path(out) / search.STATE_FILE, state, "--out")
+            outputs.write_json(Path(out) / search.STATE_FILE, state, "--out", private=True)
         (Path(out) / search.TRIALS_DIR).mkdir(exist_ok=True)
         results = Path(out) / search.TRIALS_FILE
         if results.exists():  # drop a line a crash cut short
