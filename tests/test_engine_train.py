@@ -155,6 +155,34 @@ def test_at_two_threads_the_step_cuts_its_rows_and_trains_the_same_model(tiny, m
     torch.testing.assert_close(cut, whole, rtol=1e-3, atol=1e-4)
 
 
+def test_a_resume_on_another_thread_count_says_it_is_not_bit_identical(tiny, tmp_path):
+    """The kernels' partial sums follow the thread count: a resume on another
+    one ends a few ulps from the uninterrupted run, which it did silently."""
+    from collectives.runtime import MPI
+
+    class Lines(list):
+        def write(self, text):
+            self.append(text)
+
+        def flush(self):
+            pass
+
+    run = str(tmp_path / "run")
+    first = []
+    for epochs, threads in ((1, 1), (2, 2), (3, 2)):
+        cfg = _cfg(tiny, epochs=epochs, batch_size=32, checkpoint_dir=run, threads=threads,
+                   resume=epochs > 1, dp=False, noise_multiplier=None)
+        cfg.validate()
+        out = Lines()
+        assert Trainer(cfg, MPI.COMM_SELF, out=out).run() == 0
+        first.append("".join(out).splitlines()[0])
+    assert first[1].startswith("mpidp train: resumed the run in ")
+    assert first[1].endswith("; on 2 threads per rank where the run had 1, so its parameters "
+                             "will differ in the last bits from an uninterrupted run's "
+                             "(--threads 1 resumes bit-identically)")
+    assert "threads per rank where" not in first[2]  # 2 threads, as the run's last epoch
+
+
 def test_no_dp_is_the_same_loop_without_noise(tiny):
     from collectives.runtime import MPI
 

@@ -53,6 +53,13 @@ def first_line(t) -> str | None:
         parts.append(f"resumed the run in {t.cfg.checkpoint_dir} at "
                      f"{t.resumed_from['text']}"
                      + (f" of budget {budget:.3f}" if budget is not None else ""))
+        before = t.history[-1].get("threads") if t.history else None
+        if before is not None and before != t.threads:
+            # the kernels' partial sums follow the thread count: same privacy,
+            # other last bits than the uninterrupted run (docs/lifecycle.md)
+            parts.append(f"on {plural(t.threads, 'thread')} per rank where the run had "
+                         f"{before}, so its parameters will differ in the last bits from "
+                         f"an uninterrupted run's (--threads {before} resumes bit-identically)")
     if t.large_delta:
         parts.append(f"WARNING --allow-large-delta: {t.large_delta}")
     return "mpidp train: " + "; ".join(parts) if parts else None
