@@ -321,6 +321,7 @@ class _Model:
             out["trial_epsilon"] = privacy.get("trial_epsilon")
         if selected and selected.get("epoch") is not None:
             out["selected_epoch"] = selected.get("epoch")
+            out["selected_on"] = selected.get("on") or "val_accuracy"
         return out
 
     def name(self) -> str:
@@ -505,7 +506,8 @@ def _print_overall(args, model: _Model, result: dict, splits: list[str]) -> None
     selected, step = model.selected, result["step"]
     where = args.split if args.split != "all" else "all: " + "+".join(splits)
     what = (f"model of epoch {selected['epoch']} (step {step}), selected on "
-            "val_accuracy" if selected and selected.get("epoch") is not None
+            f"{result.get('selected_on', 'val_accuracy')}"
+            if selected and selected.get("epoch") is not None
             else f"model from step {step}")
     if eps is None:
         privacy_text = ", non-private)"

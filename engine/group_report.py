@@ -88,7 +88,9 @@ def comparison_text(t: GroupTable, where: str, names: tuple[str, str],
         lines.append(f"  {_label(g['label']):<{LABEL_WIDTH}} {g['rows']:>9,}  "
                      f"{_rate(a['accuracy'], a['accuracy_ci'])}  "
                      f"{_rate(b['accuracy'], b['accuracy_ci'])}  "
-                     f"{100 * g['accuracy_change']:>+14.2f}  {g['mcnemar_p']:>9.3g}")
+                     f"{100 * g['accuracy_change']:>+14.2f}  "
+                     + (f"{g['mcnemar_p']:>9.3g}" if g["mcnemar_p"] is not None
+                        else f"{'-':>9}"))
     if t.extra:
         lines.append("  " + _largest_fall(t.extra["pays_most"], t.extra["pays_most_change"],
                                           privacy_cost))

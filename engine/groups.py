@@ -311,7 +311,9 @@ def compare(cells: Cells, counts_a: np.ndarray, counts_b: np.ndarray, pairs: np.
     """Two models on the same rows, group by group: each model's figures
     (``a``, ``b``), the change in accuracy ``b - a`` and McNemar's exact
     p-value (two-sided, from the rows only one model gets right, ``pairs``
-    of :func:`discordant`, which are not published themselves); ``extra``
+    of :func:`discordant`, which are not published themselves; None where
+    either count is under ``min_group_size``: the p-value and the change in
+    accuracy together give both counts away); ``extra``
     names the group whose accuracy falls most from A to B (``pays_most``)
     and each model's gaps. Suppression is by rows, the same for both (the
     rows are the same)."""
@@ -324,12 +326,12 @@ def compare(cells: Cells, counts_a: np.ndarray, counts_b: np.ndarray, pairs: np.
         a = figures(counts_a[i], min_group_size, rates=not only)
         b = figures(counts_b[i], min_group_size, rates=not only)
         only_a, only_b = int(pairs[i, 0]), int(pairs[i, 1])
-        p = (binomtest(min(only_a, only_b), only_a + only_b).pvalue
-             if only_a + only_b else 1.0)
+        p = (None if min(only_a, only_b) < min_group_size  # cells inside the group
+             else binomtest(min(only_a, only_b), only_a + only_b).pvalue)
         groups.append({"label": cells.labels[i], "codes": list(cells.codes[i]),
                        "rows": a["rows"], "a": a, "b": b,
                        "accuracy_change": b["accuracy"] - a["accuracy"],
-                       "mcnemar_p": float(p)})
+                       "mcnemar_p": None if p is None else float(p)})
     extra: dict = {}
     if groups:
         worst = min(groups, key=lambda g: g["accuracy_change"])

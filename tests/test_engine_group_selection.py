@@ -87,6 +87,15 @@ def test_train_keeps_the_epoch_whose_worst_group_is_best(comm, shared_tmp, data)
             assert not _holds(published, key), key
         private = ckpt.load_file(ckpt.path_in(run_dir))  # the resume file keeps them
         assert private["best"]["val_worst_group_accuracy"] == scores[best]
+    # eval names the rule the model was chosen by (it said "selected on val_accuracy")
+    from engine.cli import build_parser
+
+    args = build_parser().parse_args(["eval", "--checkpoint", run_dir, "--data", data,
+                                      "--json", str(shared_tmp / f"e{comm.Get_size()}.json")])
+    assert args._run(args) == 0
+    if comm.Get_rank() == 0:
+        said = json.loads((shared_tmp / f"e{comm.Get_size()}.json").read_text())
+        assert said["selected_on"] == "worst_group_val_accuracy"  # one model: its figures
 
 
 @pytest.mark.mpi(min_size=1)

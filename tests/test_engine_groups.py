@@ -209,9 +209,11 @@ def test_two_models_side_by_side_equal_pandas_on_the_same_rows(comm, real):
             right_a, right_b = a["y"][rows] == a["pred"][rows], b["y"][rows] == b["pred"][rows]
             only_a, only_b = int((right_a & ~right_b).sum()), int((~right_a & right_b).sum())
             assert "only_a_correct" not in g  # sub-cells of the group: not published
-            p = min(1.0, 2 * binom.cdf(min(only_a, only_b), only_a + only_b, 0.5)) \
-                if only_a + only_b else 1.0
-            assert g["mcnemar_p"] == pytest.approx(p, rel=1e-9)
+            # p and the change give both counts: withheld where either is small
+            # (before 2026-11-29 a p of 0.219 on 272 rows gave 5 and 1 people)
+            p = None if min(only_a, only_b) < 100 else \
+                min(1.0, 2 * binom.cdf(min(only_a, only_b), only_a + only_b, 0.5))
+            assert g["mcnemar_p"] == (p if p is None else pytest.approx(p, rel=1e-9))
         worst = min(table["groups"], key=lambda g: g["accuracy_change"])
         assert table["pays_most"] == worst["label"]
 

@@ -541,6 +541,14 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):
     no_val = synthetic.write(tmp_path / "noval.h5", rows=200, features=6, seed=1)
     cases = [(path, *case) for case in cases]
     cases.append((no_val, ["--no-dp", "--space", "lr=0.1"], "has no val split"))
+    # no group can be scored: every trial trained (privacy spent), then "no trial
+    # finished (1 failed)"; refused before any, with mpidp train's words
+    grouped = synthetic.write(tmp_path / "g.h5", rows=200, features=6, seed=1, val_rows=50,
+                              group_columns={"RAC1P": {1: 0.5, 2: 0.5}})
+    cases.append((grouped, ["--target-epsilon", "1", "--space", "lr=0.1;batch_size=50",
+                            "--select-on", "worst_group_val_accuracy", "--group-by", "RAC1P",
+                            "--min-group-size", "40"],
+                  "no RAC1P group has --min-group-size 40 validation rows; lower it"))
     for number, (data, extra, message) in enumerate(cases):
         argv = ["tune", "--data", str(data), "--out", str(out), *extra]
         if number == 0:
@@ -592,3 +600,25 @@ def test_points_invalid_only_together_are_left_out(monkeypatch):
     assert len(points) == 3 and dropped == 1 and "lr=0.5 optimizer=adam" in reason
     _, dropped, _ = options.valid_points(space.parse("lr=0.5;optimizer=adam", None), opts)
     assert dropped == 1
+
+
+def test_the_noisy_choice_note_weighs_the_worst_groups_size(tmp_path, capsys):
+    """The worst group's score is a ratio of noisy counts over a group that may
+    be as small as --min-group-size: the note compared the noise with every
+    val row (20 / 2,000 = 0.01) and stayed silent at 20 / 100 = 0.2."""
+    from engine.bench import synthetic
+    from engine.cli import main
+
+    data = synthetic.write(tmp_path / "g.h5", rows=300, features=6, seed=1, val_rows=2000,
+                           group_columns={"RAC1P": {1: 0.5, 2: 0.5}})
+    base = ["tune", "--data", str(data), "--target-epsilon", "1", "--trials", "1",
+            "--seed", "2", "--space", "lr=0.1;batch_size=50;epochs=1"]
+    said = {}
+    for name, extra in (("overall", []), ("worst", ["--select-on", "worst_group_val_accuracy",
+                                                    "--group-by", "RAC1P"])):
+        capsys.readouterr()
+        main([*base, *extra, "--out", str(tmp_path / name)])
+        said[name] = capsys.readouterr().out
+    assert "choice is mostly noise" not in said["overall"]
+    assert ("note: the score noise (std 20 correct predictions) is 0.20 in accuracy on a "
+            "RAC1P group of --min-group-size 100 val rows") in said["worst"], said["worst"]

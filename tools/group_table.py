@@ -133,10 +133,11 @@ def table(records: list[dict], by: str) -> list[str]:
         t = next(t for t in doc["by"] if t["by"] == by)
         a, b = doc["models"]
         worst = min(t["groups"], key=lambda g: g["accuracy_change"])
-        pays = (f"{worst['label']} ({100 * worst['accuracy_change']:+.2f}, "
-                f"{worst['mcnemar_p']:.2g})" if worst["accuracy_change"] < 0 else
+        p = "-" if worst["mcnemar_p"] is None else f"{worst['mcnemar_p']:.2g}"  # withheld
+        pays = (f"{worst['label']} ({100 * worst['accuracy_change']:+.2f}, {p})"
+                if worst["accuracy_change"] < 0 else
                 f"none: every group gains (least {worst['label']}, "
-                f"{100 * worst['accuracy_change']:+.2f}, {worst['mcnemar_p']:.2g})")
+                f"{100 * worst['accuracy_change']:+.2f}, {p})")
         lines.append(
             f"| {r['task']} | {a['rows']:,} | {t['groups_shown']} of {t['groups_possible']} "
             f"| {a['accuracy']:.4f} / {b['accuracy']:.4f} | {_worst(t['gaps_a'])} "

@@ -84,6 +84,33 @@ def group_attribute(cfg: TrainConfig, info) -> str:
     return cfg.group_by or info.group or "RAC1P"
 
 
+def check_scorable(sizes: np.ndarray, attribute: str, min_group_size: int) -> None:
+    """Raise GroupError (collective) unless some group of ``attribute`` has
+    ``min_group_size`` validation rows (``sizes``: rows per group)."""
+    if not (np.asarray(sizes) >= min_group_size).any():
+        raise GroupError(f"--select-on worst_group_val_accuracy: no {attribute} group "
+                         f"has --min-group-size {min_group_size} validation rows; "
+                         "lower it, or prepare the file with a larger --val-fraction",
+                         collective=True)
+
+
+def val_group_sizes(info, attribute: str) -> np.ndarray:
+    """Validation rows per group of ``attribute`` (one process reads the whole
+    column: the same answer on every rank, no collective)."""
+    import h5py  # deferred: as the shard reads it
+
+    from preprocessing.h5format import group_name
+
+    cells = groups.Cells.of(groups.Grouping((attribute,)),
+                            {attribute: info.groups[attribute].labels})
+    if not info.rows.get("val"):
+        return np.zeros(len(cells), dtype=np.int64)
+    with h5py.File(info.path, "r") as f:
+        column = f[group_name("val", attribute)][:]
+    index = cells.index({attribute: column})
+    return np.bincount(index[index >= 0], minlength=len(cells))
+
+
 class GroupScore:
     """The worst validation group's accuracy of the current parameters.
 
@@ -112,11 +139,7 @@ class GroupScore:
         sizes = sizes.astype(np.int64)
         collectives.allreduce(sizes, comm, algorithm=cfg.allreduce)
         self.scored = sizes >= cfg.min_group_size
-        if not self.scored.any():
-            raise GroupError(f"--select-on worst_group_val_accuracy: no {self.attribute} group "
-                             f"has --min-group-size {cfg.min_group_size} validation rows; "
-                             "lower it, or prepare the file with a larger --val-fraction",
-                             collective=True)
+        check_scorable(sizes, self.attribute, cfg.min_group_size)
 
     def __call__(self, logits) -> dict:
         """Collective: ``{"val_worst_group_accuracy", "val_worst_group"}``."""

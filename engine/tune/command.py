@@ -265,13 +265,19 @@ def run(args: argparse.Namespace) -> int:
         say(f"mpidp tune: {len(trials)} trial(s) ({kind} over {len(points)} valid point(s) of "
             f"{space.size}{drop}) on {opts.data}; {size} rank(s) in {parallel} group(s); "
             f"chosen on {chosen_on} ({info.rows['val']:,} val rows), never on test")
-        if opts.score_std is not None and info.rows["val"] \
-                and opts.score_std / info.rows["val"] > NOISY_CHOICE:
+        # the score's base: every val row, or for the worst group a group as
+        # small as may be scored (its accuracy is a ratio of two noisy counts)
+        worst = opts.objective != "val_accuracy"
+        base = opts.min_group_size if worst else info.rows["val"]
+        if opts.score_std is not None and base and opts.score_std / base > NOISY_CHOICE:
+            rows = (f"a {opts.group_by} group of --min-group-size {base:,} val rows" if worst
+                    else f"{base:,} val rows")
             say(f"note: the score noise (std {opts.score_std:g} correct predictions) is "
-                f"{opts.score_std / info.rows['val']:.2f} in accuracy on {info.rows['val']:,} "
-                "val rows, more than trials' scores usually differ: the choice is mostly "
-                "noise; prepare a larger val split (mpidp prep --val-fraction), or give "
-                "--score-noise a smaller std (a higher tuning epsilon)")
+                f"{opts.score_std / base:.2f} in accuracy on {rows}, more than trials' "
+                "scores usually differ: the choice is mostly noise; prepare a larger val "
+                "split (mpidp prep --val-fraction)"
+                + (", raise --min-group-size" if worst else "")
+                + ", or give --score-noise a smaller std (a higher tuning epsilon)")
         if len(pending) < len(trials):
             say(f"mpidp tune: {len(trials) - len(pending)} trial(s) already done in "
                 f"{opts.out}/{search.TRIALS_FILE}: skipped")

@@ -20,7 +20,7 @@ from engine.dp.accountant import DEFAULT_KIND
 from engine.errors import ConfigError, DataError, GroupError, PrivacyError, agree
 from engine.groups import MIN_GROUP_SIZE
 from engine.run.report import HIDDEN_MODELS, hidden_unused
-from engine.run.selection import groups_kept
+from engine.run.selection import check_scorable, groups_kept, val_group_sizes
 from engine.tune import space as space_mod
 
 MODES = ("random-search", "public")
@@ -185,6 +185,11 @@ def check_file(info, opts: Options) -> None:
         if opts.group_by not in info.groups:
             fail(f"--select-on worst_group_val_accuracy --group-by {opts.group_by}: "
                   f"{opts.data} {groups_kept(info)}", GroupError)
+        try:  # as mpidp train refuses it: before any trial spends privacy
+            check_scorable(val_group_sizes(info, opts.group_by), opts.group_by,
+                           opts.min_group_size)
+        except GroupError as exc:
+            fail(str(exc), GroupError)
 
 
 def training_units(info, unit: str, comm) -> int:

@@ -211,8 +211,14 @@ def write_report(opts: Options, space, info, trials, results: dict, statement, s
         if r["status"] == "failed":
             print(f"  trial {r['trial']} failed: {r['message']}")
     if chosen is None:
-        print(f"mpidp: error: no trial finished ({len(records)} failed); the report is in "
-              f"{opts.out}/{search.REPORT_FILE}", file=sys.stderr, flush=True)
+        failed = sum(r["status"] == "failed" for r in records)
+        why = (f"no trial finished ({failed} failed)" if failed == len(records) else
+               f"no trial has a score ({failed} failed; the others scored no {opts.group_by} "
+               f"group of --min-group-size {opts.min_group_size} rows)"
+               if opts.objective != "val_accuracy" else
+               f"no trial has a score ({failed} failed)")
+        print(f"mpidp: error: {why}; the report is in {opts.out}/{search.REPORT_FILE}",
+              file=sys.stderr, flush=True)
         return EXIT_DIVERGED
     eps = chosen.get("epsilon")
     worst = (f", worst {opts.group_by} group {chosen['val_worst_group']} "
