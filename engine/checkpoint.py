@@ -90,17 +90,27 @@ def load_model(checkpoint: str | os.PathLike) -> dict:
     """The payload ``--checkpoint`` names for ``mpidp eval`` and ``mpidp audit``:
     a run's directory gives its ``best.pt`` (the model it publishes, with the
     epsilon that covers it: a tuned trial's includes the tuning) when there is
-    one, else its ``checkpoint.pt``; a file gives itself.
+    one, else its ``checkpoint.pt``; a file gives itself. A directory's
+    ``best.pt`` takes its ``data`` from the ``checkpoint.pt`` beside it (the
+    run's own record, with the encoding fingerprint and the split sizes that
+    ``best.pt`` leaves out), so the commands check the data file as fully as
+    for the checkpoint itself; a ``best.pt`` alone is checked by its layout.
 
     Raises:
         CheckpointError: as :func:`load_file`, and a file that is not a model
             file (:func:`check_model_file`).
     """
     path = Path(checkpoint)
-    if path.is_dir() and os.path.lexists(best_path_in(path)):  # a FIFO too: refused
-        path = best_path_in(path)
+    run = path if path.is_dir() else None
+    if run is not None and os.path.lexists(best_path_in(run)):  # a FIFO too: refused
+        path = best_path_in(run)
     payload = load_file(path)
     check_model_file(payload, path)
+    if run is not None and path == best_path_in(run) and exists_in(run):
+        private = load_file(path_in(run))
+        check_model_file(private, path_in(run))
+        if isinstance(private.get("data"), dict):
+            payload["data"] = private["data"]
     return payload
 
 
@@ -392,6 +402,51 @@ def check_archive(handle: BinaryIO, path: str | os.PathLike) -> None:
     handle.seek(0)
 
 
+#: Nesting a checkpoint never exceeds (dicts and lists inside one another).
+MAX_DEPTH = 32
+
+
+def check_tensors_held(payload: dict, file_size: int, path: str | os.PathLike) -> None:
+    """Refuse a loaded payload whose tensors claim more memory than the file
+    holds, or that nests deeper than :data:`MAX_DEPTH`, before anything
+    copies or hashes it.
+
+    ``torch.save`` writes the storages it saves: a view with zero strides over
+    one stored element (``expand``) would become gigabytes in the digest, the
+    checks and the forward pass; so every tensor's storage must hold as many
+    bytes as its elements, and the storages together fit in the file.
+
+    Raises:
+        CheckpointError: ``"{path} is not an mpidp model file: ..."``.
+    """
+    import torch  # deferred: module docstring
+
+    storages: dict[int, int] = {}
+    stack = [(payload, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise CheckpointError(f"{path} is not an mpidp model file: it nests deeper than "
+                                  f"{MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            need = value.numel() * value.element_size()
+            held = storage.nbytes() - value.storage_offset() * value.element_size()
+            if need > held:
+                raise CheckpointError(f"{path} is not an mpidp model file: a tensor of "
+                                      f"shape {tuple(value.shape)} is a view over "
+                                      f"{max(held, 0):,} stored bytes, not {need:,}")
+            storages[storage.data_ptr()] = storage.nbytes()
+    total = sum(storages.values())
+    if total > file_size:
+        raise CheckpointError(f"{path} is not an mpidp model file: its tensors claim "
+                              f"{total:,} bytes in a file of {file_size:,}")
+
+
 def _load_open(path: Path, handle: BinaryIO, option: str) -> dict:
     """:func:`load_file` once ``path`` is open as a regular file."""
     import torch  # deferred: module docstring
@@ -421,6 +476,7 @@ def _load_open(path: Path, handle: BinaryIO, option: str) -> dict:
                               "it cannot be loaded") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an mpidp checkpoint")
+    check_tensors_held(payload, os.fstat(handle.fileno()).st_size, path)
     if payload.get("version") not in _READABLE:
         raise CheckpointError(f"{path}: checkpoint version {payload.get('version')} is not "
                               f"supported (this mpidp reads {_READABLE})")

@@ -390,8 +390,11 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
         return lambda xb: mlp_logits(spec, params, xb)
     if name == "embedding-mlp" or name in image_models.IMAGE_MODELS:
         module = _built_in(name, recorded["spec"], params.numel(), where)
-    else:
+    elif model_names.is_user_factory(name):  # named by --model (check_named, above)
         module = _rebuilt(name, n_features, n_classes, where)
+    else:  # "mlp" or "logreg" as a module: no run writes that, and it would import them
+        raise CheckpointError(f"{where} is not an mpidp model file: its model entry names "
+                              f"{name!r} as a module", collective=True)
     frozen = frozen_to_buffers(module)
     if recorded.get("frozen", {"names": [], "sha256": ""}) != \
             {"names": frozen, "sha256": frozen_digest(module, frozen)}:

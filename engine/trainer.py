@@ -50,6 +50,7 @@ from engine.dp.privacy import check_delta_for_rows
 from engine.errors import EXIT_CHECKPOINTED, ConfigError, DivergedError, PrivacyError
 from engine.evaluate import evaluate_shard
 from engine import models
+from engine.nn import model_names
 from engine.nn.device import select as select_device
 from engine.nn.schedule import learning_rate
 from engine import warmup
@@ -126,8 +127,11 @@ class Trainer:
         """The command that continues this run (what a stop message shows)."""
         cfg = self.cfg
         launch = f"mpiexec -n {self.size} " if self.size > 1 else ""
+        # a factory of the user's is imported on resume only when named again
+        model = (f" --model {shlex.quote(cfg.model)}"
+                 if model_names.is_user_factory(cfg.model) else "")
         return (f"{launch}mpidp train --data {shlex.quote(str(cfg.data))} --checkpoint-dir "
-                f"{shlex.quote(str(cfg.checkpoint_dir))} --resume")
+                f"{shlex.quote(str(cfg.checkpoint_dir))}{model} --resume")
 
     def _startup_check(self) -> None:
         """Collective: a phase boundary of the start-up (engine.stopping)."""

@@ -353,6 +353,14 @@ def test_a_run_directory_is_audited_at_its_selected_epoch(tmp_path):
     best = last.payload["best"]["params"].to(torch.float64)
     assert torch.equal(whole.params, best)  # the directory: its best.pt
     assert torch.equal(last.params, last.payload["params"].to(torch.float64))
+    # best.pt records the data's layout only: the directory is checked with its
+    # checkpoint.pt's record, so a file split otherwise is refused (it was
+    # audited as the training set, "same task, encoding and split sizes")
+    from engine.audit.inputs import AuditMismatch
+
+    resplit = synthetic.write(tmp_path / "r.h5", rows=500, features=10, seed=3, val_rows=150)
+    with pytest.raises(AuditMismatch, match="its /train rows are not the model's training"):
+        load_target(run_dir, resplit, MPI.COMM_SELF)
 
 
 def test_the_report_names_the_audited_models_step_and_says_what_it_found(tmp_path):

@@ -279,6 +279,36 @@ def test_no_model_entry_and_a_forged_builtin_spec_end_eval_with_exit_2(tmp_path,
     assert code == 2 and "its mnist-small spec builds" in text and "params holds 38" in text
 
 
+def test_views_deep_nesting_and_builtin_names_as_modules_are_refused(tmp_path, data,
+                                                                     monkeypatch):
+    """Three forgeries a regression hunt found past the first checks: a 3 KB
+    file whose params were one float expanded to 10^8 (5.3 GB per rank in
+    the digest and the forward pass), a value nested 3,000 lists deep (a
+    RecursionError traceback) and a module entry named "mlp", which imported
+    ./mlp.py (the name of no factory, yet imported)."""
+    wide = MLPSpec((FEATURES, 10 ** 6, 2))
+    params = torch.zeros(1).expand(wide.n_params)
+    _mlp_file(tmp_path / "wide", data, model=wide.to_dict(), params=params)
+    code, text = _eval("--checkpoint", str(tmp_path / "wide"), "--data", data)
+    assert code == 2 and "Traceback" not in text, text
+    assert f"is not an mpidp model file: a tensor of shape ({wide.n_params},) is a view " \
+        "over 4 stored bytes" in text
+    deep: list = []
+    for _ in range(200):  # enough to pass the bound (3,000 cannot be saved to test)
+        deep = [deep]
+    _mlp_file(tmp_path / "deep", data, notes=deep)
+    code, text = _eval("--checkpoint", str(tmp_path / "deep"), "--data", data)
+    assert code == 2 and "it nests deeper than 32 levels" in text and "Traceback" not in text
+    (tmp_path / "mlp.py").write_text(MARKING)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "mlp", raising=False)
+    _mlp_file(tmp_path / "named", data, model={"kind": "module", "name": "mlp",
+                                               "spec": {"n_classes": 2, "image_shape": [1]}})
+    code, text = _eval("--checkpoint", str(tmp_path / "named"), "--data", data)
+    assert code == 2 and "its model entry names 'mlp' as a module" in text, text
+    assert not (tmp_path / "IMPORTED").exists() and "mlp" not in sys.modules
+
+
 def test_a_well_formed_file_still_scores_as_its_mlp_computes(tmp_path, data):
     """The reference: the MLP's forward in numpy from the flat [W | b] layout."""
     payload = _mlp_file(tmp_path / "run", data, data=None)  # data None: no description

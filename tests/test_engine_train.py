@@ -505,10 +505,11 @@ def test_eval_of_a_published_model_compares_the_layout_not_the_statistics(tmp_pa
     with pytest.raises(DataError, match=r"encoded differently from the training file v.h5 "
                        r"\(their feature layouts differ\)"):
         run(renamed)
-    with pytest.raises(DataError, match=r"\(encoding fingerprints differ\)"):  # checkpoint.pt
-        args = build_parser().parse_args(["eval", "--checkpoint", str(ckpt.path_in(d)),
-                                          "--data", str(restandardised)])
-        args._run(args)
+    for run_or_file in (ckpt.path_in(d), d):  # the directory: best.pt, with the run's record
+        with pytest.raises(DataError, match=r"\(encoding fingerprints differ\)"):
+            args = build_parser().parse_args(["eval", "--checkpoint", str(run_or_file),
+                                              "--data", str(restandardised)])
+            args._run(args)
 
 
 def test_files_without_val_or_training_rows_and_an_empty_val(tmp_path, tiny):
@@ -774,3 +775,15 @@ def test_hidden_widths_given_to_logreg_are_said_to_be_unused(tmp_path, capsys):
         out = capsys.readouterr().out
         assert ("note: --model logreg has no hidden layers: --hidden 64 is not used" in out) \
             == note, out
+
+
+def test_the_resume_command_names_a_users_model(tmp_path):
+    """A MODULE:FACTORY run resumes only with --model naming it again (a name
+    read from a checkpoint alone is never imported): the command a stop
+    prints said --resume alone, which is then refused."""
+    from collectives.runtime import MPI
+
+    for model, named in (("my_models:small", " --model my_models:small"), ("mlp", "")):
+        cfg = TrainConfig(data="d.h5", checkpoint_dir="runs/u", model=model)
+        assert Trainer(cfg, MPI.COMM_SELF).resume_command() == \
+            f"mpidp train --data d.h5 --checkpoint-dir runs/u{named} --resume"

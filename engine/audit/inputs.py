@@ -34,6 +34,7 @@ small to audit (:class:`SplitTooSmall`).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -217,10 +218,18 @@ def check_compatible(payload: dict, info, checkpoint: str) -> list[str]:
             f"{info.rows['train']} and {info.rows['test']}: its /train rows are not the "
             f"model's training set; {fix}", collective=True)
     notes = []
-    if trained.get("path") and trained["path"] != info.path:
-        notes.append(f"the model was trained on {trained['path']}; auditing {info.path}, "
-                     "which has the same task, encoding and split sizes (assumed to be the "
-                     "same file)")
+    recorded = str(trained.get("path") or "")
+    # a published model records the file's name only (engine.checkpoint.published)
+    named = os.path.basename(info.path) if recorded == os.path.basename(recorded) \
+        else os.path.abspath(info.path)
+    if recorded and named != (recorded if recorded == os.path.basename(recorded)
+                              else os.path.abspath(recorded)):
+        checked = ("task, encoding and split sizes" if rows and trained.get("fingerprint")
+                   else "task and feature layout (all the model file records: give the "
+                   "run's directory, whose checkpoint.pt records its encoding and split "
+                   "sizes, to have them checked too)")
+        notes.append(f"the model was trained on {recorded}; auditing {info.path}, which has "
+                     f"the same {checked} (assumed to be the same file)")
     return notes
 
 

@@ -59,6 +59,8 @@ def load_factory(name: str) -> Callable[[int, int], "nn.Module"]:
             has no such attribute, or it is not callable.
     """
     check_name(name)
+    if not is_user_factory(name):  # a built-in name is no module to import
+        raise ConfigError(f"--model {name}: not a MODULE:FACTORY to import")
     module_name, _, attr = name.partition(":")
     if "" not in sys.path:
         sys.path.insert(0, "")  # the current directory, as `python -m` has it

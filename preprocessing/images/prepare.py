@@ -132,7 +132,8 @@ def empty_split_notes(rows: dict[str, int], test_fraction: float | None,
     """``  note    --val-fraction 0.1 put none of ...``: a split that was asked
     for (a fraction above 0) and came out empty, in the words of the PUMS path's
     error (:mod:`preprocessing.pipeline`), which an image set only warns of:
-    the file still trains (``mpidp train`` prints no val figure then).
+    the file still trains with ``--select-on last`` (``mpidp train`` then
+    prints no val figure; without it, it refuses an empty validation split).
 
     Args:
         rows: each split's row count.
