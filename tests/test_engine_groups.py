@@ -448,3 +448,27 @@ def test_a_small_cell_inside_a_group_cannot_be_counted_from_its_rates():
             assert counts[plain, 2].sum() >= size or plain.all()
             assert counts[plain, 4].sum() >= size or plain.all()
         assert not ((counts[:, 2] < size) | (counts[:, 4] < size))[~plain].any()
+
+
+def test_the_charts_title_stays_off_the_first_panels_title(tmp_path, monkeypatch):
+    """With several tables the figure's title was drawn over "by SEX: groups
+    of at least 100 rows" (tight_layout leaves a suptitle out)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from engine import group_plot
+
+    matplotlib.use("Agg")
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # the figure, drawn, not closed
+    counts = np.array([[400, 300, 200, 150, 200, 50, 200]] * 60, dtype=np.int64)
+    tables = [groups.table(groups.Cells.of(groups.Grouping((name,)),
+                                           {name: {i: f"group {i}" for i in range(60)}}),
+                           counts)
+              for name in ("SEX", "RAC1P", "ST", "AGEP", "SCHL")]
+    group_plot.plot(tables, str(tmp_path / "g.png"), [0.75], ["a model"], "a title")
+    fig = kept[0]
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)
+    first = fig.axes[0].title.get_window_extent(renderer)
+    assert title.y0 >= first.y1, (title, first)
