@@ -121,8 +121,8 @@ PATH_SETTINGS = ("data", "checkpoint_dir", "metrics")
 
 def published_data(data: dict | None) -> dict | None:
     """The data description ``best.pt`` keeps of a checkpoint's ``data``
-    (``DataInfo.summary()``): the file's name, task, feature and class counts
-    and ``layout_fingerprint`` (None where the checkpoint predates it), which
+    (``DataInfo.summary()``): the file's name, task, label definition, feature
+    and class counts and ``layout_fingerprint`` (None where the checkpoint predates it), which
     ``mpidp eval`` and ``mpidp audit`` compare. Left out: the encoding's
     ``fingerprint`` (a sha256 of statistics of the training rows: one row more
     or less changes it, so it would tell who was trained on) and the rows per
@@ -132,7 +132,7 @@ def published_data(data: dict | None) -> dict | None:
     path = str(data.get("path") or "")
     return {"path": os.path.basename(path), "task": data.get("task"),
             "n_features": data.get("n_features"), "n_classes": data.get("n_classes"),
-            "layout_fingerprint": data.get("layout_fingerprint")}
+            "layout_fingerprint": data.get("layout_fingerprint"), "label": data.get("label")}
 
 
 def published(checkpoint: dict, best: dict | None) -> dict:

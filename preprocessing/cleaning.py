@@ -193,9 +193,10 @@ class Cleaner:
         for name in universe:
             self._check(cols, name, mark)
         inside = np.ones(n, dtype=bool)
-        for condition in self.task.universe:
+        for condition in self.task.universe:  # in the 2018 codes, as the feature has them
             column = self.sources[condition.column]
-            inside &= ~cols.blank[column] & condition.holds(cols.values[column])
+            inside &= ~cols.blank[column] & condition.holds(
+                self._as_feature_codes(condition.column, cols.values[column]))
         reason[~inside & (reason == 0)] = self.reason_index["universe"]
         for name in self.order[len(universe):]:
             self._check(cols, name, mark)
@@ -207,7 +208,8 @@ class Cleaner:
             codes[feature.name] = self._codes(feature, cols.values[column][keep],
                                               cols.blank[column][keep])
         label_column = self.sources[self.task.label.column]
-        label = (self.task.label.holds(cols.values[label_column][keep])
+        label = (self.task.label.holds(self._as_feature_codes(
+                     self.task.label.column, cols.values[label_column][keep]))
                  & ~cols.blank[label_column][keep]).astype(np.int8)
         groups = {}
         for attribute in self.task.groups():

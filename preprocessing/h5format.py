@@ -272,6 +272,8 @@ class DataInfo:
     groups: dict[str, GroupColumn] = field(default_factory=dict)
     #: The task's group column in folktables' sense (``"RAC1P"``), or ``""``.
     group: str = ""
+    #: The label's definition (``"ESR == 1"``; prep's ``label`` attribute), or ``""``.
+    label: str = ""
 
     @property
     def is_image(self) -> bool:
@@ -306,7 +308,10 @@ class DataInfo:
         from the model's record of it (a checkpoint's ``data``): its encoding
         ``fingerprint`` where recorded (``checkpoint.pt``), else its
         ``layout_fingerprint`` (``best.pt``, which cannot hold the
-        statistics). ``""``: alike, or nothing recorded to compare."""
+        statistics), after the label definition where both record one. ``""``:
+        alike, or nothing recorded to compare."""
+        if trained.get("label") and self.label and trained["label"] != self.label:
+            return f"its rows are labelled {self.label}, the model's {trained['label']}"
         if trained.get("fingerprint") and self.fingerprint:
             return "" if trained["fingerprint"] == self.fingerprint else \
                 "encoding fingerprints differ"
@@ -318,7 +323,8 @@ class DataInfo:
     def summary(self) -> dict:
         return {"path": self.path, "n_features": self.n_features,
                 "n_classes": self.n_classes, "rows": dict(self.rows), "task": self.task,
-                "fingerprint": self.fingerprint, "layout_fingerprint": self.layout_fingerprint}
+                "fingerprint": self.fingerprint, "layout_fingerprint": self.layout_fingerprint,
+                "label": self.label}
 
 
 def _attr(attrs, name, default=None):
@@ -421,7 +427,8 @@ def read_info(path: str) -> DataInfo:
                         fingerprint=encoding_fingerprint,
                         households=has_households(version),
                         code_columns=code_columns, groups=groups,
-                        group=str(_attr(f.attrs, "group", "") or ""), **image)
+                        group=str(_attr(f.attrs, "group", "") or ""),
+                        label=str(_attr(f.attrs, "label", "") or ""), **image)
 
 
 def _dataset(f, name: str):

@@ -36,6 +36,7 @@ import secrets
 
 import numpy as np
 
+from kernels.files import not_a_file
 from preprocessing.errors import PrepError
 
 #: Bytes of a fresh secret (and the most a given one keeps).
@@ -65,19 +66,32 @@ def new_secret() -> DrawnSecret:
     return DrawnSecret(secrets.token_bytes(SECRET_BYTES))
 
 
+#: The longest file read as a secret (a secret is 32 bytes; longer ones are hashed).
+MAX_SECRET_FILE = 1 << 20
+
+
 def read_secret(path: str) -> bytes:
     """The secret in ``path``: its bytes, at least 16 (hashed down when longer
     than :data:`SECRET_BYTES`).
 
     Raises:
-        PrepError: unreadable, or too short to be a secret.
+        PrepError: unreadable, a device or pipe (``/dev/urandom`` has no end:
+            it was read until memory ran out), longer than
+            :data:`MAX_SECRET_FILE`, or too short to be a secret.
     """
+    special = not_a_file(path)
+    if special is not None:
+        raise PrepError(f"--household-secret {path} is {special}, not a file: keep the secret "
+                        "in a file (e.g. head -c 32 /dev/urandom > FILE)")
     try:
         with open(path, "rb") as handle:
-            data = handle.read()
+            data = handle.read(MAX_SECRET_FILE + 1)
     except OSError as exc:
         raise PrepError(f"--household-secret {path}: cannot read it ({exc.strerror or exc})"
                         ) from None
+    if len(data) > MAX_SECRET_FILE:
+        raise PrepError(f"--household-secret {path}: more than {MAX_SECRET_FILE:,} bytes, "
+                        "not a secret (32 random bytes are: head -c 32 /dev/urandom > FILE)")
     if len(data) < 16:
         raise PrepError(f"--household-secret {path}: {len(data)} bytes; a secret needs at "
                         "least 16 (e.g. head -c 32 /dev/urandom > FILE)")

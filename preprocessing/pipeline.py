@@ -709,7 +709,12 @@ def prepare(comm, settings: Settings, threads: int = 1, version: str = "") -> Re
                         f"{splits['train'][3]:,} training households in the validation "
                         "split: too few households; give a larger --val-fraction, more "
                         "data, or --val-fraction 0 for a file without one", collective=True)
-
+    if settings.test_fraction > 0 and "test" in splits and splits["test"][2] == 0:
+        total = sum(splits[name][3] for name in splits)
+        raise PrepError(f"--test-fraction {settings.test_fraction:g} put none of the "
+                        f"{total:,} households in the test split: too few households; give a "
+                        "larger --test-fraction, more data, or --test-fraction 0 for a file "
+                        "without one", collective=True)
 
     drop_counts = {name: int(per_reason[i]) for i, name in enumerate(reasons)
                    if i > 0 and (per_reason[i] or name == "universe")}

@@ -138,8 +138,9 @@ def task_list() -> str:
     return "\n".join(lines)
 
 
-def _read_like(path: str) -> tuple[str, str]:
-    """(task name, encoding JSON) of a prepared PUMS file.
+def _read_like(path: str) -> tuple[str, str, str]:
+    """(task name, encoding JSON, label definition: ``""`` where the file does
+    not record it) of a prepared PUMS file.
 
     Raises:
         PrepError: ``path`` is missing, not HDF5, not prepared by mpidp, or
@@ -160,7 +161,9 @@ def _read_like(path: str) -> tuple[str, str]:
                         else "no encoding attribute")
                 raise PrepError(f"--like {path} holds {what}; these are PUMS rows: give "
                                 "--like a PUMS file prepared by mpidp prep")
-            return str(attrs["task"]), str(attrs["encoding"])
+            label = attrs.get("label", "")
+            return (str(attrs["task"]), str(attrs["encoding"]),
+                    label.decode() if isinstance(label, bytes) else str(label))
     except OSError as exc:
         raise PrepError(f"{path}: cannot read it as HDF5 ({exc})") from None
 
@@ -232,9 +235,9 @@ def make_settings(args: argparse.Namespace):
                         "of them")
     codebook = dictionary.load()
     from_file = taskfile.load(args.task_file, codebook) if args.task_file else None
-    like_task, like_encoding = (None, None)
+    like_task, like_encoding, like_label = (None, None, "")
     if args.like:
-        like_task, like_encoding = _read_like(args.like)
+        like_task, like_encoding, like_label = _read_like(args.like)
         if from_file is not None and from_file.name != like_task:
             raise PrepError(f"--task-file {args.task_file} defines task {from_file.name!r}, "
                             f"but {args.like} holds task {like_task!r}")
@@ -245,6 +248,10 @@ def make_settings(args: argparse.Namespace):
             raise PrepError(f"--task {args.task} differs from the task of {args.like} "
                             f"({like_task}); leave --task out to use {like_task}")
     task = from_file or tasks.TASKS[args.task or like_task or "employment"]
+    if like_label and str(task.label) != like_label:  # a task file of the same name
+        raise PrepError(f"{args.like} labels its rows {like_label}, this task {task.label}: a "
+                        "model of one would be scored against the other's labels; give the "
+                        "task file the --like file was prepared with")
     if args.universe is not None:
         task = _with_universe(task, args.universe, codebook)
     layout = args.encoding or "onehot"

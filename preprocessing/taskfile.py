@@ -42,6 +42,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (setup.py)
     import tomli as tomllib
 
+from kernels.files import not_a_file
 from preprocessing import groups
 from preprocessing.dictionary import Codebook, Variable
 from preprocessing.errors import PrepError
@@ -193,15 +194,29 @@ def parse(data: dict, codebook: Codebook, where: str) -> Task:
     return task
 
 
+#: The longest file read as a task file (a task is a few hundred bytes).
+MAX_TASK_FILE = 1 << 20
+
+
 def load(path: str, codebook: Codebook) -> Task:
     """The task defined in the TOML file ``path``.
 
     Raises:
-        PrepError: the file cannot be read, is not TOML, or is not a valid task.
+        PrepError: the file cannot be read, is a device or pipe, is larger
+            than :data:`MAX_TASK_FILE`, is not TOML (a UTF-8 byte-order mark
+            is skipped), or is not a valid task.
     """
+    special = not_a_file(path)
+    if special is not None:  # /dev/urandom would be read until memory ran out
+        raise PrepError(f"--task-file {path} is {special}, not a TOML file")
     try:
         with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+            text = handle.read(MAX_TASK_FILE + 1)
+        if len(text) > MAX_TASK_FILE:
+            raise PrepError(f"--task-file {path}: more than {MAX_TASK_FILE:,} bytes, not a "
+                            "task file")
+        # a byte-order mark, as Windows editors save "UTF-8": TOML has none
+        data = tomllib.loads(text.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
     except FileNotFoundError:
         raise PrepError(f"{path}: no such file (given to --task-file)") from None
     except OSError as exc:

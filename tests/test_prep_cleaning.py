@@ -69,6 +69,23 @@ def test_relshipp_files_are_recoded_to_relp():
     assert [category_names(BOOK["RELP"])[i] for i in cleaned.codes["RELP"]] == ["00", "17"]
 
 
+def test_a_universe_on_relp_reads_relshipp_in_2018_codes():
+    """A 2019+ file gives RELP as RELSHIPP (codes 20-38): the feature was
+    recoded, but --universe RELP==0 read the raw 20 and kept nobody (and
+    RELP!=0 kept the reference persons)."""
+    from preprocessing.tasks import parse_conditions
+
+    header = tuple("RELSHIPP" if c == "RELP" else c for c in HEADER)
+    sources = {**_sources(), "RELP": "RELSHIPP"}
+    rows = [_adult(RELSHIPP="20"), _adult(RELSHIPP="38"), _adult(RELSHIPP="21")]
+    names = reason_names(EMPLOYMENT)
+    for universe, kept in (("RELP==0", [True, False, False]), ("RELP!=0", [False, True, True]),
+                           ("RELP==20", [False, False, False])):
+        task = EMPLOYMENT.with_universe(parse_conditions(universe))
+        cleaned = Cleaner(task, BOOK, sources).clean(_columns(rows, header))
+        assert [names[r] == "kept" for r in cleaned.reason] == kept, universe
+
+
 def test_universe_with_several_conditions_and_blank_values():
     task = TASKS["income"]
     header = ("SERIALNO", *task.columns())

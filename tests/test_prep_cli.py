@@ -711,3 +711,63 @@ def test_bench_prep_keeps_its_file_in_mpidps_cache_folder(tmp_path, monkeypatch)
         assert default_cache() == str(tmp_path / "xdg" / "mpidp")
     monkeypatch.setenv("MPIDP_CACHE", str(tmp_path / "mine"))
     assert default_cache() == str(tmp_path / "mine")
+
+
+def test_like_a_file_whose_label_differs_is_refused_and_eval_says_so(tmp_path, good_csv):
+    """Two task files of one name and another label: --like took the second
+    (only the name and features were compared) and eval scored an income
+    model against health-coverage labels, exit 0."""
+    from preprocessing.h5format import read_info
+
+    task = 'name = "earner"\nlabel = "{}"\n[features]\nAGEP = "numeric"\nSEX = "categorical"\n'
+    (tmp_path / "a.toml").write_text(task.format("PINCP > 30000"))
+    (tmp_path / "b.toml").write_text(task.format("HICOV == 2"))
+    train = tmp_path / "train.h5"
+    _prepare([str(good_csv), "--task-file", str(tmp_path / "a.toml"), "--out", str(train)])
+    out = tmp_path / "other.h5"
+    message = _error_in_process([str(good_csv), "--task-file", str(tmp_path / "b.toml"),
+                                 "--like", str(train), "--out", str(out)])
+    assert message == (f"{train} labels its rows PINCP>30000, this task HICOV==2: a model "
+                       "of one would be scored against the other's labels; give the task "
+                       "file the --like file was prepared with")
+    assert not out.exists()
+    _prepare([str(good_csv), "--task-file", str(tmp_path / "b.toml"), "--out", str(out)])
+    trained = read_info(str(train)).summary()  # what a model's checkpoint records
+    assert read_info(str(out)).encoded_unlike(trained) == \
+        "its rows are labelled HICOV==2, the model's PINCP>30000"
+    assert read_info(str(train)).encoded_unlike(trained) == ""
+
+
+def test_secrets_and_task_files_that_are_devices_huge_or_bom_marked(tmp_path, good_csv):
+    """--household-secret /dev/urandom was read until memory ran out (then an
+    out-of-memory line naming --hidden); a task file saved with a UTF-8
+    byte-order mark was "not a valid TOML file" at line 1, column 1."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # a pipe, not /dev/*: what a device is to the check
+    out = str(tmp_path / "o.h5")
+    assert _error_in_process([str(good_csv), "--household-secret", str(fifo), "--out", out]) \
+        == (f"--household-secret {fifo} is a named pipe (FIFO), not a file: keep the secret in "
+            "a file (e.g. head -c 32 /dev/urandom > FILE)")
+    huge = tmp_path / "huge"
+    huge.write_bytes(b"x" * ((1 << 20) + 1))
+    assert _error_in_process([str(good_csv), "--household-secret", str(huge), "--out", out]
+                             ).startswith(f"--household-secret {huge}: more than 1,048,576")
+    assert _error_in_process([str(good_csv), "--task-file", str(fifo), "--out", out]) == \
+        f"--task-file {fifo} is a named pipe (FIFO), not a TOML file"
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b'\xef\xbb\xbfname = "bom"\r\nlabel = "ESR == 1"\r\n[features]\r\n'
+                    b'AGEP = "numeric"\r\n')
+    report = _prepare([str(good_csv), "--task-file", str(bom), "--out", out])
+    assert report is not None and os.path.exists(out)
+
+
+def test_a_test_fraction_that_leaves_the_test_split_empty_is_refused(tmp_path, good_csv):
+    """As an empty validation split is: --test-fraction 0.0001 wrote "test 0"
+    silently, and the file had nothing to score."""
+    out = tmp_path / "o.h5"
+    message = _error_in_process([str(good_csv), "--test-fraction", "0.0001", "--out", str(out)])
+    assert message.startswith("--test-fraction 0.0001 put none of the ") and \
+        "households in the test split: too few households" in message, message
+    assert not out.exists()
