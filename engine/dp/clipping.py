@@ -28,7 +28,8 @@ one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
   ``relu_backward`` kernel per ReLU), because torch's ReLU backward and the
   graph cost more than the GEMMs at that batch size.
 * :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
-  grad): for models whose parameters are not all in leaf layers used once.
+  grad): for models whose parameters are not all in leaf layers used once,
+  or held by two layers (tied weights, which ``LayerClipper`` refuses).
 
 Layers that break per-example privacy (:func:`engine.dp.rules.refusal`) are
 refused by both.

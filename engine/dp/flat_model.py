@@ -5,7 +5,8 @@ into it), which the optimizer, the checkpoint and the all-reduce see;
 :class:`FlatGradient` adds the flat buffer the clipped gradient sum is
 written into, and refuses a layer that breaks per-example privacy;
 :func:`leaf_layers` lists the layers that hold parameters (a module with
-parameters of its own and in its children is :func:`mixed_module`);
+parameters of its own and in its children is :func:`mixed_module`, one
+parameter held by two layers :func:`shared_parameter`);
 :func:`plain_chain` recognises an ``nn.Sequential`` whose layers can be
 called one by one, :func:`by_hand` one of Linear and ReLU layers only, whose
 backward needs no autograd, and :func:`layer_hooks` / :func:`hooks_anywhere`
@@ -66,6 +67,25 @@ def mixed_module(model: nn.Module) -> str | None:
     return None
 
 
+def shared_parameter(model: nn.Module) -> str | None:
+    """Why the per-layer rules cannot split ``model``'s parameters among its
+    layers when two distinct modules hold the same ``nn.Parameter`` (tied
+    weights: ``b.weight = a.weight``), or None. The rules write each layer's
+    gradient into its own parameters' slots; a tied parameter's gradient is
+    the sum over every layer using it, so each example's norm needs the
+    whole model (``torch.func``). A module reused whole (``self.b2 =
+    self.b``) is one module here: it runs twice, which the probe finds."""
+    holder: dict[int, str] = {}
+    for prefix, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            name = f"{prefix}.{pname}" if prefix else pname
+            first = holder.setdefault(id(p), name)
+            if first != name:
+                return (f"parameter {name!r} is parameter {first!r} (one parameter in two "
+                        "layers: tied weights), which the per-layer rules cannot split")
+    return None
+
+
 def plain_chain(model: nn.Module) -> tuple[nn.Module, ...] | None:
     """The children of ``model`` when it is an ``nn.Sequential`` itself (not a
     subclass, whose forward may differ) whose children have no children of
@@ -116,9 +136,10 @@ def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
     Raises:
         ValueError: a module holds parameters of its own and in its children
-            (:func:`mixed_module`: use :class:`engine.dp.clipping.FuncClipper`).
+            (:func:`mixed_module`), or two modules hold one parameter
+            (:func:`shared_parameter`): use :class:`engine.dp.clipping.FuncClipper`.
     """
-    reason = mixed_module(model)
+    reason = mixed_module(model) or shared_parameter(model)
     if reason is not None:
         raise ValueError(f"{reason}; use FuncClipper")
     return [(name, module) for name, module in model.named_modules()

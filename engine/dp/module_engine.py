@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from engine.dp.clipping import FuncClipper, LayerClipper
-from engine.dp.flat_model import layer_label, leaf_layers, mixed_module
+from engine.dp.flat_model import layer_label, leaf_layers, mixed_module, shared_parameter
 from engine.dp.rules import SlowPathWarning, refusal
 from engine.errors import ConfigError
 from engine.nn.batch_gather import BatchGather
@@ -129,12 +129,13 @@ def parameter_digest(params: torch.Tensor) -> str:
 
 def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
     """Why the per-layer rules cannot serve ``model`` (None when they can):
-    parameters outside leaf layers, or a layer that does not run exactly once
-    per forward pass, whose inputs are not batch first or whose output is not
-    one tensor (an LSTM's tuple). Tried on the probe
-    rows, and on one row fewer (so a length that equals the batch by chance
-    is not taken for it)."""
-    reason = mixed_module(model)
+    parameters outside leaf layers, one parameter in two layers (tied
+    weights: :func:`~engine.dp.flat_model.shared_parameter`), or a layer that
+    does not run exactly once per forward pass, whose inputs are not batch
+    first or whose output is not one tensor (an LSTM's tuple). Tried on the
+    probe rows, and on one row fewer (so a length that equals the batch by
+    chance is not taken for it)."""
+    reason = mixed_module(model) or shared_parameter(model)
     if reason is not None:
         return reason
     partly = getattr(model, "_mpidp_partly_frozen", None)
@@ -193,6 +194,108 @@ def _refuse_changed_state(model: nn.Module, before: dict[str, bytes]) -> None:
                 "before training, or (a buffer) make it a parameter, which DP-SGD trains")
 
 
+def _rng_state(devices: list[torch.device]) -> list[torch.Tensor]:
+    """torch's generator states: the CPU's, then each CUDA device's of ``devices``."""
+    return [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+
+
+def _set_rng_state(devices: list[torch.device], state: list[torch.Tensor]) -> None:
+    """Set torch's generators to ``state`` (from :func:`_rng_state` on ``devices``)."""
+    torch.set_rng_state(state[0])
+    for d, s in zip(devices, state[1:]):
+        torch.cuda.set_rng_state(s, d)
+
+
+def _mismatch(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float] | None:
+    """``(largest difference, tolerance)`` where the logits ``a`` and ``b`` of
+    the same rows differ by more than float rounding (``(inf, 0)`` where
+    their shapes differ), else None. The tolerance is ``sqrt(eps)`` of ``a``'s
+    dtype times the largest finite magnitude of either (3.5e-4 of it in
+    float32): the same arithmetic rounded in another order (a GEMM blocked
+    for another row count) passes, a row that another row moves does not.
+    NaN matches NaN, an infinity the same infinity."""
+    if a.shape != b.shape:
+        return float("inf"), 0.0
+    eps = torch.finfo(a.dtype).eps if a.is_floating_point() else 0.0
+    a, b = a.detach().double(), b.detach().double()
+    if a.numel() == 0:
+        return None
+    scale = max(float(torch.nan_to_num(t, 0.0, 0.0, 0.0).abs().max()) for t in (a, b))
+    tol = eps ** 0.5 * scale
+    apart = torch.where((a == b) | (a.isnan() & b.isnan()), 0.0,
+                        torch.nan_to_num((a - b).abs(), nan=float("inf")))
+    largest = float(apart.max())
+    return None if largest <= tol else (largest, tol)
+
+
+def _refuse_mixing(model: nn.Module, x: torch.Tensor) -> None:
+    """Refuse (ConfigError) a model whose logits for one row depend on the
+    other rows of the batch or on its size (``x - x.mean(0)`` in forward, a
+    batch statistic in a layer of the user's, a scale by ``len(x)``).
+
+    Per-example clipping bounds each example's gradient only where that
+    example's loss depends on that example alone; otherwise one outlying row
+    moves every other row's gradient, and the clipped sum by far more than
+    the bound C the noise is calibrated to. Tried on the probe rows ``x``
+    in the modes the step runs the model in (as given: training, unless the
+    whole model is in eval mode) and in eval mode (evaluation):
+    the shared rows' logits must match, within float rounding
+    (:func:`_mismatch`), when the last row is replaced by another probe row
+    and when it is left out. torch's generators are reset to one state
+    before each call, so a random layer (Dropout) draws alike for the same
+    batch shape; a model that draws differently on two calls of the same
+    rows gets the second test (another shape, other draws) in eval mode
+    only. Generators are left as they were; ``x`` is not changed.
+    """
+    n = x.shape[0]
+    if n < 2:
+        return
+    devices = [x.device] if x.device.type == "cuda" else []
+    distance = (x - x[-1:]).reshape(n, -1).abs().sum(1)
+    changed = x.clone()
+    changed[-1] = x[int(distance.argmax())]  # the probe row farthest from the last
+    tests = [("another row of the batch changes", changed)] if float(distance.max()) > 0 \
+        else []
+    modes = {m: m.training for m in model.modules()}  # as the step runs it, restored
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            state = _rng_state(devices)
+
+            def logits(rows: torch.Tensor, reset: bool = True) -> torch.Tensor:
+                if reset:
+                    _set_rng_state(devices, state)
+                try:
+                    out = model(rows.clone())
+                except Exception as exc:  # the user's code: any failure is a bad model
+                    raise ConfigError(f"the model's forward pass fails on {rows.shape[0]} "
+                                      f"rows: {type(exc).__name__}: {exc}") from exc
+                if not torch.is_tensor(out) or out.shape[:1] != rows.shape[:1]:
+                    got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
+                    raise ConfigError(f"the model returns {got} for {rows.shape[0]} rows; it "
+                                      "must return logits of shape [rows, classes]")
+                return out
+
+            for mode in ["training", "eval"] if any(modes.values()) else ["eval"]:
+                if mode == "eval":
+                    model.eval()
+                full = logits(x)
+                drawing = _mismatch(full, logits(x, reset=False)) is not None
+                more = [] if drawing else [("the batch has one row fewer", x[:-1])]
+                for what, rows in tests + more:
+                    found = _mismatch(full[:n - 1], logits(rows)[:n - 1])
+                    if found is not None:
+                        raise ConfigError(
+                            f"the model mixes the examples of a batch: in {mode} mode one "
+                            f"row's logits change when {what} (by {found[0]:.3g}; float "
+                            f"rounding stays within {found[1]:.3g}), so per-example gradients "
+                            "do not exist and clipping bounds nothing; compute each row's "
+                            "output from that row alone (no statistics over the batch, such "
+                            "as x.mean(0), in forward; GroupNorm or LayerNorm, not BatchNorm)")
+    finally:
+        for m, training in modes.items():
+            m.training = training
+
+
 def _refuse_random_draws(model: nn.Module, clipper: FuncClipper, x: torch.Tensor,
                          y: torch.Tensor, why: str) -> None:
     """Refuse (ConfigError) a model that the whole-model ``torch.func`` path
@@ -245,9 +348,11 @@ class ModuleEngine:
         capacity: rows to preallocate (grown when a batch is larger).
 
     Raises:
-        ConfigError: the model's output is not ``[k, n_classes]``, or its
-            forward pass fails on the probe rows (the message says which), or
-            it draws random numbers where only ``torch.func`` can clip it.
+        ConfigError: the model's output is not ``[k, n_classes]`` float32 or
+            float64 logits, its forward pass fails on the probe rows (the
+            message says which), one row's logits depend on the other rows
+            or on the batch's size (:func:`_refuse_mixing`), or it draws
+            random numbers where only ``torch.func`` can clip it.
     """
 
     def __init__(self, model: nn.Module, grad: torch.Tensor, probe: tuple[torch.Tensor,
@@ -264,6 +369,7 @@ class ModuleEngine:
         state = _state(model)
         changes_input = self.check_output(model, x.clone(), n_classes)
         _refuse_changed_state(model, state)
+        _refuse_mixing(model, x)
         why = _whole_model_reason(model, x)
         warn_unreached(model, x, probe[1][:x.shape[0]].to(device))
         if why is not None:
@@ -284,8 +390,10 @@ class ModuleEngine:
 
     @staticmethod
     def check_output(model: nn.Module, x: torch.Tensor, n_classes: int) -> bool:
-        """Raise ConfigError unless ``model(x)`` runs and returns ``[k, n_classes]``;
-        whether it changed ``x`` in place."""
+        """Raise ConfigError unless ``model(x)`` runs and returns ``[k, n_classes]``
+        float32 or float64 logits (float16 or bfloat16 ones are refused, not
+        cast: their rounding would be the model's, and the clippers' kernels
+        take neither); whether it changed ``x`` in place."""
         version = x._version
         try:
             with torch.no_grad():
@@ -299,6 +407,10 @@ class ModuleEngine:
             raise ConfigError(f"the model returns {got} for {x.shape[0]} rows; it must "
                               f"return logits of shape [rows, {n_classes}] (the task has "
                               f"{n_classes} classes)")
+        if out.dtype not in (torch.float32, torch.float64):
+            raise ConfigError(f"the model returns logits of dtype {out.dtype}; they must be "
+                              "float32 or float64, the precision the loss and its per-example "
+                              "gradients are computed in: drop the cast, or return out.float()")
         return x._version != version
 
     @property

@@ -8,8 +8,9 @@ structure of any module from ``torch.fx``'s symbolic trace of its forward:
 where the trace is exactly ``input -> Linear -> relu -> Linear -> ... ->
 Linear -> output``, each node feeding only the next, it returns the Linear
 layers in the order the forward calls them; anything else (another
-operation or layer, a branch, a reused layer, a forward fx cannot trace)
-gives None, and the module trains through the per-layer rules as before.
+operation or layer, a branch, a reused layer or a parameter two layers
+share, a forward fx cannot trace) gives None, and the module trains
+through the generic path.
 
 The fused kernels never call ``forward`` again, so a forward must have
 nothing in it but the chain: a trace records only the path one call took
@@ -152,7 +153,11 @@ def linear_chain(module: nn.Module) -> list[nn.Linear] | None:
         return None
     if len({id(layer) for layer in linears}) != len(linears):
         return None  # a layer applied twice
-    held = {id(p) for layer in linears for p in layer.parameters()}
+    used = [id(p) for layer in linears for p in layer.parameters()]
+    held = set(used)
+    if len(held) != len(used):
+        return None  # a parameter in two layers (tied weights): the kernels' layout has
+        # one slot per layer's parameter, and the per-layer clipping would split its gradient
     if held != {id(p) for p in module.parameters()}:
         return None  # parameters the chain does not use (they would not train)
     return linears
