@@ -144,7 +144,12 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
     Raises:
         ConfigError, DataError, PrivacyError, CheckpointError, OutputError
             (``exit_code`` 2): bad settings, input or outputs, raised on every
-            rank alike before any work.
+            rank alike before any work. The keywords are checked on each rank
+            and agreed on: one refused on one rank only (an unknown option, a
+            wrong type, an impossible value) is raised on every rank, ending
+            ``(on rank r)``; options that differ between ranks are refused,
+            naming what each rank gave. A ConfigError also for a call after
+            ``MPI.Finalize()`` (on the calling rank: the job cannot be ended).
         DirectoryLocked (73): the checkpoint directory is in use by another run.
         WriteFailed (74): an output could not be written midway (the last
             checkpoint is intact).
@@ -162,12 +167,17 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
 def _check_comm(comm: Any) -> None:
     """Raise ConfigError unless ``comm`` is None or a usable mpi4py intracommunicator
     (an int or ``COMM_NULL`` failed deep inside, twice: in the run, then in the
-    error handling that needs the communicator to end the job)."""
-    if comm is None:
-        return
+    error handling that needs the communicator to end the job), and MPI is not
+    finalized (the MPI library killed the process then, with nothing to catch)."""
     from collectives import MPI
     from engine.errors import ConfigError
 
+    if MPI.Is_finalized():
+        raise ConfigError("engine.train(): MPI is finalized (the program called "
+                          "MPI.Finalize()); call engine.train before MPI.Finalize(), or leave "
+                          "finalizing to mpi4py, which does it at exit", collective=True)
+    if comm is None:
+        return
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         shown = "MPI.COMM_NULL" if comm == MPI.COMM_NULL else repr(comm)
         raise ConfigError(f"engine.train(comm={shown}): takes an mpi4py intracommunicator "
@@ -180,12 +190,37 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
     """:func:`train` itself (it ends the job when this raises on some ranks only)."""
     # deferred: torch and the trainer; `import engine` stays light
     from collectives import MPI
-    from engine.config import TrainConfig, api_options, check_group_size_given
     from engine.entry import wait_for_peers
-    from engine.errors import ConfigError
+    from engine.run.collective import every_rank_check
     from engine.trainer import Trainer
 
-    wait_for_peers(MPI.COMM_WORLD if comm is None else comm)
+    comm = MPI.COMM_WORLD if comm is None else comm
+    wait_for_peers(comm)
+    # Each rank checks its own keywords; a refusal on one rank is raised on all.
+    cfg, given, model_object = every_rank_check(comm, lambda: _settings(data, model, options))
+    _check_same_given(cfg, given, comm)
+    trainer = Trainer(cfg, comm, out=io.StringIO() if quiet else None, given=given,
+                      model=model_object)
+    code = trainer.run()
+    cfg = trainer.cfg  # for a resume: the recorded settings with the given ones
+    last = trainer.history[-1] if trainer.history and code == 0 else {}
+    return Run(model=trainer.model.module(trainer.params),
+               epsilon=trainer.epsilon_spent(),
+               delta=cfg.delta if cfg.dp else None, history=list(trainer.history),
+               exit_code=code, config=cfg, selected_epoch=last.get("selected_epoch"))
+
+
+def _settings(data: str, model: Any, options: dict) -> tuple[Any, set[str], Any]:
+    """This rank's settings from :func:`train`'s arguments, checked on this rank
+    alone (the caller makes the ranks agree): ``(TrainConfig, the names of the
+    options given, the model object or None)``.
+
+    Raises:
+        ConfigError: an unknown option, one of the wrong type, or (for a new
+            run) settings that :meth:`TrainConfig.validate` refuses.
+    """
+    from engine.config import TrainConfig, api_options, check_group_size_given
+    from engine.errors import ConfigError
 
     known = set(TrainConfig.__dataclass_fields__) - {"data"}
     unknown = sorted(set(options) - known)
@@ -208,12 +243,46 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
     cfg = TrainConfig(data=str(data), **options)
     if not cfg.resume:  # a resume validates the recorded settings with the given ones
         cfg.validate()
-    trainer = Trainer(cfg, comm, out=io.StringIO() if quiet else None, given=given,
-                      model=model_object)
-    code = trainer.run()
-    cfg = trainer.cfg  # for a resume: the recorded settings with the given ones
-    last = trainer.history[-1] if trainer.history and code == 0 else {}
-    return Run(model=trainer.model.module(trainer.params),
-               epsilon=trainer.epsilon_spent(),
-               delta=cfg.delta if cfg.dp else None, history=list(trainer.history),
-               exit_code=code, config=cfg, selected_epoch=last.get("selected_epoch"))
+    return cfg, given, model_object
+
+
+def _check_same_given(cfg: Any, given: set[str], comm: Any) -> None:
+    """Collective: every rank was given the same options, but those a rank may
+    hold for itself (:data:`engine.run.alike.OWN`). For a new run an option
+    not given counts as its default; for a resume it stands for the
+    checkpoint's value, so an option given on some ranks only differs (where
+    the checkpoint keeps it). The message says what each rank gave.
+
+    Raises:
+        ConfigError: (collective) naming the first option that differs (``resume``
+            first), the first rank that differs from rank 0, and what each gave.
+    """
+    from engine.config import PER_INVOCATION
+    from engine.errors import ConfigError
+    from engine.run.alike import OWN
+
+    mine = {name: (name in given, value) for name, value in cfg.to_dict().items()
+            if name not in OWN}
+    every = comm.allgather(mine)
+    resume = every[0]["resume"][1]
+    names = ["resume", *(name for name in every[0] if name != "resume")]
+    for rank, theirs in enumerate(every[1:], start=1):
+        for name in names:
+            (given_0, value_0), (given_r, value_r) = every[0][name], theirs[name]
+            from_checkpoint = resume and name not in PER_INVOCATION
+            if value_0 == value_r and (given_0 == given_r or not from_checkpoint):
+                continue
+            raise ConfigError(
+                f"engine.train(): rank {rank} {_gave(name, given_r, value_r, from_checkpoint)} "
+                f"but rank 0 {_gave(name, given_0, value_0, from_checkpoint)}: every rank must "
+                "call it with the same settings (the ranks train one model in lock-step)",
+                collective=True)
+
+
+def _gave(name: str, given: bool, value: Any, from_checkpoint: bool) -> str:
+    """What a rank gave for option ``name`` (:func:`_check_same_given`'s words)."""
+    if given:
+        return f"was given {name}={value!r}"
+    if from_checkpoint:
+        return f"did not give {name} (a resume takes it from the checkpoint)"
+    return f"did not give {name} (its default, {value!r})"

@@ -225,3 +225,48 @@ def test_fuzzed_call_sequences(seed):
         pass  # MPICH itself ends the job (MPI_Allreduce of different byte counts)
     else:
         assert result.returncode == 2 and "Mismatch" in out, f"{plan}\n{out[-2000:]}"
+
+
+#: A program calling native max/min on floats for more lengths than MPI has
+#: user-defined operations (mpi4py: 32).
+MANY_LENGTHS = """
+import numpy as np
+import collectives
+from collectives import MPI
+comm = MPI.COMM_WORLD
+for n in range(1, 46):
+    for dtype in (np.float32, np.float64):
+        for op, want in (("max", comm.Get_size() - 1), ("min", 0)):
+            x = np.full(n, comm.Get_rank(), dtype=dtype)
+            collectives.allreduce(x, comm, algorithm="native", op=op)
+            if not (x == want).all():
+                print("WRONG", n, dtype.__name__, op, flush=True)
+print("DONE rank", comm.Get_rank(), flush=True)
+"""
+
+
+def test_native_max_min_on_floats_for_many_lengths():
+    """Each length is a plan; each plan once made its own MPI operation, and the
+    33rd ended the job ("cannot create too many user-defined reduction
+    operations"): one operation per (op, dtype) now."""
+    result, _ = run(2, "-c", MANY_LENGTHS)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-2000:]
+    assert count(out, "DONE rank") == 2 and "WRONG" not in out, out[-2000:]
+
+
+def test_an_allreduce_after_mpi_finalize_is_an_error_to_catch():
+    """MPICH ended the process with its own words ("Attempting to use an MPI
+    routine ... after finalizing MPICH"): nothing a program could catch."""
+    program = ("import numpy as np, collectives\n"
+               "from collectives import MPI\n"
+               "MPI.Finalize()\n"
+               "try:\n"
+               "    collectives.allreduce(np.ones(4, np.float32), MPI.COMM_WORLD)\n"
+               "except collectives.AllreduceError as error:\n"
+               "    print('CAUGHT', error)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ("CAUGHT allreduce after MPI_Finalize: MPI has been shut "
+                                   "down in this process; reduce before finalizing")

@@ -199,3 +199,27 @@ def test_placement_follows_the_shared_channel_and_the_cores(size, oversubscribed
 
     assert placement_of(size, oversubscribed, pair, group) == placement
     assert placement in auto.PLACEMENTS
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_native_max_min_share_one_mpi_op_per_op_and_dtype(dtype):
+    """``native`` max/min on floats run a user-defined MPI operation, of which
+    MPI allows few (mpi4py: 32 live): one per plan, i.e. per length, ended a
+    program's 33rd length with MPI_Abort. One per (op, dtype) now, applying
+    the special-value rule, freed at MPI_Finalize (free_mpi_ops)."""
+    from collectives import MPI
+    from collectives.core.combine import free_mpi_ops, mpi_op
+
+    ops = {name: mpi_op(name, np.dtype(dtype), MPI) for name in ("max", "min")}
+    for n in range(1, 41):  # as 40 plans of distinct lengths ask for it
+        for name, want in (("max", np.maximum), ("min", np.minimum)):
+            op = mpi_op(name, np.dtype(dtype), MPI)
+            assert op is ops[name]
+            a = np.arange(n, dtype=dtype)
+            b = np.arange(n, dtype=dtype)[::-1].copy()
+            expected = want(a, b)
+            op.Reduce_local(a, b)
+            assert np.array_equal(b, expected)
+    free_mpi_ops()
+    assert mpi_op("max", np.dtype(dtype), MPI) is not ops["max"]  # made anew after a free
+    free_mpi_ops()

@@ -43,9 +43,8 @@ def plan_native(ctx: PlanContext) -> Callable[[Any], Callable[[], None]]:
         # for the peers, so it would break the order check's premise.
         return lambda view: (lambda: None)
     allreduce, in_place = ctx.comm.Allreduce, MPI.IN_PLACE
+    # a float max/min: the one shared operation of (op, dtype), freed at MPI_Finalize
     operation = mpi_op(ctx.op, ctx.dtype, MPI) if _user_op(ctx) else ctx.mpi_op
-    if _user_op(ctx):
-        ctx.on_release.append(operation.Free)
     canonical = ctx.space.canonicalizer(ctx.dtype) if ctx.op == "sum" else None
     enter, verify = ctx.enter_blind, ctx.verify_blind
     if ctx.releases is not None:

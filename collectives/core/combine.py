@@ -23,6 +23,7 @@ goes through numpy and a second pass. Combines never emit numpy's
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -127,14 +128,47 @@ def warm_up(dtype: np.dtype, op: str) -> None:
         canonicalize(x)
 
 
-def mpi_op(op: str, dtype: np.dtype, mpi: Any) -> Any:
-    """A user-defined MPI operation applying :func:`host_combiner` (commutative),
-    for ``native`` max/min on floats; the caller frees it (``Op.Free``)."""
-    combine = host_combiner(op, dtype)
+#: The user-defined MPI operations made so far, one per (op, dtype): the
+#: operation depends on nothing else, and MPI libraries allow few of them
+#: (mpi4py: 32 live ones), so one per plan (per length) ran out.
+_MPI_OPS: dict[tuple[str, str], Any] = {}
+_MPI_OPS_LOCK = threading.Lock()
 
-    def apply(inbuf, inoutbuf, datatype):  # MPI: inoutbuf = inbuf (op) inoutbuf
+
+def mpi_op(op: str, dtype: np.dtype, mpi: Any) -> Any:
+    """The user-defined MPI operation applying :func:`host_combiner`
+    (commutative), for ``native`` max/min on floats: made once per ``(op,
+    dtype)`` and shared by every plan and communicator; the caller must not
+    free it (:func:`free_mpi_ops` does, in ``MPI_Finalize``)."""
+    dtype = np.dtype(dtype)
+    key = (op, dtype.str)
+    with _MPI_OPS_LOCK:
+        made = _MPI_OPS.get(key)
+        if made is None:
+            made = _MPI_OPS[key] = mpi.Op.Create(_applier(host_combiner(op, dtype), dtype),
+                                                 commute=True)
+    return made
+
+
+def _applier(combine: Combine, dtype: np.dtype) -> Callable[[Any, Any, Any], None]:
+    """MPI's callback for :func:`mpi_op`: ``inoutbuf = inbuf (op) inoutbuf``."""
+
+    def apply(inbuf, inoutbuf, datatype):
         a = np.frombuffer(inbuf, dtype=dtype)
         b = np.frombuffer(inoutbuf, dtype=dtype)
         combine(a, b, b)
 
-    return mpi.Op.Create(apply, commute=True)
+    return apply
+
+
+def free_mpi_ops() -> None:
+    """Free the operations of :func:`mpi_op` (local; at ``MPI_Finalize``, after
+    every plan that used one is dropped). A later :func:`mpi_op` makes a new one."""
+    with _MPI_OPS_LOCK:
+        made = list(_MPI_OPS.values())
+        _MPI_OPS.clear()
+    for operation in made:
+        try:
+            operation.Free()
+        except Exception:  # noqa: BLE001 - MPI may be past freeing it (finalized)
+            pass

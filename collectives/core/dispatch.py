@@ -325,6 +325,7 @@ def _check(buf: Any, comm: Any, algorithm: str, op: Any) -> _Checked:
         raise UnsupportedBuffer(
             f"allreduce cannot reduce a {type(buf).__name__}; pass a numpy array, a torch "
             "tensor or a device array (__cuda_array_interface__)")
+    plans.check_mpi_live()  # before any MPI call: the thread check is one
     _check_thread()
     state = plans.comm_state(MPI.COMM_WORLD if comm is None else comm)
     state.check_usable()

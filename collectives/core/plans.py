@@ -25,7 +25,7 @@ from collectives.auto import tuning
 from collectives.auto.tuning import TunedPlan
 from collectives.channels import KINDS, futex
 from collectives.core import consistency, ended
-from collectives.core.combine import warm_up
+from collectives.core.combine import free_mpi_ops, warm_up
 from collectives.core.consistency import make_enter
 from collectives.core.context import OPS, PlanContext
 from collectives.core.peers import Peers
@@ -321,12 +321,23 @@ def _at_finalize(comm, keyval, value) -> None:
         except Exception:  # noqa: BLE001 - never fail inside MPI's attribute callback
             pass
     _STATES.clear()
+    free_mpi_ops()  # after the plans that used them
 
 
 _KEYVAL: int | None = None
 #: States still attached to a communicator, in creation order (the same on
 #: every rank of each communicator: creation is collective).
 _STATES: list[CommState] = []
+
+
+def check_mpi_live() -> None:
+    """Raise AllreduceError after ``MPI_Finalize``: any MPI call then ends the
+    process with MPICH's own words, which a program cannot catch."""
+    if MPI.Is_finalized():
+        error = AllreduceError("allreduce after MPI_Finalize: MPI has been shut down in this "
+                               "process; reduce before finalizing")
+        error.collective = True  # nothing to abort: no MPI call may follow
+        raise error
 
 
 def comm_state(comm: "MPI.Intracomm") -> CommState:
@@ -336,6 +347,7 @@ def comm_state(comm: "MPI.Intracomm") -> CommState:
         AllreduceError: ``comm`` is not a usable intracommunicator.
     """
     global _KEYVAL
+    check_mpi_live()
     if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
         raise AllreduceError("allreduce got MPI.COMM_NULL: the communicator was freed (or is "
                              "the result of a Split that left this rank out); pass a live "

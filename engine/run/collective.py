@@ -1,4 +1,5 @@
-"""The run's collective helpers: rank 0 checks or computes, every rank learns the outcome."""
+"""The run's collective helpers: rank 0 (or each rank) checks or computes, every
+rank learns the outcome."""
 from __future__ import annotations
 
 import secrets
@@ -17,6 +18,24 @@ def rank0_check(comm, check: Callable[[], None]) -> None:
         except MpidpError as exc:
             error = exc
     agree(comm, error)
+
+
+def every_rank_check(comm, check: Callable[[], Any]) -> Any:
+    """Collective: run ``check()`` on every rank and return its value; an
+    MpidpError raised on any rank is raised on every rank (the first failing
+    rank's, by rank, naming that rank: :func:`engine.errors.agree`).
+
+    For a check of what this rank alone was given (``engine.train``'s keywords
+    are each rank's own): raised on that rank only, the error would leave the
+    others waiting for it in their next collective.
+    """
+    error, value = None, None
+    try:
+        value = check()
+    except MpidpError as exc:
+        error = exc
+    agree(comm, error)
+    return value
 
 
 def rank0_value(comm, compute: Callable[[], Any]) -> Any:

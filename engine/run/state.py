@@ -2,6 +2,7 @@
 fresh or restored from a checkpoint, the same way on every rank."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
@@ -50,22 +51,45 @@ def make_sampler(cfg: TrainConfig, train, q: float, seed: int, rank: int, size: 
     return ShuffleSampler(train.n_local, local_batch, steps_per_epoch, seed, rank)
 
 
-def check_ranks_agree(params: torch.Tensor, comm, frozen: str = "") -> None:
+def check_ranks_agree(params: torch.Tensor, comm, frozen: str = "",
+                      module: torch.nn.Module | None = None) -> None:
     """Collective: every rank must start from the same parameters (a user's
     factory that draws without the run's seed would train a different model
     per rank, and the all-reduced sum would fit none of them), and hold the
-    same frozen ones (``frozen``: their digest, :attr:`TorchModel.frozen_sha256`).
+    same frozen ones (``frozen``: their digest, :attr:`TorchModel.frozen_sha256`)
+    and the same buffers (``module``'s: a constant the forward pass reads, set
+    by rank, trains a different function on each rank).
 
     Raises:
-        ConfigError: (collective) naming the first rank that differs.
+        ConfigError: (collective) naming the first rank that differs (and the
+            first buffer, where a buffer differs).
     """
-    digests = comm.allgather((parameter_digest(params), frozen))
+    buffers = buffer_digests(module) if module is not None else {}
+    digests = comm.allgather((parameter_digest(params), frozen, buffers))
     odd = [r for r, d in enumerate(digests) if d != digests[0]]
-    if odd:
-        raise ConfigError(f"the model's initial parameters differ between ranks (rank "
-                          f"{odd[0]} differs from rank 0): build it the same way on every "
-                          "rank (a factory is called after seeding torch with the run's "
-                          "seed; draw with torch's default generator)", collective=True)
+    if not odd:
+        return
+    first, theirs = odd[0], digests[odd[0]][2]
+    names = [n for n in {**digests[0][2], **theirs} if theirs.get(n) != digests[0][2].get(n)]
+    if digests[first][:2] == digests[0][:2]:  # the parameters agree: a buffer differs
+        what = f"buffers differ between ranks (rank {first}'s {names[0]!r} differs from rank 0's)"
+    else:
+        what = f"parameters differ between ranks (rank {first} differs from rank 0)"
+    raise ConfigError(f"the model's initial {what}: build it the same way on every rank (a "
+                      "factory is called after seeding torch with the run's seed; draw with "
+                      "torch's default generator)", collective=True)
+
+
+def buffer_digests(module: torch.nn.Module) -> dict[str, str]:
+    """SHA-256 of each of ``module``'s buffers (name -> digest of its dtype,
+    shape and bytes), frozen parameters included (they are buffers by now)."""
+    digests = {}
+    for name, tensor in module.named_buffers():
+        data = tensor.detach().cpu().contiguous().reshape(-1)
+        digest = hashlib.sha256(repr((str(data.dtype), tuple(tensor.shape))).encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+        digests[name] = digest.hexdigest()
+    return digests
 
 
 def _build_engine(model, grad, seed: int, probe, n_classes: int, capacity: int,
@@ -92,7 +116,7 @@ def build_state(cfg: TrainConfig, *, model, train, n_classes: int, placement, se
     Raises (on every rank):
         ConfigError: the model is refused on any rank (its forward pass fails on
             that rank's first rows, it changes its state, ...); the ranks'
-            initial parameters differ; ``--cuda-graph on``
+            initial parameters or buffers differ; ``--cuda-graph on``
             where the graph cannot run.
         CheckpointError: the checkpoint's generator states do not fit.
     """
@@ -108,7 +132,8 @@ def build_state(cfg: TrainConfig, *, model, train, n_classes: int, placement, se
     if payload is not None:
         with torch.no_grad():
             params.copy_(payload["params"].to(device))
-    check_ranks_agree(params, comm, getattr(model, "frozen_sha256", ""))
+    check_ranks_agree(params, comm, getattr(model, "frozen_sha256", ""),
+                      getattr(model, "module_obj", None))
     settings = StepSettings(
         batch_size=cfg.batch_size, max_norm=cfg.max_grad_norm if cfg.dp else None,
         noise_std=sigma * cfg.max_grad_norm if cfg.dp else None, seed=seed,
