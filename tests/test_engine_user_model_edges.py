@@ -1,7 +1,9 @@
 """User models at the edges of what per-example clipping can serve: a forward
 that mixes the examples of a batch (refused), one parameter in two layers
 (tied weights: the whole-model torch.func path, never the fused MLP or the
-per-layer rules), and logits in half precision (refused). Every model that
+per-layer rules), a parameter used outside its own layer's call (a
+functional call on its weight, a direct read, another module's forward:
+torch.func too), and logits in half precision (refused). Every model that
 trains is checked against the naive per-example loop (serial: no ranks)."""
 import warnings
 
@@ -10,7 +12,7 @@ import torch
 from torch import nn
 
 from engine.dp.clipping import LayerClipper
-from engine.dp.module_engine import ModuleEngine, _refuse_mixing
+from engine.dp.module_engine import ModuleEngine, _missed_use, _refuse_mixing
 from engine.dp.naive import naive_clipped_sum
 from engine.dp.rules import SlowPathWarning
 from engine.errors import ConfigError
@@ -228,6 +230,179 @@ def test_the_per_layer_clipper_refuses_tied_weights_by_name():
     with pytest.raises(ValueError, match=r"parameter 'c.weight' is parameter 'b.weight'.*"
                                          r"use FuncClipper"):
         LayerClipper(TiedWeight())
+
+
+# -- a parameter used outside its own layer's call -------------------------------------
+
+class FunctionalReuse(nn.Module):
+    """``l.weight`` in ``l``'s call and again in a functional call in forward."""
+
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.l, self.o = nn.Linear(F_IN, CLASSES), nn.Linear(CLASSES, CLASSES)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.o(self.drop(torch.tanh(self.l(x)) + nn.functional.linear(x, self.l.weight)))
+
+
+class DirectRead(nn.Module):
+    """A layer's bias read directly in forward, beside the layer's own call."""
+
+    def __init__(self):
+        super().__init__()
+        self.l, self.o = nn.Linear(F_IN, 8), nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        return self.o(torch.tanh(self.l(x)) * self.l.bias)
+
+
+class Transposed(nn.Module):
+    """No parameter of its own: applies another layer's weight, transposed."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, h):
+        return nn.functional.linear(h, self.layer.weight.t())
+
+
+class TiedDecoder(nn.Module):
+    """``l``'s weight used by another module's forward (an autoencoder's tied decoder)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l, self.o = nn.Linear(F_IN, 8), nn.Linear(F_IN, CLASSES)
+        self.dec = Transposed(self.l)
+
+    def forward(self, x):
+        return self.o(torch.tanh(self.dec(torch.tanh(self.l(x)))))
+
+
+class OwnParameter(nn.Module):
+    """An ``nn.Parameter`` of the model itself, used in forward outside any layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.l, self.o = nn.Linear(F_IN, 8), nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        return self.o(torch.tanh(self.l(x)) * self.scale)
+
+
+_MISSED = {"functional": (FunctionalReuse, "miss a use of parameter 'l.weight'"),
+           "direct-read": (DirectRead, "miss a use of parameter 'l.bias'"),
+           "other-module": (TiedDecoder, "miss a use of parameter 'l.weight'"),
+           "own-parameter": (OwnParameter, "the model itself (OwnParameter) has parameters "
+                                           "of its own and in its children")}
+
+
+@pytest.mark.parametrize("name", list(_MISSED))
+@pytest.mark.parametrize("C", [None, 0.05, 1e6])
+def test_a_parameter_used_outside_its_layer_is_clipped_through_torch_func(name, C):
+    """The per-layer rules see a parameter only in its own layer's call: a
+    model that uses it elsewhere too is found on the probe rows (the rules'
+    per-example gradients against autograd's) and clipped through torch.func,
+    as the naive loop; the warning names the parameter."""
+    build, why = _MISSED[name]
+    torch.manual_seed(0)
+    model = build()
+    torch.manual_seed(0)
+    reference = build()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = _engine(model)
+    assert engine.rule == "torch.func"
+    slow = [str(w.message) for w in caught if w.category is SlowPathWarning]
+    assert len(slow) == 1 and why in slow[0], slow
+    assert "\n" not in slow[0]
+    _check_against_naive_loop(engine, reference, C)
+    # torch.func left the model's own parameters in place (views of the flat vector)
+    assert all(type(p) is nn.Parameter for p in model.parameters())
+    assert [p.data_ptr() for p in model.parameters()][0] == engine.params.data_ptr()
+    _check_against_naive_loop(engine, reference, C)  # and again: the same numbers
+
+
+@pytest.mark.parametrize("name", ["functional", "direct-read", "other-module"])
+def test_the_per_layer_rules_alone_get_such_a_model_wrong(name):
+    """Why it is checked: the rules' clipped sum of such a model is far from
+    the naive loop's, with no error (what the probe now catches)."""
+    torch.manual_seed(0)
+    model = _MISSED[name][0]()
+    torch.manual_seed(0)
+    reference = _MISSED[name][0]()
+    X, y = _rows(24, seed=1)
+    clipper = LayerClipper(model)
+    clipper.clipped_sum(X[:, :-1], y, 0.05)
+    want, _, _ = naive_clipped_sum(reference, X[:, :-1], y, 0.05)
+    assert float((clipper.grad - want).norm()) > 0.05 * float(want.norm())
+
+
+def test_a_missed_use_with_dropout_is_refused_naming_both():
+    """The torch.func path cannot draw per example: refused in one line that
+    says why the model takes that path."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SlowPathWarning)
+        with pytest.raises(ConfigError) as caught:
+            _engine(FunctionalReuse(dropout=0.2))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("layer 'drop' (Dropout) draws random numbers in training")
+    assert "the per-layer rules miss a use of parameter 'l.weight'" in message
+
+
+class InPlaceDropout(nn.Module):
+    """A Linear's output changed in place (the rules' first pass runs the
+    forward again, drawing other numbers), then Dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.l, self.o = nn.Linear(F_IN, 16), nn.Linear(16, CLASSES)
+        self.act, self.drop = nn.ReLU(inplace=True), nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.o(self.drop(self.act(self.l(x))))
+
+
+_PLAIN = {
+    "relu-chain": lambda: nn.Sequential(nn.Linear(F_IN, 8), nn.ReLU(), nn.Linear(8, CLASSES)),
+    "tanh-chain": lambda: nn.Sequential(nn.Linear(F_IN, 8), nn.Tanh(), nn.Linear(8, CLASSES)),
+    "dropout": lambda: nn.Sequential(nn.Linear(F_IN, 16), nn.Dropout(0.5), nn.Tanh(),
+                                     nn.Linear(16, CLASSES)),
+    "in-place-then-dropout": InPlaceDropout,
+    "noise": Noisy,
+    "centre-in-training-given-in-eval": lambda: Centre(training_only=True).eval(),
+    "layernorm": lambda: nn.Sequential(nn.Linear(F_IN, 8), nn.LayerNorm(8),
+                                                 nn.Tanh(), nn.Linear(8, CLASSES)),
+}
+
+
+@pytest.mark.parametrize("name", list(_PLAIN))
+def test_a_model_that_uses_each_parameter_in_its_layer_keeps_the_per_layer_rules(name):
+    """No false alarm: the rules and autograd agree within rounding (random
+    layers draw alike in both passes), so no warning and no slow path."""
+    torch.manual_seed(0)
+    model = _PLAIN[name]()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = _engine(model, n_probe=4)
+    assert engine.rule == "per-layer rules"
+    assert isinstance(engine.clipper, LayerClipper)
+    assert not [w for w in caught if w.category is SlowPathWarning]
+
+
+def test_the_probe_leaves_the_generators_and_the_gradient_buffer_as_they_were():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(F_IN, 16), nn.Dropout(0.5), nn.Linear(16, CLASSES))
+    X, y = _rows(4)
+    grad = torch.full((sum(p.numel() for p in model.parameters()),), 7.0)
+    rng = torch.get_rng_state()
+    clipper = LayerClipper(model, grad)
+    assert _missed_use(clipper, X[:, :-1], y) is None
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert bool((grad == 7.0).all())
 
 
 # -- logits in half precision -----------------------------------------------------------

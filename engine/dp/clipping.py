@@ -29,7 +29,11 @@ one: ``c_i = min(1, max_norm / |sum_{j in h(i)} grad_j|)``.
   graph cost more than the GEMMs at that batch size.
 * :class:`FuncClipper` — the whole model through ``torch.func`` (vmap over
   grad): for models whose parameters are not all in leaf layers used once,
-  or held by two layers (tied weights, which ``LayerClipper`` refuses).
+  or held by two layers (tied weights, which ``LayerClipper`` refuses), or
+  used outside their own layer's call, which ``LayerClipper``'s hooks never
+  see: its :meth:`~LayerClipper.rule_sums` then differ from
+  :meth:`~LayerClipper.autograd_sums` (what
+  :class:`engine.dp.module_engine.ModuleEngine` checks on its probe rows).
 
 Layers that break per-example privacy (:func:`engine.dp.rules.refusal`) are
 refused by both.
@@ -152,14 +156,7 @@ class LayerClipper(FlatGradient):
             self.grad.zero_()
             return 0.0, 0
         # every layer's parameters are written below: grad needs no zeroing
-        if self._by_hand and not hooks_anywhere(self.model) \
-                and not layer_hooks(self._chain):
-            total, inputs, out_grads = self._chain_pass(x, y)
-        else:
-            total, inputs, out_grads = self._autograd_pass(x, y)
-        terms = []
-        for (name, m), layer_inputs, b in zip(self.layers, inputs, out_grads):
-            terms.append(self._term(name, m, layer_inputs, b, x.shape[0]))
+        total, terms = self._terms(x, y)
         keeping = [getattr(t, "book_keeping", False) for t in terms]
         if groups is None and max_norm is not None and any(keeping):
             return total, self._clip_book_keeping(terms, keeping, max_norm)
@@ -173,6 +170,59 @@ class LayerClipper(FlatGradient):
         self._write_sums(terms, factors)
         clipped = 0 if max_norm is None else int((factors < 1).sum())
         return total, clipped
+
+    def _terms(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, list]:
+        """(summed loss, each layer's term) of the batch ``x``, ``y`` (k > 0)."""
+        if self._by_hand and not hooks_anywhere(self.model) \
+                and not layer_hooks(self._chain):
+            total, inputs, out_grads = self._chain_pass(x, y)
+        else:
+            total, inputs, out_grads = self._autograd_pass(x, y)
+        return total, [self._term(name, m, layer_inputs, b, x.shape[0])
+                       for (name, m), layer_inputs, b in zip(self.layers, inputs, out_grads)]
+
+    def rule_sums(self, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``[m, n]``: row j is ``sum_i weights[j, i] grad_i`` by the per-layer
+        rules (``weights`` ``[m, k]``; an identity row is one example's gradient),
+        flat in the layout of ``grad`` (``grad`` itself untouched). For checks
+        (:meth:`autograd_sums` must give the same): one pass and m sums."""
+        out = self.grad.new_zeros(weights.shape[0], self.grad.numel())
+        _, terms = self._terms(x, y)
+        for row, w in zip(out, weights.to(self.grad.dtype)):
+            views = self.flat.views(row)
+            for (name, _), term in zip(self.layers, terms):
+                # clipped_sum, not clipped_sum_into, which spends the term
+                for pname, value in term.clipped_sum(w).items():
+                    views[f"{name}.{pname}" if name else pname].copy_(value)
+        return out
+
+    def autograd_sums(self, x: torch.Tensor, y: torch.Tensor,
+                      weights: torch.Tensor) -> torch.Tensor:
+        """:meth:`rule_sums` by autograd over the whole model instead of the
+        rules: one forward pass of the model itself (no hook), the loss
+        gradient at the logits by the same kernel, and one
+        ``torch.autograd.grad`` to every parameter per row of ``weights``, so
+        every use of a parameter counts (a functional call on a layer's
+        weight, a parameter read in ``forward``), whichever layer's call
+        makes it. A parameter the loss does not reach gets zeros."""
+        params = list(self.model.parameters())  # named_parameters' order: flat.names
+        out = self.grad.new_zeros(weights.shape[0], self.grad.numel())
+        with torch.enable_grad():
+            logits = self.model(self._input(x))
+            dlogits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+            self._loss_gradient(logits.detach(), y, dlogits, None, None)
+            if not logits.requires_grad:
+                return out
+            ones = (1,) * (dlogits.dim() - 1)  # each row's weight over its logits
+            for j, w in enumerate(weights.to(dlogits.dtype)):
+                grads = torch.autograd.grad(logits, params,
+                                            grad_outputs=dlogits * w.reshape(-1, *ones),
+                                            retain_graph=j + 1 < weights.shape[0],
+                                            allow_unused=True)
+                for view, g in zip(self.flat.views(out[j]).values(), grads):
+                    if g is not None:
+                        view.copy_(g)
+        return out
 
     def masked_sum(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
                    max_norm: float | None, loss: torch.Tensor, count: torch.Tensor) -> None:
@@ -350,26 +400,48 @@ class LayerClipper(FlatGradient):
 
 
 class FuncClipper(FlatGradient):
-    """Whole-model per-example gradients with ``torch.func`` (the general fallback)."""
+    """Whole-model per-example gradients with ``torch.func`` (the general fallback).
+
+    The parameters are bound to the model by one name per (module, attribute)
+    that holds one (``_bindings``), each given the value of its parameter:
+    a parameter held by two modules (tied weights) gets both names, a module
+    reached by two paths (a layer that another module holds to use its
+    weight) one. ``functional_call`` sets and restores each name in turn;
+    its own tying (``tie_weights=True``) binds every path, and so restores a
+    module reached by two paths to the value bound in its place, leaving a
+    plain tensor in the model instead of its parameter."""
+
+    def __init__(self, model: nn.Module, grad: torch.Tensor | None = None):
+        super().__init__(model, grad)
+        name_of = {id(p): name for name, p in model.named_parameters()}
+        #: {path through the modules: the name of the parameter it holds}
+        self._bindings = {f"{prefix}.{pname}" if prefix else pname: name_of[id(p)]
+                          for prefix, module in model.named_modules()
+                          for pname, p in module.named_parameters(recurse=False)}
+
+    def _per_example(self, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        """``({parameter name: [k, ...] per-example gradients}, [k] losses)``."""
+        # deferred: only FuncClipper needs torch.func
+        from torch.func import functional_call, grad_and_value, vmap
+
+        params = {name: p.detach() for name, p in self.model.named_parameters()}
+        bindings = self._bindings
+
+        def loss_one(theta, x_i, y_i):
+            bound = {path: theta[name] for path, name in bindings.items()}
+            out = functional_call(self.model, bound, (x_i.unsqueeze(0),), tie_weights=False)
+            return F.cross_entropy(out, y_i.unsqueeze(0), reduction="sum")
+
+        return vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(params, self._input(x), y)
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor, max_norm: float | None,
                     groups: torch.Tensor | None = None) -> tuple[float, int]:
         """Same contract as :meth:`LayerClipper.clipped_sum`."""
-        # deferred: only FuncClipper needs torch.func
-        from torch.func import functional_call, grad_and_value, vmap
-
         self.grad.zero_()
         k = x.shape[0]
         if k == 0:
             return 0.0, 0
-        params = {name: p.detach() for name, p in self.model.named_parameters()}
-
-        def loss_one(theta, x_i, y_i):
-            out = functional_call(self.model, theta, (x_i.unsqueeze(0),))
-            return F.cross_entropy(out, y_i.unsqueeze(0), reduction="sum")
-
-        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(
-            params, self._input(x), y)
+        grads, losses = self._per_example(x, y)
         if groups is not None and max_norm is not None:
             factors = _row_factors(clip_factors(group_sq_norms_of(grads.values(), groups),
                                                 max_norm), groups)
@@ -387,17 +459,8 @@ class FuncClipper(FlatGradient):
         per-example gradients are computed and weighted by 0."""
         if max_norm is None:
             return self._masked_summed(x, y, mask, loss, count)
-        from torch.func import functional_call, grad_and_value, vmap  # as clipped_sum
-
-        params = {name: p.detach() for name, p in self.model.named_parameters()}
-
-        def loss_one(theta, x_i, y_i):
-            out = functional_call(self.model, theta, (x_i.unsqueeze(0),))
-            return F.cross_entropy(out, y_i.unsqueeze(0), reduction="sum")
-
         k = x.shape[0]
-        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(
-            params, self._input(x), y)
+        grads, losses = self._per_example(x, y)
         weight = mask.to(self.grad.dtype)
         factors = clip_factors(sum(g.reshape(k, -1).square().sum(1) for g in grads.values()),
                                max_norm)

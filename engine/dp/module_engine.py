@@ -9,7 +9,9 @@ flat parameter vector the optimizer updates in place. The MLPs that
 through :class:`ModuleEngine`, which wraps the per-layer clippers of
 :mod:`engine.dp.clipping`: the book-keeping rules of
 :mod:`engine.dp.rules` where every parameterised layer is a leaf
-used once per forward, ``torch.func`` over the whole model otherwise.
+used once per forward and its parameters are used in its own call only
+(the rules' gradients of the probe rows equal autograd's), ``torch.func``
+over the whole model otherwise.
 
 The model's parameters become views into one flat vector (``params``), so
 the optimizer, the checkpoint and the all-reduce see one buffer while the
@@ -206,21 +208,24 @@ def _set_rng_state(devices: list[torch.device], state: list[torch.Tensor]) -> No
         torch.cuda.set_rng_state(s, d)
 
 
-def _mismatch(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float] | None:
+def _mismatch(a: torch.Tensor, b: torch.Tensor,
+              at_least: float = 0.0) -> tuple[float, float] | None:
     """``(largest difference, tolerance)`` where the logits ``a`` and ``b`` of
     the same rows differ by more than float rounding (``(inf, 0)`` where
     their shapes differ), else None. The tolerance is ``sqrt(eps)`` of ``a``'s
-    dtype times the largest finite magnitude of either (3.5e-4 of it in
-    float32): the same arithmetic rounded in another order (a GEMM blocked
-    for another row count) passes, a row that another row moves does not.
-    NaN matches NaN, an infinity the same infinity."""
+    dtype times the largest finite magnitude of either, or ``at_least`` where
+    that is larger (3.5e-4 of it in float32): the same arithmetic rounded in
+    another order (a GEMM blocked for another row count) passes, a row that
+    another row moves does not. NaN matches NaN, an infinity the same
+    infinity."""
     if a.shape != b.shape:
         return float("inf"), 0.0
     eps = torch.finfo(a.dtype).eps if a.is_floating_point() else 0.0
     a, b = a.detach().double(), b.detach().double()
     if a.numel() == 0:
         return None
-    scale = max(float(torch.nan_to_num(t, 0.0, 0.0, 0.0).abs().max()) for t in (a, b))
+    scale = max([at_least] + [float(torch.nan_to_num(t, 0.0, 0.0, 0.0).abs().max())
+                              for t in (a, b)])
     tol = eps ** 0.5 * scale
     apart = torch.where((a == b) | (a.isnan() & b.isnan()), 0.0,
                         torch.nan_to_num((a - b).abs(), nan=float("inf")))
@@ -294,6 +299,78 @@ def _refuse_mixing(model: nn.Module, x: torch.Tensor) -> None:
     finally:
         for m, training in modes.items():
             m.training = training
+
+
+#: Probe rows whose gradients :func:`_missed_use` compares one by one (and
+#: their sum over all the probe rows): the run probes 4.
+_ROWS_COMPARED = 8
+
+
+def _first_difference(flat, ours: torch.Tensor, theirs: torch.Tensor,
+                      scale: list[float]) -> tuple[str, int, float, float] | None:
+    """``(parameter name, row, largest difference, tolerance)`` of the first
+    parameter whose slice of a row of the flat ``[m, n]`` gradients ``ours``
+    and ``theirs`` (``flat``'s layout) differs beyond :func:`_mismatch`'s
+    tolerance with the row's ``scale``, or None."""
+    for row, (a, b, at_least) in enumerate(zip(ours, theirs, scale)):
+        mine, other = flat.views(a), flat.views(b)
+        for name in flat.names:
+            found = _mismatch(mine[name], other[name], at_least=at_least)
+            if found is not None:
+                return (name, row, *found)
+    return None
+
+
+def _missed_use(clipper: LayerClipper, x: torch.Tensor, y: torch.Tensor) -> str | None:
+    """Why the per-layer rules cannot serve the model because they miss a
+    use of a parameter (None when they agree with autograd): a use that is
+    no call of the parameter's own layer (``F.linear(x, self.l.weight)`` in
+    forward beside ``self.l(x)``, a layer's parameter read directly, a weight
+    used by another module's forward), which the rules' hooks never see, so
+    each example's norm and the clipped sum would be wrong with no error.
+
+    Found on the probe rows ``x``, ``y``, unclipped: the rules'
+    gradient of each of the first :data:`_ROWS_COMPARED` rows and of the sum
+    over all rows against ``torch.autograd.grad`` over the whole model
+    (:meth:`~engine.dp.clipping.LayerClipper.rule_sums`,
+    :meth:`~engine.dp.clipping.LayerClipper.autograd_sums`), parameter by
+    parameter, within float rounding of that row's whole gradient
+    (:func:`_mismatch` with the row's largest magnitude; the sum's also
+    covers the rows', which may cancel in it).
+    torch's generators are set to one state before each pass, so Dropout
+    draws alike in both; the first pass of the rules over a model that
+    changes a layer's output in place runs the forward again (other draws),
+    so a mismatch is tried once more. Generators are left as they were."""
+    k = x.shape[0]
+    if k == 0:
+        return None
+    m = min(k, _ROWS_COMPARED)
+    weights = torch.cat([torch.eye(m, k), torch.ones(1, k)]).to(x.device)
+    devices = [x.device] if x.device.type == "cuda" else []
+    flat = clipper.flat
+    with torch.random.fork_rng(devices=devices):
+        state = _rng_state(devices)
+        for _ in range(2):
+            _set_rng_state(devices, state)
+            rules = clipper.rule_sums(x.clone(), y, weights)
+            _set_rng_state(devices, state)
+            auto = clipper.autograd_sums(x.clone(), y, weights)
+            # each row's scale: its whole gradient's largest magnitude (a parameter
+            # whose own gradient vanishes, a bias under a norm layer, has only
+            # rounding); the sum's: also its rows', which may cancel in it
+            scale = torch.maximum(*(torch.nan_to_num(t, 0.0, 0.0, 0.0).abs().amax(1)
+                                    for t in (rules, auto))).tolist()
+            scale[m] = max(scale)
+            found = _first_difference(flat, rules, auto, scale)
+            if found is None:
+                return None
+    name, row, largest, tol = found
+    where = f"on probe row {row}" if row < m else f"summed over the {k} probe rows"
+    return (f"the per-layer rules miss a use of parameter {name!r}: its gradient {where} "
+            f"differs from autograd's over the whole model by {largest:.3g} (float rounding "
+            f"stays within {tol:.3g}); the rules see a parameter only in its own layer's "
+            "call, not in a functional call on it (F.linear(x, self.l.weight)), a direct "
+            "read in forward or another module's forward")
 
 
 def _refuse_random_draws(model: nn.Module, clipper: FuncClipper, x: torch.Tensor,
@@ -371,14 +448,18 @@ class ModuleEngine:
         _refuse_changed_state(model, state)
         _refuse_mixing(model, x)
         why = _whole_model_reason(model, x)
-        warn_unreached(model, x, probe[1][:x.shape[0]].to(device))
+        y = probe[1][:x.shape[0]].to(device)
+        warn_unreached(model, x, y)
+        if why is None:
+            clipper = LayerClipper(model, grad)
+            clipper.copy_inputs = changes_input
+            why = _missed_use(clipper, x, y.long())
         if why is not None:
             warnings.warn(f"clipping the whole model through torch.func (exact, slower) "
                           f"instead of per layer: {why}", SlowPathWarning, stacklevel=2)
-        clipper = (LayerClipper if why is None else FuncClipper)(model, grad)
-        clipper.copy_inputs = changes_input
-        if why is not None:
-            _refuse_random_draws(model, clipper, x, probe[1][:x.shape[0]].to(device), why)
+            clipper = FuncClipper(model, grad)
+            clipper.copy_inputs = changes_input
+            _refuse_random_draws(model, clipper, x, y, why)
         self.model, self.clipper = model, clipper
         self.rule = "per-layer rules" if why is None else "torch.func"
         self.params, self.grad = clipper.params, grad
