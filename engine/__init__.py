@@ -73,7 +73,13 @@ class Run:
         model: the trained model: the MLP as a ``torch.nn.Sequential`` on the
             CPU, or the module you gave (trained in place), with the selected
             epoch's parameters (see ``selected_epoch``).
-        epsilon, delta: the privacy spent (None for a non-private run).
+        epsilon, delta: the (epsilon, delta) guarantee the run states, as
+            ``mpidp train``'s last line and ``best.pt`` do (None for a
+            non-private run): the epsilon its steps spent, except after a
+            ``target_accuracy`` stop, which read the data: the run's budget
+            (docs/privacy.md). ``spent_epsilon``: what the steps spent.
+        guarantee: False where the epsilon is no guarantee (``sampling=
+            "shuffle"``), True otherwise, None for a non-private run.
         history: one record per epoch (train loss, validation accuracy,
             epsilon, timings), as ``--metrics`` writes them; the last one also
             holds the test accuracy (scored once, at the end, with ``model``),
@@ -95,6 +101,8 @@ class Run:
     exit_code: int = 0
     config: Any = None
     selected_epoch: int | None = None
+    spent_epsilon: float | None = None
+    guarantee: bool | None = None
 
 
 def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False,
@@ -192,6 +200,7 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
     from collectives import MPI
     from engine.entry import wait_for_peers
     from engine.run.collective import every_rank_check
+    from engine.run import report
     from engine.trainer import Trainer
 
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -204,10 +213,11 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
     code = trainer.run()
     cfg = trainer.cfg  # for a resume: the recorded settings with the given ones
     last = trainer.history[-1] if trainer.history and code == 0 else {}
-    return Run(model=trainer.model.module(trainer.params),
-               epsilon=trainer.epsilon_spent(),
+    stated = report.stated_privacy(trainer, trainer.epsilon_spent())
+    return Run(model=trainer.model.module(trainer.params), epsilon=stated["epsilon"],
                delta=cfg.delta if cfg.dp else None, history=list(trainer.history),
-               exit_code=code, config=cfg, selected_epoch=last.get("selected_epoch"))
+               exit_code=code, config=cfg, selected_epoch=last.get("selected_epoch"),
+               spent_epsilon=stated["spent_epsilon"], guarantee=stated["guarantee"])
 
 
 def _settings(data: str, model: Any, options: dict) -> tuple[Any, set[str], Any]:

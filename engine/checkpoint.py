@@ -26,6 +26,8 @@ answers before it loads.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import io
 import math
@@ -135,6 +137,145 @@ def published_data(data: dict | None) -> dict | None:
             "layout_fingerprint": data.get("layout_fingerprint"), "label": data.get("label")}
 
 
+#: The stop rule that reads the data (the validation accuracy, or the test
+#: accuracy of a file without a validation split): a run it stopped states its
+#: budget, not what its steps spent (:func:`stated_privacy`).
+DATA_STOP = "target_accuracy"
+#: Why a shuffled run's epsilon is no guarantee.
+SHUFFLE_REASON = ("--sampling shuffle is outside the accountant's assumption (Poisson "
+                  "sampling)")
+
+#: The ``mpidp tune`` trial being trained in this process, or None
+#: (:func:`tune_trial`).
+_TRIAL: contextvars.ContextVar[dict | None] = contextvars.ContextVar("mpidp_tune_trial",
+                                                                    default=None)
+
+
+@contextlib.contextmanager
+def tune_trial(search: str | os.PathLike, trial: int):
+    """Within it, every ``best.pt`` written (:func:`published`) is marked as one
+    trial of the unfinished ``mpidp tune`` search ``search`` (its ``--out``):
+    ``privacy.trial_of_search`` names it and ``guarantee`` is False, since the
+    trial was trained and scored inside a search whose chosen model is covered
+    only by the epsilon including the tuning. The search's end rewrites the
+    chosen trial's file (:func:`engine.tune.report.publish`) and removes the
+    others. ``mpidp tune`` wraps each trial's ``engine.train`` in it."""
+    token = _TRIAL.set({"search": os.path.basename(os.path.normpath(str(search))),
+                        "trial": int(trial)})
+    try:
+        yield
+    finally:
+        _TRIAL.reset(token)
+
+
+def current_trial() -> dict | None:
+    """The ``mpidp tune`` trial this process trains (:func:`tune_trial`), or None:
+    the trainer records it in the checkpoint, so that the checkpoint and its
+    ``best.pt`` both say so."""
+    trial = _TRIAL.get()
+    return None if trial is None else dict(trial)
+
+
+def trial_reason(trial: dict) -> str:
+    """Why a trial's file states no guarantee (:func:`tune_trial`)."""
+    return (f"the epsilon of trial {trial.get('trial')} alone, in the unfinished mpidp tune "
+            f"search {trial.get('search')}: the model that search chooses is covered only by "
+            "the epsilon incl. tuning, which the search states in the chosen trial's best.pt "
+            "when it ends")
+
+
+def stated_privacy(config: dict, spent: float | None, budget: float | None,
+                   history: list[dict] | None, trial: dict | None = None) -> dict:
+    """What a run states of its privacy, from its settings (``dp``,
+    ``sampling``), the epsilon its steps ``spent``, its ``budget`` and its
+    per-epoch ``history``:
+
+    - ``epsilon``: the (epsilon, delta) guarantee stated. The steps run's
+      epsilon, except for a run that ``--target-accuracy`` stopped (a record
+      with ``stop_reason`` ``target_accuracy``): that stop depends on the data
+      (the model's validation accuracy), so the mechanism that ran is "train up
+      to the planned steps, stop when the accuracy reaches the target", whose
+      guarantee is the planned run's: the run's budget, which bounds every plan
+      the run (resumed or not) may take. What the steps spent is then an
+      ex-post privacy loss, not a guarantee (Rogers, Roth, Ullman and Vadhan
+      2016, privacy odometers and filters). A ``--time-budget`` stop (the wall
+      clock) and a stop by a signal read no data: their steps run are the
+      mechanism.
+    - ``epsilon_of``: ``"steps_run"`` or ``"budget"`` (that stop).
+    - ``spent_epsilon``: the steps run's epsilon.
+    - ``guarantee``: False where the figure is no guarantee
+      (``not_a_guarantee`` says why: ``--sampling shuffle``; for a
+      ``mpidp tune`` trial, ``trial`` or else :func:`current_trial`), True
+      otherwise; None for a non-private run.
+    """
+    history = history or []
+    trial = trial or current_trial()
+    extra = {} if trial is None else {"trial_of_search": dict(trial)}
+    if not (bool(config.get("dp", True)) and spent is not None):
+        return {"epsilon": None, "epsilon_of": None, "spent_epsilon": None, "guarantee": None,
+                "not_a_guarantee": None, **extra}
+    spent = float(spent)
+    on_data = budget is not None and any(r.get("stop_reason") == DATA_STOP for r in history)
+    reasons = []
+    if config.get("sampling") == "shuffle" or any(r.get("epsilon_valid") is False
+                                                  for r in history):
+        reasons.append(SHUFFLE_REASON)
+    if trial is not None:
+        reasons.append(trial_reason(trial))
+    return {"epsilon": max(float(budget), spent) if on_data else spent,
+            "epsilon_of": "budget" if on_data else "steps_run", "spent_epsilon": spent,
+            "guarantee": not reasons, "not_a_guarantee": "; ".join(reasons) or None, **extra}
+
+
+def statement_of(payload: dict) -> dict:
+    """The privacy statement of a loaded model file, for ``mpidp eval``: a
+    published file's ``privacy`` (one written before the statement said whether
+    it is a guarantee: not one where its sampling was ``shuffle``), or what
+    :func:`stated_privacy` states for a ``checkpoint.pt``. Adds ``delta`` and
+    ``unit`` where missing (from the settings)."""
+    config = payload.get("config") or {}
+    privacy = payload.get("privacy")
+    if isinstance(privacy, dict):
+        statement = dict(privacy)
+        statement.setdefault("epsilon", payload.get("epsilon"))
+        if "guarantee" not in statement and statement.get("epsilon") is not None:
+            shuffled = (statement.get("sampling") or config.get("sampling")) == "shuffle"
+            statement.update(guarantee=not shuffled,
+                             not_a_guarantee=SHUFFLE_REASON if shuffled else None)
+    else:
+        statement = stated_privacy(config, payload.get("epsilon"),
+                                   payload.get("budget_epsilon"), payload.get("history"),
+                                   payload.get("trial_of_search"))
+    statement.setdefault("delta", config.get("delta") if statement.get("epsilon") is not None
+                         else None)
+    statement.setdefault("unit", config.get("privacy_unit", "person"))
+    return statement
+
+
+def epsilon_text(statement: dict, unit: str) -> str:
+    """The epsilon a statement states, in words, as the done line of ``mpidp
+    train`` and ``mpidp eval`` print it: ``epsilon 1.000 per person (delta
+    1e-05)``, ``... incl. tuning``, ``..., the budget of the planned run, which
+    --target-accuracy stopped on the data (0.583 spent by the steps run)``,
+    ``..., NOT a guarantee: REASON``; ``non-private`` without an epsilon.
+    ``unit``: ``person``, ``household`` or ``image``."""
+    eps = statement.get("epsilon")
+    if eps is None:
+        return "non-private"
+    delta = statement.get("delta")
+    text = f"epsilon {eps:.3f} per {unit}" + (f" (delta {delta:g})" if delta is not None
+                                               else "")
+    if statement.get("includes_tuning"):
+        text += " incl. tuning"
+    if statement.get("epsilon_of") == "budget":
+        spent = statement.get("spent_epsilon")
+        text += (", the budget of the planned run, which --target-accuracy stopped on the data"
+                 + (f" ({spent:.3f} spent by the steps run)" if spent is not None else ""))
+    if statement.get("guarantee") is False:
+        text += f", NOT a guarantee: {statement.get('not_a_guarantee') or 'see its privacy'}"
+    return text
+
+
 def published(checkpoint: dict, best: dict | None) -> dict:
     """The contents of ``best.pt`` for a checkpoint's payload: the selected
     model and only what the epsilon it states covers.
@@ -143,9 +284,13 @@ def published(checkpoint: dict, best: dict | None) -> dict:
     (:func:`published_data`), the settings without the seed (paths cut to
     their last component), the parameters of ``best`` (the selected epoch:
     ``{"epoch", "step", "params", ...}``; None: the checkpoint's own), the
-    epsilon spent and a ``privacy`` statement (epsilon, delta, unit,
-    accountant, noise multiplier, sampling; ``includes_tuning`` False: a
-    tuned trial's is rewritten by ``mpidp tune``). Left out: the seed (with
+    epsilon stated and a ``privacy`` statement (epsilon, delta, unit,
+    accountant, noise multiplier, sampling; :func:`stated_privacy`'s
+    ``epsilon_of``, ``spent_epsilon``, ``guarantee`` and ``not_a_guarantee``,
+    and ``trial_of_search`` inside ``mpidp tune``; ``includes_tuning`` False:
+    the chosen trial's is rewritten by ``mpidp tune``). The epsilon stated is
+    the steps run's, or for a run that ``--target-accuracy`` stopped its
+    budget. Left out: the seed (with
     it the noise and the batches can be drawn again, and the guarantee is
     gone), the generator states and optimizer, the history, every exact
     validation or test figure (the epsilon covers the training rows, not the
@@ -155,13 +300,17 @@ def published(checkpoint: dict, best: dict | None) -> dict:
     config = {k: (os.path.basename(os.path.normpath(v)) if k in PATH_SETTINGS and v else v)
               for k, v in checkpoint["config"].items() if k != "seed"}
     accountant = checkpoint.get("accountant") or {}
-    dp = bool(config.get("dp", True)) and checkpoint.get("epsilon") is not None
-    privacy = {"epsilon": checkpoint.get("epsilon") if dp else None,
+    stated = stated_privacy(checkpoint["config"], checkpoint.get("epsilon"),
+                            checkpoint.get("budget_epsilon"), checkpoint.get("history"),
+                            checkpoint.get("trial_of_search"))
+    dp = stated["epsilon"] is not None
+    privacy = {"epsilon": stated["epsilon"],
                "delta": config.get("delta") if dp else None,
                "unit": config.get("privacy_unit", "person"),
                "accountant": config.get("accountant") if dp else None,
                "noise_multiplier": accountant.get("sigma") if dp else None,
-               "sampling": config.get("sampling"), "includes_tuning": False}
+               "sampling": config.get("sampling"), "includes_tuning": False,
+               **{k: v for k, v in stated.items() if k != "epsilon"}}
     selected = None
     if best is not None:
         selected = {"epoch": best["epoch"], "step": best["step"],
@@ -682,10 +831,20 @@ def _details_problem(payload: dict) -> str | None:
     for key in ("model", "optimizer"):
         if config.get(key) is not None and not isinstance(config[key], str):
             return f"config {key} is {_what(config[key])}, not a text"
+    if payload.get("trial_of_search") is not None \
+            and not isinstance(payload["trial_of_search"], dict):
+        return f"trial_of_search is {_what(payload['trial_of_search'])}, not a dict"
     privacy = payload.get("privacy") or {}
-    for key in ("epsilon", "trial_epsilon", "delta", "noise_multiplier"):
+    for key in ("epsilon", "trial_epsilon", "spent_epsilon", "delta", "noise_multiplier"):
         if privacy.get(key) is not None and not _is_number(privacy[key]):
             return f"privacy {key} is {_what(privacy[key])}, not a number"
+    for key in ("unit", "not_a_guarantee", "epsilon_of", "sampling"):
+        if privacy.get(key) is not None and not isinstance(privacy[key], str):
+            return f"privacy {key} is {_what(privacy[key])}, not a text"
+    for key, kind in (("guarantee", bool), ("includes_tuning", bool),
+                      ("trial_of_search", dict)):
+        if privacy.get(key) is not None and not isinstance(privacy[key], kind):
+            return f"privacy {key} is {_what(privacy[key])}, not a {kind.__name__}"
     selected = payload.get("selected") or {}
     for key in ("epoch", "step", "run_step"):
         if selected.get(key) is not None and not _is_int(selected[key]):

@@ -16,8 +16,14 @@ A run's directory scores the run's model: the epoch selected on the
 validation split when the run kept one (``best.pt``), else the last
 parameters; a file scores the parameters it holds (``checkpoint.pt``: the
 last epoch's; ``best.pt``: the selected one's). The epsilon printed is the
-one the file states: for the model a ``mpidp tune`` chose, the epsilon
-including the tuning (said so), never the trial's alone.
+one the file states, with its unit and delta, as ``mpidp train``'s done line
+(:func:`engine.checkpoint.epsilon_text`): for the model a ``mpidp tune``
+chose, the epsilon including the tuning (said so), never the trial's alone;
+for a run that ``--target-accuracy`` stopped, its budget (what its steps
+spent beside it); and it says ``NOT a guarantee`` where the file does
+(``--sampling shuffle``; a trial of a ``mpidp tune`` search that has not
+ended). A ``checkpoint.pt`` states what its run would publish
+(:func:`engine.checkpoint.statement_of`).
 
 A checkpoint is untrusted input: its contents are checked before use
 (:func:`engine.checkpoint.check_model_file`), and a model of the user's
@@ -301,36 +307,60 @@ class _Model:
                             f"{trained.get('path')} ({unlike}); prepare "
                             "it with `mpidp prep --like` the training file", collective=True)
         recorded, params, self.selected = ckpt.model_of(payload, checkpoint)
+        #: the privacy the file states: epsilon, delta, unit, whether a guarantee
+        self.statement = ckpt.statement_of(payload)
+        unit = self.statement.get("unit")
+        unit = unit if unit in ("person", "household") else "person"
+        #: what epsilon protects: a row of an image file is an image
+        self.unit = "image" if unit == "person" and info.is_image else unit
         self.logits = models.checkpoint_logits(recorded, params.to(torch.float32),
                                                info.n_features, info.n_classes,
                                                str(checkpoint), model=named)
 
     @property
     def epsilon(self) -> float | None:
-        return self.payload.get("epsilon")
+        """The epsilon the file states (:func:`engine.checkpoint.statement_of`)."""
+        return self.statement.get("epsilon")
+
+    def epsilon_text(self) -> str:
+        """``epsilon 1.000 per person (delta 1e-05)`` and what qualifies it, as
+        ``mpidp train``'s done line says it (:func:`engine.checkpoint.epsilon_text`)."""
+        from engine import checkpoint as ckpt
+
+        return ckpt.epsilon_text(self.statement, self.unit)
 
     def describe(self, split: str) -> dict:
         """What the text and the JSON say of the model beside its figures."""
-        payload, selected = self.payload, self.selected
+        payload, selected, statement = self.payload, self.selected, self.statement
         step = selected.get("step", payload.get("step")) if selected else payload.get("step")
-        privacy = payload.get("privacy") or {}
-        tuned = bool(privacy.get("includes_tuning"))
+        tuned = bool(statement.get("includes_tuning"))
         out = {"checkpoint": str(self.checkpoint), "split": split, "step": step,
                "epsilon": self.epsilon, "epsilon_includes_tuning": tuned}
+        if self.epsilon is not None:
+            out.update(delta=statement.get("delta"), privacy_unit=self.unit,
+                       epsilon_is_guarantee=statement.get("guarantee") is not False,
+                       epsilon_text=self.epsilon_text())
+            if statement.get("guarantee") is False:
+                out["not_a_guarantee"] = statement.get("not_a_guarantee")
+            if statement.get("epsilon_of") == "budget":  # a --target-accuracy stop
+                out.update(epsilon_of="budget", spent_epsilon=statement.get("spent_epsilon"))
+        if statement.get("trial_of_search"):
+            out["trial_of_search"] = statement["trial_of_search"]
         if tuned:
-            out["trial_epsilon"] = privacy.get("trial_epsilon")
+            out["trial_epsilon"] = statement.get("trial_epsilon")
         if selected and selected.get("epoch") is not None:
             out["selected_epoch"] = selected.get("epoch")
             out["selected_on"] = selected.get("on") or "val_accuracy"
         return out
 
     def name(self) -> str:
-        """``runs/a (epsilon 1.000)`` or ``runs/a (non-private)``."""
+        """``runs/a (epsilon 1.000 per person)`` or ``runs/a (non-private)``
+        (``incl. tuning``, ``NOT a guarantee`` where the file says so)."""
         if self.epsilon is None:
             return f"{self.checkpoint} (non-private)"
-        tuned = " incl. tuning" if (self.payload.get("privacy") or {}).get("includes_tuning") \
-            else ""
-        return f"{self.checkpoint} (epsilon {self.epsilon:.3f}{tuned})"
+        tuned = " incl. tuning" if self.statement.get("includes_tuning") else ""
+        warn = ", NOT a guarantee" if self.statement.get("guarantee") is False else ""
+        return f"{self.checkpoint} (epsilon {self.epsilon:.3f} per {self.unit}{tuned}{warn})"
 
 
 def _checkpoint_files(checkpoints: list[str]) -> dict[str, str]:
@@ -509,12 +539,7 @@ def _print_overall(args, model: _Model, result: dict, splits: list[str]) -> None
             f"{result.get('selected_on', 'val_accuracy')}"
             if selected and selected.get("epoch") is not None
             else f"model from step {step}")
-    if eps is None:
-        privacy_text = ", non-private)"
-    elif result["epsilon_includes_tuning"]:
-        privacy_text = f", epsilon {eps:.3f} incl. tuning)"
-    else:
-        privacy_text = f", epsilon {eps:.3f})"
+    privacy_text = ", non-private)" if eps is None else f", {model.epsilon_text()})"
     prefix = f"{model.checkpoint}: " if len(args.checkpoint) > 1 else ""
     print(f"{prefix}{args.data} [{where}]: accuracy {result['accuracy']:.4f}, "
           f"loss {result['loss']:.4f}, {result['rows']:,} rows ({what}" + privacy_text)

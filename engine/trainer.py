@@ -285,6 +285,8 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "accountant": None if self.accountant is None else self.accountant.state_dict(),
                 "budget_epsilon": self.budget, "epsilon": self._epsilon(),
+                # one trial of an unfinished mpidp tune search: not a guarantee
+                "trial_of_search": ckpt.current_trial(),
                 "step": self.step, "steps_per_epoch": self.steps_per_epoch,
                 "ranks": ranks, "history": self.history, "best": self.best}
             ckpt.save(self.cfg.checkpoint_dir, payload)

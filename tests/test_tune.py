@@ -433,7 +433,12 @@ def _check_published(doc: dict, stated: dict, comm) -> None:
     with redirect_stdout(said):
         assert args._run(args) == 0
     if comm.Get_rank() == 0:
-        assert f"epsilon {stated['epsilon']:.3f} incl. tuning)" in said.getvalue()
+        # with its unit and delta, as train's done line (before: `epsilon E incl. tuning`)
+        assert f"epsilon {stated['epsilon']:.3f} per person (delta 1e-05) incl. tuning)" \
+            in said.getvalue()
+    # the search has ended: no longer marked as one trial of it (engine.checkpoint.tune_trial)
+    assert payload["privacy"]["guarantee"] is True
+    assert "trial_of_search" not in payload["privacy"]
 
 
 @pytest.mark.mpi(min_size=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine import checkpoint as ckpt
 from engine.nn import model_names
 from engine.stopping import monitored_accuracy
 
@@ -122,8 +123,20 @@ def describe(t) -> list[str]:
     return lines
 
 
+def stated_privacy(t, spent: float | None) -> dict:
+    """What a finished run states of its privacy: the statement its ``best.pt``
+    holds (:func:`engine.checkpoint.stated_privacy`: for a run that
+    ``--target-accuracy`` stopped, its budget; for ``--sampling shuffle``, no
+    guarantee), with its delta."""
+    statement = ckpt.stated_privacy({"dp": t.cfg.dp, "sampling": t.cfg.sampling}, spent,
+                                    getattr(t, "budget", None), t.history)
+    statement["delta"] = t.cfg.delta if statement["epsilon"] is not None else None
+    return statement
+
+
 def summary(t) -> list[str]:
-    """The lines a finished run ends with."""
+    """The lines a finished run ends with: the epsilon stated is the guarantee
+    (:func:`stated_privacy`), as in ``best.pt`` and ``mpidp eval``."""
     lines: list[str] = []
     last = t.history[-1] if t.history else {}
     times = [r["epoch_time_s"] for r in t.history if r.get("epoch_time_s")]
@@ -140,9 +153,7 @@ def summary(t) -> list[str]:
     test = ("no test split" if not t.info.rows.get("test")  # --test-fraction 0
             else f"test accuracy {_number(last.get('test_accuracy'))}")
     lines.append(f"done: {plural(len(t.history), 'epoch')}, {val}{test}, "
-                 + (f"epsilon {eps:.3f} per {unit_name(t)} (delta {t.cfg.delta:g}), "
-                    if eps is not None
-                    else "non-private, ")
+                 + ckpt.epsilon_text(stated_privacy(t, eps), unit_name(t)) + ", "
                  + f"{np.median(times) if times else float('nan'):.2f} s/epoch (median)")
     if not t.cfg.checkpoint_dir:
         lines.append("the trained model was not saved: give --checkpoint-dir DIR to keep it "

@@ -100,9 +100,11 @@ def publish(directory: str, chosen: dict, statement, opts: Options) -> bool:
     model to publish, stating the epsilon including the tuning.
 
     From the trial's ``best.pt`` (or its checkpoint's last parameters, through
-    :func:`engine.checkpoint.published`): ``epsilon`` and ``privacy`` become
+    :func:`engine.checkpoint.published`): the mark of a trial of an unfinished
+    search goes (``trial_of_search``, ``guarantee`` False:
+    :func:`engine.checkpoint.tune_trial`), ``epsilon`` and ``privacy`` become
     the tuning's statement (``includes_tuning``, the trial's own epsilon
-    beside it), and ``selected["tuning"]`` names the trial, its settings and,
+    beside it, ``guarantee`` True), and ``selected["tuning"]`` names the trial, its settings and,
     where the statement covers it, the score that chose it (noised, or from
     a split declared public). The trial's ``checkpoint.pt`` is removed: it
     holds the seed, the exact val and test figures and the trial's epsilon
@@ -127,10 +129,16 @@ def publish(directory: str, chosen: dict, statement, opts: Options) -> bool:
         return False
     payload = {k: v for k, v in payload.items() if k in ckpt.PUBLISHED_KEYS}
     privacy = dict(payload.get("privacy") or {})
+    # the search has ended: no longer one trial of it (engine.checkpoint.tune_trial)
+    privacy.pop("trial_of_search", None)
+    shuffled = privacy.get("sampling") == "shuffle"
+    privacy.update(guarantee=None if privacy.get("epsilon") is None else not shuffled,
+                   not_a_guarantee=ckpt.SHUFFLE_REASON if shuffled else None)
     if statement is not None:
         privacy.update(epsilon=statement.epsilon, delta=statement.delta, includes_tuning=True,
                        trial_epsilon=chosen.get("epsilon"), tuning=statement.text,
-                       tuning_mode=statement.mode)
+                       tuning_mode=statement.mode, epsilon_of="tuning",
+                       spent_epsilon=None, guarantee=not shuffled)
     payload["privacy"] = privacy
     payload["epsilon"] = privacy.get("epsilon")
     tuning = {"trial": chosen["trial"], "settings": chosen["settings"]}

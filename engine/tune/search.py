@@ -23,6 +23,10 @@ by a crash is ignored when the file is read back. A re-run of the same
 search skips the trials the file holds (keyed by a hash of the trial's
 number and settings). Stop signals are acted on between trials and at the
 trainer's step boundaries: the group stops, the finished trials stay.
+A trial's ``best.pt`` is written inside :func:`engine.checkpoint.tune_trial`:
+it states the trial's own epsilon as no guarantee (one trial of a search
+that has not ended) until the search's end rewrites the chosen trial's file
+with the epsilon including the tuning (:func:`engine.tune.report.publish`).
 
 The val score: accuracy over the group's shards of ``val``, all-reduced.
 For a private random search whose val split is not declared public, the
@@ -337,6 +341,7 @@ class GroupRunner:
         """Collective: train and score ``trial``; its record (on every rank of the
         group), or None when a stop signal ended it (nothing recorded)."""
         import engine  # deferred: torch and the trainer
+        from engine import checkpoint as ckpt
 
         try:
             check_startup(self.comm, stop_on_any=True)
@@ -352,7 +357,10 @@ class GroupRunner:
         start = time.perf_counter()
         signals = signal_count()
         try:
-            run = engine.train(self.s.data, comm=self.comm, quiet=True, **options)
+            # its best.pt says it is one trial of an unfinished search, not a
+            # guarantee, until the search's end rewrites the chosen one
+            with ckpt.tune_trial(self.s.out, trial.number):
+                run = engine.train(self.s.data, comm=self.comm, quiet=True, **options)
         except StartupInterrupted:
             return None
         except MpidpError as exc:
