@@ -434,3 +434,40 @@ def test_float64_logits_of_a_float32_model_train_as_the_naive_loop(C):
     torch.manual_seed(0)
     reference = Cast(torch.float64)
     _check_against_naive_loop(_engine(model), reference, C)
+
+
+def test_float64_logits_of_a_float32_model_are_not_taken_for_mixing():
+    """A float32 model that casts its logits to float64 was refused as mixing
+    the batch: the tolerance came from the logits' dtype, while the GEMMs of
+    3 and 4 rows round apart in float32 (a regression hunt's find)."""
+    from engine.dp.module_engine import _refuse_mixing
+
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.o = nn.Linear(200, 32), nn.Linear(32, 2)
+
+        def forward(self, x):
+            return self.o(torch.relu(self.a(x))).double()
+
+    for seed in range(8):
+        torch.manual_seed(seed)
+        _refuse_mixing(Wide(), torch.randn(4, 200) * 3)  # no error: per-row arithmetic
+
+
+def test_a_model_with_an_expanded_buffer_is_probed_without_a_traceback():
+    """register_buffer("ex", torch.ones(1).expand(F)): the probe's byte view of
+    the buffers raised "stride(-1) must be 1 to view Float as Byte"."""
+    from engine.dp.module_engine import _state
+
+    class Expanded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(F_IN, CLASSES)
+            self.register_buffer("ex", torch.ones(1).expand(F_IN))
+
+        def forward(self, x):
+            return self.l(x * self.ex)
+
+    state = _state(Expanded())
+    assert state["ex"] == torch.ones(F_IN).numpy().tobytes()

@@ -174,7 +174,8 @@ def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
 
 def _state(model: nn.Module) -> dict[str, bytes]:
     """The bytes of every parameter and buffer of ``model``, by name."""
-    return {name: t.detach().cpu().flatten().view(torch.uint8).numpy().tobytes()
+    # contiguous: an expanded buffer (stride 0) cannot be viewed as bytes
+    return {name: t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
             for named in (model.named_parameters(), model.named_buffers())
             for name, t in named}
 
@@ -208,8 +209,8 @@ def _set_rng_state(devices: list[torch.device], state: list[torch.Tensor]) -> No
         torch.cuda.set_rng_state(s, d)
 
 
-def _mismatch(a: torch.Tensor, b: torch.Tensor,
-              at_least: float = 0.0) -> tuple[float, float] | None:
+def _mismatch(a: torch.Tensor, b: torch.Tensor, at_least: float = 0.0,
+              computed_in: torch.dtype | None = None) -> tuple[float, float] | None:
     """``(largest difference, tolerance)`` where the logits ``a`` and ``b`` of
     the same rows differ by more than float rounding (``(inf, 0)`` where
     their shapes differ), else None. The tolerance is ``sqrt(eps)`` of ``a``'s
@@ -217,10 +218,14 @@ def _mismatch(a: torch.Tensor, b: torch.Tensor,
     that is larger (3.5e-4 of it in float32): the same arithmetic rounded in
     another order (a GEMM blocked for another row count) passes, a row that
     another row moves does not. NaN matches NaN, an infinity the same
-    infinity."""
+    infinity. ``computed_in``: the dtype the values were computed in where
+    coarser than their own (float64 logits of a float32 model carry float32
+    rounding)."""
     if a.shape != b.shape:
         return float("inf"), 0.0
     eps = torch.finfo(a.dtype).eps if a.is_floating_point() else 0.0
+    if computed_in is not None and computed_in.is_floating_point:
+        eps = max(eps, torch.finfo(computed_in).eps)
     a, b = a.detach().double(), b.detach().double()
     if a.numel() == 0:
         return None
@@ -262,6 +267,10 @@ def _refuse_mixing(model: nn.Module, x: torch.Tensor) -> None:
     tests = [("another row of the batch changes", changed)] if float(distance.max()) > 0 \
         else []
     modes = {m: m.training for m in model.modules()}  # as the step runs it, restored
+    # the rounding of the coarsest precision the model computes in (its inputs'
+    # and parameters'), whatever dtype its logits are cast to
+    coarsest = max([x.dtype] + [p.dtype for p in model.parameters() if p.is_floating_point()],
+                   key=lambda d: torch.finfo(d).eps)
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             state = _rng_state(devices)
@@ -284,10 +293,11 @@ def _refuse_mixing(model: nn.Module, x: torch.Tensor) -> None:
                 if mode == "eval":
                     model.eval()
                 full = logits(x)
-                drawing = _mismatch(full, logits(x, reset=False)) is not None
+                drawing = _mismatch(full, logits(x, reset=False), computed_in=coarsest) \
+                    is not None
                 more = [] if drawing else [("the batch has one row fewer", x[:-1])]
                 for what, rows in tests + more:
-                    found = _mismatch(full[:n - 1], logits(rows)[:n - 1])
+                    found = _mismatch(full[:n - 1], logits(rows)[:n - 1], computed_in=coarsest)
                     if found is not None:
                         raise ConfigError(
                             f"the model mixes the examples of a batch: in {mode} mode one "
