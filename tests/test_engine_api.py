@@ -187,7 +187,8 @@ def test_settings_or_a_file_that_differ_by_rank_are_refused_on_every_rank(data, 
     rank = comm.Get_rank()
     opts = dict(comm=comm, batch_size=100, noise_multiplier=1.0, seed=4, hidden=[4],
                 quiet=True)
-    with pytest.raises(ConfigError, match=r"rank 1 was given epochs=2 but rank 0 was given epochs=1: "
+    with pytest.raises(ConfigError, match=r"rank 1 was given epochs=2 but rank 0 was given "
+                       r"epochs=1: "
                        "every rank must call it with the same settings"):
         engine.train(data, epochs=1 + min(rank, 1), **opts)
     own = shared_tmp / f"own-{rank}.h5"  # same shape, other rows: the worst case
