@@ -220,10 +220,9 @@ def check_compatible(payload: dict, info, checkpoint: str) -> list[str]:
     notes = []
     recorded = str(trained.get("path") or "")
     # a published model records the file's name only (engine.checkpoint.published)
-    named = os.path.basename(info.path) if recorded == os.path.basename(recorded) \
-        else os.path.abspath(info.path)
-    if recorded and named != (recorded if recorded == os.path.basename(recorded)
-                              else os.path.abspath(recorded)):
+    same = (os.path.basename(info.path) == recorded if recorded == os.path.basename(recorded)
+            else os.path.abspath(info.path) == os.path.abspath(recorded))
+    if recorded and not same:
         checked = ("task, encoding and split sizes" if rows and trained.get("fingerprint")
                    else "task and feature layout (all the model file records: give the "
                    "run's directory, whose checkpoint.pt records its encoding and split "
