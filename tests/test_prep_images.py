@@ -46,7 +46,9 @@ def _same_multiset(got: tuple[np.ndarray, np.ndarray], images: np.ndarray,
     assert np.array_equal(key(have), key(want))
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+# one rank and an odd count in make test; 2 and 4 ranks with make test-long
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.long), 3,
+                                   pytest.param(4, marks=pytest.mark.long)])
 def test_both_formats_prepare_under_mpiexec(tmp_path, ranks):
     """Official layouts in, version-4 files out: the official splits kept (train
     shuffled, val moved from it), pixels and labels intact, statistics of the
