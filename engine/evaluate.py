@@ -30,6 +30,15 @@ A checkpoint is untrusted input: its contents are checked before use
 (``MODULE:FACTORY``) is rebuilt only when ``--model`` names that factory
 again: the name in the file alone is never imported.
 
+The data file is checked against the file's record of its training data
+(:func:`engine.audit.inputs.data_checked`): the task and label, and the
+encoding's fingerprint where the record holds it (a run's directory, a
+``checkpoint.pt``); a ``best.pt`` on its own records only the data's public
+layout, so a file encoded with other statistics passes, and the text says so
+in a ``note:`` line (the JSON: ``data_checked`` ``"layout"`` and the note in
+``notes``; ``"shape"`` where the file records neither, ``"encoding"`` where
+the whole check was made).
+
 ``--by`` groups the rows by the group attributes the file keeps (``SEX``,
 ``RAC1P``, ``AGEP`` in bands, ``ST``, the task's group:
 :mod:`preprocessing.groups`; ``A:B`` crosses two): per group the rows,
@@ -306,6 +315,14 @@ class _Model:
             raise DataError(f"{data} was encoded differently from the training file "
                             f"{trained.get('path')} ({unlike}); prepare "
                             "it with `mpidp prep --like` the training file", collective=True)
+        from engine.audit.inputs import ENCODING, data_checked, layout_note  # deferred: torch
+
+        #: how far the file's record of its training data checked ``data``: "encoding",
+        #: or only "layout" (a best.pt alone) or "shape" (no record of either)
+        self.data_checked = data_checked(trained, info)
+        #: what the text says below the figures and the JSON in ``notes``
+        self.notes = [] if self.data_checked == "encoding" else [
+            layout_note(trained, info, "scoring", ENCODING)]
         recorded, params, self.selected = ckpt.model_of(payload, checkpoint)
         #: the privacy the file states: epsilon, delta, unit, whether a guarantee
         self.statement = ckpt.statement_of(payload)
@@ -335,7 +352,8 @@ class _Model:
         step = selected.get("step", payload.get("step")) if selected else payload.get("step")
         tuned = bool(statement.get("includes_tuning"))
         out = {"checkpoint": str(self.checkpoint), "split": split, "step": step,
-               "epsilon": self.epsilon, "epsilon_includes_tuning": tuned}
+               "epsilon": self.epsilon, "epsilon_includes_tuning": tuned,
+               "data_checked": self.data_checked, "notes": list(self.notes)}
         if self.epsilon is not None:
             out.update(delta=statement.get("delta"), privacy_unit=self.unit,
                        epsilon_is_guarantee=statement.get("guarantee") is not False,
@@ -547,6 +565,8 @@ def _print_overall(args, model: _Model, result: dict, splits: list[str]) -> None
         for split, part in result["splits"].items():
             print(f"  {split:<5} accuracy {part['accuracy']:.4f}, loss "
                   f"{part['loss']:.4f}, {part['rows']:,} rows")
+    for note in model.notes:
+        print(f"{prefix}note: {note}")
 
 
 def _splits_to_score(info, split: str, data: str) -> list[str]:

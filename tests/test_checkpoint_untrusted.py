@@ -323,6 +323,83 @@ def test_a_well_formed_file_still_scores_as_its_mlp_computes(tmp_path, data):
     assert json.loads(text)["accuracy"] == pytest.approx(float((pred == y).mean()))
 
 
+# ------------------------------------------------------- what the file checks
+#: What eval and audit say of a model file that records only its data's layout.
+LAYOUT_ONLY = ("which has the same task and feature layout: the model file records only the "
+               "data's public layout, so the encoding (standardisation statistics)")
+
+
+def _mlp_logits(payload: dict, X: np.ndarray) -> np.ndarray:
+    """The reference: an MLP's forward in numpy from its flat [W | b] layers."""
+    dims, flat = payload["model"]["dims"], payload["params"].double().numpy()
+    h, at = X, 0
+    for i, (n_in, n_out) in enumerate(zip(dims[:-1], dims[1:])):
+        layer = flat[at:at + n_out * (n_in + 1)].reshape(n_out, n_in + 1)
+        at += layer.size
+        h = h @ layer[:, :-1].T + layer[:, -1]
+        h = np.maximum(h, 0) if i < len(dims) - 2 else h
+    return h
+
+
+def test_a_model_file_alone_says_the_encoding_of_another_file_went_unchecked(tmp_path):
+    """A run's directory refuses a file encoded with other statistics (its
+    checkpoint.pt records the encoding's fingerprint); its best.pt moved out
+    alone records only the public layout, so eval scores that file, and says
+    in a note, and in the JSON's data_checked, that only the layout was
+    checked (mpidp audit's note, the same words)."""
+    from engine.audit.inputs import check_compatible
+    from engine.trainer import Trainer
+
+    path = synthetic.write(tmp_path / "d.h5", rows=300, features=FEATURES, test_rows=100,
+                           val_rows=100, seed=7)
+    run = tmp_path / "run"
+    cfg = TrainConfig(data=path, checkpoint_dir=str(run), epochs=1, batch_size=64,
+                      hidden=(8,), noise_multiplier=1.0, seed=3, progress=False,
+                      allreduce="ring")
+    cfg.validate()
+    assert Trainer(cfg, MPI.COMM_SELF, out=io.StringIO()).run() == 0
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    ckpt.best_path_in(moved).write_bytes(ckpt.best_path_in(run).read_bytes())
+    other = synthetic.write(tmp_path / "e.h5", rows=200, features=FEATURES, seed=9,
+                            attrs={"encoding_fingerprint": "other statistics"})
+    code, text = _eval("--checkpoint", str(run), "--data", other)
+    assert code == 2 and "(encoding fingerprints differ)" in text, text
+    code, text = _eval("--checkpoint", str(moved), "--data", other)
+    assert code == 0, text
+    note = [line for line in text.splitlines() if line.startswith("note: ")]
+    assert len(note) == 1 and f"trained on d.h5; scoring {other}, {LAYOUT_ONLY} could not " \
+        "be checked against the training data (give the run's directory" in note[0], text
+    code, text = _eval("--checkpoint", str(moved), "--data", other, "--json")
+    assert code == 0, text
+    result = json.loads(text)
+    assert result["data_checked"] == "layout" and len(result["notes"]) == 1
+    assert LAYOUT_ONLY in result["notes"][0]
+    X, y = _test_rows(other)  # scored as the model computes, whatever the encoding
+    payload = ckpt.load_model(moved)
+    want = _mlp_logits(payload, X[:, :FEATURES]).argmax(1)
+    assert result["accuracy"] == pytest.approx(float((want == y).mean()))
+    # the run's own file: the whole check made, nothing to note
+    code, text = _eval("--checkpoint", str(run), "--data", path, "--json")
+    assert code == 0 and json.loads(text)["data_checked"] == "encoding", text
+    assert json.loads(text)["notes"] == []
+    code, text = _eval("--checkpoint", str(run), "--data", path)
+    assert code == 0 and "note:" not in text, text
+    # mpidp audit says the same of the same file
+    notes = check_compatible(payload, read_info(other), str(moved))
+    assert len(notes) == 1 and LAYOUT_ONLY in notes[0], notes
+
+
+def test_a_model_file_recording_no_data_says_only_the_shape_was_checked(tmp_path, data):
+    _mlp_file(tmp_path / "run", data, data=None)
+    code, text = _eval("--checkpoint", str(tmp_path / "run"), "--data", data, "--json")
+    assert code == 0, text
+    result = json.loads(text)
+    assert result["data_checked"] == "shape" and len(result["notes"]) == 1
+    assert "records neither the encoding nor the layout of its training data, so the " \
+        "encoding (standardisation statistics) could not be checked" in result["notes"][0]
+
+
 # ------------------------------------------------------------ zip records
 def _rewritten(path, compress: int) -> None:
     """The archive at ``path`` written again with ``compress`` for every record."""

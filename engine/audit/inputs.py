@@ -49,6 +49,9 @@ from preprocessing.h5format import DataInfo
 
 #: Fewest members (and non-members) an audit accepts.
 MIN_ROWS = 20
+#: What a model file that records only its data's public layout (a ``best.pt``
+#: on its own) cannot have checked (:func:`layout_note`).
+ENCODING = "the encoding (standardisation statistics)"
 
 
 class AuditMismatch(DataError):
@@ -222,14 +225,48 @@ def check_compatible(payload: dict, info, checkpoint: str) -> list[str]:
     # a published model records the file's name only (engine.checkpoint.published)
     same = (os.path.basename(info.path) == recorded if recorded == os.path.basename(recorded)
             else os.path.abspath(info.path) == os.path.abspath(recorded))
-    if recorded and not same:
-        checked = ("task, encoding and split sizes" if rows and trained.get("fingerprint")
-                   else "task and feature layout (all the model file records: give the "
-                   "run's directory, whose checkpoint.pt records its encoding and split "
-                   "sizes, to have them checked too)")
+    checked = data_checked(trained, info)
+    if recorded and not same and checked == "encoding":
+        same_as = ("task, encoding and split sizes" if rows else
+                   "task and encoding (the model file records no split sizes)")
         notes.append(f"the model was trained on {recorded}; auditing {info.path}, which has "
-                     f"the same {checked} (assumed to be the same file)")
+                     f"the same {same_as} (assumed to be the same file)")
+    elif recorded and not same:
+        notes.append(layout_note(trained, info, "auditing", f"{ENCODING} and the split sizes")
+                     + " (assumed to be the same file)")
     return notes
+
+
+def data_checked(trained: dict | None, info: DataInfo) -> str:
+    """How far a model file's record of its training data (its ``data``) lets
+    ``mpidp eval`` and ``mpidp audit`` check the file ``info`` against it, as
+    :meth:`DataInfo.encoded_unlike` compares them: ``"encoding"`` (the encoding's
+    fingerprint: a ``checkpoint.pt``, or a run's directory), ``"layout"`` (the
+    ``layout_fingerprint`` only: a ``best.pt`` on its own, which records the
+    data's public layout and no statistic of the training rows) or ``"shape"``
+    (neither: only the feature and class counts)."""
+    trained = trained or {}
+    if trained.get("fingerprint") and info.fingerprint:
+        return "encoding"
+    return "layout" if trained.get("layout_fingerprint") else "shape"
+
+
+def layout_note(trained: dict | None, info: DataInfo, doing: str, unchecked: str) -> str:
+    """The note of a command (``doing``: ``"scoring"``, ``"auditing"``) that took
+    ``info`` for a model whose file could not have ``unchecked`` (its encoding, ...)
+    checked (:func:`data_checked` is ``"layout"`` or ``"shape"``, never
+    ``"encoding"``): what was checked, and how to have the rest checked."""
+    recorded = (trained or {}).get("path")
+    head = (f"the model was trained on {recorded}; {doing} {info.path}" if recorded
+            else f"{doing} {info.path}")
+    if data_checked(trained, info) == "layout":
+        return (f"{head}, which has the same task and feature layout: the model file records "
+                f"only the data's public layout, so {unchecked} could not be checked against "
+                "the training data (give the run's directory, whose checkpoint.pt records "
+                "them, to have them checked)")
+    return (f"{head}, which has the feature and class counts the model expects: the model "
+            f"file records neither the encoding nor the layout of its training data, so "
+            f"{unchecked} could not be checked against the training data")
 
 
 def load_target(checkpoint: str, data: str, comm) -> Target:
