@@ -6,9 +6,10 @@ inside the Census Bureau's ``csv_pXX.zip``, or gzip-compressed
 (every CSV member of a zip becomes one input), reads its header line and
 checks the things that make a file unusable as a whole: missing, unreadable,
 empty, not a zip, a zip without a CSV, compressed in a format prep does not
-read, a header that is not comma-separated. Each problem is a :class:`~preprocessing.errors.PrepError`
-naming the file. Whether the header has the columns a task needs is checked
-by the caller (:func:`require_columns`), which knows the task.
+read, a header that is not comma-separated. Each problem is a
+:class:`~preprocessing.errors.PrepError` naming the file. Whether the header
+has the columns a task needs is checked by the caller
+(:func:`require_columns`), which knows the task.
 """
 from __future__ import annotations
 
@@ -274,6 +275,11 @@ def _inspect_gzip(path: str, index: int) -> InputFile:
     return InputFile(index, path, None, _gzip_size(path), header, data_start, gzip=True)
 
 
+#: Columns of a PUMS person file that a housing file lacks (SPORDER, the person's
+#: number in the household; AGEP, the age).
+PERSON_COLUMNS = frozenset({"SPORDER", "AGEP"})
+
+
 def require_columns(inp: InputFile, needed: dict[str, tuple[str, ...]]) -> dict[str, str]:
     """Pick, for each needed variable, the first of its columns in the header.
 
@@ -285,7 +291,10 @@ def require_columns(inp: InputFile, needed: dict[str, tuple[str, ...]]) -> dict[
         variable -> the column name found.
 
     Raises:
-        PrepError: some variable has none of its columns in the header.
+        PrepError: some variable has none of its columns in the header; the
+            message tells a person file (one with :data:`PERSON_COLUMNS`: a column
+            of another survey year, or an extract) from a housing file or another
+            table.
     """
     present = set(inp.header)
     chosen, missing = {}, []
@@ -297,7 +306,13 @@ def require_columns(inp: InputFile, needed: dict[str, tuple[str, ...]]) -> dict[
             chosen[variable] = column
     if missing:
         shown = ", ".join(inp.header[:6]) + (", ..." if len(inp.header) > 6 else "")
+        it = "it" if len(missing) == 1 else "them"
+        fix = ("pass ACS PUMS person files (psam_pNN.csv), not housing files or extracts"
+               if not PERSON_COLUMNS & present else
+               f"a person file without {it} (an extract, or a survey year that names {it} "
+               f"otherwise): pass full ACS PUMS person files (psam_pNN.csv), or a task or "
+               f"--universe that does not read {it}")
         raise PrepError(f"{where(inp.name, 1)}: the header lacks {', '.join(missing)} "
-                        f"(it has {len(inp.header)} columns: {shown}); pass ACS PUMS "
-                        "person files (psam_pNN.csv), not housing files or extracts")
+                        f"(it has {len(inp.header)} columns: {shown}); {fix}")
     return chosen
+

@@ -46,7 +46,8 @@ from kernels.files import not_a_file
 from preprocessing import groups
 from preprocessing.dictionary import Codebook, Variable
 from preprocessing.errors import PrepError
-from preprocessing.tasks import RELP, TASKS, Condition, Feature, Task, parse_conditions
+from preprocessing.tasks import MULTI_YEAR as _MULTI_YEAR
+from preprocessing.tasks import TASKS, Condition, Feature, Task, parse_conditions
 
 #: The fields of a task file; the first three are required.
 FIELDS = ("name", "label", "features", "description", "universe", "group")
@@ -54,8 +55,6 @@ REQUIRED = ("name", "label", "features")
 KINDS = ("numeric", "categorical")
 #: The most categories a categorical feature may have (OCCP has 531).
 MAX_CATEGORIES = 1000
-#: Features read from other columns in other years (categorical only).
-_MULTI_YEAR = {"RELP": RELP}
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 

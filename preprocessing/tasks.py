@@ -44,6 +44,9 @@ feature's (2018) codes. ``RELP`` (2018 and before) became ``RELSHIPP`` (codes
 20-38) from 2019; the recode below maps it back so that a model trained on
 2018 can score 2019 data with ``--like``. The map is not exact: 2019 has no
 "roomer or boarder" (2018 code 11) and splits partners and spouses by sex.
+A label, universe or group on ``RELP`` is read the same way (from
+``RELSHIPP``, recoded), whether or not the task has ``RELP`` as a feature
+(:data:`MULTI_YEAR`, :meth:`Task.feature`).
 """
 from __future__ import annotations
 
@@ -206,15 +209,26 @@ class Task:
         return list(dict.fromkeys(names))
 
     def feature(self, name: str) -> Feature | None:
-        return next((f for f in self.features if f.name == name), None)
+        """How the task reads the variable ``name`` (its columns, their recode):
+        its feature of that name; else, for a label, universe or group column
+        that other survey years name otherwise (:data:`MULTI_YEAR`: RELP,
+        RELSHIPP from 2019), that variable's reading, so that ``--universe
+        RELP==0`` keeps the same persons of a 2019 file whatever the task's
+        features; else None (read as is, from the column of its name)."""
+        found = next((f for f in self.features if f.name == name), None)
+        if found is None and name in MULTI_YEAR and name in self.columns():
+            return MULTI_YEAR[name]
+        return found
 
     def notes(self, columns: Mapping[str, str]) -> list[str]:
-        """:meth:`Feature.note_for` of every feature, for a file whose header
-        gives each variable as ``columns[name]`` (e.g. RELP as RELSHIPP in a
-        2019 file)."""
+        """:meth:`Feature.note_for` of every variable the task reads
+        (:meth:`feature`: features, and label, universe or group columns of
+        :data:`MULTI_YEAR`), for a file whose header gives each variable as
+        ``columns[name]`` (e.g. RELP as RELSHIPP in a 2019 file)."""
         notes = []
-        for feature in self.features:
-            note = feature.note_for(columns.get(feature.name, feature.name))
+        for name in self.columns():
+            feature = self.feature(name)
+            note = feature.note_for(columns.get(name, name)) if feature else None
             if note is not None:
                 notes.append(note)
         return notes
@@ -243,13 +257,18 @@ RELP = Feature("RELP", sources=(
                   "either sex merged")))
 
 
+#: Variables whose column other survey years name otherwise, by name: read
+#: through their sources wherever a task names them, as a feature, in its
+#: label, universe or group (:meth:`Task.feature`).
+MULTI_YEAR: dict[str, Feature] = {"RELP": RELP}
+
+
 def _features(*names: str) -> tuple[Feature, ...]:
     """Features by name: quantities numeric, RELP with its 2019 source, the
     rest categorical."""
-    special = {"RELP": RELP}
-    return tuple(special.get(name) or Feature(name, "numeric" if name in NUMERIC else
-                                              "categorical",
-                                              buckets=PLACE_BUCKETS if name in PLACES else 0)
+    return tuple(MULTI_YEAR.get(name) or Feature(name, "numeric" if name in NUMERIC else
+                                                 "categorical",
+                                                 buckets=PLACE_BUCKETS if name in PLACES else 0)
                  for name in names)
 
 

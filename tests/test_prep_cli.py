@@ -548,6 +548,74 @@ def test_a_file_of_the_2019_survey_is_prepared_with_a_note(tmp_path, good_csv):
                      "(2018 code 11), spouses and partners of either sex merged"], result.stdout
 
 
+#: RELP (2018) -> RELSHIPP (2019), from the two years' dictionaries (not from
+#: tasks.RELSHIPP_TO_RELP, the map under test): 11 roomer or boarder became 36.
+RELP_TO_RELSHIPP = {0: 20, 1: 21, 2: 25, 3: 26, 4: 27, 5: 28, 6: 29, 7: 30, 8: 31, 9: 32,
+                    10: 33, 11: 36, 12: 34, 13: 22, 14: 35, 15: 36, 16: 37, 17: 38}
+
+
+def test_a_universe_on_relp_of_a_2019_file_keeps_the_2018_files_rows(tmp_path, good_csv):
+    """public_coverage has no RELP feature: --universe RELP==0 on a 2019 file
+    (RELSHIPP) was refused ('the header lacks RELP ... not housing files').
+    On 2 ranks it keeps the 2018 file's persons with RELP 0, counted here from
+    the CSV, the same rows in the same splits, and notes the recode."""
+    import csv
+
+    with open(good_csv, newline="") as handle:
+        records = list(csv.DictReader(handle))
+    heads = sum(1 for r in records if r["RELP"].strip() and int(r["RELP"]) == 0)
+    assert 0 < heads < len(records)
+    lines = good_csv.read_text().splitlines()
+    header = lines[0].split(",")
+    at = header.index("RELP")
+    header[at] = "RELSHIPP"
+    rows = []
+    for line in lines[1:]:
+        fields = line.split(",")
+        if fields[at].strip():
+            fields[at] = str(RELP_TO_RELSHIPP[int(fields[at])])
+        rows.append(",".join(fields))
+    newer = tmp_path / "psam_p98.csv"
+    newer.write_text(",".join(header) + "\n" + "\n".join(rows) + "\n")
+    secret = tmp_path / "secret"
+    secret.write_bytes(bytes(range(32)))
+    out = {}
+    for name, source in (("2018", good_csv), ("2019", newer)):
+        out[name] = tmp_path / f"{name}.h5"
+        result = mpidp(2, "prep", str(source), "--out", str(out[name]), "--task",
+                       "public_coverage", "--universe", "RELP==0", "--household-secret",
+                       str(secret), timeout=120)
+        assert result.returncode == 0, result.stderr
+        kept = [line.split() for line in result.stdout.splitlines()
+                if line.lstrip().startswith("kept")]
+        assert kept and kept[0][1] == f"{heads:,}", result.stdout
+    assert "  note    psam_p98.csv: RELP read from RELSHIPP (the 2019 survey and later), " \
+        "recoded to the 2018 codes" in result.stdout
+    with h5py.File(out["2018"], "r") as old, h5py.File(out["2019"], "r") as new:
+        for split in ("train", "val", "test"):
+            for part in ("X", "y", "household"):
+                assert np.array_equal(old[f"{split}/{part}"][:], new[f"{split}/{part}"][:])
+
+
+def test_a_person_file_without_a_column_is_not_called_a_housing_file(tmp_path, good_csv):
+    lines = good_csv.read_text().splitlines()
+    at = lines[0].split(",").index("PUBCOV")
+    rows = [",".join(f for i, f in enumerate(line.split(",")) if i != at) for line in lines]
+    extract = tmp_path / "extract.csv"
+    extract.write_text("\n".join(rows) + "\n")
+    message = _error_in_process([str(extract), "--out", str(tmp_path / "o.h5"), "--task",
+                                 "public_coverage"])
+    assert message.startswith(f"{extract}, line 1: the header lacks PUBCOV (it has "), message
+    assert message.endswith("); a person file without it (an extract, or a survey year that "
+                            "names it otherwise): pass full ACS PUMS person files "
+                            "(psam_pNN.csv), or a task or --universe that does not read it")
+    housing = tmp_path / "psam_h98.csv"
+    housing.write_text("RT,SERIALNO,NP,TYPE\nH,2018HU0000001,2,1\n")
+    message = _error_in_process([str(housing), "--out", str(tmp_path / "o.h5")])
+    assert message.endswith("; pass ACS PUMS person files (psam_pNN.csv), not housing files "
+                            "or extracts"), message
+
+
 def test_a_file_without_sporder_is_prepared_with_a_note(tmp_path, good_csv):
     """Without SPORDER a person given twice cannot be found: the summary says
     so for that file, and only for it."""

@@ -318,6 +318,96 @@ def test_travel_time_keeps_folktables_rows_and_labels(comm, shared_tmp, persons)
     assert not any(n.startswith("PUMA=") for n in names)
 
 
+# -- RELP of a 2019 file in a universe or label, whatever the features ----------------
+
+#: RELP (2018) -> RELSHIPP (2019) as the Census Bureau's two dictionaries define
+#: them, written here independently of tasks.RELSHIPP_TO_RELP: roomers and
+#: boarders (11) became other nonrelatives (36), unmarried partners (13) 22.
+RELP_TO_RELSHIPP = {0: 20, 1: 21, 2: 25, 3: 26, 4: 27, 5: 28, 6: 29, 7: 30, 8: 31, 9: 32,
+                    10: 33, 11: 36, 12: 34, 13: 22, 14: 35, 15: 36, 16: 37, 17: 38}
+
+
+@pytest.fixture(scope="module")
+def delaware_2019(tmp_path_factory) -> Path:
+    """STATES[0] as a 2019 file: RELP renamed RELSHIPP, its codes the 2019 ones."""
+    import pandas as pd  # folktables' dependency
+
+    with zipfile.ZipFile(pums_zips() / STATES[0]) as archive:
+        member = next(n for n in archive.namelist() if n.endswith(".csv"))
+        with archive.open(member) as handle:
+            frame = pd.read_csv(handle, dtype=str, keep_default_na=False)
+    frame["RELP"] = [str(RELP_TO_RELSHIPP[int(v)]) for v in frame["RELP"]]
+    path = tmp_path_factory.mktemp("y2019") / "psam_p10.csv"
+    frame.rename(columns={"RELP": "RELSHIPP"}).to_csv(path, index=False)
+    return path
+
+
+def _prep_file(tmp: Path, source: Path, name: str, *extra: str):
+    """prepare() on one rank of ``source`` with SECRET; (report, path)."""
+    from collectives.runtime import MPI
+
+    secret, out = tmp / "secret", str(tmp / f"{name}.h5")
+    secret.write_bytes(SECRET)
+    argv = [str(source), "--out", out, "--household-secret", str(secret), "--quiet", *extra]
+    return prepare(MPI.COMM_SELF, _settings(argv), threads=1, version="test"), out
+
+
+@pytest.mark.parametrize("task", ["public_coverage", "employment"])
+def test_a_universe_on_relp_reads_relshipp_whatever_the_features(tmp_path, persons,
+                                                                 delaware_2019, task):
+    """--universe RELP==0 on a 2019 file (RELSHIPP): the reference persons of the
+    2018 file, counted by pandas, for a task without RELP as a feature
+    (public_coverage: refused before, 'the header lacks RELP') and one with it."""
+    report, out = _prep_file(tmp_path, delaware_2019, task, "--task", task,
+                             "--universe", "RELP==0")
+    state = persons[persons["ST"] == 10]
+    heads = state[state["RELP"] == 0]
+    label = (heads["PUBCOV"] == 1) if task == "public_coverage" else (heads["ESR"] == 1)
+    expected = Counter(zip(_household_keys(heads["SERIALNO"]).tolist(),
+                           heads["AGEP"].astype(int).tolist(), label.astype(int).tolist()))
+    assert 1000 < report.kept == len(heads)
+    assert _prepared(out) == expected
+
+
+def test_a_label_on_relp_reads_relshipp(tmp_path, persons, delaware_2019):
+    """A task file labelling the reference person (RELP == 0), RELP no feature:
+    on a 2019 file the labels of the 2018 file, with the recode's note."""
+    from preprocessing.prep import year_notes
+
+    text = ('name = "householder"\nlabel = "RELP == 0"\nuniverse = "AGEP >= 18"\n'
+            '[features]\nAGEP = "numeric"\nSEX = "categorical"\n')
+    path = _write(tmp_path, text)
+    report, out = _prep_file(tmp_path, delaware_2019, "householder", "--task-file", path)
+    state = persons[persons["ST"] == 10]
+    adults = state[state["AGEP"] >= 18]
+    expected = Counter(zip(_household_keys(adults["SERIALNO"]).tolist(),
+                           adults["AGEP"].astype(int).tolist(),
+                           (adults["RELP"] == 0).astype(int).tolist()))
+    assert report.kept == len(adults) and 0 < report.label_counts[1] < report.kept
+    assert _prepared(out) == expected
+    settings = _settings([str(delaware_2019), "--out", str(tmp_path / "o.h5"),
+                          "--task-file", path])
+    assert year_notes(settings) == ["  note    psam_p10.csv: RELP read from RELSHIPP (the 2019 "
+                                    "survey and later), recoded to the 2018 codes; not exact: "
+                                    "no roomer or boarder (2018 code 11), spouses and partners "
+                                    "of either sex merged"]
+
+
+def test_relp_is_read_through_its_sources_only_where_a_task_reads_it():
+    """Task.feature: RELP's reading for a label, universe or group on RELP;
+    None for a column the task does not read, or one without other years' names."""
+    coverage = tasks.TASKS["public_coverage"]
+    assert coverage.feature("RELP") is None
+    assert coverage.with_universe(tasks.parse_conditions("RELP==0")).feature("RELP") \
+        is tasks.RELP
+    label = tasks.Task("t", "", coverage.features, tasks.Condition("RELP", "==", 0))
+    assert label.feature("RELP") is tasks.RELP and label.feature("PUBCOV") is None
+    grouped = tasks.Task("t", "", coverage.features, coverage.label, group="RELP")
+    assert grouped.feature("RELP") is tasks.RELP
+    assert grouped.notes({"RELP": "RELSHIPP"}) == [tasks.RELP.note_for("RELSHIPP")]
+    assert coverage.notes({"RELP": "RELSHIPP"}) == []
+
+
 # -- a task file end to end, with --like ------------------------------------------------
 
 def test_task_file_prepares_a_file_and_like_needs_the_same_task(tmp_path):
