@@ -115,7 +115,9 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
             ``"MODULE:FACTORY"``, a ``torch.nn.Module`` (trained in place; it
             must be built identically on every rank, float32, on the run's
             device), or a factory ``(n_features, n_classes) -> nn.Module``
-            (called after seeding torch with the run's seed).
+            (called after seeding torch with the run's seed). The same on
+            every rank: the ranks compare its class's or factory's name, its
+            modules, parameters and buffers.
         comm: an mpi4py intracommunicator (default ``COMM_WORLD``).
         quiet: print nothing (rank 0 prints the run's table otherwise).
         **options: the options of ``mpidp train`` by keyword (the fields of
@@ -157,7 +159,9 @@ def train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = False
             wrong type, an impossible value) is raised on every rank, ending
             ``(on rank r)``; options that differ between ranks are refused,
             naming what each rank gave. A ConfigError also for a call after
-            ``MPI.Finalize()`` (on the calling rank: the job cannot be ended).
+            ``MPI.Finalize()`` (on the calling rank: the job cannot be ended),
+            and, on every rank, for a model whose buffers changed in training
+            (not returned: :meth:`engine.models.TorchModel.check_buffers_unchanged`).
         DirectoryLocked (73): the checkpoint directory is in use by another run.
         WriteFailed (74): an output could not be written midway (the last
             checkpoint is intact).
@@ -199,6 +203,7 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
     # deferred: torch and the trainer; `import engine` stays light
     from collectives import MPI
     from engine.entry import wait_for_peers
+    from engine.models import label_of
     from engine.run.collective import every_rank_check
     from engine.run import report
     from engine.trainer import Trainer
@@ -207,14 +212,17 @@ def _train(data: str, *, model: Any = None, comm: Any = None, quiet: bool = Fals
     wait_for_peers(comm)
     # Each rank checks its own keywords; a refusal on one rank is raised on all.
     cfg, given, model_object = every_rank_check(comm, lambda: _settings(data, model, options))
-    _check_same_given(cfg, given, comm)
+    _check_same_given(cfg, given, comm,
+                      None if model_object is None else label_of(model_object))
     trainer = Trainer(cfg, comm, out=io.StringIO() if quiet else None, given=given,
                       model=model_object)
     code = trainer.run()
     cfg = trainer.cfg  # for a resume: the recorded settings with the given ones
     last = trainer.history[-1] if trainer.history and code == 0 else {}
     stated = report.stated_privacy(trainer, trainer.epsilon_spent())
-    return Run(model=trainer.model.module(trainer.params), epsilon=stated["epsilon"],
+    # a model whose buffers changed in training is refused on every rank
+    trained = every_rank_check(comm, lambda: trainer.model.module(trainer.params))
+    return Run(model=trained, epsilon=stated["epsilon"],
                delta=cfg.delta if cfg.dp else None, history=list(trainer.history),
                exit_code=code, config=cfg, selected_epoch=last.get("selected_epoch"),
                spent_epsilon=stated["spent_epsilon"], guarantee=stated["guarantee"])
@@ -256,12 +264,15 @@ def _settings(data: str, model: Any, options: dict) -> tuple[Any, set[str], Any]
     return cfg, given, model_object
 
 
-def _check_same_given(cfg: Any, given: set[str], comm: Any) -> None:
+def _check_same_given(cfg: Any, given: set[str], comm: Any, label: str | None = None) -> None:
     """Collective: every rank was given the same options, but those a rank may
     hold for itself (:data:`engine.run.alike.OWN`). For a new run an option
     not given counts as its default; for a resume it stands for the
     checkpoint's value, so an option given on some ranks only differs (where
-    the checkpoint keeps it). The message says what each rank gave.
+    the checkpoint keeps it). The message says what each rank gave. ``label``:
+    this rank's model given as a Python object, by name
+    (:func:`engine.models.label_of`: ``python:CLASS``), compared as its
+    ``model`` (which the settings hold as ``python`` alone).
 
     Raises:
         ConfigError: (collective) naming the first option that differs (``resume``
@@ -273,6 +284,8 @@ def _check_same_given(cfg: Any, given: set[str], comm: Any) -> None:
 
     mine = {name: (name in given, value) for name, value in cfg.to_dict().items()
             if name not in OWN}
+    if label is not None:
+        mine["model"] = (True, label)
     every = comm.allgather(mine)
     resume = every[0]["resume"][1]
     names = ["resume", *(name for name in every[0] if name != "resume")]

@@ -737,6 +737,10 @@ def _module_problem(model: dict, n_params: int) -> str | None:
             or not all(isinstance(n, str) for n in frozen["names"]) \
             or not isinstance(frozen.get("sha256"), str):
         return f"model frozen is {_what(frozen)}, not {{'names': [...], 'sha256': '...'}}"
+    buffers = model.get("buffers", {})
+    if not isinstance(buffers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in buffers.items()):
+        return f"model buffers is {_what(buffers)}, not {{name: sha256}}"
     if name in BUILTIN:  # embedding-mlp, the image models: rebuilt from their spec
         spec = model.get("spec")
         if not isinstance(spec, dict) or not _is_int(spec.get("n_classes")):

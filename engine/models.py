@@ -13,13 +13,15 @@ It binds a model (:mod:`engine.nn`) to its clipping engine
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from engine.dp.fast_mlp import FastMLP
-from engine.dp.module_engine import ModuleEngine, check_model, frozen_to_buffers
+from engine.dp.module_engine import (ModuleEngine, buffer_digests, check_model,
+                                     frozen_to_buffers)
 from engine.errors import CheckpointError, ConfigError
 from engine.nn import image_models, model_names
 from engine.nn.embedding_mlp import EmbeddingMLP
@@ -100,6 +102,9 @@ class TorchModel:
         #: frozen parameters, now buffers (engine.dp.module_engine.frozen_to_buffers)
         self.frozen = frozen_to_buffers(module)
         self.frozen_sha256 = frozen_digest(module, self.frozen)
+        #: every buffer's digest as built (frozen ones included): the run must
+        #: publish them unchanged (:meth:`check_buffers_unchanged`)
+        self.buffers_at_start = buffer_digests(module)
         self.n_params = sum(p.numel() for p in module.parameters())
         self.rule = "?"
         # the fused kernels train every layer of the chain: none of it frozen
@@ -120,7 +125,16 @@ class TorchModel:
     def to_dict(self) -> dict:
         """The checkpoint's ``model`` entry: enough to refuse another model on resume
         (and, for a module run by the fused kernels, the widths that say how its
-        flat parameters are laid out: ``fused``)."""
+        flat parameters are laid out: ``fused``). ``buffers``: each buffer's
+        digest but the frozen parameters' (:func:`buffer_digests`; ``{}`` for
+        none), which ``mpidp eval`` compares with the rebuilt model's; an
+        entry without it was written before mpidp recorded buffers.
+
+        Raises:
+            ConfigError: a buffer changed since the model was built
+                (:meth:`check_buffers_unchanged`): nothing is written.
+        """
+        now = self.check_buffers_unchanged()
         entry = {"kind": "module", "name": self.name,
                  "class": type(self.module_obj).__qualname__, "n_params": self.n_params,
                  "shapes": [[n, list(p.shape)] for n, p in self.module_obj.named_parameters()]}
@@ -128,7 +142,33 @@ class TorchModel:
             entry["fused"] = self.mlp_spec.to_dict()
         if self.frozen:  # a resume, or mpidp eval, must rebuild the same constants
             entry["frozen"] = {"names": self.frozen, "sha256": self.frozen_sha256}
+        entry["buffers"] = {n: d for n, d in now.items() if n not in self.frozen}
         return entry
+
+    def check_buffers_unchanged(self) -> dict[str, str]:
+        """The buffers' digests now (:func:`buffer_digests`), after checking
+        that they are those the model was built with.
+
+        The engine refuses a model whose probe passes change its state
+        (:class:`~engine.dp.module_engine.ModuleEngine`), but a change made
+        only by later calls (after some steps, on some rows) is seen here,
+        before the model is published: in a checkpoint (:meth:`to_dict`)
+        and in what ``engine.train`` returns (:meth:`module`).
+
+        Raises:
+            ConfigError: (this rank's) the first buffer that differs.
+        """
+        now = buffer_digests(self.module_obj)
+        changed = next((n for n in {**self.buffers_at_start, **now}
+                        if self.buffers_at_start.get(n) != now.get(n)), None)
+        if changed is not None:
+            raise ConfigError(
+                f"buffer {changed!r} of the model changed during training: what the "
+                "training rows put there would leave the run without clipping or noise, "
+                "outside the (epsilon, delta) it reports, so the model is not published; "
+                "compute it from public data before training, or make it a parameter, "
+                "which DP-SGD trains")
+        return now
 
     def build_engine(self, grad: torch.Tensor, seed: int, probe, n_classes: int,
                      capacity: int, backend: str | None) -> ModuleEngine | FastMLP:
@@ -149,7 +189,13 @@ class TorchModel:
         return engine
 
     def module(self, params: torch.Tensor) -> nn.Module:
-        """The user's module itself (its parameters are views of ``params``)."""
+        """The user's module itself (its parameters are views of ``params``).
+
+        Raises:
+            ConfigError: one of its buffers changed since it was built
+                (:meth:`check_buffers_unchanged`).
+        """
+        self.check_buffers_unchanged()
         return self.module_obj
 
 
@@ -259,7 +305,7 @@ def resolve(name: str, hidden: tuple[int, ...], n_features: int, n_classes: int,
     if given is None:
         factory, label = model_names.load_factory(name), name
     else:
-        factory, label = given, _label(given)
+        factory, label = given, label_of(given)
     module = seeded(seed, lambda: model_names.build(factory, n_features, n_classes, label))
     if given is None or not isinstance(given, nn.Module):
         module = module.to(device)
@@ -287,7 +333,10 @@ def seeded(seed: int, build: Callable[[], Any]) -> Any:
         return build()
 
 
-def _label(given: Any) -> str:
+def label_of(given: Any) -> str:
+    """How a model given as a Python object is named (``python:CLASS`` for a
+    module, ``python:FACTORY`` for a factory, by qualified name): its
+    ``model`` entry's name, and what the ranks of one run compare."""
     if isinstance(given, nn.Module):
         return f"python:{type(given).__qualname__}"
     return f"python:{getattr(given, '__qualname__', type(given).__name__)}"
@@ -299,10 +348,13 @@ def check_resume(recorded: dict, model: MLPModel | TorchModel, where: str) -> No
     Raises:
         CheckpointError: (collective) the checkpoint's model differs.
     """
-    if recorded == model.to_dict():
+    current = model.to_dict()
+    if "buffers" not in recorded:  # written before mpidp recorded buffers
+        current.pop("buffers", None)
+    if recorded == current:
         return
     if isinstance(model, TorchModel) and model.mlp_spec is not None and "fused" not in recorded \
-            and recorded == {k: v for k, v in model.to_dict().items() if k != "fused"}:
+            and recorded == {k: v for k, v in current.items() if k != "fused"}:
         model.unfuse()  # the same model, trained by the generic path: resumed on it
         return
     was = recorded.get("name", "mlp") if recorded.get("kind") == "module" else \
@@ -371,7 +423,11 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
         ConfigError: a model given as a Python object (nothing names how to
             rebuild it), or a factory that fails.
         ConfigError: the rebuilt model's parameter count differs
-            from the checkpoint's (another feature count or class count).
+            from the checkpoint's (another feature count or class count), or
+            its frozen parameters or buffers differ from those the
+            checkpoint records (:func:`check_rebuilt_buffers`; a checkpoint
+            that predates the buffers' record: an
+            :class:`UncheckedBuffersWarning`).
     """
     check_named(recorded, model, where)
     if recorded.get("kind") != "module":
@@ -401,6 +457,7 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
         raise ConfigError(f"{where}: {name} builds other frozen parameters than the run "
                           "trained with: build them the same way on every call (load them "
                           "from a file, or seed torch in the factory)", collective=True)
+    # the count before the buffers: a factory that builds another model is told so
     count = sum(p.numel() for p in module.parameters())
     if count != params.numel():
         now = [[n, list(p.shape)] for n, p in module.named_parameters()]
@@ -411,6 +468,7 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
                           f"{params.numel():,}{differs}: either {name} builds another model "
                           "than the run trained (changed since?), or this file is prepared "
                           "unlike the training file (`mpidp prep --like`)", collective=True)
+    check_rebuilt_buffers(recorded, module, frozen, where)
     torch.nn.utils.vector_to_parameters(params.to(torch.float32), module.parameters())
     module.eval()
 
@@ -418,6 +476,48 @@ def checkpoint_logits(recorded: dict, params: torch.Tensor, n_features: int, n_c
         with torch.no_grad():  # a copy: the model may change its input in place
             return module(xb[:, :-1].clone())
     return logits
+
+
+class UncheckedBuffersWarning(UserWarning):
+    """A checkpoint written before mpidp recorded a model's buffers: the
+    rebuilt model's are used as built, unchecked."""
+
+
+def check_rebuilt_buffers(recorded: dict, module: nn.Module, frozen: list[str],
+                          where: str) -> None:
+    """Refuse a rebuilt model whose buffers (but the ``frozen`` parameters,
+    checked by their own record) differ from those the checkpoint's
+    ``model`` entry records (:meth:`TorchModel.to_dict`); warn
+    (:class:`UncheckedBuffersWarning`) where the entry predates that record
+    and the module has buffers.
+
+    Refused rather than replaced: the checkpoint holds the parameters, not
+    the buffers, and a factory that builds other constants (a random
+    projection drawn without a seed: ``mpidp eval`` calls it without the
+    run's) would be scored as another model than the run trained.
+
+    Raises:
+        ConfigError: (collective) naming the first buffer that differs.
+    """
+    now = buffer_digests(module, skip=tuple(frozen))
+    name = recorded.get("name")
+    if "buffers" not in recorded:
+        if now:
+            shown = ", ".join(repr(n) for n in list(now)[:3]) + (", ..." if len(now) > 3
+                                                                 else "")
+            warnings.warn(f"{where} was written before mpidp recorded a model's buffers: "
+                          f"{name}'s buffers ({shown}) are used as it builds them now, "
+                          "unchecked; a run trained by this mpidp records them",
+                          UncheckedBuffersWarning, stacklevel=3)
+        return
+    was = recorded["buffers"] if isinstance(recorded["buffers"], dict) else {}
+    if was == now and isinstance(recorded["buffers"], dict):
+        return
+    differs = next((n for n in {**was, **now} if was.get(n) != now.get(n)), None)
+    first = f" (first: {differs!r})" if differs is not None else ""
+    raise ConfigError(f"{where}: {name} builds other buffers than the run trained with{first}: "
+                      "build them the same way on every call (seed torch in the factory, or "
+                      "load them from a file)", collective=True)
 
 
 def _built_in(name: str, spec: dict, n_params: int, where: str) -> nn.Module:

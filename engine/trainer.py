@@ -55,7 +55,7 @@ from engine.nn.device import select as select_device
 from engine.nn.schedule import learning_rate
 from engine import warmup
 from engine.run import alike, report
-from engine.run.collective import rank0_check, rank0_value, shared_seed
+from engine.run.collective import every_rank_check, rank0_check, rank0_value, shared_seed
 from engine.run.hooks import RunHooks
 from engine.run.report import plural
 from engine.run.resume import check_same_data, load_checkpoint
@@ -189,9 +189,9 @@ class Trainer:
                                     given=self.given_model,
                                     code_columns=self.info.code_columns, path=cfg.data,
                                     image_shape=self.info.image_shape)
-        if payload is not None:
-            models.check_resume(payload["model"], self.model,
-                                str(ckpt.path_in(cfg.checkpoint_dir)))
+        if payload is not None:  # a model built otherwise on one rank: raised on all
+            every_rank_check(comm, lambda: models.check_resume(
+                payload["model"], self.model, str(ckpt.path_in(cfg.checkpoint_dir))))
         if cfg.checkpoint_dir:
             needed = ckpt.estimate_size(self.model.n_params, self.size, cfg.epochs)
             existing = ckpt.path_in(cfg.checkpoint_dir)

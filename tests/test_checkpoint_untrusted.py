@@ -249,6 +249,8 @@ MALFORMED = [
     ({"config": {"epochs": "ten"}}, "config epochs is a str ('ten'), not a count"),
     ({"best": {"params": torch.zeros(3)}}, "best params holds 3 values, params 38"),
     ({"model": {"kind": "module", "name": 7}}, "model name is a int (7), not a model's name"),
+    ({"model": {"kind": "module", "name": "m:f", "buffers": ["proj"]}},
+     "model buffers is a list (['proj']), not {name: sha256}"),
     ({"model": {"kind": "module", "name": "embedding-mlp", "spec": {"n_classes": 2,
       "hidden": [-1]}}}, "model spec of embedding-mlp holds a list ([-1]), not positive"),
 ]

@@ -163,6 +163,63 @@ def test_an_option_given_as_its_default_on_some_ranks_is_the_same_setting():
     engine._check_same_given(_CFG, set(), _Comm([_given(), _given(epochs=10, threads=2)]))
 
 
+class _Echo:
+    """A stand-in communicator of two ranks: this one, and rank 1 holding what
+    ``theirs(mine)`` makes of this rank's contribution."""
+
+    def __init__(self, theirs):
+        self.theirs = theirs
+
+    def allgather(self, mine):
+        return [mine, self.theirs(mine)]
+
+
+def test_a_model_object_is_compared_by_its_class_or_factory_name():
+    """Two classes given as model= on two ranks were both recorded as
+    model='python', so nothing was refused and the ranks trained two models
+    in lock-step. Their labels are compared now, and named."""
+    given = {"model"}
+    cfg = TrainConfig(data="d.h5", model="python")
+    engine._check_same_given(cfg, given, _Echo(lambda mine: mine), "python:T")
+    with pytest.raises(ConfigError) as info:
+        engine._check_same_given(cfg, given, _Echo(lambda mine: {**mine, "model": (
+            True, "python:S")}), "python:T")
+    assert str(info.value).startswith("engine.train(): rank 1 was given model='python:S' "
+                                      "but rank 0 was given model='python:T': every rank")
+    assert info.value.collective
+
+
+class _One(torch.nn.Module):
+    def __init__(self, body):
+        super().__init__()
+        self.l, self.body = torch.nn.Linear(4, 2), body
+
+    def forward(self, x):
+        return self.body(self.l(x))
+
+
+def test_the_ranks_models_are_compared_by_label_and_structure():
+    """Same label, same parameters, other layers (a Tanh on rank 1 only):
+    refused before the engines are built, naming the first module that differs;
+    the same model passes."""
+    from engine.models import TorchModel
+    from engine.run.state import check_same_model, model_identity
+
+    mine = TorchModel(_One(torch.nn.Identity()), "python:make")
+    other = TorchModel(_One(torch.nn.Tanh()), "python:make")
+    check_same_model(mine, _Echo(lambda m: m))
+    with pytest.raises(ConfigError) as info:
+        check_same_model(mine, _Echo(lambda m: model_identity(other)))
+    assert str(info.value) == (
+        "the ranks build different models (rank 0: python:make, whose module #2 is 'body' "
+        "(Identity); rank 1: python:make, whose module #2 is 'body' (Tanh)): give every rank "
+        "the same model (one class or factory, building the same layers)")
+    assert info.value.collective
+    with pytest.raises(ConfigError, match=r"\(rank 0: python:T; rank 1: python:S\)"):
+        check_same_model(TorchModel(_One(torch.nn.Tanh()), "python:T"),
+                         _Echo(lambda m: ("python:S", *m[1:])))
+
+
 def _scaled(scale_of_rank):
     """A model factory whose buffer ``scale`` is ``scale_of_rank(rank)``."""
     from collectives import MPI
@@ -216,3 +273,70 @@ def test_buffer_digests_name_each_buffer_by_dtype_shape_and_bytes():
     other = torch.nn.Module()
     other.register_buffer("b", torch.zeros(1, dtype=torch.float64))  # the same 8 bytes
     assert buffer_digests(one) != buffer_digests(other)
+
+
+class _Tanh(torch.nn.Module):
+    def __init__(self, n_features, n_classes):
+        super().__init__()
+        self.l = torch.nn.Linear(n_features, n_classes)
+
+    def forward(self, x):
+        return torch.tanh(self.l(x))
+
+
+class _Sigmoid(_Tanh):
+    def forward(self, x):
+        return 5 * torch.sigmoid(self.l(x))
+
+
+def _tail_differs(n_features, n_classes):
+    """One layer on rank 0 (the fused kernels' MLP), a Tanh after it elsewhere."""
+    from collectives import MPI
+
+    tail = [] if MPI.COMM_WORLD.Get_rank() == 0 else [torch.nn.Tanh()]
+    return torch.nn.Sequential(torch.nn.Linear(n_features, n_classes), *tail)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_different_model_on_each_rank_is_refused_on_every_rank(data, comm):
+    """A class per rank (same layer, other forward) trained in lock-step, exit 0;
+    a factory building other layers per rank was refused as differing
+    parameters (the fused layout on one rank). Both are refused on every rank,
+    naming each rank's model."""
+    opts = dict(comm=comm, epochs=1, batch_size=100, noise_multiplier=1.0, seed=0, quiet=True)
+    mine = _Tanh if comm.Get_rank() == 0 else _Sigmoid
+    with pytest.raises(ConfigError, match=r"^engine.train\(\): rank 1 was given "
+                       r"model='python:_Sigmoid' but rank 0 was given model='python:_Tanh'"):
+        engine.train(data, model=mine, **opts)
+    with pytest.raises(ConfigError, match=r"^the ranks build different models \(rank 0: "
+                       r"python:_tail_differs, whose module #2 is none \(it has 2 modules\); "
+                       r"rank 1: python:_tail_differs, whose module #2 is '1' \(Tanh\)"):
+        engine.train(data, model=_tail_differs, **opts)
+
+
+class _Stats(torch.nn.Module):
+    """Sums its rows into buffers, only where gradients are enabled."""
+
+    def __init__(self, n_features, n_classes):
+        super().__init__()
+        self.l = torch.nn.Linear(n_features, n_classes)
+        self.register_buffer("sum_x", torch.zeros(n_features))
+        self.register_buffer("rows", torch.zeros(()))
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                self.sum_x += x.sum(0)
+                self.rows += x.shape[0]
+        return self.l(x)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_model_that_sums_its_rows_is_refused_alike_at_every_rank_count(data, comm):
+    """Trained at one rank (publishing exact sums of the rows), refused at two
+    for differing buffers (the probes' own rows in them): now refused for
+    changing its state, at every rank count."""
+    with pytest.raises(ConfigError, match=r"^buffer 'sum_x' of the model changes in its "
+                                          r"forward pass"):
+        engine.train(data, model=_Stats, comm=comm, epochs=1, batch_size=100,
+                     noise_multiplier=1.0, seed=0, quiet=True)

@@ -3,8 +3,11 @@ that mixes the examples of a batch (refused), one parameter in two layers
 (tied weights: the whole-model torch.func path, never the fused MLP or the
 per-layer rules), a parameter used outside its own layer's call (a
 functional call on its weight, a direct read, another module's forward:
-torch.func too), and logits in half precision (refused). Every model that
-trains is checked against the naive per-example loop (serial: no ranks)."""
+torch.func too), logits in half precision (refused), and buffers: recorded
+by digest in checkpoints (mpidp eval refuses a rebuild with others), never
+changed by the rows (refused by the probes, with gradients on or off, and
+before publication). Every model that trains is checked against the naive
+per-example loop (serial: no ranks)."""
 import warnings
 
 import pytest
@@ -471,3 +474,183 @@ def test_a_model_with_an_expanded_buffer_is_probed_without_a_traceback():
 
     state = _state(Expanded())
     assert state["ex"] == torch.ones(F_IN).numpy().tobytes()
+
+
+# -- buffers: recorded in checkpoints, never changed by the rows ----------------------
+
+class RandProj(nn.Module):
+    """A random projection in a buffer (drawn from torch's generator), then an MLP."""
+
+    def __init__(self, n_features, n_classes):
+        super().__init__()
+        self.register_buffer("proj", torch.randn(n_features, 16))
+        self.l1, self.l2 = nn.Linear(16, 8), nn.Linear(8, n_classes)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x @ self.proj)))
+
+
+def randproj(n_features, n_classes):
+    """RandProj as the hunter's factory builds it: drawn without a seed of its own."""
+    return RandProj(n_features, n_classes)
+
+
+def fixed_randproj(n_features, n_classes):
+    """RandProj with its projection drawn from a generator of its own: the same
+    buffer on every call."""
+    model = RandProj(n_features, n_classes)
+    model.proj.copy_(torch.randn(n_features, 16, generator=torch.Generator().manual_seed(5)))
+    return model
+
+
+def _recorded_randproj(seed=3):
+    """A RandProj as a run built it (under its seed), its checkpoint entry and params."""
+    from engine.models import seeded
+
+    built = seeded(seed, lambda: RandProj(F_IN, CLASSES))
+    entry = TorchModel(built, "test_engine_user_model_edges:randproj").to_dict()
+    return built, entry, torch.cat([p.detach().reshape(-1) for p in built.parameters()])
+
+
+def test_eval_refuses_a_rebuilt_model_whose_random_buffer_differs():
+    """mpidp eval rebuilt RandProj with another projection and scored that
+    model (0.55, then 0.46, against the run's 0.70), exit 0: the checkpoint
+    recorded no buffer. Now each buffer's digest is recorded and a rebuild
+    with other buffers is refused in one line; the same buffers give the
+    run's logits."""
+    from engine.models import checkpoint_logits
+
+    built, entry, params = _recorded_randproj()
+    named = "test_engine_user_model_edges:randproj"
+    assert list(entry["buffers"]) == ["proj"] and "frozen" not in entry
+    rows = torch.randn(5, F_IN + 1)
+    torch.manual_seed(3)  # as the run drew it
+    logits = checkpoint_logits(entry, params, F_IN, CLASSES, "run", model=named)(rows)
+    with torch.no_grad():
+        assert torch.equal(logits, built(rows[:, :-1]))
+    torch.manual_seed(4)
+    with pytest.raises(ConfigError) as caught:
+        checkpoint_logits(entry, params, F_IN, CLASSES, "run", model=named)
+    assert str(caught.value) == (
+        "run: test_engine_user_model_edges:randproj builds other buffers than the run "
+        "trained with (first: 'proj'): build them the same way on every call (seed torch in "
+        "the factory, or load them from a file)")
+    assert caught.value.collective
+
+
+def test_a_checkpoint_without_the_buffers_record_loads_with_a_note_and_resumes():
+    """Files written before mpidp recorded buffers: mpidp eval uses the rebuilt
+    buffers with an UncheckedBuffersWarning, and a resume is not taken for a
+    run of another model; a record that differs is."""
+    from engine.models import UncheckedBuffersWarning, check_resume, checkpoint_logits
+    from engine.errors import CheckpointError
+
+    _, entry, params = _recorded_randproj()
+    old = {k: v for k, v in entry.items() if k != "buffers"}
+    with pytest.warns(UncheckedBuffersWarning, match=r"^run was written before mpidp "
+                      r"recorded a model's buffers: .*\('proj'\) are used as it builds them"):
+        checkpoint_logits(old, params, F_IN, CLASSES, "run",
+                          model="test_engine_user_model_edges:randproj")
+    torch.manual_seed(4)  # another draw than the run's
+    model = TorchModel(RandProj(F_IN, CLASSES), "test_engine_user_model_edges:randproj")
+    check_resume(old, model, "run")
+    with pytest.raises(CheckpointError, match="holds a checkpoint of another model"):
+        check_resume(entry, model, "run")
+
+
+@pytest.fixture
+def small_file(tmp_path):
+    from engine.bench import synthetic
+
+    return synthetic.write(tmp_path / "d.h5", rows=600, features=F_IN, n_classes=CLASSES,
+                           seed=3)
+
+
+def _eval(*argv: str) -> tuple[int, str]:
+    """``mpidp eval ARGV`` in this process: (exit code, its output)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from engine.cli import main
+
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(out):
+        try:
+            code = main(["eval", *argv])
+        except SystemExit as stop:
+            code = stop.code
+    return code, out.getvalue()
+
+
+def test_mpidp_eval_scores_the_trained_model_or_refuses(small_file, tmp_path):
+    """The hunter's run: train a factory with a random buffer, then `mpidp eval
+    --model` it. Drawn without a seed: refused (exit 2); drawn from a
+    generator of its own: the run's test accuracy, exactly."""
+    import engine
+
+    for factory, code in (("randproj", 2), ("fixed_randproj", 0)):
+        name = f"test_engine_user_model_edges:{factory}"
+        where = tmp_path / factory
+        run = engine.train(small_file, model=name, epochs=1, batch_size=100,
+                           noise_multiplier=1.0, seed=3, quiet=True, checkpoint_dir=str(where))
+        got, text = _eval("--checkpoint", str(where), "--data", small_file, "--model", name)
+        assert got == code, text
+        if code == 2:
+            assert "builds other buffers than the run trained with (first: 'proj')" in text
+        else:
+            assert f"{run.history[-1]['test_accuracy']:.4f}" in text, text
+
+
+class Stats(nn.Module):
+    """Sums the rows it sees into buffers, only where gradients are enabled
+    (``rows_over``: only in batches of more rows than that)."""
+
+    def __init__(self, n_features=F_IN, n_classes=CLASSES, rows_over=0):
+        super().__init__()
+        self.rows_over = rows_over
+        self.l = nn.Linear(n_features, n_classes)
+        self.register_buffer("sum_x", torch.zeros(n_features))
+        self.register_buffer("rows", torch.zeros(()))
+
+    def forward(self, x):
+        if torch.is_grad_enabled() and x.shape[0] > self.rows_over:
+            with torch.no_grad():
+                self.sum_x += x.sum(0)
+                self.rows += x.shape[0]
+        return self.l(x)
+
+
+def test_a_buffer_changed_only_with_gradients_enabled_is_refused():
+    """The state was checked around the output's probe alone, run under
+    no_grad: the later probes, with gradients, changed the buffers unseen,
+    and the run published exact sums of its training rows."""
+    with pytest.raises(ConfigError, match=r"^buffer 'sum_x' of the model changes in its "
+                                          r"forward pass: .* without clipping or noise"):
+        _engine(Stats())
+
+
+def test_engine_train_refuses_such_a_model_before_training(small_file):
+    import engine
+
+    with pytest.raises(ConfigError, match=r"^buffer 'sum_x' of the model changes"):
+        engine.train(small_file, model=lambda f, c: Stats(f, c), epochs=1, batch_size=100,
+                     noise_multiplier=1.0, seed=0, quiet=True)
+
+
+def test_a_buffer_changed_in_training_only_is_never_published(small_file, tmp_path):
+    """A model that changes its buffers only in batches larger than the probe's
+    passes the probe; its run is refused before it writes a checkpoint or
+    returns the model, on the buffer's name."""
+    import engine
+
+    changed = r"^buffer 'sum_x' of the model changed during training: .* not published"
+    where = tmp_path / "ck"
+    with pytest.raises(ConfigError, match=changed):
+        engine.train(small_file, model=lambda f, c: Stats(f, c, rows_over=20), epochs=1,
+                     batch_size=100, noise_multiplier=1.0, seed=0, quiet=True,
+                     checkpoint_dir=str(where))
+    assert not (where / "checkpoint.pt").exists() and not (where / "best.pt").exists()
+    with pytest.raises(ConfigError, match=changed):
+        engine.train(small_file, model=lambda f, c: Stats(f, c, rows_over=20), epochs=1,
+                     batch_size=100, noise_multiplier=1.0, seed=0, quiet=True)
+    _engine(Stats(rows_over=20))  # the probe alone does not see it

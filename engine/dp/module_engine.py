@@ -129,6 +129,23 @@ def parameter_digest(params: torch.Tensor) -> str:
     return hashlib.sha256(params.detach().cpu().numpy().tobytes()).hexdigest()
 
 
+def buffer_digests(module: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """SHA-256 of each of ``module``'s buffers but those named in ``skip``
+    (name -> digest of its dtype, shape and bytes, in ``named_buffers``
+    order), frozen parameters included once :func:`frozen_to_buffers` made
+    them buffers. What the ranks compare, and what a checkpoint records so
+    that a rebuilt model is refused when its buffers differ."""
+    digests = {}
+    for name, tensor in module.named_buffers():
+        if name in skip:
+            continue
+        data = tensor.detach().cpu().contiguous().reshape(-1)
+        digest = hashlib.sha256(repr((str(data.dtype), tuple(tensor.shape))).encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+        digests[name] = digest.hexdigest()
+    return digests
+
+
 def _whole_model_reason(model: nn.Module, x: torch.Tensor) -> str | None:
     """Why the per-layer rules cannot serve ``model`` (None when they can):
     parameters outside leaf layers, one parameter in two layers (tied
@@ -181,11 +198,15 @@ def _state(model: nn.Module) -> dict[str, bytes]:
 
 
 def _refuse_changed_state(model: nn.Module, before: dict[str, bytes]) -> None:
-    """Refuse (ConfigError) a model whose forward pass changed one of its
-    buffers or parameters (``before``: :func:`_state` before it): a running
+    """Refuse (ConfigError) a model whose probe passes changed one of its
+    buffers or parameters (``before``: :func:`_state` before them): a running
     statistic of the rows it sees (a running mean, a count), or a weight
     moved by the data, leaves the run in the model with no clipping and no
-    noise, outside the (epsilon, delta) the run reports."""
+    noise, outside the (epsilon, delta) the run reports. Checked after every
+    probe, with gradients off (the output's check, the mixing probe, in
+    eval mode too) and on (the forward and backward passes of the
+    unreached-parameter and missed-use probes), so a model that changes its
+    state only where ``torch.is_grad_enabled()`` is caught too."""
     after = _state(model)
     for name, value in after.items():
         if before.get(name) != value:
@@ -438,8 +459,10 @@ class ModuleEngine:
         ConfigError: the model's output is not ``[k, n_classes]`` float32 or
             float64 logits, its forward pass fails on the probe rows (the
             message says which), one row's logits depend on the other rows
-            or on the batch's size (:func:`_refuse_mixing`), or it draws
-            random numbers where only ``torch.func`` can clip it.
+            or on the batch's size (:func:`_refuse_mixing`), a probe pass
+            (gradients on or off) changes one of its buffers or parameters
+            (:func:`_refuse_changed_state`), or it draws random numbers where
+            only ``torch.func`` can clip it.
     """
 
     def __init__(self, model: nn.Module, grad: torch.Tensor, probe: tuple[torch.Tensor,
@@ -453,23 +476,30 @@ class ModuleEngine:
         # each call gets its own copy of the probe rows (a model may change
         # its input in place: seen here, and its steps then get copies too)
         x = probe[0][:, :-1].to(device, copy=True)
+        # every probe pass is followed by the state check, with gradients off
+        # and on: a model may change its buffers only where they are enabled
         state = _state(model)
         changes_input = self.check_output(model, x.clone(), n_classes)
         _refuse_changed_state(model, state)
         _refuse_mixing(model, x)
+        _refuse_changed_state(model, state)
         why = _whole_model_reason(model, x)
+        _refuse_changed_state(model, state)
         y = probe[1][:x.shape[0]].to(device)
         warn_unreached(model, x, y)
+        _refuse_changed_state(model, state)
         if why is None:
             clipper = LayerClipper(model, grad)
             clipper.copy_inputs = changes_input
             why = _missed_use(clipper, x, y.long())
+            _refuse_changed_state(model, state)
         if why is not None:
             warnings.warn(f"clipping the whole model through torch.func (exact, slower) "
                           f"instead of per layer: {why}", SlowPathWarning, stacklevel=2)
             clipper = FuncClipper(model, grad)
             clipper.copy_inputs = changes_input
             _refuse_random_draws(model, clipper, x, y, why)
+            _refuse_changed_state(model, state)
         self.model, self.clipper = model, clipper
         self.rule = "per-layer rules" if why is None else "torch.func"
         self.params, self.grad = clipper.params, grad

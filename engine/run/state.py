@@ -2,14 +2,13 @@
 fresh or restored from a checkpoint, the same way on every rank."""
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import torch
 
 from engine import checkpoint as ckpt
 from engine.config import TrainConfig
-from engine.dp.module_engine import parameter_digest
+from engine.dp.module_engine import buffer_digests, parameter_digest
 from engine.dp.sampler import HouseholdSampler, PoissonSampler, ShuffleSampler
 from engine.errors import CheckpointError, ConfigError, MpidpError, agree
 from engine.step_builder import StepSettings, build, engine_capacity, step_buffer
@@ -80,16 +79,57 @@ def check_ranks_agree(params: torch.Tensor, comm, frozen: str = "",
                       "torch's default generator)", collective=True)
 
 
-def buffer_digests(module: torch.nn.Module) -> dict[str, str]:
-    """SHA-256 of each of ``module``'s buffers (name -> digest of its dtype,
-    shape and bytes), frozen parameters included (they are buffers by now)."""
-    digests = {}
-    for name, tensor in module.named_buffers():
-        data = tensor.detach().cpu().contiguous().reshape(-1)
-        digest = hashlib.sha256(repr((str(data.dtype), tuple(tensor.shape))).encode())
-        digest.update(data.view(torch.uint8).numpy().tobytes())
-        digests[name] = digest.hexdigest()
-    return digests
+def model_identity(model) -> tuple[str, list[str], bool]:
+    """What the ranks compare of a run's model (:func:`check_same_model`):
+    its label (``mlp``, ``MODULE:FACTORY``, ``python:CLASS`` or
+    ``python:FACTORY``: :func:`engine.models.label_of`), its structure (each
+    module's name and class, in ``named_modules`` order; the MLP's widths)
+    and whether the fused MLP kernels run it. Not its ``forward``'s code:
+    that is the label's to name."""
+    module = getattr(model, "module_obj", None)
+    if module is None:  # the built-in MLP: its widths
+        return model.name, [model.describe()], True
+    structure = [f"{name!r} ({type(m).__qualname__})" if name else
+                 f"the model itself ({type(m).__qualname__})"
+                 for name, m in module.named_modules()]
+    return model.name, structure, getattr(model, "mlp_spec", None) is not None
+
+
+def check_same_model(model, comm) -> None:
+    """Collective: every rank must train the same model, which the parameters'
+    and buffers' digests (:func:`check_ranks_agree`) do not show where two
+    classes hold the same layers with the same seeded values; and before the
+    engine is built, since two ranks' engines of two models could call
+    different collectives and wait for each other for ever.
+
+    Raises:
+        ConfigError: (collective) naming each differing rank's model and
+            rank 0's (and, where their labels agree, the first module that
+            differs).
+    """
+    every = comm.allgather(model_identity(model))
+    odd = [r for r, identity in enumerate(every) if identity != every[0]]
+    if not odd:
+        return
+
+    def said(rank: int) -> str:
+        label, structure, fused = every[rank]
+        theirs = every[odd[0]] if rank == 0 else every[0]
+        if label != theirs[0]:
+            return label
+        if structure != theirs[1]:
+            at = next((i for i, (a, b) in enumerate(zip(structure, theirs[1])) if a != b),
+                      min(len(structure), len(theirs[1])))
+            part = f"is {structure[at]}" if at < len(structure) else \
+                f"is none (it has {len(structure)} modules)"
+            return f"{label}, whose module #{at} {part}"
+        return f"{label}, {'the fused MLP kernels' if fused else 'the generic path'}"
+
+    shown = "; ".join(f"rank {r}: {said(r)}" for r in odd[:3])
+    more = f" (and {len(odd) - 3} more ranks)" if len(odd) > 3 else ""
+    raise ConfigError(f"the ranks build different models (rank 0: {said(0)}; {shown}{more}): "
+                      "give every rank the same model (one class or factory, building the "
+                      "same layers)", collective=True)
 
 
 def _build_engine(model, grad, seed: int, probe, n_classes: int, capacity: int,
@@ -114,7 +154,8 @@ def build_state(cfg: TrainConfig, *, model, train, n_classes: int, placement, se
     as it was when the checkpoint was written.
 
     Raises (on every rank):
-        ConfigError: the model is refused on any rank (its forward pass fails on
+        ConfigError: the ranks build different models (:func:`check_same_model`);
+            the model is refused on any rank (its forward pass fails on
             that rank's first rows, it changes its state, ...); the ranks'
             initial parameters or buffers differ; ``--cuda-graph on``
             where the graph cannot run.
@@ -126,6 +167,7 @@ def build_state(cfg: TrainConfig, *, model, train, n_classes: int, placement, se
     sampler = make_sampler(cfg, train, q, seed, rank, size, steps_per_epoch)
     expected = sampler.expected_local_batch()
     probe = (torch.from_numpy(train.X[:4]), torch.from_numpy(train.y[:4]))
+    check_same_model(model, comm)
     engine = _build_engine(model, grad, seed, probe, n_classes, engine_capacity(expected),
                            kernels, comm)
     params = engine.params
