@@ -61,11 +61,18 @@ def check_not_empty(path: str | os.PathLike | None, option: str) -> None:
         raise OutputError(f"{option} is empty; give a path, or leave {option} out")
 
 
+#: The file name a message suggests for an option given a directory
+#: (:func:`check_file`): one of the option's own kind.
+EXAMPLE_NAMES = {"--json": "out.json", "--plot": "plot.png", "--metrics": "metrics.jsonl"}
+
+
 def check_file(path: str | os.PathLike, option: str) -> Path:
     """Check that the file ``path`` (given as ``option``) can be written.
 
     It may exist (it is then replaced, atomically) but must not be a
     directory or empty; its directory must exist and accept a new file.
+    A directory gets a file name of the option's kind suggested
+    (:data:`EXAMPLE_NAMES`, else ``out.json``).
 
     Raises:
         OutputError: with a message naming ``option``.
@@ -77,7 +84,8 @@ def check_file(path: str | os.PathLike, option: str) -> Path:
     shown = f"{option} {path}{spelt}"
     if problem is not None:
         why, directory = problem
-        raise OutputError(f"{shown}: {why}; give a file name, e.g. {path / 'out.json'}"
+        name = EXAMPLE_NAMES.get(option, "out.json")
+        raise OutputError(f"{shown}: {why}; give a file name, e.g. {path / name}"
                           if directory else f"{shown}: {why}; the output is "
                           f"{kernels.files.RENAMED_OVER}: give a file name")
     _check_parent(path, option)

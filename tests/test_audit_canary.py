@@ -386,3 +386,124 @@ def test_mpidp_audit_attack_canary_on_two_ranks(data, tmp_path):
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines()[-1].startswith(
         "mpidp: error: --canaries 5000 exceeds what the model allows")
+
+
+# ------------------------------------------------- refused before the run it trains
+def test_fewer_canaries_than_the_guesses_need_are_refused_before_training(data, monkeypatch):
+    """Before: --canaries 1 trained the whole run, then failed with "ValueError:
+    guess sizes k+=1, k-=1 do not fit 1 canaries". The least that works is the
+    least whose default guesses fit, checked here against the guess sizes."""
+    # the guesses split evenly, one "in" and one "out" at the least: 2 canaries
+    assert canary.MIN_CANARIES == 2
+    for m in range(2, 60):  # every m from the least on has guess sizes that fit
+        assert all(k_in >= 1 and k_out >= 1 and k_in + k_out <= m
+                   for k_in, k_out in one_run.default_guess_sizes(m))
+    with pytest.raises(ValueError, match="need at least 2"):
+        one_run.default_guess_sizes(1)
+
+    def made(*args):
+        raise AssertionError("the run started before the request was checked")
+
+    monkeypatch.setattr(canary, "canary_rows", made)
+    for guesses in (None, 1):
+        with pytest.raises(ConfigError) as info:
+            canary.run_canary_audit(data, MPI.COMM_SELF, **{**RUN, "m": 1}, guesses=guesses,
+                                    epsilon=2.0)
+        said = str(info.value)
+        assert said.startswith("--canaries 1: the audit needs at least 2 canaries")
+        assert said.endswith("give --canaries 2 or more") and "\n" not in said
+        assert info.value.exit_code == 2 and info.value.collective
+
+
+def test_the_least_canaries_audit_to_the_end(data):
+    """m = MIN_CANARIES runs through the whole analysis (a short run)."""
+    done = canary.run_canary_audit(data, MPI.COMM_SELF, **{**RUN, "m": 2, "epochs": 1},
+                                   epsilon=2.0)
+    assert done.m == 2 and done.k_in == done.k_out == 1 and done.verdict == "cannot-refute"
+
+
+def _canary_args(data, *extra):
+    from engine.cli import build_parser
+    return build_parser(only="audit").parse_args(
+        ["audit", "--attack", "canary", "--data", data, "--canaries", "50",
+         "--target-epsilon", "2", "--epochs", "1", "--batch-size", "100", "--hidden", "32",
+         "--no-progress", *extra])
+
+
+def test_the_canary_audits_json_is_checked_before_the_run(data, tmp_path, monkeypatch):
+    """Before: --json naming the --data file replaced it with the report (exit
+    0); a missing directory or a directory failed only after the run, exit 74
+    through MPI_Abort. Now one line, exit 2, before any work, as the other
+    attacks do."""
+    import shutil
+
+    from engine.audit import command
+    from engine.errors import OutputError
+
+    def trains(*args, **kw):
+        raise AssertionError("the run started before --json was checked")
+
+    monkeypatch.setattr(canary, "run_canary_audit", trains)
+    mine = str(tmp_path / "mine.h5")
+    shutil.copy(data, mine)
+    before = open(mine, "rb").read()
+    (tmp_path / "d").mkdir()
+    for given, words in ((mine, "--json .*mine.h5 is the file of --data"),
+                         (str(tmp_path / "nodir" / "c.json"), "does not exist .*never its "
+                          "parent"),
+                         (str(tmp_path / "d"), r"is a directory; give a file name, e\.g\. "
+                          r".*d/out\.json")):
+        with pytest.raises(OutputError, match=words) as info:
+            command.run(_canary_args(mine, "--json", given))
+        assert info.value.exit_code == 2 and info.value.collective
+    assert open(mine, "rb").read() == before
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_one_error_on_every_rank(
+        data, tmp_path, monkeypatch, capsys):
+    """Rank 0's write failing (disk full meanwhile) raised on rank 0 alone, and
+    the job ended through MPI_Abort's banner; now every rank raises it, exit 74."""
+    from engine.audit import command
+    from engine.errors import WriteFailed
+
+    def full(path, report):
+        raise WriteFailed(f"--json {path}: cannot write the report: No space left on device")
+
+    monkeypatch.setattr(command, "write_json", full)
+    with pytest.raises(WriteFailed, match="No space left") as info:
+        command.run(_canary_args(data, "--canaries", "2", "--json", str(tmp_path / "c.json")))
+    assert info.value.exit_code == 74 and info.value.collective
+
+
+def test_a_signal_during_the_run_stops_the_audit_as_a_signal_does(data, monkeypatch):
+    """Before: SIGTERM or SIGINT during the run's training ended every rank with
+    "RuntimeError: the audited run took 3 of 20 steps" (exit 1) and MPI_Abort;
+    the trainer had stopped at a step boundary and returned 128 + n. Now the
+    audit raises the stop, which mpidp reports as "stopped by SIGTERM (exit
+    code 143)" (engine.spmd.run_spmd)."""
+    import os
+    import signal
+    import threading
+
+    from engine.stopping import Interrupted, forget_signals
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers need the main thread")
+    real, calls = canary.CanaryHook.__call__, [0]
+
+    def signalled(self, grad):  # the signal lands during the third step
+        calls[0] += 1
+        if calls[0] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # recorded by the trainer, not raised
+        real(self, grad)
+
+    monkeypatch.setattr(canary.CanaryHook, "__call__", signalled)
+    try:
+        with pytest.raises(Interrupted) as info:
+            canary.run_canary_audit(data, MPI.COMM_SELF, **{**RUN, "m": 50, "epochs": 1},
+                                    epsilon=2.0)
+    finally:
+        forget_signals()
+    assert info.value.signum == signal.SIGTERM and 3 <= calls[0] < 20
+    assert canary.stopped(130).signum == signal.SIGINT
+    assert isinstance(canary.stopped(75), RuntimeError)

@@ -386,7 +386,9 @@ def test_the_report_names_the_audited_models_step_and_says_what_it_found(tmp_pat
     head = text.splitlines()[0]
     assert f"step {step} (epoch {run.selected_epoch}, the selected model; its run ended at " \
         f"step {target['run_step']})" in head
-    assert f"epsilon {target['epsilon']:.3f} (delta 1e-05)" in head
+    # the words of mpidp train and mpidp eval (engine.checkpoint.epsilon_text)
+    assert f"DP-SGD, epsilon {target['epsilon']:.3f} per person (delta 1e-05)," in head
+    assert target["epsilon_is_guarantee"] and "NOT a guarantee" not in text
     verdicts = [line for line in text.splitlines() if line.startswith("verdict: ")]
     assert len(verdicts) == 2
     assert report["membership"]["verdict"]["text"] in verdicts[0]
@@ -449,3 +451,103 @@ def test_inversion_verdict_in_words():
     assert alike["verdict"] == "population" and "not about its training rows" in alike["text"]
     none = inversion_verdict(section(group(0.51, 0.45, 0.57), group(0.5, 0.44, 0.56)))
     assert none["verdict"] == "not-detected"
+
+
+def test_inversion_verdict_follows_the_evidence_of_each_group():
+    """Before: members above the prior's guess and non-members not (the hunter's
+    figures) read "better than the prior's guess ... members and non-members
+    alike ... not about its training rows". Intervals: exact Clopper-Pearson of
+    the counts, by SciPy (the reference), through the verdict function."""
+    from scipy import stats as scipy_stats
+
+    from engine.audit.report import inversion_verdict
+
+    def group(right, rows, base):
+        ci = scipy_stats.binomtest(right, rows).proportion_ci(0.95, method="exact")
+        return {"accuracy": right / rows, "accuracy_ci": [ci.low, ci.high],
+                "baseline_accuracy": base}
+
+    def verdict(members, nonmembers):
+        return inversion_verdict({"attribute": "SEX", "members": members,
+                                  "nonmembers": nonmembers})
+
+    members, others = group(466, 800, 0.534), group(419, 800, 0.517)  # 0.582 vs 0.524
+    assert members["accuracy_ci"][0] > 0.534 and others["accuracy_ci"][0] < 0.517
+    assert members["accuracy_ci"][0] < others["accuracy_ci"][1]  # the intervals overlap
+    found = verdict(members, others)
+    assert found["verdict"] == "members-only", found
+    said = found["text"]
+    assert said.startswith("the attack infers SEX better than the prior's guess for members "
+                           "only") and "a sign that the model memorised" in said
+    assert "alike" not in said and "not about its training rows" not in said
+    assert "members 0.583 [0.547, 0.617], non-members 0.524 [0.488, 0.559]" in said
+    both = verdict(group(470, 800, 0.5), group(460, 800, 0.5))
+    assert both["verdict"] == "population" and "members and non-members alike" in both["text"]
+    # non-members above the prior, members' interval reaching theirs: the population
+    only_others = verdict(group(420, 800, 0.5), group(460, 800, 0.5))
+    assert only_others["verdict"] == "population" and "alike" not in only_others["text"]
+    assert verdict(group(520, 800, 0.5), group(420, 800, 0.5))["verdict"] == "members-exposed"
+    assert verdict(group(405, 800, 0.5), group(400, 800, 0.5))["verdict"] == "not-detected"
+
+
+def test_an_epsilon_that_is_no_guarantee_bounds_no_attack():
+    """A --sampling shuffle model's epsilon is no guarantee (mpidp train and eval
+    say so): before, the audit showed "DP-SGD, epsilon 1.000 (delta 1e-05)" and
+    "allows any attack an advantage of at most 0.462 ... (the epsilon is)"."""
+    from engine.audit.report import membership_verdict
+
+    attack = {"title": "loss threshold", "confidence": 0.95,
+              "p_values": {"auc_p_value": 0.3, "advantage_p_value": 0.3},
+              "ci": {"advantage": [0.5, 0.7]}}
+    section = {"members": 200, "nonmembers": 200, "attacks": [attack]}
+    reason = "--sampling shuffle is outside the accountant's assumption (Poisson sampling)"
+    shuffled = {"private": True, "epsilon": 1.0, "delta": 1e-5, "epsilon_is_guarantee": False,
+                "epsilon_text": f"epsilon 1.000 per person (delta 1e-05), NOT a guarantee: "
+                                f"{reason}"}
+    quiet = membership_verdict(section, shuffled)
+    assert quiet["verdict"] == "not-detected" and quiet["bound"] is None
+    assert "at most" not in quiet["text"] and "(the epsilon is)" not in quiet["text"]
+    assert f"NOT a guarantee: {reason}, so it bounds no attack's advantage" in quiet["text"]
+    attack["p_values"] = {"auc_p_value": 1e-6, "advantage_p_value": 1e-6}
+    found = membership_verdict(section, shuffled)  # above 0.462, yet no claim to exceed
+    assert found["verdict"] == "leakage" and "so it bounds no attack's advantage" in found["text"]
+    assert membership_verdict(section, {**shuffled, "epsilon_is_guarantee": True})[
+        "verdict"] == "beyond-epsilon"
+
+
+def test_the_audit_of_a_shuffled_run_says_its_epsilon_is_no_guarantee(tmp_path):
+    """The report's target holds the statement mpidp eval reads (and its words:
+    engine.checkpoint.epsilon_text), from the checkpoint's own record."""
+    import json as json_mod
+
+    from engine import checkpoint as ckpt
+    from engine.audit import report as report_mod
+
+    data = _random_labels_file(tmp_path / "coins.h5", rows=120, test_rows=120)
+    run = _train(data, tmp_path / "run", **{**PRIVATE, "epochs": 1, "sampling": "shuffle"})
+    out = tmp_path / "a.json"
+    report = _audit(run, data, attacks=("membership",), calibration=False, resamples=0,
+                    json=str(out))
+    target = report["target"]
+    said = ckpt.epsilon_text({"epsilon": target["epsilon"], "delta": 1e-5,
+                              "guarantee": False, "not_a_guarantee": ckpt.SHUFFLE_REASON},
+                             "person")
+    assert target["epsilon_is_guarantee"] is False and target["epsilon_text"] == said
+    assert target["not_a_guarantee"] == ckpt.SHUFFLE_REASON
+    head = report_mod.text(report).splitlines()[0]
+    assert f"DP-SGD, {said}, step" in head
+    verdict = report["membership"]["verdict"]
+    assert verdict["bound"] is None and "at most" not in verdict["text"]
+    assert json_mod.loads(out.read_text())["target"]["epsilon_is_guarantee"] is False
+
+
+def test_a_directory_given_as_a_file_is_told_a_name_of_the_options_kind(tmp_path):
+    """Before: `--plot d.png` (a directory) was told "e.g. d.png/out.json"."""
+    from engine import outputs
+
+    (tmp_path / "d.png").mkdir()
+    for option, name in (("--plot", "plot.png"), ("--json", "out.json"),
+                         ("--metrics", "metrics.jsonl")):
+        with pytest.raises(OutputError) as info:
+            outputs.check_all({option: str(tmp_path / "d.png")})
+        assert str(info.value).endswith(f"give a file name, e.g. {tmp_path / 'd.png' / name}")

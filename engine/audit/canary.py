@@ -84,6 +84,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import signal
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -95,10 +96,14 @@ from engine.audit.canary_result import CanaryAudit
 from engine.dp.streams import (STREAM_CANARY_COINS, STREAM_CANARY_ROWS, STREAM_CANARY_SECRETS,
                                seed_sequence)
 from engine.errors import ConfigError, MpidpError, PrivacyError, agree
+from engine.stopping import Interrupted
 
 if TYPE_CHECKING:
     import torch
 
+#: Fewest canaries an audit takes: its default guesses are one "in" and one
+#: "out" at the least (:func:`engine.audit.one_run.default_guess_sizes`).
+MIN_CANARIES = 2
 #: Smallest noise level the score assumes for a canary (in units of C):
 #: residuals without noise differ from 0 or 1 by float32 rounding only.
 SIGMA_FLOOR = 1e-3
@@ -238,8 +243,9 @@ def check_request(m: int, guesses: int | None, confidence: float) -> None:
     def fail(message: str):
         raise ConfigError(message, collective=True)
 
-    if m < 1:
-        fail(f"--canaries {m} must be at least 1")
+    if m < MIN_CANARIES:
+        fail(f"--canaries {m}: the audit needs at least {MIN_CANARIES} canaries (it guesses "
+             f"one \"in\" and one \"out\" at the least); give --canaries {MIN_CANARIES} or more")
     if not 0 < confidence < 1:
         fail(f"--confidence {confidence} must be in (0, 1)")
     if guesses is not None and not 1 <= guesses <= m:
@@ -273,6 +279,18 @@ def in_audit_terms(exc: PrivacyError) -> PrivacyError:
     return type(exc)(message, collective=exc.collective)
 
 
+def stopped(code: int) -> BaseException:
+    """What the audit raises when its run's ``Trainer.run`` returned ``code``
+    instead of 0: :class:`engine.stopping.Interrupted` for a stop by signal n
+    (``128 + n``: the run ended at a step boundary, every rank alike), which
+    ``mpidp`` reports as ``mpidp: stopped by SIGTERM (exit code 143)``; a
+    RuntimeError for any other code (none is expected: the run has no
+    checkpoint directory)."""
+    if code > 128 and code - 128 in {int(s) for s in signal.Signals}:
+        return Interrupted(code - 128)
+    return RuntimeError(f"the audited run ended with exit code {code}")
+
+
 def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | None = None,
                      noise_multiplier: float | None = None, epochs: int = 5,
                      batch_size: int = 100, lr: float = 0.1, hidden: tuple[int, ...] = (32,),
@@ -296,11 +314,13 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
         noise_scale, noise_ranks: TEST-ONLY faults (module docstring).
         out: where rank 0 writes the trainer's log (default: discarded).
 
-    Raises (every rank): ConfigError for m larger than the model allows,
-    guesses outside 1..m, a confidence outside (0, 1), not exactly one of
-    epsilon and noise_multiplier, or bad run settings; PrivacyError for a
-    delta above 1/N or a run the accountant cannot analyse (in the audit's
-    words: :func:`in_audit_terms`).
+    Raises (every rank): ConfigError for m below :data:`MIN_CANARIES` or larger
+    than the model allows, guesses outside 1..m, a confidence outside (0, 1),
+    not exactly one of epsilon and noise_multiplier, or bad run settings;
+    PrivacyError for a delta above 1/N or a run the accountant cannot analyse
+    (in the audit's words: :func:`in_audit_terms`); all before training.
+    :class:`engine.stopping.Interrupted` when a signal stopped the run
+    (:func:`stopped`).
     """
     import torch
 
@@ -383,9 +403,11 @@ def run_canary_audit(data: str, comm=None, *, m: int = 500, epsilon: float | Non
     trainer = Trainer(cfg, comm, out=io.StringIO() if out is None else out,
                       hooks=RunHooks(train_shard=add_canary_rows, step=audit_step))
     try:  # the delta's check and the accountant's plan are the trainer's
-        trainer.run()
+        code = trainer.run()
     except PrivacyError as exc:
         raise in_audit_terms(exc) from None
+    if code != 0:  # stopped by a signal (no checkpoint directory: 128 + n), every rank alike
+        raise stopped(code)
     used = state["counter"][0]
     if used != trainer.total_steps:
         raise RuntimeError(f"the audited run took {used} of {trainer.total_steps} steps")

@@ -305,6 +305,44 @@ def write_json(path: str, report: dict) -> None:
                          lambda reason: f"--json {path}: cannot write the report: {reason}")
 
 
+def check_output(cfg: AuditConfig, comm) -> None:
+    """Collective: check ``--json`` before any work (:mod:`engine.outputs`): a
+    file that can be written, not a directory, not the ``--data`` file.
+
+    Raises (on every rank): OutputError, exit code 2.
+    """
+    error = None
+    if comm.Get_rank() == 0:  # the rank that writes it
+        try:
+            outputs.check_all({"--json": cfg.json})
+            outputs.check_apart({"--json": cfg.json}, {"--data": cfg.data})
+        except MpidpError as exc:
+            error = exc
+    agree(comm, error)
+
+
+def privacy_of(payload: dict, is_image: bool = False) -> dict:
+    """What the audited model's file states of its privacy, for the report's
+    ``target``: the statement ``mpidp eval`` reads
+    (:func:`engine.checkpoint.statement_of`) and its words
+    (:func:`engine.checkpoint.epsilon_text`), as ``mpidp eval``'s JSON names
+    them: ``epsilon`` (the stated one), ``epsilon_is_guarantee``,
+    ``not_a_guarantee`` (why not, or None), ``privacy_unit``, ``epsilon_text``.
+    Empty for a non-private model."""
+    from engine import checkpoint as ckpt  # deferred: kept out of `mpidp audit --help`
+
+    statement = ckpt.statement_of(payload)
+    if statement.get("epsilon") is None:
+        return {}
+    unit = statement.get("unit") if statement.get("unit") in ("person", "household") \
+        else "person"
+    unit = "image" if unit == "person" and is_image else unit  # as mpidp eval says it
+    guarantee = statement.get("guarantee") is not False
+    return {"epsilon": statement["epsilon"], "epsilon_is_guarantee": guarantee,
+            "not_a_guarantee": None if guarantee else statement.get("not_a_guarantee"),
+            "privacy_unit": unit, "epsilon_text": ckpt.epsilon_text(statement, unit)}
+
+
 def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
     """Collective: run the audit ``cfg`` over ``comm``; returns the report (every rank).
 
@@ -324,14 +362,7 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
 
     out = sys.stdout if out is None else out
     rank, n_ranks = comm.Get_rank(), comm.Get_size()
-    error = None
-    if rank == 0:  # the output before any work (engine.outputs)
-        try:
-            outputs.check_all({"--json": cfg.json})
-            outputs.check_apart({"--json": cfg.json}, {"--data": cfg.data})
-        except MpidpError as exc:
-            error = exc
-    agree(comm, error)
+    check_output(cfg, comm)
     progress = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and rank == 0
     threads = configure_threads(cfg.threads, comm).threads
     target = load_target(cfg.checkpoint, cfg.data, comm)
@@ -347,7 +378,8 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
     Xm, ym = train.X[mine_m], train.y[mine_m]
     Xn, yn = test.X[mine_n], test.y[mine_n]
 
-    result: dict = {"mpidp": __version__, "target": target.summary(), "data": info.summary(),
+    described = {**target.summary(), **privacy_of(target.payload, info.is_image)}
+    result: dict = {"mpidp": __version__, "target": described, "data": info.summary(),
                     "rows": plan.summary(), "notes": list(target.notes), "ranks": n_ranks,
                     "threads": threads, "seed": cfg.seed}
     logp_m, right_m = score_rows(spec, params, Xm, ym)
@@ -439,7 +471,11 @@ def run_audit(cfg: AuditConfig, comm, out=None) -> dict:
 
 
 def run_canary(cfg: AuditConfig, args: argparse.Namespace, comm, out=None) -> dict:
-    """Collective: ``mpidp audit --attack canary``; returns the report (every rank)."""
+    """Collective: ``mpidp audit --attack canary``; returns the report (every rank).
+
+    ``--json`` is checked before the run it trains (:func:`check_output`); a
+    report that cannot be written at the end raises WriteFailed on every rank.
+    """
     from engine.audit.canary import run_canary_audit
 
     run = canary_settings(args)
@@ -448,6 +484,7 @@ def run_canary(cfg: AuditConfig, args: argparse.Namespace, comm, out=None) -> di
     except ValueError:
         raise ConfigError(f"--hidden {run['hidden']}: comma-separated integers",
                           collective=True) from None
+    check_output(cfg, comm)  # before the run it trains
     result = run_canary_audit(
         cfg.data, comm, m=run["canaries"], guesses=run["guesses"],
         epsilon=run["target_epsilon"], noise_multiplier=run["noise_multiplier"],
@@ -456,13 +493,18 @@ def run_canary(cfg: AuditConfig, args: argparse.Namespace, comm, out=None) -> di
         seed=cfg.seed, threads=cfg.threads)
     report = _finite({"version": __version__, "data": cfg.data, "ranks": comm.Get_size(),
                       "canary": result.to_dict()})
+    error = None
     if comm.Get_rank() == 0:
         out = sys.stdout if out is None else out
         if cfg.json != "-":
             out.write(result.text() + "\n")
             out.flush()
         if cfg.json:  # the file also says how it was made (rank 0's git call alone)
-            write_json(cfg.json, {**report, "provenance": machine.provenance()})
+            try:
+                write_json(cfg.json, {**report, "provenance": machine.provenance()})
+            except WriteFailed as exc:  # one line, exit 74, on every rank
+                error = exc
+    agree(comm, error)
     return report
 
 

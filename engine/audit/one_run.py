@@ -89,7 +89,15 @@ def largest_ceiling(m: int, ks: list[tuple[int, int]], delta: float, confidence:
 
 def default_guess_sizes(m: int) -> list[tuple[int, int]]:
     """The (k+, k-) pairs :func:`audit` tries by default: guesses on 1%, 2%, 5%,
-    10%, 20% and 50% of m canaries, split evenly between "in" and "out"."""
+    10%, 20% and 50% of m canaries, split evenly between "in" and "out" (one of
+    each at the least).
+
+    Raises:
+        ValueError: m below 2, which no such pair fits.
+    """
+    if m < 2:
+        raise ValueError(f"{m} canaries: the default guesses (one \"in\" and one \"out\" "
+                         "at the least) need at least 2")
     return sorted({(max(1, int(m * f / 2)), max(1, int(m * f / 2)))
                    for f in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)})
 

@@ -14,7 +14,9 @@ model's (epsilon, delta) allows any attack on one record, ``(e^eps - 1 +
 2 delta) / (e^eps + 1)`` (the largest TPR - FPR of a test against an
 (epsilon, delta)-DP mechanism: TPR <= e^eps FPR + delta and 1 - FPR <=
 e^eps (1 - TPR) + delta), and says when the lower end of an advantage's
-interval lies above it. The inversion verdict compares the attack with the
+interval lies above it; an epsilon its file says is no guarantee (a
+``--sampling shuffle`` run: ``epsilon_is_guarantee`` false) bounds nothing,
+and no ceiling is derived from it. The inversion verdict compares the attack with the
 prior's guess and the members with the non-members by their exact
 intervals. Attacks are lower bounds on what an attacker can do: "not
 detected" is never a guarantee.
@@ -60,11 +62,24 @@ def advantage_ceiling(epsilon: float, delta: float) -> float:
 
 
 def _epsilon_text(target: dict) -> str:
+    """The audited model's epsilon in the words of ``mpidp train`` and ``mpidp
+    eval`` (``target["epsilon_text"]``: :func:`engine.checkpoint.epsilon_text`,
+    ``NOT a guarantee: REASON`` where the file says so); a report without them
+    (an older JSON) gets ``epsilon 1.000 (delta 1e-05)``; "" without an epsilon."""
+    if target.get("epsilon_text"):
+        return target["epsilon_text"]
     eps = target.get("epsilon")
     if eps is None:
         return ""
     return (f"epsilon {eps:.3f}" + (" incl. tuning" if target.get("epsilon_includes_tuning")
                                     else "") + f" (delta {target.get('delta'):g})")
+
+
+def is_guarantee(target: dict) -> bool:
+    """Whether the audited model's epsilon is a guarantee: False where its file
+    says it is not (``epsilon_is_guarantee``, as ``mpidp eval``'s JSON: a
+    ``--sampling shuffle`` run, a trial of an unfinished ``mpidp tune``)."""
+    return target.get("epsilon_is_guarantee") is not False
 
 
 def membership_verdict(section: dict, target: dict) -> dict:
@@ -83,7 +98,9 @@ def membership_verdict(section: dict, target: dict) -> dict:
     level = alpha / max(1, len(tests))
     rejected = [(title, name, p) for title, name, p in tests if p < level]
     eps = target.get("epsilon") if target.get("private") else None
-    bound = None if eps is None else advantage_ceiling(eps, float(target.get("delta") or 0))
+    # an epsilon that is no guarantee bounds no attack: no ceiling is derived from it
+    bound = (None if eps is None or not is_guarantee(target)
+             else advantage_ceiling(eps, float(target.get("delta") or 0)))
     above = []
     if bound is not None:
         for a in attacks:
@@ -95,6 +112,10 @@ def membership_verdict(section: dict, target: dict) -> dict:
               + (f" (Bonferroni: each at {level:.2g})" if len(tests) > 1 else ""))
     allowed = ("" if bound is None else f"; {_epsilon_text(target)} allows any attack an "
                f"advantage of at most {bound:.3f}")
+    no_bound = (f"{_epsilon_text(target)}, so it bounds no attack's advantage"
+                if eps is not None and bound is None else "")
+    if no_bound:
+        allowed = f"; {no_bound}"
     if above:
         title, low = max(above, key=lambda x: x[1])
         return {"verdict": "beyond-epsilon", "bound": bound, "text": (
@@ -105,9 +126,9 @@ def membership_verdict(section: dict, target: dict) -> dict:
     if rejected:
         title, name, p = min(rejected, key=lambda x: x[2])
         what = "the AUC" if name.startswith("auc") else "the advantage"
-        within = ("the model is not private" if eps is None else
-                  f"within what the epsilon allows ({_epsilon_text(target)}: advantage at "
-                  f"most {bound:.3f})")
+        within = ("the model is not private" if eps is None else no_bound if bound is None
+                  else f"within what the epsilon allows ({_epsilon_text(target)}: advantage "
+                  f"at most {bound:.3f})")
         return {"verdict": "leakage", "bound": bound, "text": (
             f"membership leakage detected: the {title} attack tells the {m:,} members from "
             f"the {n:,} non-members better than chance ({what}, p {_p(p)}; {tested}); "
@@ -115,16 +136,26 @@ def membership_verdict(section: dict, target: dict) -> dict:
     return {"verdict": "not-detected", "bound": bound, "text": (
         f"no membership leakage detected: neither attack tells the {m:,} members from the "
         f"{n:,} non-members better than chance ({tested}){allowed}. The attacks are lower "
-        "bounds on what an attacker can do: this is not a guarantee (the epsilon is)")}
+        "bounds on what an attacker can do: this is not a guarantee"
+        + (" (the epsilon is)" if not no_bound else ""))}
 
 
 def inversion_verdict(section: dict) -> dict:
     """``{"verdict", "text"}`` of the attribute inference (module docstring).
 
-    ``verdict`` is ``"members-exposed"`` (members' attribute is inferred
-    better than non-members', the intervals apart), ``"population"`` (better
-    than the prior's guess, members and non-members alike: what the model
-    learnt about people like them) or ``"not-detected"``.
+    ``verdict`` is one of, by the exact intervals of the attack's accuracy
+    (members' and non-members') and the prior's guess (each group's baseline):
+
+    - ``"members-exposed"``: members' attribute is inferred better than
+      non-members', the intervals apart;
+    - ``"members-only"``: better than the prior's guess for members (their
+      interval's lower end above their baseline) and not for non-members, the
+      two intervals overlapping: a sign of memorisation (membership leakage),
+      not proof of it;
+    - ``"population"``: better than the prior's guess for non-members (and
+      for members, or members' interval reaching their baseline), the
+      intervals overlapping: what the model learnt about people like them;
+    - ``"not-detected"``: no better than the prior's guess for either.
     """
     attribute = section["attribute"]
     members, others = section["members"], section["nonmembers"]
@@ -144,11 +175,21 @@ def inversion_verdict(section: dict) -> dict:
         return {"verdict": "members-exposed", "text": (
             f"the model reveals its training rows' {attribute}: the attack infers it better "
             f"for members than for non-members, the intervals apart ({figures})")}
-    if beats_prior(members) or beats_prior(others):
+    if beats_prior(members) and not beats_prior(others):
+        return {"verdict": "members-only", "text": (
+            f"the attack infers {attribute} better than the prior's guess for members only "
+            f"(the lower end of their interval above their baseline; not so for "
+            f"non-members), though the two intervals overlap: a sign that the model "
+            f"memorised its training rows' {attribute}, not proof that it reveals more "
+            f"about them ({figures})")}
+    if beats_prior(others):
+        alike = ("members and non-members alike" if beats_prior(members) else
+                 "for non-members (members' interval reaches their baseline)")
         return {"verdict": "population", "text": (
-            f"the attack infers {attribute} better than the prior's guess, but no better for "
-            f"members than for non-members (intervals overlap): what the model reveals, it "
-            f"reveals about people like them, not about its training rows ({figures})")}
+            f"the attack infers {attribute} better than the prior's guess, {alike}, and no "
+            f"better for members than for non-members (intervals overlap): what the model "
+            f"reveals, it reveals about people like them, not about its training rows "
+            f"({figures})")}
     return {"verdict": "not-detected", "text": (
         f"the attack infers {attribute} no better than the prior's guess ({figures})")}
 
