@@ -14,8 +14,8 @@ Run it on every rank:
    the others wait in the next all-reduce. ``python -m mpi4py`` turns the
    uncaught exception into ``MPI_Abort``: the job ends within about a second
    with the error printed, instead of hanging. Run without it, rank R's exit
-   ends the job too: collectives sees, as R leaves, that the others wait in
-   a call R will never make (docs/collectives.md, rule 6).
+   ends the job too: collectives aborts it at R's exit, since the others
+   could enter a call R never makes (docs/collectives.md, rule 6).
 """
 from __future__ import annotations
 

@@ -83,14 +83,54 @@ def test_copy_bandwidth_is_of_the_bytes_copied(monkeypatch):
     (["-b", "6", "-e", "7", "-d", "float64"], "holds one float64 element (8 B)"),
     (["-a", ""], "-a/--algorithms '' names no algorithm"),
     (["-a", ","], "-a/--algorithms ',' names no algorithm"),
+    # an unknown name was an UnknownAlgorithm on every rank (one message each,
+    # and MPICH's abort line); a repeated one was timed twice, two rows and records
+    (["-a", "Ring"], "-a/--algorithms: unknown algorithm 'Ring' (did you mean 'ring'?); "
+                     "choose from naive, "),
+    (["-a", "ring,native,ring"], "-a/--algorithms 'ring,native,ring' names ring more than "
+                                 "once; name each algorithm once"),
+    # savefig refused the format after the whole measurement, with a traceback
+    (["--plot", "p.txt"], "matplotlib writes no 'txt' files; end the name with one of "),
+    (["--plot", "p.PDF"], None),
 ])
-def test_nothing_to_measure_is_refused_before_any_work(tmp_path, capsys, argv, message):
+def test_nothing_to_measure_is_refused_before_any_work(tmp_path, capsys, monkeypatch, argv,
+                                                       message):
+    """Each refused in one line (BenchUsageError: collective, so rank 0 alone
+    prints it; exit 2) before anything is measured or written."""
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "e3.json"
-    args = _parser().parse_args([*argv, "--json", str(out), "--plot", str(tmp_path / "e.png")])
+    if "--plot" not in argv:
+        argv = [*argv, "--plot", str(tmp_path / "e.png")]
+    if message is None:  # a format matplotlib writes, whatever its case: accepted
+        assert allreduce.plot_format_problem(argv[-1]) is None
+        return
+    args = _parser().parse_args([*argv, "--json", str(out)])
     with pytest.raises(BenchUsageError, match=re.escape(message)) as refused:
         allreduce.run(args)
-    assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
+    assert refused.value.exit_code == 2 and refused.value.collective
+    assert "\n" not in str(refused.value)
     assert capsys.readouterr().out == "" and not out.exists()
+
+
+def test_check_is_one_call_per_algorithm_and_size_after_the_timed_ones(monkeypatch):
+    """-c's help said "check every result", but the timed calls reduce zeros
+    unchecked: the help says what is checked, and this is it."""
+    checked = []
+    real = measure._check
+
+    def spy(buf, comm, algorithm, op, allreduce_):
+        checked.append((algorithm, buf.size, bool(buf.any())))  # zeros until _check fills it
+        return real(buf, comm, algorithm, op, allreduce_)
+
+    monkeypatch.setattr(measure, "_check", spy)
+    records = measure.measure(allreduce.MPI.COMM_WORLD, ["ring", "native"], [8, 64], "float32",
+                              "sum", iters=3, warmup=1, check=True, rounds=2)
+    assert checked == [("ring", 2, False), ("native", 2, False), ("ring", 16, False),
+                       ("native", 16, False)]
+    assert [r["wrong"] for r in records] == [0, 0, 0, 0]
+    text = " ".join(_parser().format_help().split())
+    assert "after each size's timed calls (which reduce zeros, unchecked), reduce a pattern " \
+        "of small integers once with each algorithm and check that result" in text
 
 
 def test_nothing_to_measure_under_mpiexec(tmp_path):

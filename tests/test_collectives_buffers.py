@@ -9,6 +9,7 @@ therefore gives a wrong sum here, as it would on a GPU. Only the real CUDA
 calls and a CUDA-aware transfer are left to the test marked ``gpu``.
 """
 import itertools
+import warnings
 import types
 
 import numpy as np
@@ -57,6 +58,39 @@ def test_non_contiguous_tensor_is_refused():
         collectives.allreduce(torch.ones(4, 4).t().reshape(-1)[::2], MPI.COMM_SELF)
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "auto"])
+def test_tensor_made_strided_in_place_after_a_call_is_refused(algorithm):
+    """``as_strided_`` keeps the object, its data pointer and its length: the
+    repeated call's fast path reduced the first 8 elements of the storage
+    (writing over storage[1, 3, 5, 7]) instead of refusing, as a fresh call does."""
+    storage = torch.zeros(16)
+    tensor = storage[:8]
+    tensor.fill_(1)
+    collectives.allreduce(tensor, MPI.COMM_SELF, algorithm)
+    storage.copy_(torch.arange(16.0))
+    tensor.as_strided_((8,), (2,))
+    with pytest.raises(collectives.UnsupportedBuffer, match=r"contiguous tensor .*strides \(2,\)"):
+        collectives.allreduce(tensor, MPI.COMM_SELF, algorithm)
+    assert torch.equal(storage, torch.arange(16.0))  # nothing written
+    tensor.as_strided_((8,), (1,))  # contiguous again: accepted
+    collectives.allreduce(tensor, MPI.COMM_SELF, algorithm)
+    assert torch.equal(tensor, torch.arange(8.0))
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "auto"])
+def test_array_given_new_strides_in_place_after_a_call_is_refused(algorithm):
+    """The same for a numpy array whose ``strides`` are set after a first call."""
+    storage = np.arange(16.0)
+    array = storage[:8]
+    collectives.allreduce(array, MPI.COMM_SELF, algorithm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # numpy 2.4 deprecates it
+        array.strides = (16,)
+    with pytest.raises(collectives.UnsupportedBuffer, match="contiguous array"):
+        collectives.allreduce(array, MPI.COMM_SELF, algorithm)
+    collectives.forget()
+
+
 # ------------------------------------------------------- fake CUDA world ---
 
 class FakeStream:
@@ -93,7 +127,8 @@ class FakeDeviceArray:
     @property
     def __cuda_array_interface__(self):
         m = self.memory
-        return {"shape": m.shape, "typestr": m.dtype.str, "version": 3, "strides": None,
+        return {"shape": m.shape, "typestr": m.dtype.str, "version": 3,
+                "strides": None if m.flags.c_contiguous else m.strides,
                 "data": (m.__array_interface__["data"][0], False),
                 "stream": None if self.stream is None else self.stream.ptr}
 
@@ -242,6 +277,17 @@ def test_device_array_must_be_flat_and_contiguous(fake_gpu):
     odd = FakeDeviceArray(np.zeros(4, np.int16), None)
     with pytest.raises(collectives.UnsupportedBuffer, match="int16"):
         collectives.allreduce(odd, MPI.COMM_SELF)
+
+
+def test_device_array_made_strided_after_a_call_is_refused(fake_gpu):
+    """A device buffer whose memory keeps its address but takes other strides
+    (a torch CUDA tensor's ``as_strided_``) is refused as on a first call."""
+    storage = np.zeros(16, np.float32)
+    array = FakeDeviceArray(storage[:8], None)
+    collectives.allreduce(array, MPI.COMM_SELF, "ring")
+    array.memory = storage[::2]  # the same data pointer and length, strides (8,)
+    with pytest.raises(collectives.UnsupportedBuffer, match="contiguous device array"):
+        collectives.allreduce(array, MPI.COMM_SELF, "ring")
 
 
 def test_device_array_without_cupy_says_what_to_install():

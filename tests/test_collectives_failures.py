@@ -127,6 +127,35 @@ def test_a_stop_midway_while_a_peer_stays_in_mpi_allreduce_ends_the_job():
     assert "DONE" not in result.stdout and seconds < PROMPT_S, f"took {seconds:.1f} s"
 
 
+@pytest.mark.parametrize("abort", [True, False], ids=["abort", "abort-off"])
+def test_a_rank_failing_between_calls_never_leaves_its_peers_in_mpi_allreduce(abort):
+    """Rank 1 raises its own error (uncaught, no -m mpi4py) between two
+    calls; the others then enter a native call on a second communicator,
+    rank 0 at once and rank 2 after rank 1's exit check. Rank 1 checked its
+    peers once and went on to MPI_Finalize, leaving them inside
+    MPI_Allreduce for ever. Now it ends the job (rule 6); with abort off it
+    watches until they leave and releases them from MPI_Allreduce: they
+    raise, and the job ends with rank 1's exit code."""
+    scenario = "fail-between" if abort else "fail-between-abort-off"
+    # 3 ranks with abort off: one peer enters before rank 1's exit, one after
+    result, seconds = run(2 if abort else 3, USER, scenario, "native")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-2000:]
+    assert "RuntimeError: an ordinary bug of the user's, on rank 1" in result.stderr
+    assert seconds < PROMPT_S, f"took {seconds:.1f} s"
+    if abort:
+        assert "[rank 1] RuntimeError: an ordinary bug of the user's, on rank 1" \
+            in result.stderr and "[rank 1] collectives: this rank's program failed; ending " \
+            "the job" in result.stderr, out[-2000:]
+        assert "DONE" not in result.stdout
+        return
+    for peer in (0, 2):
+        assert f"CAUGHT rank {peer}: rank {peer}: allreduce of float32[1000] sum" in out, out
+        assert f"DONE rank {peer}" in result.stdout, out
+    assert count(out, "waited in MPI_Allreduce for rank 1, which never made this call (its "
+                 "program is ending)") == 2, out
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_first_call_on_one_rank_only_ends_the_job(n):
     """The first all-reduce on a communicator under `if rank == 0:`: its

@@ -17,12 +17,17 @@ host effects hit them all alike, and prints on rank 0:
 * the channel each algorithm's schedule ran over (``--json``: ``channel``),
   and for ``auto`` what it ran (its tuning tries the candidates on the timed
   calls themselves; ``--json``: ``tuned_calls``, calls per candidate);
-* #wrong with ``-c``: elements differing from the exact expected result, or
-  not bit-identical to rank 0's (the data are small integers, so every sum is
-  exact in every dtype). Any wrong element makes the command exit with 3.
+* #wrong with ``-c``: after each size's timed calls (which reduce zeros,
+  unchecked), one more call per algorithm reduces a pattern of small
+  integers (every sum exact in every dtype); its elements that differ from
+  the exact expected result, or are not bit-identical to rank 0's. Any
+  wrong element makes the command exit with 3.
 
 ``--json FILE`` writes one record per algorithm and size; ``--plot FILE.png``
-draws latency and busbw against size. The harness never knows which
+draws latency and busbw against size (in a format matplotlib writes, named
+by the extension). Options that cannot work (an unknown or repeated ``-a``
+name, an output that cannot be written, a plot format matplotlib lacks) are
+refused before anything is measured, in one line (exit 2). The harness never knows which
 algorithm it times: it looks them up by name in the registry. The timed
 rounds are :mod:`collectives.bench.measure`'s, the table, footers, plot and
 ``--summarize`` :mod:`collectives.bench.report`'s.
@@ -49,7 +54,7 @@ from collectives.bench.report import (HEADER, format_row, plot, steal_line, stre
                                       summarize, xcore_line)
 from collectives.core.plans import comm_state
 from collectives.describe import format_size
-from collectives.registry import get, names
+from collectives.registry import names
 from collectives.runtime import MPI, launch_info
 
 EXIT_WRONG = 3
@@ -117,11 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed iterations first (default 5)")
     parser.add_argument("-c", "--check", type=int, nargs="?", const=1, default=0,
                         choices=(0, 1), metavar="0|1",
-                        help="check every result (exact, bit-identical on all ranks); a "
-                        "wrong one makes the command exit with 3")
+                        help="after each size's timed calls (which reduce zeros, "
+                        "unchecked), reduce a pattern of small integers once with each "
+                        "algorithm and check that result: exact, and bit-identical on all "
+                        "ranks (the #wrong column); a wrong one makes the command exit with 3")
     parser.add_argument("-a", "--algorithms", default="all", metavar="A,B",
-                        help="comma-separated algorithms (default: all registered, "
-                        "native included)")
+                        help="comma-separated algorithms, each once (default: all "
+                        "registered, native included)")
     parser.add_argument("-d", "--datatype", default="float32", choices=DTYPES,
                         help="element type (default float32)")
     parser.add_argument("-o", "--op", default="sum", choices=("sum", "max", "min"),
@@ -150,7 +157,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --summarize: the opposite, keep only the sizes measured "
                         "while the core-to-core copy was below GBPS before and after (the "
                         "slow spells)")
-    parser.add_argument("--plot", metavar="FILE.png", help="plot latency and busbw vs size")
+    parser.add_argument("--plot", metavar="FILE.png", help="plot latency and busbw vs size, "
+                        "in the format of the file's extension (png, svg, pdf, ...)")
 
 
 def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
@@ -242,6 +250,50 @@ def check_output(path: str | None, option: str) -> str | None:
     return None
 
 
+def plot_format_problem(path: str | None) -> str | None:
+    """Why matplotlib cannot write a plot to ``path``, or None: its extension
+    names no format it writes (``p.txt`` was refused by ``savefig`` only
+    after the whole measurement). No extension is matplotlib's default, PNG."""
+    if path is None:
+        return None
+    extension = os.path.splitext(path)[1][1:].lower()
+    if not extension:
+        return None
+    try:  # deferred: matplotlib is slow to import; only --plot needs it
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        return "--plot needs matplotlib (pip install matplotlib), or leave --plot out"
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if extension in formats:
+        return None
+    return (f"--plot {path}: matplotlib writes no '{extension}' files; end the name with "
+            f"one of .{', .'.join(sorted(formats))} (e.g. .png)")
+
+
+def algorithm_list(text: str) -> list[str]:
+    """The algorithms ``-a`` names (``all``: every registered one), each once;
+    a :class:`BenchUsageError` (one line, the same on every rank) for a name
+    not registered or named twice (it was reported once per rank, with a
+    traceback's exit, or timed twice under two table rows)."""
+    if text == "all":
+        return names()
+    algorithms = [a.strip() for a in text.split(",") if a.strip()]
+    if not algorithms:
+        raise BenchUsageError(f"-a/--algorithms {text!r} names no algorithm; "
+                              "give e.g. -a ring,native, or leave -a out for all")
+    for name in algorithms:
+        if name not in names():
+            close = next((n for n in names() if n.lower() == name.lower()), None)
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise BenchUsageError(f"-a/--algorithms: unknown algorithm {name!r}{hint}; "
+                                  f"choose from {', '.join(names())}")
+    twice = sorted({name for name in algorithms if algorithms.count(name) > 1})
+    if twice:
+        raise BenchUsageError(f"-a/--algorithms {text!r} names {', '.join(twice)} more than "
+                              "once; name each algorithm once")
+    return algorithms
+
+
 def keep_heap() -> bool:
     """glibc: serve large allocations from the heap and never trim it; False without glibc."""
 
@@ -298,15 +350,7 @@ def run(args: argparse.Namespace) -> int:
                     raise BenchUsageError(f"{path}: cannot read benchmark JSON ({error})")
             print(summarize(runs, args.min_xcore, args.max_xcore, args.summarize))
         return 0
-    if args.algorithms == "all":
-        algorithms = names()
-    else:
-        algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-        if not algorithms:
-            raise BenchUsageError(f"-a/--algorithms {args.algorithms!r} names no algorithm; "
-                                  "give e.g. -a ring,native, or leave -a out for all")
-        for name in algorithms:
-            get(name)  # UnknownAlgorithm, the same on every rank
+    algorithms = algorithm_list(args.algorithms)
     sizes_bytes = measured_sizes(args.minbytes, args.maxbytes, args.stepfactor, args.datatype)
     itemsize = np.dtype(args.datatype).itemsize
     largest = sizes_bytes[-1] // itemsize * itemsize  # the bytes reduced at the largest size
@@ -321,7 +365,8 @@ def run(args: argparse.Namespace) -> int:
         raise BenchUsageError("--keep-heap needs glibc (mallopt failed)")
     problem = None
     if rank == 0:  # the outputs before any measurement; rank 0 writes them
-        problem = check_output(args.json, "--json") or check_output(args.plot, "--plot")
+        problem = (check_output(args.json, "--json") or check_output(args.plot, "--plot")
+                   or plot_format_problem(args.plot))
     problem = comm.bcast(problem, root=0)
     if problem:
         raise BenchUsageError(problem)

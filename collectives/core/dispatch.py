@@ -3,8 +3,8 @@
 The trainer reduces the same buffer with the same arguments on every step,
 so :func:`allreduce` first compares the call with the previous one (object
 identity of buffer and communicator, the algorithm and op, the dtype, that
-the array is still 1-D and writeable) and, when nothing changed,
-runs the runner bound last time: no allocation, no collective, no plan
+the array is still 1-D, writeable and contiguous) and, when nothing
+changed, runs the runner bound last time: no allocation, no collective, no plan
 lookup. For a tuned ``auto`` on a numpy array it takes the next call from
 the tuner's iterator itself (:class:`collectives.auto.tuning.TunedPlan`),
 because a frame of ``auto``'s own is a measurable share of a small call
@@ -18,9 +18,13 @@ numpy refuse to resize it in place (``ndarray.resize`` raises, even with
 ``refcheck=False``): its size and memory cannot change, so the bound runner
 can never write into memory the array no longer owns (re-reading its data
 pointer would cost as much as the rest of the fast path). :func:`forget`
-releases the bindings. A torch or device buffer is re-checked by its data
-pointer and length on every call instead (whether a torch tensor requires
-grad is checked with the rest of the call, when it is bound); a torch CPU
+releases the bindings. Its strides can still change in place
+(``x.strides = ...``, which keeps its data pointer): the fast path reads
+its contiguity with its writeability (one ``flags`` object), so a layout a
+first call would refuse is refused on any call. A torch or device buffer is
+re-checked by its data pointer, length and strides on every call instead
+(``as_strided_`` changes a tensor's layout in place; whether a torch tensor
+requires grad is checked with the rest of the call, when it is bound); a torch CPU
 tensor is reduced through a numpy view of its memory made by
 address (``tensor.numpy()`` would make its storage unresizable for good).
 
@@ -45,8 +49,9 @@ from collectives.runtime import MPI, mpi_cuda_support
 Runner = Callable[[], None]
 _NOTHING = object()
 #: The last call: (buffer, comm argument, algorithm, op argument, dtype,
-#: skip the writeable check (not a numpy array), runner, and for a tuned
-#: ``auto`` the runner's iterator of calls (``next(calls)()`` is a call), else None).
+#: skip the writeable and contiguity checks (not a numpy array), runner, and
+#: for a tuned ``auto`` the runner's iterator of calls (``next(calls)()`` is
+#: a call), else None).
 _EMPTY = (_NOTHING, _NOTHING, None, None, None, True, None, None)
 _hot: tuple = _EMPTY
 
@@ -93,7 +98,7 @@ def allreduce(buf: Any, comm: "MPI.Intracomm | None" = None, algorithm: str = "a
     hot = _hot
     if (buf is hot[0] and comm is hot[1] and algorithm == hot[2] and op == hot[3]
             and buf.dtype is hot[4] and buf.ndim == 1
-            and (hot[5] or buf.flags.writeable)):
+            and (hot[5] or ((flags := buf.flags).writeable and flags.c_contiguous))):
         try:
             calls = hot[7]
             if calls is None:
@@ -206,10 +211,13 @@ def _torch_view(tensor: Any) -> np.ndarray:
 
 
 def _torch_runner(tensor: Any, view: np.ndarray, run: Runner, retry: Runner) -> Runner:
-    ptr, n = tensor.data_ptr(), view.size
+    """``run``, or ``retry`` (the slow path, which checks the tensor afresh)
+    where the tensor's memory or layout changed since it was bound."""
+    ptr, n, strides = tensor.data_ptr(), view.size, tensor.stride()
 
     def run_tensor() -> None:
-        if tensor.data_ptr() != ptr or tensor.numel() != n:  # storage swapped or resized
+        # storage swapped or resized, or strides changed in place (as_strided_)
+        if tensor.data_ptr() != ptr or tensor.numel() != n or tensor.stride() != strides:
             forget()
             retry()
         else:
@@ -218,10 +226,13 @@ def _torch_runner(tensor: Any, view: np.ndarray, run: Runner, retry: Runner) -> 
     return run_tensor
 
 
-def _device_pointer(buf: Any) -> int:
+def _device_layout(buf: Any) -> tuple:
+    """``(data pointer, strides)`` of a device buffer: a torch tensor's, else
+    its array interface's (strides None where it says C-contiguous)."""
     if _is_torch_tensor(buf):
-        return buf.data_ptr()
-    return buf.__cuda_array_interface__["data"][0]
+        return buf.data_ptr(), buf.stride()
+    interface = buf.__cuda_array_interface__
+    return interface["data"][0], interface.get("strides")
 
 
 def _nothing_to_reduce() -> None:
@@ -230,18 +241,19 @@ def _nothing_to_reduce() -> None:
 
 def _device_runner(buf: Any, comm_state: plans.CommState, plan: plans.Plan,
                    retry: Runner) -> Runner:
+    layout = _device_layout(buf)
+    target = buf.detach() if _is_torch_tensor(buf) else buf
+    n, dtype = plan.ctx.n, plan.ctx.dtype
     if comm_state.size == 1:
         # One rank: the sum is the buffer. Nothing to stage, and no reason to
         # wait for the device (a one-GPU run keeps the host ahead of it).
-        return _nothing_to_reduce
-    target = buf.detach() if _is_torch_tensor(buf) else buf
-    ops = device.ops_for(target)
-    n, dtype = plan.ctx.n, plan.ctx.dtype
-    pointer = _device_pointer(buf)
-    if mpi_cuda_support() and not plan.host_only:
-        inner = plan.runner(buf, ops.as_array(target), space=ops.space(), extra=pointer)
+        run = _nothing_to_reduce
+    elif mpi_cuda_support() and not plan.host_only:
+        ops = device.ops_for(target)
+        inner = plan.runner(buf, ops.as_array(target), space=ops.space(), extra=layout[0])
         run = device.direct_runner(ops, target, inner)
     else:
+        ops = device.ops_for(target)
         key = (n, dtype, ops.name)
         host = comm_state.staging.get(key)
         if host is None:
@@ -249,7 +261,8 @@ def _device_runner(buf: Any, comm_state: plans.CommState, plan: plans.Plan,
         run = device.staged_runner(ops, target, host, plan.runner(host, host))
 
     def run_checked() -> None:
-        if _device_pointer(buf) != pointer:  # e.g. a torch tensor given new storage
+        # e.g. a torch tensor given new storage, or new strides (as_strided_)
+        if _device_layout(buf) != layout:
             forget()
             retry()
         else:

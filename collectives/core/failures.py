@@ -30,17 +30,21 @@ seen by some ranks only would leave the others waiting forever. The rules:
    NaN** (0 for integers; :func:`collectives.core.dispatch.wipe`): it may hold a
    mix of calls or of ranks' numbers, which must neither pass for a result
    nor show this rank another rank's data.
-6. **Nothing is collective at interpreter exit**: a rank leaving with an
-   error never waits for its peers (the OS reclaims the shared windows). An
-   uncaught exception under ``python -m mpi4py`` therefore aborts the job as
-   in a plain mpi4py program. At exit every rank marks itself gone on each
-   communicator it used, and if a peer waits for it where that mark cannot
-   be seen (inside ``MPI_Allreduce``, or behind a message this rank never
-   received: one rank made more calls than another), it prints why and
-   ends the job (:func:`leave_at_exit`). First of all it leaves a mark
-   that its program ended, which ranks of its node waiting where they can
-   poll look for (:mod:`collectives.core.ended`). Before aborting, and at exit after
-   an uncaught exception, the rank unlinks the files MPICH keeps in
+6. **Nothing is collective at interpreter exit, and no rank leaves a peer
+   in MPI_Allreduce.** A rank whose program fails (an uncaught exception)
+   after it used a communicator of several ranks ends the job at exit, as
+   ``python -m mpi4py`` does, unless :func:`abort_on_error` is off: its
+   peers could enter a call it never makes at any later time. Otherwise
+   every rank marks itself gone on each communicator it used, and until
+   every peer has done so too, it watches them (:func:`leave_at_exit`):
+   a peer that enters ``MPI_Allreduce`` of a call this rank never makes is
+   released (rule 4), and one that stays where the mark cannot be seen
+   (inside ``MPI_Allreduce`` with another peer missing, or behind a message
+   this rank never received: one rank made more calls than another) ends
+   the job. First of all it leaves a mark that its program ended, which
+   ranks of its node waiting where they can poll look for
+   (:mod:`collectives.core.ended`). Before aborting, and at exit after an
+   uncaught exception, the rank unlinks the files MPICH keeps in
    ``/dev/shm`` for this job (they would otherwise outlive it).
 """
 from __future__ import annotations
@@ -162,25 +166,48 @@ def remove_shm_files() -> list[str]:
     return removed
 
 
-def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
+#: The last line of the report of a rank whose program failed (:func:`leave_at_exit`).
+FAILED_ENDING = ("collectives: this rank's program failed; ending the job so that no rank "
+                 "waits for it in a call it will never make (collectives.abort_on_error(False): "
+                 "they raise there instead)")
+
+
+def leave_at_exit(error: BaseException | None = None, poll_s: float = 0.001) -> None:
     """What every rank does when its program ends, before ``MPI_Finalize``
-    (rule 6): on each communicator it used, mark itself gone, so that peers
-    waiting for it in a call it will never make raise; and if a peer is
-    inside such a call where it cannot see that mark (``MPI_Allreduce``, or
-    a message for this rank that it never received: one rank made more
-    calls than the other) and stays there for :data:`STUCK_S` (a peer that
-    can see the mark raises and leaves before), print why and end the job
-    (exit code 2, whatever :func:`abort_on_error` says: there is no call left
-    to raise from).
-    Unless the program failed (``failed``: an uncaught exception; it never
-    waits), it then waits until every peer has marked itself gone too, still
-    watching, since a peer may enter such a call later; the communicators'
-    windows are freed in ``MPI_Finalize`` after that, together."""
+    (rule 6); ``error``: the exception that ended it uncaught, if any.
+
+    A program that failed on a rank that used a communicator of several
+    ranks ends the job (``MPI_Abort``: exit code 1, 130 after a
+    KeyboardInterrupt, as ``python -m mpi4py`` does), unless
+    :func:`abort_on_error` is off: its peers could otherwise enter a call
+    it never makes at any later time, after it had checked them.
+
+    Otherwise (a normal end, or a failure with :func:`abort_on_error` off)
+    it marks itself gone on each communicator it used, so that peers
+    waiting for it in a call it will never make raise; then, until every
+    peer has marked itself gone too, it releases a peer that enters
+    ``MPI_Allreduce`` of a call this rank never makes (there it cannot see
+    the mark), and if a peer stays inside such a call where no release
+    reaches it (another peer is not in it, or a message for this rank that
+    it never received: one rank made more calls than the other) for
+    :data:`STUCK_S` (a peer that can see the mark raises and leaves before),
+    it prints why and ends the job (exit code 2, whatever
+    :func:`abort_on_error` says: there is no call left to raise from). A
+    rank that went on to ``MPI_Finalize`` while a peer could still enter
+    ``MPI_Allreduce`` would leave that peer there for ever. The
+    communicators are marked first and watched together (a peer may wait on
+    any of them); their windows are freed in ``MPI_Finalize`` after that.
+    Under ``python -m mpi4py`` a failed program's job is aborted by mpi4py
+    right after this: it only marks itself gone."""
     from collectives.core import plans  # deferred: plans imports this module's users
 
-    for state in list(plans._STATES):
-        if state.size == 1 or state.comm == MPI.COMM_NULL:
-            continue
+    used = [state for state in list(plans._STATES)
+            if state.size > 1 and state.comm != MPI.COMM_NULL]
+    ending = error is not None and bool(used) and _abort
+    if ending and not any(state.stopped_midway for state in used):
+        _end_after_failure(error)
+    watched, stopped = [], []
+    for state in used:
         if not state.peers.coherent:
             # Ranks on several nodes read each other's words with one-sided
             # MPI, whose locks complete only while the peer drives MPI's
@@ -188,32 +215,52 @@ def leave_at_exit(failed: bool, poll_s: float = 0.001) -> None:
             # gone) would leave the others waiting here for ever. Across nodes
             # the exit check is left out (docs/collectives.md, rule 6).
             continue
+        state.peers.leave(GONE_EXITED)
         if state.broken is not None or state.peers.peer_failed():
             # A failed call was reported (raised with abort_on_error off) and
             # the ranks are out of step: its leftovers are no news.
-            state.peers.leave(GONE_EXITED)
             if state.stopped_midway is not None:
-                _end_unless_peers_leave(state, poll_s)
+                stopped.append(state)
             continue
-        state.peers.leave(GONE_EXITED)
-        seen, since = None, time.monotonic()
-        while True:
-            if not failed:
-                state.peers.release_waiting()  # a peer that entered MPI_Allreduce since
+        watched.append(state)
+    for state in stopped:
+        _end_unless_peers_leave(state, poll_s)
+    if ending:
+        _end_after_failure(error)
+    if error is not None and "mpi4py.run" in sys.modules:
+        return  # python -m mpi4py aborts the job next
+    _watch_until_peers_leave(watched, poll_s)
+
+
+def _end_after_failure(error: BaseException) -> None:
+    """End the job after ``error`` ended this rank's program (never returns)."""
+    code = 130 if isinstance(error, KeyboardInterrupt) else 1
+    abort_job(code, f"{type(error).__name__}: {error}", FAILED_ENDING)
+
+
+def _watch_until_peers_leave(states: list, poll_s: float) -> None:
+    """The watch of :func:`leave_at_exit` over the communicators ``states``
+    (this rank already marked gone on each), until every peer of each has
+    left; ends the job if one stays in a call this rank never makes."""
+    seen: dict[int, tuple[str | None, float]] = {}
+    while states:
+        for state in states:
+            state.peers.release_waiting()  # a peer that entered MPI_Allreduce since
             reason = state.peers.evidence()
-            if reason != seen:
-                seen, since = reason, time.monotonic()
+            previous = seen.get(id(state))
+            if previous is None or previous[0] != reason:
+                seen[id(state)] = previous = (reason, time.monotonic())
             # A peer whose waits watch this rank's mark raises and leaves within
-            # a few probes; only one that stays put (inside MPI_Allreduce, or a
-            # program that failed and will not wait) ends the job.
-            if reason is not None and (failed or time.monotonic() - since >= STUCK_S):
+            # a few probes; only one that stays put (inside MPI_Allreduce with
+            # another peer missing, or behind an unreceived message) ends the job.
+            if reason is not None and time.monotonic() - previous[1] >= STUCK_S:
                 abort_job(2, f"AllreduceMismatch: rank {state.rank}'s program is ending while "
                           f"{reason}: one rank made more allreduce calls than another (a "
                           "call skipped, or one too many). Every rank must make the same "
                           "sequence of calls.",
                           "collectives: ending the job so that no rank waits for this one")
-            if failed or state.peers.peers_gone():
-                break
+        states = [state for state in states if not state.peers.peers_gone()]
+        if states:
             time.sleep(poll_s)
 
 
@@ -235,14 +282,14 @@ def _end_unless_peers_leave(state, poll_s: float) -> None:
 
 @atexit.register
 def _at_exit() -> None:
-    # Local (rule 6): no collective work; an uncaught exception ends this
-    # rank, and the job is about to be aborted (python -m mpi4py) or to lose
-    # this rank.
+    # Local (rule 6): no collective work (a release joins only an
+    # MPI_Allreduce that every peer is already in). After an uncaught
+    # exception python -m mpi4py aborts the job once this has run.
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return
     if MPI.COMM_WORLD.Get_size() > 1:  # first: leave_at_exit may wait for peers
         ended.mark_ended(MPI.COMM_WORLD.Get_rank())
-    failed = getattr(sys, "last_value", None) is not None
-    leave_at_exit(failed)
-    if failed and MPI.COMM_WORLD.Get_size() > 1:
+    error = getattr(sys, "last_value", None)  # set by an uncaught exception
+    leave_at_exit(error)
+    if error is not None and MPI.COMM_WORLD.Get_size() > 1:
         remove_shm_files()

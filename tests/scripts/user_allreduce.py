@@ -30,6 +30,16 @@ failure) and reads the exit code and the lines it prints:
   that nobody else makes, inside ``MPI_Allreduce`` where it sees no mark.
   The job must end (exit 130), not wait there for ever.
 
+* ``fail-between`` and ``fail-between-abort-off`` (the same after
+  ``abort_on_error(False)``): two all-reduces, on the communicator and on a
+  second one of the same ranks (``Split``), then rank 1 raises its own
+  RuntimeError (uncaught, no ``-m mpi4py``) while the others make a third
+  call on the second communicator: rank 0 at once, rank 2 half a second
+  later, when rank 1's program has certainly passed its exit check. Rank 1
+  must not finalize and leave them inside ``MPI_Allreduce`` (``native``):
+  it ends the job, or with abort off it releases them and they raise
+  (``CAUGHT``, ``DONE``).
+
 An AllreduceMismatch raised on every rank alike is caught and reported as
 ``COLLECTIVE-ERROR``; a result that is wrong without an error prints
 ``WRONG``.
@@ -187,6 +197,25 @@ def stopped_midway() -> None:
     print(f"DONE rank {rank}", flush=True)
 
 
+def fail_between(abort: bool) -> None:
+    import time
+
+    collectives.abort_on_error(abort)
+    second = comm.Split(0, rank)
+    buf = np.ones(1000, np.float32)
+    collectives.allreduce(buf, comm, algorithm)
+    collectives.allreduce(buf, second, algorithm)
+    if rank == 1:
+        raise RuntimeError("an ordinary bug of the user's, on rank 1")
+    if rank == 2:
+        time.sleep(0.5)
+    try:
+        collectives.allreduce(buf, second, algorithm)
+    except collectives.AllreduceMismatch as error:
+        print(f"CAUGHT rank {rank}: {error}", flush=True)
+    print(f"DONE rank {rank}", flush=True)
+
+
 SCENARIOS = {
     "raise-after": raise_after,
     "swap": lambda: swap(np.ones(10, np.float32), np.ones(11, np.float32)),
@@ -198,6 +227,8 @@ SCENARIOS = {
     "left-in-native": left_in_native,
     "rank-0-only": rank_0_only,
     "stopped-midway": stopped_midway,
+    "fail-between": lambda: fail_between(abort=True),
+    "fail-between-abort-off": lambda: fail_between(abort=False),
 }
 
 if __name__ == "__main__":
