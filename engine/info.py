@@ -35,6 +35,15 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
                     "OMPI_MCA_mpi_yield_when_idle")
 
 
+def waiting_yields() -> bool:
+    """Whether this process's MPI library was told to let waiting ranks yield
+    their core (MPICH's heavy yield, Open MPI's yield_when_idle): set by
+    :mod:`collectives.runtime` before MPI starts where the launch looks
+    oversubscribed, or by the user."""
+    return os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "0") not in ("", "0") \
+        or os.environ.get("OMPI_MCA_mpi_yield_when_idle", "0") not in ("", "0")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON document instead of the report")
@@ -104,6 +113,9 @@ def rank_facts(share: CoreShare, threads: int | None = None) -> dict:
         "node_cores": share.node_cores,
         "bound": share.bound,
         "oversubscribed": share.oversubscribed,
+        # whether MPI was started with waiting ranks yielding their core
+        # (collectives.runtime sets it where the launch looked oversubscribed)
+        "waiting_yields": waiting_yields(),
         "capacity": share.capacity,
         "threads": share.threads if threads is None else threads,
         "torch_threads": torch.get_num_threads(),
@@ -158,7 +170,12 @@ def collect() -> dict | None:
 def allreduce_facts(comm) -> dict:
     """How ``collectives.allreduce`` runs on ``comm`` (:func:`collectives.describe`;
     collective: the first call sets up the communicator's state)."""
-    return collectives.describe(comm)
+    from collectives.auto import tuning  # deferred: only the report needs it
+
+    facts = dict(collectives.describe(comm))
+    path = tuning.tuning_file() if tuning.enabled() else None
+    facts["tuning_file"] = None if path is None else str(path)
+    return facts
 
 
 def format_report(report: dict) -> str:
@@ -188,10 +205,17 @@ def format_report(report: dict) -> str:
                  "torch's count)")
     over = [r for r in report["ranks"] if r["oversubscribed"]]
     bound = [r for r in report["ranks"] if r["bound"]]
-    if over:
+    if over and all(r["waiting_yields"] for r in over):
         lines.append(f"  oversubscribed: {over[0]['local_ranks']} ranks on {over[0]['capacity']}"
                      " cores; waiting ranks yield the CPU (MPICH's heavy yield, Open MPI's"
                      " yield_when_idle)")
+    elif over:
+        lines.append(f"  oversubscribed: {over[0]['local_ranks']} ranks on {over[0]['capacity']}"
+                     " cores, and waiting ranks spin: the launch did not look oversubscribed"
+                     " before MPI started")
+        lines.append("  (each rank's own affinity mask), so MPI's yield was not set: export "
+                     "MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (Open MPI: OMPI_MCA_mpi_yield_when_idle=1)"
+                     " or give each rank cores of its own")
     elif bound:
         lines.append(f"  bound: the launcher gave each rank cores of its own ({bound[0]['cores']}"
                      f" of the node's {bound[0]['node_cores']} on rank {bound[0]['rank']})")
@@ -203,6 +227,9 @@ def format_report(report: dict) -> str:
         lines.append(f"  pair copies    {facts['copies']}")
     lines.append(f"  channels       {', '.join(facts['channels'])}")
     lines.append(f"  auto runs      {facts['auto_text']}")
+    if facts.get("tuning_file"):  # auto's own measurements come first where it has them
+        lines.append(f"                 (where it has measured a size on these ranks: the fastest "
+                     f"it measured, kept in {facts['tuning_file']})")
     lines += ["", "kernel back-ends"]
     for b in report["kernel_backends"]:
         mark = "yes" if b["usable"] else "no "

@@ -110,6 +110,32 @@ def test_collect_reports_a_training_runs_threads_and_puts_back_its_own(comm):
     assert f"Numba's at most its pool of {pool}, NUMBA_NUM_THREADS" in text
 
 
+@pytest.mark.mpi(min_size=1)
+def test_oversubscribed_ranks_are_said_to_yield_only_where_mpi_was_told_to(comm):
+    """Before: `mpiexec -n 2 -bind-to user:0,0 mpidp info` said waiting ranks
+    yield the CPU, though each rank's own mask looked unshared before MPI
+    started, so heavy yield was never set and they spin."""
+    from engine.info import collect, format_report
+
+    report = collect()
+    if comm.Get_rank() != 0:
+        return
+    for rank in report["ranks"]:
+        rank.update(oversubscribed=True, local_ranks=2, capacity=1)
+    for yields, said in ((True, "waiting ranks yield the CPU"),
+                         (False, "and waiting ranks spin")):
+        for rank in report["ranks"]:
+            rank["waiting_yields"] = yields
+        text = format_report(report)
+        assert f"oversubscribed: 2 ranks on 1 cores; {said}" in text or \
+            f"oversubscribed: 2 ranks on 1 cores, {said}" in text, text
+    assert "export MPIR_CVAR_ENABLE_HEAVY_YIELD=1" in text
+    # auto's table is what it runs before measuring; where it measured, the file decides
+    report["allreduce"]["tuning_file"] = "/cache/allreduce-tuning.json"
+    assert "the fastest it measured, kept in /cache/allreduce-tuning.json" in \
+        format_report(report)
+
+
 def test_auto_text_names_algorithm_and_channel():
     from collectives.describe import auto_text
 
