@@ -13,17 +13,22 @@ cache folder, ``$XDG_CACHE_HOME/mpidp`` or ``~/.cache/mpidp``
 (:func:`kernels.files.cache_file`; ``none``: no file and no measurement,
 LLVM's own choice). Entries are keyed by what the code depends on: LLVM's
 CPU name and features and the Numba version (with the host that measured,
-for the reader). Processes that start together (the ranks of a job) wait on
-a lock while one measures. The kernels of both widths are compiled first,
-one child per width at once, into Numba's disk cache, so that the timed
-children only load them and a second core shortens the wait.
+for the reader). An entry is read without a lock (the file is replaced
+whole, atomically), so a site's file on a read-only mount serves; an entry
+that is not one this module writes counts as missing. Processes that start
+together (the ranks of a job) wait on a lock while one measures; a file that
+cannot be written is reported before measuring, and nothing is measured.
+The kernels of both widths are compiled first, one child per width at once,
+into Numba's disk cache, so that the timed children only load them and a
+second core shortens the wait.
 
 ``MPIDP_VECTOR_WIDTH=256`` or ``512`` forces a width, ``host`` keeps LLVM's
 choice, ``auto`` (the default) measures, ``cached`` takes the cached choice
 where there is one and LLVM's otherwise, never measuring (``mpidp info``,
 which reports and must not spend a first run's seconds measuring). A
 ``NUMBA_CPU_FEATURES`` set by the user is left alone. A CPU without AVX-512
-has nothing to choose.
+has nothing to choose. Any other value of ``MPIDP_VECTOR_WIDTH`` is an error
+(:class:`VectorWidthError`, one line, exit code 2), never silently ignored.
 
 Numba fixes its target when the process decorates its first ``@njit``
 function, so every module of mpidp that decorates one imports this module
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import errno
 import json
 import os
 import platform
@@ -66,6 +72,31 @@ PASSES = 2
 #: A child that takes longer than this (compiling included) counts as failed.
 CHILD_TIMEOUT_S = 300.0
 VERSION = 1
+
+
+class VectorWidthError(ValueError):
+    """``MPIDP_VECTOR_WIDTH`` is not one of :data:`MODES`: a user error, printed
+    by ``mpidp`` as one line, exit code 2 (:mod:`engine.spmd`), as a bad
+    ``MPIDP_ALLREDUCE_AUTO`` is. Raised where this module is first imported,
+    on the rank that reads the setting (not ``collective``: each rank reads its
+    own environment)."""
+
+    exit_code = 2
+    collective = False
+
+
+def _mode() -> str:
+    """``MPIDP_VECTOR_WIDTH``, normalised (default ``auto``).
+
+    Raises:
+        VectorWidthError: a value not in :data:`MODES`, naming the accepted ones.
+    """
+    raw = os.environ.get("MPIDP_VECTOR_WIDTH", "auto")
+    mode = raw.strip().lower() or "auto"
+    if mode not in MODES:
+        raise VectorWidthError(f"MPIDP_VECTOR_WIDTH={raw!r} is not one of "
+                               f"{', '.join(MODES)}: unset it (auto) or give one of these")
+    return mode
 
 
 @dataclass
@@ -130,16 +161,6 @@ def _write(path: Path, entries: dict) -> None:
                                         sort_keys=True) + "\n")
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock beside ``path`` (the ranks of a job start together)."""
-    handle = files.lock(path.with_name(path.name + ".lock"))
-    try:
-        yield
-    finally:
-        files.unlock(handle)
-
-
 def _child(width: int, flag: str) -> dict:
     """What ``python -m kernels.numba_target FLAG`` prints, compiled for ``width``."""
     env = dict(os.environ, MPIDP_VECTOR_WIDTH=str(width))
@@ -198,39 +219,81 @@ def _announce(cpu: str, path: Path) -> None:
           f"CPU ({cpu}): once per CPU, kept in {path}", file=sys.stderr, flush=True)
 
 
+def _usable(entry: object) -> dict | None:
+    """``entry`` if it is one this module wrote (a width, or a failure with its
+    error), else None: a damaged entry counts as a missing one and is measured
+    again and rewritten (the file is a cache)."""
+    if not isinstance(entry, dict):
+        return None
+    seconds = entry.get("seconds", {})
+    if not isinstance(seconds, dict) or not all(
+            isinstance(s, (int, float)) and not isinstance(s, bool) for s in seconds.values()):
+        return None
+    width = entry.get("width")
+    if width in WIDTHS and not isinstance(width, bool):
+        return entry
+    return entry if width is None and isinstance(entry.get("error"), str) else None
+
+
+def _check_usable(path: Path) -> None:
+    """Raise OSError unless ``path`` can be written (its folder made if
+    missing): checked before measuring, so that seconds are not spent on a
+    choice that cannot be kept."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path.parent))
+
+
+def _measure_entry(time_width) -> dict:
+    """A new entry: the measured width and seconds, or the failure's error
+    (recorded, so that every later process does not fail again)."""
+    try:
+        seconds = measure(time_width)
+        entry: dict = {"width": decide(seconds), "seconds": seconds}
+    except (OSError, ValueError, KeyError, IndexError, subprocess.SubprocessError) as exc:
+        entry = {"width": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    entry["measured"] = datetime.date.today().isoformat()
+    entry["host"] = platform.node()
+    return entry
+
+
 def _measured(path: Path | None, cpu: str, host_features: str, time_width,
               measure_missing: bool = True) -> Choice:
-    """The cached choice for this CPU, measured now (under the lock) if there is
-    none and ``measure_missing``."""
+    """The cached choice for this CPU, read without a lock (the file is replaced
+    whole, atomically: a read-only file serves as well); else, where
+    ``measure_missing`` and the file can be written, measured now under the
+    lock and saved. A damaged entry counts as missing (:func:`_usable`)."""
     if path is None:
         return Choice(cpu, None, "MPIDP_NUMBA_TARGET_FILE=none: not measured")
     key = _key(cpu, host_features)
-    if not measure_missing and key not in _read(path):
+    entry = _usable(_read(path).get(key))
+    source = f"measured earlier, from {path}"
+    if entry is None and not measure_missing:
         return Choice(cpu, None, "not measured on this CPU yet, LLVM's choice for now; the "
                       "first mpidp train or mpidp warmup measures it, once")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path):
-            entries = _read(path)
-            entry = entries.get(key)
+    if entry is None:
+        try:
+            _check_usable(path)
+            handle = files.lock(path.with_name(path.name + ".lock"))
+        except OSError as exc:
+            return Choice(cpu, None, f"{path} not usable ({exc.strerror or exc}): not measured")
+        try:
+            entries = _read(path)  # another process may have measured while this one waited
+            entry = _usable(entries.get(key))
             if entry is None:
                 _announce(cpu, path)
+                entry = entries[key] = _measure_entry(time_width)
                 try:
-                    seconds = measure(time_width)
-                    entry = {"width": decide(seconds), "seconds": seconds}
-                except (OSError, ValueError, KeyError, IndexError,
-                        subprocess.SubprocessError) as exc:
-                    # recorded, so that every later process does not fail again
-                    entry = {"width": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
-                entry["measured"] = datetime.date.today().isoformat()
-                entry["host"] = platform.node()
-                entries[key] = entry
-                _write(path, entries)
-                source = f"measured now, saved in {path}"
-            else:
-                source = f"measured earlier, from {path}"
-    except OSError as exc:
-        return Choice(cpu, None, f"{path} not usable ({exc.strerror or exc}): not measured")
+                    _write(path, entries)
+                    source = f"measured now, saved in {path}"
+                except OSError as exc:
+                    source = (f"measured now, but {path} is not usable "
+                              f"({exc.strerror or exc}): not kept")
+        finally:
+            with contextlib.suppress(OSError):
+                files.unlock(handle)
     if entry.get("width") not in WIDTHS:
         return Choice(cpu, None, f"measuring failed ({entry.get('error', 'no width')}); "
                       f"delete {path} to try again")
@@ -240,18 +303,21 @@ def _measured(path: Path | None, cpu: str, host_features: str, time_width,
 def configure(time_width=_time_in_child) -> Choice:
     """Set Numba's target features for this process (module docstring). Run once,
     at import (:data:`CHOICE`): a second call finds the features set and
-    reports them as the user's."""
+    reports them as the user's.
+
+    Raises:
+        VectorWidthError: ``MPIDP_VECTOR_WIDTH`` is not one of :data:`MODES`
+            (checked first, whatever else applies: a mistyped value is never
+            silently ignored).
+    """
     import numba
 
+    mode = _mode()
     cpu, host_features = _host()
-    mode = os.environ.get("MPIDP_VECTOR_WIDTH", "auto").strip().lower() or "auto"
     if os.environ.get("NUMBA_CPU_FEATURES") or numba.config.CPU_FEATURES:
         return Choice(cpu, None, "NUMBA_CPU_FEATURES set by the user")
     if _numba_target_fixed():
         return Choice(cpu, None, "fixed before mpidp was imported")
-    if mode not in MODES:
-        return Choice(cpu, None, f"MPIDP_VECTOR_WIDTH={mode!r} is not one of "
-                      f"{', '.join(MODES)}: ignored")
     if "+avx512f" not in host_features.split(","):
         return Choice(cpu, None, "no AVX-512: nothing to choose")
     if mode == "host":

@@ -52,6 +52,14 @@ from preprocessing.errors import PrepError
 #: Columns generated with their own logic (every other column is filler).
 GENERATED = ["RT", "SERIALNO", "DIVISION", "SPORDER", "PUMA", "REGION", "ST", "ADJINC",
              "PWGTP", "AGEP", "ESR", "WKHP", "COW", "OCCP", "POBP", "PINCP"]
+#: Households are numbered with 7 digits (SERIALNO 2018HU0000001 ...).
+MAX_HOUSEHOLDS = 9_999_999
+#: The most rows ``--rows`` may ask for, refused up front above it: the
+#: households hold 2.2305 persons on average (the committed household sizes,
+#: group quarters of one), so MAX_HOUSEHOLDS of them hold about 22,304,900
+#: rows, give or take about 4,500 (one standard deviation); 22 million stays
+#: 68 of those below. The check in ``_households`` remains as a backstop.
+MAX_ROWS = 22_000_000
 #: Rows generated and written at a time.
 BATCH_ROWS = 200_000
 #: Random filler texts per run of filler columns and age band.
@@ -166,9 +174,9 @@ class Generator:
         size[-1] -= int(ends[count - 1] - n)  # the last household is cut to fit
         numbers = self.households + 1 + np.arange(count)
         self.households += count
-        if self.households > 9_999_999:
+        if self.households > MAX_HOUSEHOLDS:
             raise ValueError("too many households for 7-digit serial numbers; "
-                             "write at most about 20 million rows")
+                             f"write at most {MAX_ROWS:,} rows")
         geo = np.array(t["geo"], dtype=np.int64)
         where = rng.choice(len(geo), size=count, p=geo[:, 4] / geo[:, 4].sum())
         first_person = np.repeat(np.cumsum(size) - size, size)
@@ -373,6 +381,17 @@ class Generator:
         return lines.scatter(rows, pl.Series(damaged, dtype=pl.String)), len(rows)
 
 
+def rows_problem(rows: int) -> str | None:
+    """Why ``--rows rows`` is refused (one line), or None: below 0, or above
+    :data:`MAX_ROWS` (more households than 7-digit serial numbers can number)."""
+    if rows < 0:
+        return f"--rows {rows}: must be >= 0"
+    if rows > MAX_ROWS:
+        return (f"--rows {rows:,}: mpidp synth writes at most {MAX_ROWS:,} rows (households "
+                f"are numbered with 7 digits, up to {MAX_HOUSEHOLDS:,}); ask for fewer")
+    return None
+
+
 def write(path: str, rows: int, seed: int = 0, corrupt_fraction: float = 0.0,
           progress: bool = False) -> int:
     """Write ``rows`` synthetic person records to ``path`` (atomically): CSV,
@@ -380,8 +399,16 @@ def write(path: str, rows: int, seed: int = 0, corrupt_fraction: float = 0.0,
 
     Returns:
         The number of lines damaged on purpose.
+
+    Raises:
+        ValueError: ``rows`` refused by :func:`rows_problem`, before anything
+            is written.
     """
     import polars as pl  # deferred: keeps `mpidp synth --help` fast
+
+    problem = rows_problem(rows)
+    if problem is not None:
+        raise ValueError(problem)
 
     generator = Generator(seed)
     temporary = atomic.temporary_name(path)
@@ -432,8 +459,9 @@ def run(args: argparse.Namespace) -> int:
         PrepError: bad options or an output that cannot be written (collective).
     """
     comm = MPI.COMM_WORLD
-    if args.rows < 0:
-        raise PrepError(f"--rows {args.rows}: must be >= 0", collective=True)
+    problem = rows_problem(args.rows)
+    if problem is not None:  # up front: nothing written
+        raise PrepError(problem, collective=True)
     if args.seed < 0:
         raise PrepError(f"--seed {args.seed}: must be >= 0", collective=True)
     if not 0.0 <= args.corrupt_fraction <= 1.0:

@@ -220,6 +220,39 @@ def test_the_file_round_trip_and_its_failures(tmp_path, monkeypatch):
     assert tuning.bucket(8, np.dtype("float32"), "sum") == "8 B float32 sum"
 
 
+@pytest.mark.parametrize("damaged", [[1, 2], "ring", 3, None])
+def test_a_damaged_machine_entry_is_absent_and_replaced(tmp_path, monkeypatch, damaged):
+    """``{KEY: [1, 2]}`` made every run end with "Exception ignored in atexit
+    callback ... AttributeError" and was never repaired: it reads as absent
+    and the exit's write replaces it, keeping the other machines' entries."""
+    path = tmp_path / "t.json"
+    other = {"8 B float32 sum": {"native": 3e-6}}
+    path.write_text(json.dumps({"k": damaged, "other": other}))
+    assert tuning.read(path, "k") == {}
+    monkeypatch.setenv("MPIDP_ALLREDUCE_TUNING_FILE", str(path))
+    store = tuning.Store("k", {}, writer=False)  # not left registered for the real exit
+    tuner = Tuner(["ring", "native"], "ring", prior={"ring": 1e-6, "native": 2e-6})
+    store.keep("8 B float32 sum", tuner)
+    monkeypatch.setattr(tuning, "_STORES", [store])
+    tuning._save()  # the atexit callback itself
+    assert json.loads(path.read_text()) == {
+        "k": {"8 B float32 sum": {"ring": 1e-6, "native": 2e-6}}, "other": other}
+    assert tuning.read(path, "k") == {"8 B float32 sum": {"ring": 1e-6, "native": 2e-6}}
+
+
+def test_damaged_buckets_read_as_absent_and_the_rest_is_kept(tmp_path):
+    path = tmp_path / "t.json"
+    good = {"ring": 1e-6, "native": 2e-6}
+    path.write_text(json.dumps({"k": {"8 B float32 sum": good, "16 B float32 sum": [1],
+                                      "32 B float32 sum": {"ring": "fast"},
+                                      "64 B float32 sum": {"ring": -1.0}}}))
+    assert tuning.read(path, "k") == {"8 B float32 sum": good}
+    path.write_text(json.dumps([{"k": {}}]))  # not an object at the top
+    assert tuning.read(path, "k") == {}
+    tuning.write(path, "k", {"8 B float32 sum": good})
+    assert json.loads(path.read_text()) == {"k": {"8 B float32 sum": good}}
+
+
 @pytest.mark.mpi(min_size=2)
 def test_the_dispatchers_stretch_calls_are_counted(comm, monkeypatch):
     """allreduce makes the calls of a tuned stretch itself (``next(calls)()``):

@@ -125,8 +125,7 @@ def test_a_failed_measurement_is_recorded_and_not_repeated(fresh):
 
 @pytest.mark.parametrize("mode, width, source", [("256", 256, "MPIDP_VECTOR_WIDTH=256"),
                                                  ("512", 512, "MPIDP_VECTOR_WIDTH=512"),
-                                                 ("host", None, "MPIDP_VECTOR_WIDTH=host"),
-                                                 ("fast", None, "is not one of")])
+                                                 ("host", None, "MPIDP_VECTOR_WIDTH=host")])
 def test_the_environment_forces_a_width(fresh, monkeypatch, mode, width, source):
     monkeypatch.setenv("MPIDP_VECTOR_WIDTH", mode)
     fake = FakeTimes(w256=1.0, w512=1.0)
@@ -134,6 +133,121 @@ def test_the_environment_forces_a_width(fresh, monkeypatch, mode, width, source)
     assert (choice.width, fake.calls) == (width, []) and source in choice.source
     assert (numba.config.CPU_FEATURES is None) == (width is None)
     assert not fresh.exists()
+
+
+@pytest.mark.parametrize("mode", ["1024", "fast", "256bit"])
+def test_a_mistyped_width_is_a_one_line_user_error(fresh, monkeypatch, mode):
+    """MPIDP_VECTOR_WIDTH=1024 was ignored by train (LLVM's width, not even the
+    cached one): now an error that mpidp prints as one line, exit code 2,
+    naming the accepted values, whatever else applies."""
+    from engine import spmd
+
+    monkeypatch.setenv("MPIDP_VECTOR_WIDTH", mode)
+    fake = FakeTimes(w256=1.0, w512=1.0)
+    with pytest.raises(numba_target.VectorWidthError) as caught:
+        numba_target.configure(fake)
+    assert spmd.is_user_error(caught.value) and caught.value.exit_code == 2
+    line = spmd._line(caught.value)
+    assert line.startswith(f"mpidp: error: MPIDP_VECTOR_WIDTH={mode!r} is not one of ")
+    assert all(m in line for m in numba_target.MODES) and "\n" not in line
+    assert fake.calls == [] and numba.config.CPU_FEATURES is None and not fresh.exists()
+    # checked before the cases that leave the width alone
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx2")
+    with pytest.raises(numba_target.VectorWidthError):
+        numba_target.configure(fake)
+    monkeypatch.delenv("NUMBA_CPU_FEATURES")
+    monkeypatch.setattr(numba_target, "_host", lambda: ("zen3", "+avx2,-avx512f,+fma"))
+    with pytest.raises(numba_target.VectorWidthError):
+        numba_target.configure(fake)
+
+
+def test_a_mistyped_width_fails_the_import_in_a_child(tmp_path):
+    """The error is raised where the module is first imported (a command's
+    main, under engine.spmd.run_spmd): the import fails with it."""
+    code = ("import sys\ntry:\n    import kernels.numba_target\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc.exit_code)\n")
+    full = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+    full.update(PYTHONPATH=str(ROOT), MPIDP_VECTOR_WIDTH=" 1024 ",
+                MPIDP_NUMBA_TARGET_FILE=str(tmp_path / "t.json"))
+    done = subprocess.run([sys.executable, "-c", code], env=full, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "VectorWidthError 2", done.stderr
+
+
+@pytest.mark.parametrize("damaged", [[512], "512", 512, None, {"width": 1024},
+                                     {"width": 512, "seconds": [1.0]},
+                                     {"width": True}, {"seconds": {"256": 1.0}}])
+def test_a_damaged_entry_is_measured_again_and_rewritten(fresh, damaged, capsys):
+    """``{KEY: [512]}`` made mpidp info, warmup and train die with an
+    AttributeError: a damaged entry counts as a missing one."""
+    key = numba_target._key(*HOST)
+    fresh.parent.mkdir(parents=True)
+    other = {"width": 256, "seconds": {"256": 1.0, "512": 2.0}}
+    fresh.write_text(json.dumps({"version": numba_target.VERSION,
+                                 "entries": {key: damaged, "other cpu": other}}))
+    fake = FakeTimes(w256=2.0, w512=1.0)
+    choice = numba_target.configure(fake)
+    assert choice.width == 512 and "measured now" in choice.source
+    assert len(fake.calls) == 2 * numba_target.PASSES
+    entries = json.loads(fresh.read_text())["entries"]
+    assert entries[key]["width"] == 512 and entries["other cpu"] == other
+    # in cached mode (mpidp info) it is a missing entry: no traceback, no measuring
+    entries[key] = damaged
+    fresh.write_text(json.dumps({"version": numba_target.VERSION, "entries": entries}))
+    numba.config.CPU_FEATURES = None
+    os.environ["MPIDP_VECTOR_WIDTH"] = "cached"  # removed again by the fixture
+    never = FakeTimes(w256=RuntimeError("measured"), w512=RuntimeError("measured"))
+    cached = numba_target.configure(never)
+    assert cached.width is None and "not measured on this CPU yet" in cached.source
+    assert never.calls == []
+
+
+def test_an_existing_entry_is_read_without_the_lock(fresh, monkeypatch):
+    """A site's file on a read-only mount was ignored: the lock file was opened
+    for writing even to read an entry ("not usable (Read-only file system)")."""
+    numba_target.configure(FakeTimes(w256=2.0, w512=1.0))
+    numba.config.CPU_FEATURES = None  # as a new process, on a read-only mount
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(30, "Read-only file system", str(path))
+
+    monkeypatch.setattr(numba_target.files, "lock", read_only)
+    monkeypatch.setattr(numba_target.files, "replace_file", read_only)
+    never = FakeTimes(w256=RuntimeError("measured"), w512=RuntimeError("measured"))
+    choice = numba_target.configure(never)
+    assert choice.width == 512 and "measured earlier" in choice.source and never.calls == []
+    # a missing entry there is reported, without measuring in vain
+    numba.config.CPU_FEATURES = None
+    monkeypatch.setattr(numba_target, "_host", lambda: ("othercpu", HOST[1]))
+    missing = numba_target.configure(never)
+    assert missing.width is None and never.calls == []
+    assert missing.source == f"{fresh} not usable (Read-only file system): not measured"
+
+
+def test_a_directory_as_the_file_is_refused_before_measuring(fresh, monkeypatch, tmp_path,
+                                                              capsys):
+    """A directory as MPIDP_NUMBA_TARGET_FILE was measured (20-50 s), then
+    reported "not usable (Is a directory): not measured", in every process."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    monkeypatch.setenv("MPIDP_NUMBA_TARGET_FILE", str(folder))
+    fake = FakeTimes(w256=2.0, w512=1.0)
+    choice = numba_target.configure(fake)
+    assert choice.width is None and fake.calls == [] and capsys.readouterr().err == ""
+    assert choice.source == f"{folder} not usable (Is a directory): not measured"
+
+
+def test_a_measurement_that_cannot_be_kept_is_used_and_said_so(fresh, monkeypatch):
+    def failing(path, entries):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(numba_target, "_write", failing)
+    fake = FakeTimes(w256=2.0, w512=1.0)
+    choice = numba_target.configure(fake)
+    assert choice.width == 512 and len(fake.calls) == 2 * numba_target.PASSES
+    assert choice.source == (f"measured now, but {fresh} is not usable "
+                             "(No space left on device): not kept")
+    assert "not measured" not in choice.source
 
 
 def test_nothing_is_measured_or_changed_where_there_is_no_choice(fresh, monkeypatch):

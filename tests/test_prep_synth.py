@@ -186,3 +186,48 @@ def test_synth_refuses_a_compressed_name_it_does_not_write(tmp_path, capsys, nam
                                        f"gzip for a name ending in .gz, not {what}: name it "
                                        ".csv or .csv.gz\n")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("rows", [10_000_000_000, synth.MAX_ROWS + 1])
+def test_synth_refuses_too_many_rows_up_front(tmp_path, capsys, rows):
+    """`--rows 10000000000` wrote ~16 GB (22 M rows) before the household
+    numbers ran out: now refused before anything is written."""
+    from engine.cli import main
+
+    out = tmp_path / "big.csv"
+    with pytest.raises(SystemExit) as exit_:
+        main(["synth", "--rows", str(rows), "--out", str(out), "--quiet"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        f"mpidp: error: --rows {rows:,}: mpidp synth writes at most 22,000,000 rows "
+        "(households are numbered with 7 digits, up to 9,999,999); ask for fewer\n")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="at most 22,000,000 rows"):
+        synth.write(str(out), rows)  # the library call too
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_row_limit_fits_the_households_serial_numbers_hold():
+    """MAX_ROWS against the persons 9,999,999 households hold, computed here
+    from the committed tables: well within (many standard deviations), yet
+    close to all of it."""
+    from preprocessing import synth_tables
+
+    t = synth_tables.load()
+    sizes = np.array(t["household_sizes"], dtype=np.float64)
+    p = sizes[:, 1] / sizes[:, 1].sum()
+    mean, square = (p * sizes[:, 0]).sum(), (p * sizes[:, 0] ** 2).sum()
+    g = t["gq_share"]
+    gq = g * mean / (1 - g + g * mean)  # share of households that are group quarters (of 1)
+    per_household = (1 - gq) * mean + gq
+    spread = np.sqrt((1 - gq) * square + gq - per_household ** 2)
+    capacity, sd = 9_999_999 * per_household, np.sqrt(9_999_999) * spread
+    assert synth.MAX_HOUSEHOLDS == 9_999_999
+    assert synth.MAX_ROWS <= capacity - 50 * sd and synth.MAX_ROWS >= 0.98 * capacity
+
+
+def test_the_late_household_check_remains_a_backstop():
+    generator = synth.Generator(0)
+    generator.households = synth.MAX_HOUSEHOLDS - 2
+    with pytest.raises(ValueError, match="7-digit serial numbers; write at most 22,000,000"):
+        generator.batch(50)

@@ -418,36 +418,55 @@ def bucket(nbytes: int, dtype: np.dtype, op: str) -> str:
     return f"{1 << max(0, (nbytes - 1).bit_length())} B {dtype} {op}"
 
 
+def _times(bucket_entry: object) -> dict[str, float] | None:
+    """A bucket's ``{candidate: seconds}``, or None where it is damaged."""
+    if not isinstance(bucket_entry, dict):
+        return None
+    try:
+        times = {str(n): float(t) for n, t in bucket_entry.items()}
+    except (TypeError, ValueError):
+        return None
+    return times if all(math.isfinite(t) and t >= 0 for t in times.values()) else None
+
+
 def read(path: Path | None, key: str) -> dict[str, dict[str, float]]:
-    """The tunings of ``key`` in the file (empty if none or unreadable)."""
+    """The tunings of ``key`` in the file (empty if none or unreadable). A
+    damaged part (the machine's entry not an object, a bucket whose times are
+    not numbers) counts as absent: the file is a cache, rewritten at exit."""
     if path is None:
         return {}
     try:
         data = json.loads(path.read_text())
-        entry = data.get(key, {})
-        return {b: {n: float(t) for n, t in v.items()} for b, v in entry.items()
-                if isinstance(v, dict)}
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (OSError, ValueError):
         return {}
+    entry = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(entry, dict):
+        return {}
+    known = {str(b): _times(v) for b, v in entry.items()}
+    return {b: t for b, t in known.items() if t is not None}
 
 
 def write(path: Path | None, key: str, tunings: dict[str, dict[str, float]]) -> None:
     """Merge ``tunings`` into the file under ``key`` (atomically; errors ignored:
-    a tuning file is a cache)."""
+    a tuning file is a cache). A damaged file, or a damaged entry of ``key``
+    (not an object), is replaced; other machines' entries are kept as they are."""
     if path is None or not tunings:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             data = json.loads(path.read_text())
-            if not isinstance(data, dict):
-                data = {}
         except (OSError, ValueError):
             data = {}
-        data.setdefault(key, {}).update(tunings)
+        if not isinstance(data, dict):
+            data = {}
+        entry = data.get(key)
+        if not isinstance(entry, dict):
+            entry = data[key] = {}
+        entry.update(tunings)
         kernels.files.replace_file(path, json.dumps(data, indent=1, sort_keys=True))
-    except OSError:
-        pass
+    except (OSError, TypeError, ValueError):
+        pass  # a cache: never a traceback at exit
 
 
 class Store:
