@@ -56,8 +56,18 @@ def numba_cpu() -> Availability:
     return Availability("numba-cpu", True,
                         f"numba {version}, a pool of {numba.config.NUMBA_NUM_THREADS} "
                         "threads (NUMBA_NUM_THREADS), "
-                        f"threading layer '{numba.config.THREADING_LAYER}'; "
+                        f"{_threading_layer(numba)}; "
                         f"{CHOICE.describe()}; {mlp_step_mode()}")
+
+
+def _threading_layer(numba) -> str:
+    """The threading layer Numba loaded (``omp``, ``tbb``, ``workqueue``), or
+    the configured choice where none is loaded yet (``default``: Numba picks
+    at the first parallel call)."""
+    try:
+        return f"threading layer '{numba.threading_layer()}'"
+    except ValueError:  # not initialised: no parallel call, no set_num_threads yet
+        return f"threading layer '{numba.config.THREADING_LAYER}' (not loaded yet)"
 
 
 def mlp_step_mode(threads: int | None = None, runs: bool = False) -> str:

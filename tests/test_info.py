@@ -1,6 +1,7 @@
 """mpidp info: the bug-report command."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -49,6 +50,11 @@ def test_info_text_report_has_the_sections():
                     "channels       shm-pair, p2p", "auto runs      "):
         assert heading in result.stdout
     assert "WRONG LAUNCH" not in result.stdout
+    # the layer Numba loaded, not its configured 'default'; and the vector
+    # width info sets for itself is not shown as the user's environment
+    assert re.search(r"threading layer '(omp|tbb|workqueue)'", result.stdout), result.stdout
+    environment = result.stdout.split("\nenvironment\n", 1)[1]
+    assert "MPIDP_VECTOR_WIDTH" not in environment, environment
 
 
 def test_info_warns_loudly_about_singletons():
