@@ -252,6 +252,15 @@ def statement_of(payload: dict) -> dict:
     return statement
 
 
+def stated_unit(statement: dict, is_image: bool) -> str:
+    """What the epsilon of ``statement`` (:func:`statement_of`) protects, in the
+    words ``mpidp eval`` and ``mpidp audit`` print: ``person``, ``household``,
+    or ``image`` for a person-level run on an image file (a row is an image)."""
+    unit = statement.get("unit")
+    unit = unit if unit in ("person", "household") else "person"
+    return "image" if unit == "person" and is_image else unit
+
+
 def epsilon_text(statement: dict, unit: str) -> str:
     """The epsilon a statement states, in words, as the done line of ``mpidp
     train`` and ``mpidp eval`` print it: ``epsilon 1.000 per person (delta

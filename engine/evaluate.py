@@ -326,10 +326,8 @@ class _Model:
         recorded, params, self.selected = ckpt.model_of(payload, checkpoint)
         #: the privacy the file states: epsilon, delta, unit, whether a guarantee
         self.statement = ckpt.statement_of(payload)
-        unit = self.statement.get("unit")
-        unit = unit if unit in ("person", "household") else "person"
         #: what epsilon protects: a row of an image file is an image
-        self.unit = "image" if unit == "person" and info.is_image else unit
+        self.unit = ckpt.stated_unit(self.statement, info.is_image)
         self.logits = models.checkpoint_logits(recorded, params.to(torch.float32),
                                                info.n_features, info.n_classes,
                                                str(checkpoint), model=named)

@@ -140,20 +140,6 @@ def mark_warm() -> OSError | None:
     return None
 
 
-def writable(path: Path) -> OSError | None:
-    """None where a file can be written as ``path`` (its folder made if need be;
-    a probe file written there and removed), else the OSError that says why not."""
-    try:
-        if path.is_dir():
-            raise IsADirectoryError(21, "Is a directory", str(path))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
-            pass
-    except OSError as exc:
-        return exc
-    return None
-
-
 def _why(path: Path, exc: OSError) -> str:
     """``path (reason)`` for a warning line."""
     return f"{path} ({exc.strerror or exc})"
@@ -255,13 +241,14 @@ def _unsaved() -> list[str]:
     """Rank 0, after the run: each cache that could not be saved, as ``what at
     path (why)``; the warm marker written (when it can be) on the way."""
     from collectives.auto.tuning import tuning_file
+    from kernels.files import write_problem
 
     unsaved = []
     failed = mark_warm()
     if failed is not None:
         unsaved.append(f"the warm marker at {_why(_marker(), failed)}")
     tuning = tuning_file()
-    failed = writable(tuning) if tuning is not None else None
+    failed = write_problem(tuning) if tuning is not None else None
     if failed is not None:  # written at exit (collectives.auto.tuning): probed now
         unsaved.append(f"the all-reduce's measurements at {_why(tuning, failed)}")
     folder = _numba_cache_dir()

@@ -27,8 +27,10 @@ Errors are ``OSError`` s; each caller turns them into its own message.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -105,6 +107,22 @@ def names_a_directory(path: str | os.PathLike) -> bool:
     ``Path`` and ``abspath`` would silently drop."""
     text = os.fspath(path)
     return text.endswith(os.sep) or bool(os.altsep) and text.endswith(os.altsep)
+
+
+def write_problem(path: str | os.PathLike) -> OSError | None:
+    """None where a cache file can be written as ``path`` (its folder made if
+    need be; a probe file written there and removed), else the OSError that
+    says why not (a directory in its place: IsADirectoryError)."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
+            pass
+    except OSError as exc:
+        return exc
+    return None
 
 
 def temporary_name(path: str | os.PathLike, tag: str | None = None) -> Path:

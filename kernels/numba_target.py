@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import errno
 import json
 import os
 import platform
@@ -235,17 +234,6 @@ def _usable(entry: object) -> dict | None:
     return entry if width is None and isinstance(entry.get("error"), str) else None
 
 
-def _check_usable(path: Path) -> None:
-    """Raise OSError unless ``path`` can be written (its folder made if
-    missing): checked before measuring, so that seconds are not spent on a
-    choice that cannot be kept."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path.parent))
-
-
 def _measure_entry(time_width) -> dict:
     """A new entry: the measured width and seconds, or the failure's error
     (recorded, so that every later process does not fail again)."""
@@ -275,7 +263,9 @@ def _measured(path: Path | None, cpu: str, host_features: str, time_width,
                       "first mpidp train or mpidp warmup measures it, once")
     if entry is None:
         try:
-            _check_usable(path)
+            problem = files.write_problem(path)  # before seconds are spent measuring
+            if problem is not None:
+                raise problem
             handle = files.lock(path.with_name(path.name + ".lock"))
         except OSError as exc:
             return Choice(cpu, None, f"{path} not usable ({exc.strerror or exc}): not measured")

@@ -334,9 +334,7 @@ def privacy_of(payload: dict, is_image: bool = False) -> dict:
     statement = ckpt.statement_of(payload)
     if statement.get("epsilon") is None:
         return {}
-    unit = statement.get("unit") if statement.get("unit") in ("person", "household") \
-        else "person"
-    unit = "image" if unit == "person" and is_image else unit  # as mpidp eval says it
+    unit = ckpt.stated_unit(statement, is_image)  # as mpidp eval says it
     guarantee = statement.get("guarantee") is not False
     return {"epsilon": statement["epsilon"], "epsilon_is_guarantee": guarantee,
             "not_a_guarantee": None if guarantee else statement.get("not_a_guarantee"),
